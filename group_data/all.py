@@ -1,0 +1,53 @@
+"""Every knob sparkrig has, once, with its default. Override per group (head.py, worker.py), per host
+in the inventory, or on the command line with `--data key=value`. Validation lives in
+sparkrig/settings.py; per-host keys (fabric_interface, fabric_address, roce_device,
+uplink_interfaces) belong in the inventory, not here."""
+
+# --- connection -----------------------------------------------------------------------------
+_sudo = True  # operators log in as a sudo-capable user (DGX OS default), not root
+
+# --- model and drafter (pinned: a 40-hex commit, never a branch) -----------------------------
+hub_endpoint = "https://huggingface.co"  # Hub (or mirror) base URL used for metadata and downloads
+model_repo = "LibertAIDAI/GLM-5.3-Flash-NVFP4"  # NVFP4 checkpoint, 181 GiB in 123 LFS files
+model_revision = "caca4e6a4ebbd66f159d3d2fc256683fd6e27177"  # commit the lockfile was made from
+drafter_repo = "incoai/GLM-5.3-Flash-DFlash2"  # DFlash2 speculative drafter (~2.2 GB)
+drafter_revision = "7d74cdd881ed7e32c31175984a67823127b66cfe"  # drafter commit
+drafter_license_accepted = False  # drafter is CC BY-NC-ND 4.0: set True to fetch/use it
+hf_token_file = "~/.cache/huggingface/token"  # on the control machine; copied 0600 to the head
+lockfile_dir = "locks"  # control-side directory holding <repo>.lock.json lockfiles
+
+# --- install paths on the nodes ---------------------------------------------------------------
+install_dir = "/opt/sparkrig"  # helper programs and patch files
+config_dir = "/etc/sparkrig"  # per-rank env files
+weights_dir = "/var/lib/sparkrig/models"  # checkpoint and drafter land here (needs ~200 GB)
+cache_dir = "/var/lib/sparkrig/cache"  # JIT caches (triton, flashinfer, vllm) kept across restarts
+min_disk_free_gib = 200  # preflight: free space required where weights land (unless complete)
+
+# --- host tuning ------------------------------------------------------------------------------
+swappiness = 0  # vm.swappiness; 0 keeps the engine's pages out of swap
+min_free_kbytes = None  # vm.min_free_kbytes to pin on every node; None: only check they are equal
+memfree_min_gib = 8  # start gate: MemFree (not MemAvailable) after dropping caches, per node
+memfree_wait_s = 120  # how long the start gate keeps dropping caches before refusing to start
+
+# --- fabric -----------------------------------------------------------------------------------
+fabric_mtu = 9000  # MTU on the QSFP fabric NIC, persisted with netplan
+fabric_netplan_file = "/etc/netplan/60-sparkrig-fabric.yaml"  # the netplan drop-in sparkrig owns
+roce_port = 1  # HCA port whose GID table is read
+nccl_env = {}  # extra NCCL_* / runtime variables appended to every rank's env file
+
+# --- image ------------------------------------------------------------------------------------
+base_image = None  # vLLM image pinned by digest (repo@sha256:<64 hex>); required
+image_repo = "sparkrig/vllm-glm53"  # local name of the patched image; tag = content hash
+container_gpu_args = ["--gpus", "all"]  # how the container gets the GPU; one token per element
+container_memory = "112g"  # --memory and --memory-swap cap: an OOM kills the container, not the host
+container_shm_size = "32g"  # --shm-size
+
+# --- serving ----------------------------------------------------------------------------------
+profile = "shared"  # serve profile: single | shared | guard | long
+served_model_name = "glm-5.3-flash"  # name /v1/models reports and clients ask for
+api_port = 8000  # OpenAI-compatible API on the head
+master_port = 29521  # torch distributed rendezvous port on the head's fabric address
+pair_port = 29600  # rank liveness beacon on each fabric address (stop-together)
+extra_serve_args = []  # appended to the vllm serve command line of every rank
+ready_timeout_s = 3600  # how long the deploy waits for the head's /health
+watchdog = False  # opt-in: probe with a real completion and restart both ranks on failure
