@@ -1,0 +1,244 @@
+"""Weights lockfiles: one JSON file per artifact, made from the Hub's metadata API.
+
+A lockfile pins a repo to a resolved 40-hex commit and lists every file with its size and hash:
+``sha256`` for LFS files, ``git_sha1`` (git blob sha1) for the small non-LFS ones. It is written
+sorted and stable, so a weights change shows up in review as a diff. The host-side fetcher
+(files/sparkrig_fetch.py) reads the same format; the deploy never needs the Hub API afterwards.
+
+    python3 -m sparkrig.lockfile refresh --repo ORG/NAME --revision main \
+        --endpoint https://huggingface.co --out locks/NAME.lock.json [--token-file F]
+    python3 -m sparkrig.lockfile show locks/NAME.lock.json
+
+Only huggingface_hub's metadata calls are used (``model_info`` to resolve the revision,
+``list_repo_tree(recursive=True, expand=True)`` for the file list). The endpoint is always passed
+explicitly: HF_ENDPOINT is read at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+LOCK_VERSION = 1
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class LockfileError(ValueError):
+    pass
+
+
+def read_token(token_file: str | None) -> str | None:
+    """Token from a file (first line), else HF_TOKEN / HUGGING_FACE_HUB_TOKEN; None if neither.
+    Never printed or logged."""
+    if token_file:
+        with open(os.path.expanduser(token_file)) as fh:
+            tok = fh.read().strip()
+        return tok or None
+    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+
+
+def _entries_from_tree(items: Iterable[Any]) -> list[dict[str, Any]]:
+    from huggingface_hub.hf_api import RepoFile
+
+    files = []
+    for it in items:
+        if not isinstance(it, RepoFile):
+            continue
+        entry: dict[str, Any] = {"path": it.path, "size": int(it.size)}
+        if it.lfs is not None:
+            entry["sha256"] = it.lfs.sha256
+            if int(it.lfs.size) != entry["size"]:
+                raise LockfileError(f"{it.path}: tree size {it.size} != lfs size {it.lfs.size}")
+        else:
+            entry["git_sha1"] = it.blob_id
+        files.append(entry)
+    return files
+
+
+def build_lock(
+    repo: str,
+    revision: str,
+    endpoint: str,
+    token: str | None = None,
+    repo_type: str = "model",
+) -> dict[str, Any]:
+    """Resolve ``revision`` to a commit and list the files at that commit."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=endpoint.rstrip("/"), token=token if token else False)
+    if HEX40.match(revision):
+        commit = revision
+    else:
+        if repo_type != "model":
+            info = api.repo_info(repo, revision=revision, repo_type=repo_type)
+        else:
+            info = api.model_info(repo, revision=revision, expand=["sha"])  # type: ignore[list-item]
+        commit = info.sha or ""
+    if not HEX40.match(commit):
+        raise LockfileError(f"{repo}@{revision}: the Hub returned no 40-hex commit ({commit!r})")
+    tree = api.list_repo_tree(
+        repo, revision=commit, recursive=True, expand=True, repo_type=repo_type
+    )
+    files = _entries_from_tree(tree)
+    if not files:
+        raise LockfileError(f"{repo}@{commit}: no files")
+    lock = {
+        "version": LOCK_VERSION,
+        "repo": repo,
+        "repo_type": repo_type,
+        "revision": revision,
+        "commit": commit,
+        "files": sorted(files, key=lambda f: f["path"]),
+    }
+    validate(lock)
+    return lock
+
+
+def validate(lock: dict[str, Any]) -> None:
+    """Raise LockfileError unless the lock is well formed (what the fetcher relies on)."""
+    if lock.get("version") != LOCK_VERSION:
+        raise LockfileError(f"unsupported lockfile version {lock.get('version')!r}")
+    if not isinstance(lock.get("repo"), str) or "/" not in lock["repo"]:
+        raise LockfileError("repo must be 'org/name'")
+    if not HEX40.match(str(lock.get("commit", ""))):
+        raise LockfileError("commit must be 40 lowercase hex digits")
+    seen = set()
+    for f in lock.get("files", []):
+        p = f.get("path", "")
+        if not p or p.startswith("/") or ".." in p.split("/") or "\0" in p:
+            raise LockfileError(f"unsafe path {p!r}")
+        if p in seen:
+            raise LockfileError(f"duplicate path {p!r}")
+        seen.add(p)
+        if not isinstance(f.get("size"), int) or f["size"] < 0:
+            raise LockfileError(f"{p}: bad size")
+        if "sha256" in f:
+            if not HEX64.match(f["sha256"]):
+                raise LockfileError(f"{p}: bad sha256")
+        elif not HEX40.match(str(f.get("git_sha1", ""))):
+            raise LockfileError(f"{p}: needs sha256 or git_sha1")
+    if not seen:
+        raise LockfileError("no files")
+
+
+def dumps(lock: dict[str, Any]) -> str:
+    """Stable text: sorted keys, files sorted by path, one file per line."""
+    head = {k: v for k, v in lock.items() if k != "files"}
+    lines = ["{"]
+    for k in sorted(head):
+        lines.append(f"  {json.dumps(k)}: {json.dumps(head[k])},")
+    lines.append('  "files": [')
+    files = sorted(lock["files"], key=lambda f: f["path"])
+    for i, f in enumerate(files):
+        comma = "," if i < len(files) - 1 else ""
+        lines.append("    " + json.dumps(f, sort_keys=True) + comma)
+    lines.append("  ]")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def load(path: str) -> dict[str, Any]:
+    with open(path) as fh:
+        lock = json.load(fh)
+    validate(lock)
+    return lock
+
+
+def write(lock: dict[str, Any], path: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(dumps(lock))
+    os.replace(tmp, path)
+
+
+def summary(lock: dict[str, Any]) -> dict[str, Any]:
+    files = lock["files"]
+    return {
+        "repo": lock["repo"],
+        "commit": lock["commit"],
+        "files": len(files),
+        "lfs_files": sum(1 for f in files if "sha256" in f),
+        "bytes": sum(f["size"] for f in files),
+    }
+
+
+def diff(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, list[str]]:
+    """Paths added, removed and changed (size or hash) between two lockfiles."""
+    o = {f["path"]: f for f in (old or {}).get("files", [])}
+    n = {f["path"]: f for f in new["files"]}
+    return {
+        "added": sorted(set(n) - set(o)),
+        "removed": sorted(set(o) - set(n)),
+        "changed": sorted(p for p in set(o) & set(n) if o[p] != n[p]),
+    }
+
+
+def lock_name(repo: str) -> str:
+    """Default lockfile name for a repo: 'org/Name' -> 'Name.lock.json'."""
+    return repo.split("/")[-1] + ".lock.json"
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m sparkrig.lockfile", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("refresh", help="(re)make a lockfile from the Hub's metadata")
+    r.add_argument("--repo", required=True)
+    r.add_argument("--revision", default="main", help="branch, tag or commit (resolved)")
+    r.add_argument("--endpoint", default="https://huggingface.co")
+    r.add_argument("--repo-type", default="model", choices=["model", "dataset"])
+    r.add_argument("--out", help="lockfile path (default locks/<name>.lock.json)")
+    r.add_argument("--token-file", help="file holding the HF token (else HF_TOKEN)")
+    s = sub.add_parser("show", help="summarise a lockfile")
+    s.add_argument("lock")
+    args = ap.parse_args(argv)
+
+    if args.cmd == "show":
+        lock = load(args.lock)
+        print(json.dumps(summary(lock), sort_keys=True))
+        return 0
+
+    out = args.out or os.path.join("locks", lock_name(args.repo))
+    try:
+        token = read_token(args.token_file)
+        lock = build_lock(args.repo, args.revision, args.endpoint, token, args.repo_type)
+    except LockfileError as e:
+        print(f"lockfile: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # hub errors: print the class and message, never the token
+        print(f"lockfile: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    old = None
+    if os.path.exists(out):
+        try:
+            with open(out) as fh:
+                old = json.load(fh)
+        except (OSError, ValueError):
+            old = None
+    d = diff(old, lock)
+    write(lock, out)
+    s = summary(lock)
+    print(
+        f"{out}: {s['repo']}@{s['commit']} {s['files']} files ({s['lfs_files']} LFS), "
+        f"{_gib(s['bytes'])}; added {len(d['added'])}, removed {len(d['removed'])}, "
+        f"changed {len(d['changed'])}"
+    )
+    for k in ("added", "removed", "changed"):
+        for p in d[k]:
+            print(f"  {k}: {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
