@@ -8,6 +8,8 @@ from pathlib import Path
 from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # `sparkrig` is imported from the checkout, installed or not
+    sys.path.insert(0, str(REPO))
 
 
 def load_path(name: str, path: Path) -> ModuleType:
