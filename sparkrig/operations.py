@@ -1,0 +1,170 @@
+"""Custom pyinfra operations: idempotent (nothing yielded when nothing must change, ``host.noop``
+says why), diff-aware, and taking explicit arguments (never ``host.data``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Mapping
+from io import StringIO
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import OperationMeta, QuoteString, StringCommand, operation
+from pyinfra.context import ctx_state
+from pyinfra.facts.server import Command
+from pyinfra.operations import files
+
+from sparkrig.facts import GidNotFound, RoceGids, select_gid
+from sparkrig.render import render
+
+
+def fail_host(reason: str) -> StringCommand:
+    """A command that fails this host (only this one) and prints ``reason`` as the error."""
+    return StringCommand("printf", "'%s\\n'", QuoteString(reason), ">&2;", "exit", "1")
+
+
+@operation(is_idempotent=False)
+def refuse(problems: list[str]) -> Generator[Any, None, None]:
+    """
+    Fail this host with every reason it may not be converged, before anything on it changes.
+
+    + problems: human-readable reasons; empty means the host passes
+    """
+    if not problems:
+        host.noop("every preflight check passes")
+        return
+    for problem in problems:
+        logger.error(f"{host.print_prefix}{problem}")
+    yield fail_host("preflight failed:\n  " + "\n  ".join(problems))
+
+
+@operation()
+def put_text(
+    text: str, dest: str, mode: str = "644", user: str = "root", group: str = "root"
+) -> Generator[Any, None, None]:
+    """
+    Own a whole file with the given content (diffed under ``--diff``, even when new).
+
+    + text: the complete file content
+    + dest: remote path; its directory must already exist (so the diff is shown on creation)
+    + mode: octal permissions
+    + user: owner
+    + group: group
+    """
+    yield from files.put._inner(
+        src=StringIO(text), dest=dest, mode=mode, user=user, group=group, create_remote_dir=False
+    )
+
+
+@operation()
+def rank_env_file(
+    dest: str,
+    template: str,
+    context: Mapping[str, Any],
+    fabric_ip: str,
+    fabric_interface: str,
+    roce_device: str | None = None,
+    roce_port: int = 1,
+) -> Generator[Any, None, None]:
+    """
+    Write the rank's env file with the RoCE v2 GID index read from sysfs at this moment.
+
+    On a first run the fabric address is only applied earlier in the same run, so at prepare the
+    GID may not exist yet: the diff then shows a placeholder, and the real index is read again
+    when the operation executes. No matching GID at execution fails this host with the table.
+
+    + dest: env file path (its directory must exist)
+    + template: template under templates/ rendered with ``context`` plus hca and gid_index
+    + context: template variables
+    + fabric_ip: the rank's fabric IPv4 address
+    + fabric_interface: the fabric netdev the GID must belong to
+    + roce_device: RDMA device to use; ``None`` detects it from the GID table
+    + roce_port: HCA port
+    """
+    entries = host.get_fact(RoceGids)
+    try:
+        entry = select_gid(entries, fabric_ip, fabric_interface, roce_device, roce_port)
+        hca, index = entry.device, str(entry.index)
+    except GidNotFound as err:
+        if host.state.is_executing:
+            yield fail_host(str(err))
+            return
+        logger.warning(
+            f"{host.print_prefix}no RoCE v2 GID for ::ffff:{fabric_ip} yet; it is read again "
+            "after the fabric address is applied"
+        )
+        hca = roce_device or "<detected after the fabric address is applied>"
+        index = "<detected after the fabric address is applied>"
+    text = render(template, **context, hca=hca, gid_index=index)
+    yield from put_text._inner(text=text, dest=dest, mode="644")
+
+
+@operation(is_idempotent=False)
+def wait_for_ranks(
+    bin_dir: str, peers: list[str], port: int, timeout: int
+) -> Generator[Any, None, None]:
+    """
+    Wait until every peer rank's container runs, as its stop-together beacon on the fabric says.
+
+    Gated on real state, not a sleep: the head starts as soon as the workers answer.
+
+    + bin_dir: where sparkrig-pair is installed
+    + peers: fabric IPv4 addresses of the ranks to wait for
+    + port: beacon port
+    + timeout: seconds before giving up (fails this host)
+    """
+    yield StringCommand(
+        f"{bin_dir}/sparkrig-pair",
+        "wait",
+        "--peers",
+        QuoteString(",".join(peers)),
+        "--port",
+        str(port),
+        "--timeout",
+        str(timeout),
+    )
+
+
+@operation()
+def fabric_path(interface: str, peers: list[str], mtu: int) -> Generator[Any, None, None]:
+    """
+    Prove every peer answers full-size do-not-fragment pings over the fabric (MTU end to end).
+
+    + interface: the fabric netdev to ping from
+    + peers: fabric IPv4 addresses to reach
+    + mtu: the fabric MTU; the payload is MTU - 28
+    """
+    command = ping_command(interface, peers, mtu)
+    output = host.get_fact(Command, command=f"{command} 2>&1; echo rc=$?")
+    if output and output.rstrip().endswith("rc=0"):
+        host.noop(f"{', '.join(peers)} answer {mtu - 28}-byte do-not-fragment pings")
+        return
+    yield command
+
+
+def ping_command(interface: str, peers: list[str], mtu: int) -> str:
+    return " && ".join(
+        f"ping -M do -s {mtu - 28} -c 2 -W 2 -I {interface} {peer} >/dev/null" for peer in peers
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Pair restart: one decision for every host of the run
+# ---------------------------------------------------------------------------------------------
+
+_RESTART_TRIGGERS: dict[int, list[OperationMeta]] = {}
+
+
+def note_restart_trigger(meta: OperationMeta) -> OperationMeta:
+    """Record an operation whose change (on any host) means the whole pair restarts."""
+    _RESTART_TRIGGERS.setdefault(id(ctx_state.get()), []).append(meta)
+    return meta
+
+
+def pair_restart_needed() -> Callable[[], bool]:
+    """For ``_if=``: did any rank's unit, env file, image or weights change in this run?"""
+    key = id(ctx_state.get())
+
+    def needed() -> bool:
+        return any(m.is_complete() and m.did_change() for m in _RESTART_TRIGGERS.get(key, []))
+
+    return needed

@@ -1,0 +1,370 @@
+"""Typed, validated settings: the only place that reads ``host.data``.
+
+Inventory and group data go in; one ``Settings`` per host comes out, carrying the knobs and the
+whole cluster (every rank's fabric address and interface), so tasks never touch ``host.data``. Every
+problem in any host's data is collected and raised as one ``DeployError`` before any operation is
+planned, so bad input never reaches a host.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pyinfra.api.exceptions import DeployError
+
+HEAD_GROUP = "head"
+WORKER_GROUP = "worker"
+PROFILES = ("single", "shared", "guard", "long")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+DIGEST_REF_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
+NETDEV_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+# Knobs that must hold one value across every rank (the pair runs one model with one config).
+CLUSTER_KEYS = (
+    "hub_endpoint",
+    "model_repo",
+    "model_revision",
+    "drafter_repo",
+    "drafter_revision",
+    "drafter_license_accepted",
+    "weights_dir",
+    "fabric_mtu",
+    "base_image",
+    "image_repo",
+    "profile",
+    "served_model_name",
+    "api_port",
+    "master_port",
+    "pair_port",
+    "min_free_kbytes",
+)
+
+
+class Knobs(BaseModel):
+    """Every knob of group_data/all.py, typed. Unknown keys are ignored (pyinfra adds its own)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    hub_endpoint: str = Field(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
+    model_repo: str = Field(pattern=REPO_RE.pattern)
+    model_revision: str
+    drafter_repo: str = Field(pattern=REPO_RE.pattern)
+    drafter_revision: str
+    drafter_license_accepted: bool = False
+    hf_token_file: str = "~/.cache/huggingface/token"
+    lockfile_dir: str = "locks"
+
+    install_dir: str = "/opt/sparkrig"
+    config_dir: str = "/etc/sparkrig"
+    weights_dir: str = "/var/lib/sparkrig/models"
+    cache_dir: str = "/var/lib/sparkrig/cache"
+    min_disk_free_gib: float = Field(ge=0)
+
+    swappiness: int = Field(ge=0, le=200)
+    min_free_kbytes: int | None = Field(default=None, ge=1024)
+    memfree_min_gib: float = Field(ge=0)
+    memfree_wait_s: int = Field(ge=0)
+
+    fabric_mtu: int = Field(ge=1280, le=9216)
+    fabric_netplan_file: str
+    roce_port: int = Field(ge=1)
+    nccl_env: dict[str, str] = {}
+
+    base_image: str | None = None
+    image_repo: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
+    container_gpu_args: list[str] = []
+    container_memory: str = Field(pattern=r"^[0-9]+[bkmg]?$")
+    container_shm_size: str = Field(pattern=r"^[0-9]+[bkmg]?$")
+
+    profile: Literal["single", "shared", "guard", "long"]
+    served_model_name: str = Field(pattern=r"^[A-Za-z0-9._/-]+$")
+    api_port: int = Field(ge=1, le=65535)
+    master_port: int = Field(ge=1, le=65535)
+    pair_port: int = Field(ge=1, le=65535)
+    pair_grace_s: int = Field(default=1800, ge=10)
+    extra_serve_args: list[str] = []
+    ready_timeout_s: int = Field(ge=1)
+    watchdog: bool = False
+
+    @field_validator("model_revision", "drafter_revision")
+    @classmethod
+    def _pinned_commit(cls, value: str) -> str:
+        if not COMMIT_RE.match(value):
+            raise ValueError(f"must be a 40-hex commit sha, not {value!r} (pin the revision)")
+        return value
+
+    @field_validator("base_image")
+    @classmethod
+    def _pinned_digest(cls, value: str | None) -> str | None:
+        if value is not None and not DIGEST_REF_RE.match(value):
+            raise ValueError(f"must be pinned by digest (repo@sha256:<64 hex>), not {value!r}")
+        return value
+
+    @field_validator("install_dir", "config_dir", "weights_dir", "cache_dir", "fabric_netplan_file")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not PurePosixPath(value).is_absolute():
+            raise ValueError(f"must be an absolute path, not {value!r}")
+        return value
+
+    @field_validator("container_gpu_args")
+    @classmethod
+    def _one_token_each(cls, value: list[str]) -> list[str]:
+        for token in value:
+            if not token or any(c.isspace() for c in token):
+                raise ValueError(f"one argument per element (docker splits nothing), got {token!r}")
+        return value
+
+    @field_validator("extra_serve_args")
+    @classmethod
+    def _non_empty(cls, value: list[str]) -> list[str]:
+        if any(not token for token in value):
+            raise ValueError("empty argument")
+        return value
+
+    @field_validator("nccl_env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not re.match(r"^[A-Z_][A-Z0-9_]*$", key) or "\n" in str(val):
+                raise ValueError(f"bad environment entry {key!r}={val!r}")
+        return value
+
+
+class Rank(BaseModel):
+    """One node of the cluster as the deploy sees it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    rank: int
+    fabric_interface: str = Field(pattern=NETDEV_RE.pattern)
+    fabric_address: ipaddress.IPv4Interface
+    roce_device: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    uplink_interfaces: list[str] = []
+
+    @property
+    def role(self) -> str:
+        return HEAD_GROUP if self.rank == 0 else WORKER_GROUP
+
+    @property
+    def is_head(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def ip(self) -> str:
+        return str(self.fabric_address.ip)
+
+    @field_validator("uplink_interfaces")
+    @classmethod
+    def _netdevs(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not NETDEV_RE.match(name):
+                raise ValueError(f"not an interface name: {name!r}")
+        if len(set(value)) != len(value):
+            raise ValueError("lists an interface twice")
+        return value
+
+
+class Settings(BaseModel):
+    """What one host's tasks need: its own rank, every rank, and the knobs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    me: Rank
+    ranks: tuple[Rank, ...]
+    knobs: Knobs
+
+    @property
+    def head(self) -> Rank:
+        return self.ranks[0]
+
+    @property
+    def workers(self) -> tuple[Rank, ...]:
+        return self.ranks[1:]
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def peers(self) -> tuple[Rank, ...]:
+        """Whom this rank reaches over the fabric: the head every worker, a worker the head."""
+        return self.workers if self.me.is_head else (self.head,)
+
+    @property
+    def fabric_network(self) -> ipaddress.IPv4Network:
+        return self.head.fabric_address.network
+
+    @property
+    def container_name(self) -> str:
+        return f"sparkrig-rank{self.me.rank}"
+
+    @property
+    def unit_name(self) -> str:
+        return f"sparkrig-{self.me.role}"
+
+    @property
+    def needs_drafter(self) -> bool:
+        return self.knobs.profile == "single"
+
+
+class InventoryView:
+    """The slice of a pyinfra inventory settings needs (tests pass a stand-in)."""
+
+    def __init__(self, groups: dict[str, list[tuple[str, dict[str, Any]]]]) -> None:
+        self.groups = groups
+
+
+def _host_items(inventory: Any, group: str) -> list[tuple[str, dict[str, Any]]]:
+    try:
+        hosts = inventory.get_group(group)
+    except Exception:  # pyinfra raises NoGroupError for a group nobody defined
+        return []
+    return [(h.name, h.data.dict()) for h in hosts]
+
+
+def view_of(inventory: Any) -> InventoryView:
+    """Read head and worker hosts (in inventory order) with their merged data."""
+    return InventoryView(
+        {g: _host_items(inventory, g) for g in (HEAD_GROUP, WORKER_GROUP)},
+    )
+
+
+def _fmt(host: str, err: ValidationError) -> list[str]:
+    out = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "?"
+        msg = e["msg"].removeprefix("Value error, ")
+        out.append(f"{host}: {key}: {msg}")
+    return out
+
+
+def build(view: InventoryView) -> dict[str, Settings]:
+    """Validate the whole inventory; return Settings per host name or raise one DeployError."""
+    problems: list[str] = []
+    heads = view.groups.get(HEAD_GROUP, [])
+    workers = view.groups.get(WORKER_GROUP, [])
+
+    if len(heads) != 1:
+        names = ", ".join(n for n, _ in heads) or "none"
+        problems.append(f"inventory: group 'head' must hold exactly one host (rank 0), has {names}")
+    if not workers:
+        problems.append("inventory: group 'worker' must hold at least one host (ranks 1..N-1)")
+    both = {n for n, _ in heads} & {n for n, _ in workers}
+    for name in sorted(both):
+        problems.append(f"{name}: is in both 'head' and 'worker'")
+
+    ordered = heads[:1] + [hw for hw in workers if hw[0] not in both]
+    ranks: list[Rank] = []
+    knobs: dict[str, Knobs] = {}
+    for rank, (name, data) in enumerate(ordered):
+        for key in ("fabric_interface", "fabric_address"):
+            if data.get(key) in (None, ""):
+                problems.append(f"{name}: {key}: missing (set it on the host in the inventory)")
+        try:
+            ranks.append(
+                Rank(
+                    name=name,
+                    rank=rank,
+                    fabric_interface=data.get("fabric_interface") or "",
+                    fabric_address=_interface(data.get("fabric_address")),
+                    roce_device=data.get("roce_device"),
+                    uplink_interfaces=list(data.get("uplink_interfaces") or []),
+                )
+            )
+        except ValidationError as err:
+            if data.get("fabric_interface") and data.get("fabric_address"):
+                problems.extend(_fmt(name, err))
+        except ValueError as err:
+            problems.append(f"{name}: fabric_address: {err}")
+        try:
+            knobs[name] = Knobs.model_validate(data)
+        except ValidationError as err:
+            problems.extend(_fmt(name, err))
+
+    problems.extend(_cluster_problems(ranks, knobs))
+    if problems:
+        raise DeployError("invalid inventory or data:\n  " + "\n  ".join(problems))
+
+    as_tuple = tuple(ranks)
+    return {r.name: Settings(me=r, ranks=as_tuple, knobs=knobs[r.name]) for r in ranks}
+
+
+def _interface(value: Any) -> ipaddress.IPv4Interface:
+    if value in (None, ""):
+        return ipaddress.IPv4Interface("0.0.0.0/32")
+    text = str(value)
+    if "/" not in text:
+        raise ValueError(f"{text!r} needs a prefix length, e.g. 192.168.100.10/24")
+    try:
+        iface = ipaddress.IPv4Interface(text)
+    except ValueError as err:
+        raise ValueError(f"{text!r} is not an IPv4 address with prefix ({err})") from None
+    if iface.ip == iface.network.network_address or iface.ip == iface.network.broadcast_address:
+        raise ValueError(f"{text!r} is the network or broadcast address of its subnet")
+    return iface
+
+
+def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
+    problems: list[str] = []
+    real = [r for r in ranks if r.fabric_address.network.prefixlen < 32]
+    seen: dict[str, str] = {}
+    for r in real:
+        if r.ip in seen:
+            problems.append(f"{r.name}: fabric_address: {r.ip} is already used by {seen[r.ip]}")
+        seen.setdefault(r.ip, r.name)
+    if real:
+        net = real[0].fabric_address.network
+        for r in real[1:]:
+            if r.fabric_address.network != net:
+                problems.append(
+                    f"{r.name}: fabric_address: {r.fabric_address} is not on the head's "
+                    f"fabric subnet {net}"
+                )
+    if knobs:
+        first_name = next(iter(knobs))
+        first = knobs[first_name]
+        for name, k in knobs.items():
+            for key in CLUSTER_KEYS:
+                if getattr(k, key) != getattr(first, key):
+                    problems.append(
+                        f"{name}: {key}: {getattr(k, key)!r} differs from {first_name}'s "
+                        f"{getattr(first, key)!r}; it must be equal on every host"
+                    )
+            if k.profile == "single" and not k.drafter_license_accepted:
+                problems.append(
+                    f"{name}: profile: 'single' uses the DFlash2 drafter (CC BY-NC-ND 4.0); "
+                    "set drafter_license_accepted = True or choose profile 'shared'"
+                )
+            if len({k.api_port, k.master_port, k.pair_port}) != 3:
+                problems.append(f"{name}: api_port, master_port and pair_port must differ")
+            if k.base_image is None:
+                problems.append(
+                    f"{name}: base_image: missing; pin the vLLM image by digest "
+                    "(repo@sha256:<64 hex>) in group_data/all.py"
+                )
+    return problems
+
+
+def current() -> Settings:
+    """Settings for the host pyinfra is preparing now (validates the whole inventory once)."""
+    from pyinfra import host, inventory
+
+    return for_inventory(inventory)[host.name]
+
+
+_CACHE: dict[int, dict[str, Settings]] = {}
+
+
+def for_inventory(inventory: Any) -> dict[str, Settings]:
+    key = id(inventory)
+    if key not in _CACHE:
+        _CACHE.clear()
+        _CACHE[key] = build(view_of(inventory))
+    return _CACHE[key]
