@@ -1,0 +1,1266 @@
+#!/usr/bin/env python3
+"""sparkrig weights fetcher (host side; Python 3 standard library only).
+
+Driven by a sparkrig lockfile (repo, 40-hex commit, files with size + sha256 or git blob sha1).
+
+Modes:
+  fetch   download every file not yet verified, one lane per uplink, from a Hub endpoint
+          ({endpoint}/{repo}/resolve/{commit}/{path}, following the redirect to the CDN) or from
+          a plain file server (--base-url, the fabric copy). Files land as <dest>/<path>.part,
+          are hashed while streaming, resumed with Range after a restart, and renamed into place
+          only when size and hash match. Exit 0 when every file is verified, 1 otherwise.
+  verify  --mode quick (stat against the stamp DB; unstamped files are hashed) or full (re-hash
+          everything in parallel). Exit 0 when everything matches.
+  state   one JSON object for a pyinfra fact; read-only, never hashes, always exit 0.
+  serve   serve a directory read-only over HTTP (GET/HEAD, Range) on ADDR:PORT.
+  routes  per-uplink policy routing (table 10N default via the uplink's gateway, rule from its
+          address), idempotent; --check only reports.
+  follow  print the progress a running fetch writes to its status file, until it ends.
+
+The HF token is read from a file (--token-file, should be 0600); it is sent only to the hub
+origin, never to a redirect target or a --base-url server, and never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import http.client
+import json
+import os
+import socket
+import ssl
+import stat as statmod
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import quote, unquote, urljoin, urlsplit
+
+VERSION = "1"
+SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
+CHUNK = 1 << 20  # read/write/hash unit; at most this much is re-fetched after a kill -9
+HASH_BUF = 8 << 20
+USER_AGENT = "sparkrig-fetch/" + VERSION
+
+# exit codes
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def log(msg: str) -> None:
+    print(time.strftime("%H:%M:%S ") + msg, flush=True)
+
+
+def gib(n: float) -> str:
+    return f"{n / (1 << 30):.2f}"
+
+
+def fmt_rate(bps: float) -> str:
+    return f"{bps / 1e6:.1f}MB/s"
+
+
+def fmt_eta(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(s)
+    if s >= 3600:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s"
+
+
+# ---------------------------------------------------------------------------------------------
+# lockfile, hashing, stamps
+
+
+class Entry:
+    __slots__ = ("path", "size", "algo", "digest")
+
+    def __init__(self, path: str, size: int, algo: str, digest: str):
+        self.path = path
+        self.size = size
+        self.algo = algo  # "sha256" or "git_sha1"
+        self.digest = digest
+
+
+def load_lock(path: str) -> tuple[dict[str, Any], list[Entry]]:
+    with open(path) as fh:
+        lock = json.load(fh)
+    if lock.get("version") != 1 or len(str(lock.get("commit", ""))) != 40:
+        raise ValueError(f"{path}: not a version-1 sparkrig lockfile with a 40-hex commit")
+    entries = []
+    for f in lock["files"]:
+        p = f["path"]
+        if not p or p.startswith("/") or ".." in p.split("/") or p.endswith(".part"):
+            raise ValueError(f"{path}: unsafe path {p!r}")
+        if "sha256" in f:
+            entries.append(Entry(p, int(f["size"]), "sha256", f["sha256"]))
+        else:
+            entries.append(Entry(p, int(f["size"]), "git_sha1", f["git_sha1"]))
+    return lock, entries
+
+
+def new_hasher(e: Entry) -> Any:
+    if e.algo == "sha256":
+        return hashlib.sha256()
+    return hashlib.sha1(b"blob %d\0" % e.size)
+
+
+def hash_into(h: Any, path: str, limit: int | None = None) -> int:
+    """Feed a file (or its first `limit` bytes) into h; returns the bytes read."""
+    buf = bytearray(HASH_BUF)
+    mv = memoryview(buf)
+    total = 0
+    with open(path, "rb", buffering=0) as fh:
+        while limit is None or total < limit:
+            want = HASH_BUF if limit is None else min(HASH_BUF, limit - total)
+            n = fh.readinto(mv[:want])
+            if not n:
+                break
+            h.update(mv[:n])
+            total += n
+    return total
+
+
+def hash_file(e: Entry, path: str) -> str:
+    h = new_hasher(e)
+    hash_into(h, path)
+    return str(h.hexdigest())
+
+
+class Stamps:
+    """One JSON file: {"version":1, "files": {path: {size, mtime_ns, ino, <algo>: digest}}}."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.lock = threading.Lock()
+        self.files: dict[str, dict[str, Any]] = {}
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+            if data.get("version") == 1:
+                self.files = dict(data.get("files", {}))
+        except (OSError, ValueError):
+            pass
+
+    def check(self, e: Entry, st: os.stat_result) -> bool:
+        s = self.files.get(e.path)
+        return bool(
+            s
+            and s.get("size") == st.st_size == e.size
+            and s.get("mtime_ns") == st.st_mtime_ns
+            and s.get("ino") == st.st_ino
+            and s.get(e.algo) == e.digest
+        )
+
+    def put(self, e: Entry, final: str) -> None:
+        st = os.stat(final)
+        with self.lock:
+            self.files[e.path] = {
+                "size": st.st_size,
+                "mtime_ns": st.st_mtime_ns,
+                "ino": st.st_ino,
+                e.algo: e.digest,
+                "verified_at": int(time.time()),
+            }
+
+    def drop(self, path: str) -> None:
+        with self.lock:
+            self.files.pop(path, None)
+
+    def save(self) -> None:
+        with self.lock:
+            data = json.dumps({"version": 1, "files": self.files}, sort_keys=True, indent=0)
+            tmp = f"{self.path}.tmp.{os.getpid()}"
+            with open(tmp, "w") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+
+
+def default_stamps(dest: str) -> str:
+    return os.path.abspath(dest).rstrip("/") + ".stamps.json"
+
+
+def default_status(dest: str) -> str:
+    return os.path.abspath(dest).rstrip("/") + ".fetch-status.json"
+
+
+def classify(entries: list[Entry], dest: str, stamps: Stamps) -> dict[str, list[tuple[Entry, int]]]:
+    """Stat-only classification. Kinds: verified, unverified (right size, no valid stamp),
+    mismatched (wrong size), partial (.part present; int = its length), missing."""
+    out: dict[str, list[tuple[Entry, int]]] = {
+        k: [] for k in ("verified", "unverified", "mismatched", "partial", "missing")
+    }
+    for e in entries:
+        final = os.path.join(dest, e.path)
+        try:
+            st = os.stat(final)
+        except OSError:
+            st = None
+        if st is not None and statmod.S_ISREG(st.st_mode):
+            if stamps.check(e, st):
+                out["verified"].append((e, st.st_size))
+            elif st.st_size == e.size:
+                out["unverified"].append((e, st.st_size))
+            else:
+                out["mismatched"].append((e, st.st_size))
+            continue
+        try:
+            have = os.stat(final + ".part").st_size
+            out["partial"].append((e, min(have, e.size) if have <= e.size else 0))
+        except OSError:
+            out["missing"].append((e, 0))
+    return out
+
+
+def parallel_hash(items: list[Entry], dest: str, jobs: int) -> list[tuple[Entry, bool, str | None]]:
+    """Hash files across threads (hashlib releases the GIL). [(entry, ok, error)]."""
+
+    def one(e: Entry) -> tuple[Entry, bool, str | None]:
+        try:
+            return e, hash_file(e, os.path.join(dest, e.path)) == e.digest, None
+        except OSError as ex:
+            return e, False, str(ex)
+
+    # largest first so the tail is short
+    items = sorted(items, key=lambda e: -e.size)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        return list(ex.map(one, items))
+
+
+# ---------------------------------------------------------------------------------------------
+# network: bound connections
+
+
+_addr_cache: dict[str, tuple[float, str | None]] = {}
+
+
+def iface_ipv4(iface: str) -> str | None:
+    """First IPv4 address of iface, from `ip -j addr show dev X` (cached 30 s)."""
+    now = time.monotonic()
+    hit = _addr_cache.get(iface)
+    if hit and now - hit[0] < 30:
+        return hit[1]
+    addr = None
+    try:
+        out = subprocess.run(
+            ["ip", "-j", "addr", "show", "dev", iface],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+        for link in json.loads(out or "[]"):
+            for a in link.get("addr_info", []):
+                if a.get("family") == "inet" and a.get("local"):
+                    addr = a["local"]
+                    break
+            if addr:
+                break
+    except (OSError, ValueError, subprocess.SubprocessError):
+        addr = None
+    _addr_cache[iface] = (now, addr)
+    return addr
+
+
+class NetError(Exception):
+    """Transport trouble: the file goes back to the queue and counts against the lane."""
+
+
+class HttpStatusError(Exception):
+    def __init__(self, status: int, url: str):
+        super().__init__(f"HTTP {status} for {redact_url(url)}")
+        self.status = status
+
+
+class VerifyError(Exception):
+    pass
+
+
+def redact_url(url: str) -> str:
+    u = urlsplit(url)
+    return f"{u.scheme}://{u.netloc}{u.path}" + ("?…" if u.query else "")
+
+
+class Lane:
+    def __init__(self, name: str, iface: str | None, src: str | None, auto_src: bool):
+        self.name = name
+        self.iface = iface
+        self.fixed_src = src
+        self.auto_src = auto_src
+        self.bytes = 0
+        self.samples: list[tuple[float, int]] = []
+        self.failures = 0  # consecutive
+        self.total_failures = 0
+        self.state = "idle"
+        self.current: str | None = None
+        self.files_done = 0
+        self.lock = threading.Lock()
+
+    def src(self) -> str | None:
+        if self.fixed_src:
+            return self.fixed_src
+        if self.iface and self.auto_src:
+            return iface_ipv4(self.iface)
+        return None
+
+    def count(self, n: int) -> None:
+        with self.lock:
+            self.bytes += n
+
+    def rate(self, now: float, window: float = 10.0) -> float:
+        with self.lock:
+            self.samples.append((now, self.bytes))
+            while len(self.samples) > 2 and now - self.samples[0][0] > window:
+                self.samples.pop(0)
+            t0, b0 = self.samples[0]
+        return (self.bytes - b0) / (now - t0) if now - t0 > 0.2 else 0.0
+
+
+def open_socket(
+    host: str, port: int, lane: Lane, connect_timeout: float, read_timeout: float
+) -> socket.socket:
+    src = lane.src()
+    if lane.iface and lane.auto_src and src is None:
+        raise NetError(f"lane {lane.name}: {lane.iface} has no IPv4 address")
+    family = socket.AF_INET if src and ":" not in src else 0
+    try:
+        infos = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise NetError(f"resolve {host}: {e}") from e
+    last: Exception | None = None
+    for fam, kind, proto, _, sa in infos:
+        s = socket.socket(fam, kind, proto)
+        try:
+            if lane.iface:  # before connect: this picks the output interface
+                s.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, lane.iface.encode() + b"\0")
+            if src:
+                s.bind((src, 0))  # and the source address the policy rule matches
+            s.settimeout(connect_timeout)
+            s.connect(sa)
+            s.settimeout(read_timeout)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return s
+        except OSError as e:
+            last = e
+            s.close()
+    raise NetError(f"connect {host}:{port} via {lane.name}: {last}")
+
+
+class BoundHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, host: str, port: int | None, lane: Lane, ct: float, rt: float):
+        super().__init__(host, port, timeout=rt)
+        self._lane, self._ct, self._rt = lane, ct, rt
+
+    def connect(self) -> None:
+        self.sock = open_socket(self.host, self.port, self._lane, self._ct, self._rt)
+
+
+class BoundHTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, host: str, port: int | None, lane: Lane, ct: float, rt: float):
+        super().__init__(host, port, timeout=rt, context=ssl.create_default_context())
+        self._lane, self._ct, self._rt = lane, ct, rt
+
+    def connect(self) -> None:
+        raw = open_socket(self.host, self.port, self._lane, self._ct, self._rt)
+        self.sock = self._context.wrap_socket(raw, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+def origin(url: str) -> tuple[str, str, int]:
+    u = urlsplit(url)
+    port = u.port or (443 if u.scheme == "https" else 80)
+    return (u.scheme, (u.hostname or "").lower(), port)
+
+
+def request(
+    url: str,
+    lane: Lane,
+    headers: dict[str, str],
+    auth_origin: tuple[str, str, int] | None,
+    token: str | None,
+    ct: float,
+    rt: float,
+) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
+    """GET following redirects; Authorization only to auth_origin."""
+    for _ in range(6):
+        u = urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise NetError(f"bad URL {redact_url(url)}")
+        cls = BoundHTTPSConnection if u.scheme == "https" else BoundHTTPConnection
+        conn = cls(u.hostname, u.port, lane, ct, rt)
+        h = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **headers}
+        if token and auth_origin is not None and origin(url) == auth_origin:
+            h["Authorization"] = f"Bearer {token}"
+        target = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        try:
+            conn.request("GET", target, headers=h)
+            resp = conn.getresponse()
+        except NetError:
+            conn.close()
+            raise
+        except (OSError, http.client.HTTPException) as e:
+            conn.close()
+            raise NetError(f"{type(e).__name__}: {e}") from e
+        if resp.status in (301, 302, 303, 307, 308):
+            loc = resp.getheader("Location")
+            resp.close()
+            conn.close()
+            if not loc:
+                raise NetError("redirect without Location")
+            url = urljoin(url, loc)
+            continue
+        return resp, conn
+    raise NetError("too many redirects")
+
+
+# ---------------------------------------------------------------------------------------------
+# the fetch run
+
+
+class Job:
+    def __init__(self, e: Entry):
+        self.e = e
+        self.verify_failures = 0
+        self.net_failures = 0
+        self.last_have = -1
+
+
+class Run:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        lock: dict[str, Any],
+        jobs: list[Job],
+        already: list[Entry] | None = None,
+    ):
+        self.args = args
+        self.lock = lock
+        self.dest = args.dest
+        self.token = read_token(args.token_file) if args.token_file else None
+        if args.base_url:
+            self.base = args.base_url.rstrip("/") + "/"
+            self.auth_origin = None
+        else:
+            ep = args.endpoint.rstrip("/")
+            self.base = f"{ep}/{lock['repo']}/resolve/{lock['commit']}/"
+            self.auth_origin = origin(ep)
+        self.pending = sorted(jobs, key=lambda j: (-j.e.size, j.e.path))
+        self.cv = threading.Condition()
+        self.inflight = 0
+        self.failed: list[tuple[str, str]] = []
+        already = already or []
+        self.done_files = len(already)  # verified before this run, then + finished in it
+        self.total_files = len(jobs) + len(already)
+        self.total_bytes = sum(j.e.size for j in jobs) + sum(e.size for e in already)
+        self.done_bytes = sum(e.size for e in already)
+        self.part_bytes: dict[str, int] = {}  # bytes present in .part of files in flight
+        self.lanes: list[Lane] = []
+        self.alive = 0
+        self.t0 = time.monotonic()
+        self.stamps = Stamps(args.stamps)
+        self.stop = threading.Event()
+
+    # -- queue --------------------------------------------------------------------------------
+    def take(self) -> Job | None:
+        with self.cv:
+            while True:
+                if self.pending:
+                    self.inflight += 1
+                    return self.pending.pop(0)
+                if self.inflight == 0:
+                    return None
+                self.cv.wait(0.5)
+
+    def finish(self, job: Job, ok: bool, why: str = "") -> None:
+        with self.cv:
+            self.inflight -= 1
+            self.part_bytes.pop(job.e.path, None)
+            if ok:
+                self.done_files += 1
+                self.done_bytes += job.e.size
+            else:
+                self.failed.append((job.e.path, why))
+            self.cv.notify_all()
+
+    def requeue(self, job: Job) -> None:
+        with self.cv:
+            self.inflight -= 1
+            self.pending.append(job)
+            self.pending.sort(key=lambda j: (-j.e.size, j.e.path))
+            self.cv.notify_all()
+
+    def retire(self, lane: Lane) -> None:
+        with self.cv:
+            self.alive -= 1
+            if self.alive == 0:
+                for j in self.pending:
+                    self.failed.append((j.e.path, "no lane left"))
+                self.pending.clear()
+            self.cv.notify_all()
+
+    # -- one file -------------------------------------------------------------------------------
+    def fetch_file(self, lane: Lane, job: Job) -> None:
+        e = job.e
+        final = os.path.join(self.dest, e.path)
+        part = final + ".part"
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        h = new_hasher(e)
+        have = 0
+        if os.path.exists(part):
+            sz = os.path.getsize(part)
+            if sz > e.size:
+                log(f"{e.path}: .part larger than expected ({sz} > {e.size}), discarded")
+                os.unlink(part)
+            elif sz:
+                have = hash_into(h, part, sz)  # resume: re-hash what is there
+        self.part_bytes[e.path] = have
+        if have < e.size or e.size == 0:
+            h = self._download(lane, job, part, h, have)
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        got_size = os.path.getsize(part)
+        digest = h.hexdigest()
+        if got_size != e.size or digest != e.digest:
+            os.unlink(part)
+            raise VerifyError(
+                f"{e.path}: {e.algo} mismatch (size {got_size}/{e.size}, "
+                f"got {digest[:16]}…, want {e.digest[:16]}…); .part deleted"
+            )
+        os.replace(part, final)
+        dfd = os.open(os.path.dirname(final), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        self.stamps.put(e, final)
+        self.stamps.save()
+
+    def _download(self, lane: Lane, job: Job, part: str, h: Any, have: int) -> Any:
+        """Stream the rest of the file into part; returns the hasher (new on a 200 restart)."""
+        e = job.e
+        url = self.base + quote(e.path)
+        headers = {"Range": f"bytes={have}-"} if have else {}
+        a = self.args
+        resp, conn = request(
+            url, lane, headers, self.auth_origin, self.token, a.connect_timeout, a.read_timeout
+        )
+        try:
+            if resp.status == 206 and have:
+                cr = resp.getheader("Content-Range") or ""
+                if not cr.startswith(f"bytes {have}-"):
+                    raise NetError(f"{e.path}: unexpected Content-Range {cr!r}")
+            elif resp.status == 200:
+                if have:
+                    log(f"{e.path}: server ignored Range (200), restarting from 0")
+                    have = 0
+                    h = new_hasher(e)
+            elif resp.status == 416:
+                os.unlink(part)
+                raise NetError(f"{e.path}: 416 for Range {have}-; .part discarded")
+            else:
+                raise HttpStatusError(resp.status, url)
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.ftruncate(fd, have)
+                os.lseek(fd, have, os.SEEK_SET)
+                buf = bytearray(CHUNK)
+                mv = memoryview(buf)
+                while True:
+                    try:
+                        n = resp.readinto(mv)
+                    except (OSError, http.client.HTTPException) as ex:
+                        raise NetError(f"{e.path}: read: {type(ex).__name__}: {ex}") from ex
+                    if not n:
+                        break
+                    if have + n > e.size:
+                        os.ftruncate(fd, 0)
+                        raise NetError(f"{e.path}: server sent more than {e.size} bytes")
+                    off = 0
+                    while off < n:
+                        off += os.write(fd, mv[off:n])
+                    h.update(mv[:n])
+                    have += n
+                    lane.count(n)
+                    self.part_bytes[e.path] = have
+                    if self.stop.is_set():
+                        raise NetError("stopping")
+            finally:
+                os.close(fd)
+            if have != e.size:
+                raise NetError(f"{e.path}: connection ended at {have}/{e.size}")
+        finally:
+            resp.close()
+            conn.close()
+        return h
+
+    # -- lanes ----------------------------------------------------------------------------------
+    def lane_loop(self, lane: Lane) -> None:
+        a = self.args
+        try:
+            while not self.stop.is_set():
+                job = self.take()
+                if job is None:
+                    break
+                lane.state, lane.current = "busy", job.e.path
+                try:
+                    self.fetch_file(lane, job)
+                except VerifyError as ex:
+                    job.verify_failures += 1
+                    log(f"lane {lane.name}: {ex}")
+                    if job.verify_failures >= a.max_verify_failures:
+                        self.finish(job, False, str(ex))
+                    else:
+                        self.requeue(job)
+                    continue
+                except HttpStatusError as ex:
+                    if ex.status in (401, 403, 404, 410):
+                        log(f"lane {lane.name}: {job.e.path}: {ex} (not retried)")
+                        self.finish(job, False, str(ex))
+                        continue
+                    self._lane_failed(lane, job, str(ex))
+                except (NetError, OSError, http.client.HTTPException) as ex:
+                    self._lane_failed(lane, job, f"{type(ex).__name__}: {ex}")
+                else:
+                    lane.failures = 0
+                    lane.files_done += 1
+                    self.finish(job, True)
+                    continue
+                if lane.failures >= a.lane_failures:
+                    log(f"lane {lane.name}: retired after {lane.failures} failures in a row")
+                    lane.state = "retired"
+                    return
+                lane.state = "backoff"
+                time.sleep(min(30.0, a.backoff * (2 ** (lane.failures - 1))))
+        finally:
+            lane.current = None
+            if lane.state != "retired":
+                lane.state = "done"
+            self.retire(lane)
+
+    def _lane_failed(self, lane: Lane, job: Job, why: str) -> None:
+        lane.failures += 1
+        lane.total_failures += 1
+        have = self.part_bytes.get(job.e.path, 0)
+        if have > job.last_have:
+            job.net_failures = 0
+            job.last_have = have
+        else:
+            job.net_failures += 1
+        log(f"lane {lane.name}: {job.e.path}: {why}; back to the queue")
+        if job.net_failures >= self.args.max_file_attempts:
+            self.finish(job, False, f"no progress after {job.net_failures} attempts: {why}")
+        else:
+            self.requeue(job)
+
+    # -- progress ---------------------------------------------------------------------------------
+    def snapshot(self, state: str) -> dict[str, Any]:
+        now = time.monotonic()
+        lanes = {}
+        total_rate = 0.0
+        for ln in self.lanes:
+            r = ln.rate(now) if ln.state not in ("retired", "done") else 0.0
+            total_rate += r
+            lanes[ln.name] = {
+                "iface": ln.iface,
+                "state": ln.state,
+                "rate": round(r),
+                "bytes": ln.bytes,
+                "files": ln.files_done,
+                "failures": ln.total_failures,
+                "current": ln.current,
+            }
+        with self.cv:
+            in_part = sum(self.part_bytes.values())
+            done = self.done_bytes + in_part
+            failed = [{"path": p, "error": w} for p, w in self.failed]
+        left = self.total_bytes - done
+        eta = left / total_rate if total_rate > 0 else None
+        return {
+            "version": 1,
+            "state": state,
+            "pid": os.getpid(),
+            "repo": self.lock["repo"],
+            "commit": self.lock["commit"],
+            "dest": self.dest,
+            "elapsed_s": round(now - self.t0, 1),
+            "updated": time.time(),
+            "files_done": self.done_files,
+            "files_total": self.total_files,
+            "bytes_done": done,
+            "bytes_total": self.total_bytes,
+            "rate": round(total_rate),
+            "eta_s": round(eta) if eta is not None else None,
+            "lanes": lanes,
+            "failed": failed,
+        }
+
+    def write_status(self, state: str) -> dict[str, Any]:
+        snap = self.snapshot(state)
+        if self.args.status:
+            write_json_atomic(self.args.status, snap)
+        return snap
+
+    def reporter(self) -> None:
+        while not self.stop.wait(self.args.progress_interval):
+            print(progress_line(self.write_status("running")), flush=True)
+
+
+def progress_line(s: dict[str, Any]) -> str:
+    lanes = " ".join(
+        f"{n}={fmt_rate(v['rate'])}" + ("" if v["state"] not in ("retired",) else "(retired)")
+        for n, v in s.get("lanes", {}).items()
+    )
+    return (
+        f"progress {s['state']} {gib(s['bytes_done'])}/{gib(s['bytes_total'])} GiB "
+        f"files {s['files_done']}/{s['files_total']} rate {fmt_rate(s['rate'])} "
+        f"[{lanes}] eta {fmt_eta(s.get('eta_s'))}"
+    )
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def read_token(path: str) -> str | None:
+    st = os.stat(path)
+    if st.st_mode & 0o077:
+        print(f"warning: token file {path} is readable by group/others", file=sys.stderr)
+    with open(path) as fh:
+        tok = fh.read().strip()
+    return tok or None
+
+
+def parse_lanes(specs: list[str], bind_src: bool) -> list[Lane]:
+    """--uplink IF | IF=SRCIP | 'default' (unbound)."""
+    lanes = []
+    for spec in specs or ["default"]:
+        if spec == "default":
+            lanes.append(Lane("default", None, None, False))
+            continue
+        iface, _, src = spec.partition("=")
+        lanes.append(Lane(iface, iface, src or None, bind_src and not src))
+    return lanes
+
+
+def prepare(
+    entries: list[Entry], dest: str, stamps: Stamps, mode: str, jobs: int
+) -> tuple[list[Entry], list[Entry], list[Entry]]:
+    """Split into (verified, to_fetch, mismatched) and update stamps. quick: stamps trusted,
+    unstamped full-size files hashed; full: everything present is hashed."""
+    c = classify(entries, dest, stamps)
+    to_hash = [e for e, _ in c["unverified"]]
+    verified = [e for e, _ in c["verified"]]
+    if mode == "full":
+        to_hash += verified
+        verified = []
+    mismatched = [e for e, _ in c["mismatched"]]
+    for e, ok, _err in parallel_hash(to_hash, dest, jobs):
+        if ok:
+            stamps.put(e, os.path.join(dest, e.path))
+            verified.append(e)
+        else:
+            stamps.drop(e.path)
+            mismatched.append(e)
+    for e in mismatched:
+        stamps.drop(e.path)
+    to_fetch = mismatched + [e for e, _ in c["partial"]] + [e for e, _ in c["missing"]]
+    return verified, to_fetch, mismatched
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    lock, entries = load_lock(args.lock)
+    args.stamps = args.stamps or default_stamps(args.dest)
+    if args.status is None:
+        args.status = default_status(args.dest)
+    if not args.base_url and not args.endpoint:
+        print("fetch: need --endpoint or --base-url", file=sys.stderr)
+        return EXIT_USAGE
+    os.makedirs(args.dest, exist_ok=True)
+    stamps = Stamps(args.stamps)
+    t0 = time.monotonic()
+    verified, to_fetch, mismatched = prepare(entries, args.dest, stamps, args.verify, args.jobs)
+    for e in mismatched:
+        final = os.path.join(args.dest, e.path)
+        if os.path.exists(final):
+            log(f"{e.path}: on-disk copy does not match the lockfile; removed, will re-fetch")
+            os.unlink(final)
+    stamps.save()
+    log(
+        f"{lock['repo']}@{lock['commit'][:12]}: {len(verified)}/{len(entries)} verified "
+        f"({args.verify} check, {time.monotonic() - t0:.2f}s); fetching {len(to_fetch)} files, "
+        f"{gib(sum(e.size for e in to_fetch))} GiB"
+    )
+    run = Run(args, lock, [Job(e) for e in to_fetch], verified)
+    run.stamps = stamps
+    run.lanes = parse_lanes(args.uplink, not args.no_bind_src)
+    if args.max_lanes:
+        run.lanes = run.lanes[: args.max_lanes]
+    for ln in run.lanes:
+        if ln.iface:
+            log(f"lane {ln.name}: device {ln.iface}, source {ln.src() or '(none)'}")
+    run.alive = len(run.lanes)
+    if not to_fetch:
+        snap = run.write_status("done")
+        print(progress_line(snap), flush=True)
+        return EXIT_OK
+    threads = [
+        threading.Thread(target=run.lane_loop, args=(ln,), name=f"lane-{ln.name}", daemon=True)
+        for ln in run.lanes
+    ]
+    rep = threading.Thread(target=run.reporter, daemon=True)
+    run.write_status("running")
+    rep.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    run.stop.set()
+    stamps.save()
+    ok = not run.failed and run.done_files == run.total_files
+    snap = run.write_status("done" if ok else "failed")
+    print(progress_line(snap), flush=True)
+    el = time.monotonic() - run.t0
+    moved = sum(ln.bytes for ln in run.lanes)
+    log(
+        f"{'done' if ok else 'FAILED'}: {run.done_files}/{run.total_files} files, "
+        f"{moved / 1e6:.1f} MB in {el:.1f}s ({moved / max(el, 1e-9) / 1e6:.2f} MB/s); "
+        + ", ".join(f"{ln.name}: {ln.bytes / 1e6:.1f} MB/{ln.files_done} files" for ln in run.lanes)
+    )
+    for p, why in run.failed:
+        log(f"FAILED {p}: {why}")
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+# ---------------------------------------------------------------------------------------------
+# verify / state
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    lock, entries = load_lock(args.lock)
+    stamps = Stamps(args.stamps or default_stamps(args.dest))
+    t0 = time.monotonic()
+    c = classify(entries, args.dest, stamps)
+    to_hash = [e for e, _ in c["unverified"]]
+    ok = [e for e, _ in c["verified"]]
+    if args.mode == "full":
+        to_hash += ok
+        ok = []
+    bad: list[str] = [e.path for e, _ in c["mismatched"]]
+    hashed = 0
+    for e, good, _err in parallel_hash(to_hash, args.dest, args.jobs):
+        hashed += e.size
+        if good:
+            stamps.put(e, os.path.join(args.dest, e.path))
+            ok.append(e)
+        else:
+            stamps.drop(e.path)
+            bad.append(e.path)
+    if to_hash and os.access(os.path.dirname(stamps.path) or ".", os.W_OK):
+        stamps.save()
+    el = time.monotonic() - t0
+    missing = [e.path for e, _ in c["missing"]] + [e.path for e, _ in c["partial"]]
+    res = {
+        "mode": args.mode,
+        "repo": lock["repo"],
+        "commit": lock["commit"],
+        "total_files": len(entries),
+        "verified": len(ok),
+        "mismatched": sorted(bad),
+        "missing": sorted(missing),
+        "hashed_bytes": hashed,
+        "seconds": round(el, 3),
+        "hash_rate": round(hashed / el) if el > 0 and hashed else None,
+    }
+    print(json.dumps(res, sort_keys=True))
+    return EXIT_OK if len(ok) == len(entries) else EXIT_FAILED
+
+
+def state_of(lock_path: str, dest: str, stamps_path: str | None) -> dict[str, Any]:
+    lock, entries = load_lock(lock_path)
+    stamps = Stamps(stamps_path or default_stamps(dest))
+    c = classify(entries, dest, stamps)
+    fetch_bytes = sum(e.size for e, _ in c["missing"] + c["mismatched"])
+    fetch_bytes += sum(e.size - have for e, have in c["partial"])
+    # unverified files (right size, no stamp) get hashed first; count them as to fetch (worst case)
+    fetch_bytes += sum(e.size for e, _ in c["unverified"])
+    return {
+        "repo": lock["repo"],
+        "commit": lock["commit"],
+        "total_files": len(entries),
+        "total_bytes": sum(e.size for e in entries),
+        "verified": len(c["verified"]),
+        "unverified": len(c["unverified"]),
+        "missing": len(c["missing"]),
+        "partial": len(c["partial"]),
+        "mismatched": len(c["mismatched"]),
+        "files_to_fetch": len(entries) - len(c["verified"]),
+        "bytes_to_fetch": fetch_bytes,
+    }
+
+
+def cmd_state(args: argparse.Namespace) -> int:
+    try:
+        res: dict[str, Any] = state_of(args.lock, args.dest, args.stamps)
+        res["ok"] = True
+    except Exception as e:  # a fact must never fail the host
+        res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    try:
+        with open(args.status or default_status(args.dest)) as fh:
+            st = json.load(fh)
+        res["fetch"] = {k: st.get(k) for k in ("state", "pid", "bytes_done", "files_done")}
+    except (OSError, ValueError):
+        res["fetch"] = None
+    print(json.dumps(res, sort_keys=True))
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# serve
+
+
+class ServeHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "sparkrig-serve/" + VERSION
+    root = "/"
+    allowed: set[str] | None = None
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        sys.stderr.write(f"{self.client_address[0]} {format % args}\n")
+
+    def do_HEAD(self) -> None:
+        self._serve(head=True)
+
+    def do_GET(self) -> None:
+        self._serve(head=False)
+
+    def _fail(self, code: int) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _serve(self, head: bool) -> None:
+        rel = unquote(urlsplit(self.path).path).lstrip("/")
+        parts = rel.split("/")
+        if (
+            not rel
+            or ".." in parts
+            or any(p.startswith(".") for p in parts)
+            or rel.endswith(".part")
+            or (self.allowed is not None and rel not in self.allowed)
+        ):
+            return self._fail(404)
+        full = os.path.join(self.root, rel)
+        try:
+            fh = open(full, "rb")
+        except OSError:
+            return self._fail(404)
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            start, end = 0, size - 1
+            rng = self.headers.get("Range")
+            status = 200
+            if rng and rng.startswith("bytes=") and "," not in rng:
+                a, _, b = rng[6:].partition("-")
+                try:
+                    if a:
+                        start, end = int(a), (int(b) if b else size - 1)
+                    else:
+                        start, end = max(0, size - int(b)), size - 1
+                except ValueError:
+                    return self._fail(400)
+                if start >= size:
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{size}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                end = min(end, size - 1)
+                status = 206
+            length = max(0, end - start + 1)
+            self.send_response(status)
+            self.send_header("Content-Length", str(length))
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Type", "application/octet-stream")
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.end_headers()
+            if head or not length:
+                return
+            self.wfile.flush()
+            try:
+                self.connection.sendfile(fh, start, length)
+            except OSError:
+                self.close_connection = True
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    host, _, port = args.listen.rpartition(":")
+    allowed = None
+    if args.lock:
+        _, entries = load_lock(args.lock)
+        allowed = {e.path for e in entries}
+    handler = type("H", (ServeHandler,), {"root": os.path.abspath(args.dir), "allowed": allowed})
+
+    class Srv(ThreadingHTTPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+
+        def server_bind(self) -> None:
+            if args.bind_device:
+                self.socket.setsockopt(
+                    socket.SOL_SOCKET, SO_BINDTODEVICE, args.bind_device.encode() + b"\0"
+                )
+            super().server_bind()
+
+    srv = Srv((host.strip("[]"), int(port)), handler)
+    log(f"serving {args.dir} read-only on http://{args.listen}/ for at most {args.max_seconds}s")
+    if args.max_seconds:
+        threading.Timer(args.max_seconds, srv.shutdown).start()
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    srv.server_close()
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# routes
+
+
+def ip_json(*argv: str) -> Any:
+    out = subprocess.run(["ip", "-j", *argv], capture_output=True, text=True, check=True).stdout
+    return json.loads(out or "[]")
+
+
+def plan_routes(
+    uplinks: list[str], table_base: int, pref_base: int, gateways: dict[str, str]
+) -> tuple[list[list[str]], list[dict[str, Any]]]:
+    """Commands to make `from <ip> lookup 10N` + `default via gw dev if table 10N` hold."""
+    cmds: list[list[str]] = []
+    info = []
+    rules = ip_json("rule", "show")
+    for n, iface in enumerate(uplinks, 1):
+        table, pref = table_base + n, pref_base + n
+        src = None
+        for link in ip_json("addr", "show", "dev", iface):
+            for a in link.get("addr_info", []):
+                if a.get("family") == "inet":
+                    src = src or a.get("local")
+        gw = gateways.get(iface)
+        if gw is None:
+            for r in ip_json("route", "show", "default", "dev", iface):
+                if r.get("gateway"):
+                    gw = r["gateway"]
+                    break
+        info.append({"iface": iface, "src": src, "gateway": gw, "table": table, "pref": pref})
+        if src is None:
+            raise RuntimeError(f"{iface}: no IPv4 address")
+        want_route = ["default"] + (["via", gw] if gw else []) + ["dev", iface]
+        have = ip_json("route", "show", "table", str(table))
+        if (
+            not any(
+                r.get("dst") == "default" and r.get("dev") == iface and r.get("gateway") == gw
+                for r in have
+            )
+            or len([r for r in have if r.get("dst") == "default"]) != 1
+        ):
+            cmds.append(["ip", "route", "replace", *want_route, "table", str(table)])
+        mine = [r for r in rules if r.get("priority") == pref]
+        good = [
+            r
+            for r in mine
+            if r.get("src") == src
+            and r.get("srclen", 32) == 32
+            and str(r.get("table")) == str(table)
+        ]
+        if not good or len(mine) != 1:
+            for _ in mine:
+                cmds.append(["ip", "rule", "del", "pref", str(pref)])
+            cmds.append(["ip", "rule", "add", "from", src, "lookup", str(table), "pref", str(pref)])
+    return cmds, info
+
+
+def cmd_routes(args: argparse.Namespace) -> int:
+    gws = dict(g.split("=", 1) for g in args.gateway or [])
+    try:
+        cmds, info = plan_routes(args.uplink, args.table_base, args.pref_base, gws)
+    except (RuntimeError, subprocess.CalledProcessError, ValueError) as e:
+        print(json.dumps({"ok": False, "error": str(e)}))
+        return EXIT_FAILED
+    if not args.check:
+        for c in cmds:
+            subprocess.run(c, check=True)
+    print(
+        json.dumps(
+            {
+                "ok": True,
+                "changed": bool(cmds),
+                "applied": not args.check,
+                "commands": [" ".join(c) for c in cmds],
+                "uplinks": info,
+            },
+            sort_keys=True,
+        )
+    )
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------------
+# follow
+
+
+def unit_active(unit: str) -> bool:
+    r = subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False)
+    return r.returncode == 0
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def cmd_follow(args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.timeout if args.timeout else None
+    last = None
+    alive: Callable[[dict[str, Any] | None], bool]
+    if args.unit:
+        alive = lambda s: unit_active(args.unit)  # noqa: E731
+    else:
+        alive = lambda s: bool(s and pid_alive(int(s.get("pid", 0))))  # noqa: E731
+    while True:
+        try:
+            with open(args.status) as fh:
+                s: dict[str, Any] | None = json.load(fh)
+        except (OSError, ValueError):
+            s = None
+        if s is not None:
+            line = progress_line(s)
+            if line != last:
+                print(line, flush=True)
+                last = line
+            if s.get("state") == "done":
+                return EXIT_OK
+            if s.get("state") == "failed":
+                for f in s.get("failed", []):
+                    print(f"FAILED {f['path']}: {f['error']}", flush=True)
+                return EXIT_FAILED
+        if not alive(s):
+            time.sleep(1)  # the final status write may race the exit
+            try:
+                with open(args.status) as fh:
+                    s = json.load(fh)
+                if s and s.get("state") == "done":
+                    print(progress_line(s), flush=True)
+                    return EXIT_OK
+            except (OSError, ValueError):
+                pass
+            print("fetch is not running and did not finish", flush=True)
+            return EXIT_FAILED
+        if deadline is not None and time.monotonic() > deadline:
+            print("follow: timeout (the fetch keeps running)", flush=True)
+            return 3
+        time.sleep(args.interval)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="sparkrig_fetch.py", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--lock", required=True, help="lockfile (JSON)")
+        p.add_argument("--dest", required=True, help="directory the files land in")
+        p.add_argument("--stamps", help="stamp DB (default <dest>.stamps.json)")
+        p.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="hash threads")
+
+    f = sub.add_parser("fetch", help="download and verify")
+    common(f)
+    f.add_argument("--endpoint", help="Hub base URL, e.g. https://huggingface.co")
+    f.add_argument("--base-url", help="plain file server holding <path> (fabric copy)")
+    f.add_argument(
+        "--uplink",
+        action="append",
+        default=[],
+        help="lane: IF (source IP from `ip -j addr` at run time), IF=SRCIP, or default",
+    )
+    f.add_argument("--no-bind-src", action="store_true", help="bind the device only")
+    f.add_argument("--max-lanes", type=int, default=0)
+    f.add_argument("--token-file", help="file holding the HF token (0600)")
+    f.add_argument("--status", help="JSON status file (default <dest>.fetch-status.json)")
+    f.add_argument("--verify", choices=["quick", "full"], default="quick")
+    f.add_argument("--connect-timeout", type=float, default=10.0)
+    f.add_argument("--read-timeout", type=float, default=60.0)
+    f.add_argument("--lane-failures", type=int, default=3, help="retire a lane after N in a row")
+    f.add_argument("--backoff", type=float, default=2.0, help="first retry delay, doubles")
+    f.add_argument("--max-verify-failures", type=int, default=3)
+    f.add_argument("--max-file-attempts", type=int, default=8, help="attempts without progress")
+    f.add_argument("--progress-interval", type=float, default=10.0)
+    f.set_defaults(func=cmd_fetch)
+
+    v = sub.add_parser("verify", help="check files against the lockfile")
+    common(v)
+    v.add_argument("--mode", choices=["quick", "full"], default="quick")
+    v.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser("state", help="JSON state for a fact (read-only, exit 0)")
+    common(s)
+    s.add_argument("--status")
+    s.set_defaults(func=cmd_state)
+
+    sv = sub.add_parser("serve", help="serve a directory read-only (GET/HEAD, Range)")
+    sv.add_argument("--dir", required=True)
+    sv.add_argument("--listen", required=True, help="ADDR:PORT (the fabric address)")
+    sv.add_argument("--lock", help="serve only the lockfile's paths")
+    sv.add_argument("--bind-device", help="also SO_BINDTODEVICE the listening socket")
+    sv.add_argument("--max-seconds", type=float, default=4 * 3600, help="exit after this long")
+    sv.set_defaults(func=cmd_serve)
+
+    r = sub.add_parser("routes", help="per-uplink policy routing (idempotent)")
+    r.add_argument("--uplink", action="append", required=True)
+    r.add_argument("--gateway", action="append", help="IF=GW when the main table has none")
+    r.add_argument("--table-base", type=int, default=100)
+    r.add_argument("--pref-base", type=int, default=1000)
+    r.add_argument("--check", action="store_true", help="report only")
+    r.set_defaults(func=cmd_routes)
+
+    fo = sub.add_parser("follow", help="print a running fetch's progress until it ends")
+    fo.add_argument("--status", required=True)
+    fo.add_argument("--unit", help="systemd unit to watch (else the pid in the status)")
+    fo.add_argument("--interval", type=float, default=10.0)
+    fo.add_argument("--timeout", type=float, default=0.0)
+    fo.set_defaults(func=cmd_follow)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if "dest" in args and args.cmd in ("fetch", "verify", "state"):
+        args.dest = os.path.abspath(args.dest)
+    rc: int = args.func(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
