@@ -1,5 +1,5 @@
-"""Every knob sparkrig has, once, with its default. Override per group (head.py, worker.py), per host
-in the inventory, or on the command line with `--data key=value`. Validation lives in
+"""Every knob sparkrig has, once, with its default. Override per group (head.py, worker.py), per
+host in the inventory, or on the command line with `--data key=value`. Validation lives in
 sparkrig/settings.py; per-host keys (fabric_interface, fabric_address, roce_device,
 uplink_interfaces) belong in the inventory, not here."""
 
@@ -39,7 +39,9 @@ nccl_env = {}  # extra NCCL_* / runtime variables appended to every rank's env f
 base_image = None  # vLLM image pinned by digest (repo@sha256:<64 hex>); required
 image_repo = "sparkrig/vllm-glm53"  # local name of the patched image; tag = content hash
 container_gpu_args = ["--gpus", "all"]  # how the container gets the GPU; one token per element
-container_memory = "112g"  # --memory and --memory-swap cap: an OOM kills the container, not the host
+container_memory = (
+    "112g"  # --memory and --memory-swap cap: an OOM kills the container, not the host
+)
 container_shm_size = "32g"  # --shm-size
 
 # --- serving ----------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from io import StringIO
 from typing import Any
 
 from pyinfra import host, logger
-from pyinfra.api import OperationMeta, QuoteString, StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api.operation import OperationMeta
 from pyinfra.context import ctx_state
 from pyinfra.facts.server import Command
 from pyinfra.operations import files
@@ -168,3 +169,19 @@ def pair_restart_needed() -> Callable[[], bool]:
         return any(m.is_complete() and m.did_change() for m in _RESTART_TRIGGERS.get(key, []))
 
     return needed
+
+
+@operation()
+def image_present(ref: str) -> Generator[Any, None, None]:
+    """
+    Pull an image pinned by digest unless this node already has exactly that content.
+
+    + ref: ``repo@sha256:<digest>``; the digest names content, so presence is enough
+    """
+    have = host.get_fact(
+        Command, command=f"docker image inspect --format '{{{{.Id}}}}' {ref} 2>/dev/null || true"
+    )
+    if have:
+        host.noop(f"{ref} is present")
+        return
+    yield StringCommand("docker", "pull", "--quiet", QuoteString(ref))

@@ -1,0 +1,62 @@
+"""Preflight verdicts: pure functions over node reports, so they are unit-tested without hosts."""
+
+from __future__ import annotations
+
+from sparkrig.facts import NodeReport
+from sparkrig.settings import Settings
+
+GIB = 1024**3
+
+
+def describe(node: NodeReport) -> str:
+    gpu = node.gpu or "no NVIDIA GPU found"
+    return (
+        f"{node.arch}, kernel {node.kernel}, {gpu}, MemFree {node.memfree_kb / 1024**2:.1f} GiB, "
+        f"{node.disk_free / GIB:.0f} GiB free for weights, fabric MTU {node.mtu or '?'}"
+    )
+
+
+def warnings(s: Settings, node: NodeReport, peers: dict[str, NodeReport]) -> list[str]:
+    """Worth saying, not worth refusing (the lab's x86 VMs have no GB10)."""
+    out = []
+    if node.arch != "aarch64":
+        out.append(f"architecture is {node.arch}, not aarch64 (a DGX Spark is aarch64)")
+    if not node.gpu:
+        out.append("nvidia-smi reports no GPU (a DGX Spark has one GB10)")
+    elif "12.1" not in node.gpu:
+        out.append(f"GPU {node.gpu!r} is not compute capability 12.1 (GB10)")
+    for name, peer in peers.items():
+        if peer.driver != node.driver:
+            out.append(
+                f"NVIDIA driver differs: {s.me.name} has {node.driver or 'none'}, "
+                f"{name} has {peer.driver or 'none'} (580.x is known good)"
+            )
+    return out
+
+
+def problems(s: Settings, node: NodeReport, peers: dict[str, NodeReport]) -> list[str]:
+    """Reasons this host must not be converged; each names what to fix."""
+    k, out = s.knobs, []
+    if not node.docker:
+        out.append("docker is not installed (DGX OS ships it; install docker.io)")
+    if node.disk_free < k.min_disk_free_gib * GIB:
+        out.append(
+            f"{node.disk_free / GIB:.1f} GiB free under {k.weights_dir}, need "
+            f"{k.min_disk_free_gib:g} GiB (min_disk_free_gib)"
+        )
+    iface = s.me.fabric_interface
+    if not node.link_present:
+        out.append(f"fabric interface {iface} does not exist (fabric_interface)")
+    elif not node.carrier:
+        out.append(
+            f"fabric interface {iface} has no link (operstate {node.operstate}): "
+            "check the QSFP cable"
+        )
+    if k.min_free_kbytes is None:
+        for name, peer in peers.items():
+            if peer.min_free_kbytes != node.min_free_kbytes:
+                out.append(
+                    f"vm.min_free_kbytes differs: {node.min_free_kbytes} here, "
+                    f"{peer.min_free_kbytes} on {name}; set min_free_kbytes to pin one value"
+                )
+    return out

@@ -1,0 +1,137 @@
+"""What goes into a rank's systemd units: container run arguments and template contexts."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sparkrig.profiles import serve_args
+from sparkrig.settings import Settings
+
+_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+
+def systemd_word(arg: str) -> str:
+    """Quote one argv element for an ExecStart= line (systemd's own quoting, not the shell's)."""
+    escaped = arg.replace("%", "%%").replace("$", "$$")
+    if _SAFE.match(arg):
+        return escaped
+    return "'" + escaped.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def flag_lines(args: list[str]) -> list[str]:
+    """systemd-quoted words, one ``--flag value`` pair (or lone word) per line: readable units."""
+    lines: list[str] = []
+    i = 0
+    while i < len(args):
+        word = systemd_word(args[i])
+        has_value = i + 1 < len(args) and not args[i + 1].startswith("-")
+        if args[i].startswith("-") and has_value:
+            word += " " + systemd_word(args[i + 1])
+            i += 1
+        lines.append(word)
+        i += 1
+    return lines
+
+
+def paths(s: Settings) -> dict[str, str]:
+    k = s.knobs
+    return {
+        "bin_dir": f"{k.install_dir}/bin",
+        "env_file": f"{k.config_dir}/rank.env",
+        "model_dir": f"{k.weights_dir}/model",
+        "drafter_dir": f"{k.weights_dir}/drafter",
+        "rank_unit": f"/etc/systemd/system/{s.unit_name}.service",
+        "pair_unit": "/etc/systemd/system/sparkrig-pair.service",
+    }
+
+
+def docker_run_args(s: Settings) -> list[str]:
+    """``docker run`` options of a rank (REFERENCE §3.1), before the image name."""
+    k, p = s.knobs, paths(s)
+    args = [
+        "--network", "host",
+        "--ipc", "host",
+        "--device", "/dev/infiniband:/dev/infiniband",
+        "--ulimit", "memlock=-1:-1",
+        "--ulimit", "stack=67108864",
+        "--cap-add", "IPC_LOCK",
+        "--shm-size", k.container_shm_size,
+        "--memory", k.container_memory,
+        "--memory-swap", k.container_memory,
+        "--env-file", p["env_file"],
+        "--volume", f"{k.weights_dir}:{k.weights_dir}:ro",
+        "--volume", f"{k.cache_dir}:/root/.cache",
+        *k.container_gpu_args,
+        "--entrypoint", "vllm",
+    ]  # fmt: skip
+    return args
+
+
+def rank_serve_args(s: Settings) -> list[str]:
+    k, p = s.knobs, paths(s)
+    argv = serve_args(
+        k.profile,
+        rank=s.me.rank,
+        nnodes=s.nnodes,
+        master_addr=s.head.ip,
+        master_port=k.master_port,
+        model_dir=p["model_dir"],
+        api_port=k.api_port,
+        served_name=k.served_model_name,
+        drafter_dir=p["drafter_dir"] if s.needs_drafter else None,
+        extra_args=k.extra_serve_args,
+    )
+    return argv[1:]  # the entrypoint is `vllm`
+
+
+def base_context(s: Settings) -> dict[str, Any]:
+    return {
+        "host": s.me.name,
+        "rank": s.me.rank,
+        "role": s.me.role,
+        "nnodes": s.nnodes,
+        "ip": s.me.ip,
+        "interface": s.me.fabric_interface,
+        "unit": s.unit_name,
+        "container": s.container_name,
+        **paths(s),
+    }
+
+
+def env_context(s: Settings) -> dict[str, Any]:
+    k = s.knobs
+    return {
+        **base_context(s),
+        "mtu": k.fabric_mtu,
+        "port": k.roce_port,
+        "subnet": str(s.fabric_network),
+        "extra": sorted(k.nccl_env.items()),
+    }
+
+
+def rank_unit_context(s: Settings, image: str, weights_id: str) -> dict[str, Any]:
+    k = s.knobs
+    return {
+        **base_context(s),
+        "image": image,
+        "weights_id": weights_id,
+        "run_args": flag_lines(docker_run_args(s)),
+        "serve_args": flag_lines(rank_serve_args(s)),
+        "memfree_min_gib": k.memfree_min_gib,
+        "memfree_wait_s": k.memfree_wait_s,
+        "peers": ",".join(r.ip for r in s.peers),
+        "pair_port": k.pair_port,
+        "pair_grace_s": k.pair_grace_s,
+        "start_timeout_s": k.pair_grace_s + k.memfree_wait_s + 120,
+    }
+
+
+def pair_unit_context(s: Settings) -> dict[str, Any]:
+    k = s.knobs
+    return {
+        **base_context(s),
+        "peers": ",".join(r.ip for r in s.peers),
+        "pair_port": k.pair_port,
+        "pair_grace_s": k.pair_grace_s,
+    }

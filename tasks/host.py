@@ -1,0 +1,44 @@
+"""Phase 2, host: vm.swappiness=0 (and an equal vm.min_free_kbytes) in a sysctl.d file this tool
+owns, applied at once; the start gate that drops caches and checks MemFree before every start."""
+
+from pyinfra import host
+from pyinfra.operations import files, server
+
+from sparkrig.facts import Node
+from sparkrig.operations import put_text
+from sparkrig.render import render
+from sparkrig.settings import current
+from sparkrig.units import paths
+
+s = current()
+k = s.knobs
+node = host.get_fact(Node, weights_dir=k.weights_dir, fabric_interface=s.me.fabric_interface)
+sysctl_file = "/etc/sysctl.d/90-sparkrig.conf"
+
+sysctl = put_text(
+    name="Own the sparkrig sysctl file",
+    text=render("sysctl.conf.j2", swappiness=k.swappiness, min_free_kbytes=k.min_free_kbytes),
+    dest=sysctl_file,
+)
+live_drift = node.swappiness != k.swappiness or (
+    k.min_free_kbytes is not None and node.min_free_kbytes != k.min_free_kbytes
+)
+server.shell(
+    name="Apply the sparkrig sysctl file",
+    commands=[f"sysctl -p {sysctl_file}"],
+    _if=lambda: sysctl.did_change() or live_drift,
+)
+
+for directory in host.loop([k.install_dir, paths(s)["bin_dir"], k.config_dir]):
+    files.directory(
+        name="Create sparkrig directories", path=directory, user="root", group="root", mode="755"
+    )
+files.put(
+    name="Install the start gate (drop caches, MemFree, fabric and GID check)",
+    src="files/sparkrig_prep.py",
+    dest=f"{paths(s)['bin_dir']}/sparkrig-prep",
+    user="root",
+    group="root",
+    mode="755",
+    create_remote_dir=False,
+)

@@ -1,0 +1,27 @@
+"""Phase 1, preflight: validate every host's data first (bad input stops the run before any
+command reaches a host), report each node, and refuse a host that cannot be converged before
+anything on it changes."""
+
+from pyinfra import host, inventory, logger
+
+from sparkrig.facts import Node
+from sparkrig.operations import refuse
+from sparkrig.preflight import describe, problems, warnings
+from sparkrig.settings import current
+
+s = current()
+node = host.get_fact(Node, weights_dir=s.knobs.weights_dir, fabric_interface=s.me.fabric_interface)
+peers = {}
+if s.me.is_head:  # the head compares itself with every worker (drivers, vm.min_free_kbytes)
+    peers = {
+        w.name: inventory.get_host(w.name).get_fact(
+            Node, weights_dir=s.knobs.weights_dir, fabric_interface=w.fabric_interface
+        )
+        for w in s.workers
+    }
+
+logger.info(f"{host.print_prefix}rank {s.me.rank}: {describe(node)}")
+for warning in warnings(s, node, peers):
+    logger.warning(f"{host.print_prefix}{warning}")
+
+refuse(name="Refuse a host that fails preflight", problems=problems(s, node, peers))

@@ -1,0 +1,87 @@
+"""Phase 6, service: the rank's units, then an ordered start: worker(s) first, the head once every
+worker's container runs (its beacon answers over the fabric), never a fixed sleep. A change to any
+rank's unit, env file, image or weights restarts the whole pair in that order; nothing else does."""
+
+from pyinfra import host
+from pyinfra.facts.systemd import SystemdStatus
+from pyinfra.operations import files, systemd
+
+from sparkrig.operations import note_restart_trigger, pair_restart_needed, put_text, wait_for_ranks
+from sparkrig.render import render
+from sparkrig.settings import current
+from sparkrig.units import pair_unit_context, paths, rank_unit_context
+
+s = current()
+k = s.knobs
+p = paths(s)
+weights_id = f"{k.model_repo}@{k.model_revision}"
+if s.needs_drafter:
+    weights_id += f" + {k.drafter_repo}@{k.drafter_revision}"
+
+pair_program = files.put(
+    name="Install the stop-together watch",
+    src="files/sparkrig_pair.py",
+    dest=f"{p['bin_dir']}/sparkrig-pair",
+    user="root",
+    group="root",
+    mode="755",
+    create_remote_dir=False,
+)
+rank_unit = put_text(
+    name="Install the rank unit",
+    text=render("sparkrig-rank.service.j2", **rank_unit_context(s, k.base_image, weights_id)),
+    dest=p["rank_unit"],
+)
+pair_unit = put_text(
+    name="Install the stop-together unit",
+    text=render("sparkrig-pair.service.j2", **pair_unit_context(s)),
+    dest=p["pair_unit"],
+)
+note_restart_trigger(rank_unit)
+note_restart_trigger(pair_unit)
+restart = pair_restart_needed()
+
+systemd.daemon_reload(
+    name="Reload systemd after a unit changed",
+    _if=lambda: rank_unit.did_change() or pair_unit.did_change(),
+)
+
+# Ordered pair restart: the head stops first, workers after; then workers start before the head.
+if s.me.is_head:
+    systemd.service(
+        name="Stop the head for an ordered pair restart",
+        service=s.unit_name,
+        running=False,
+        _if=restart,
+    )
+else:
+    systemd.service(
+        name="Stop the worker for an ordered pair restart",
+        service=s.unit_name,
+        running=False,
+        _if=restart,
+    )
+    systemd.service(
+        name="Start the worker rank",
+        service=s.unit_name,
+        running=True,
+        enabled=True,
+    )
+
+if s.me.is_head:
+    head_status = host.get_fact(SystemdStatus, services=[s.unit_name])
+    head_active = bool(head_status.get(f"{s.unit_name}.service"))
+    wait_for_ranks(
+        name="Wait until every worker's container runs",
+        bin_dir=p["bin_dir"],
+        peers=[w.ip for w in s.workers],
+        port=k.pair_port,
+        timeout=k.pair_grace_s,
+        _if=lambda: restart() or not head_active,
+    )
+    systemd.service(
+        name="Start the head rank",
+        service=s.unit_name,
+        running=True,
+        enabled=True,
+    )

@@ -1,0 +1,1 @@
+"""Phase 7, verify: the deploy ends by checking itself."""

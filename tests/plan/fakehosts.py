@@ -1,0 +1,71 @@
+"""Fake Sparks for plan tests: pyinfra's @fake connector with canned command output."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+IMAGE = "registry.example/vllm@sha256:" + "ab" * 32
+
+
+def node_report(
+    *, mtu: int = 1500, ipv4: str = "", swappiness: int = 60, min_free_kbytes: int = 67584
+) -> list[str]:
+    return [
+        "arch=aarch64",
+        "kernel=6.11.0-1016-nvidia",
+        "gpu=NVIDIA GB10, 12.1, 580.95.05",
+        "docker=/usr/bin/docker",
+        f"disk_free={3000 * 1024**3}",
+        f"memfree_kb={100 * 1024**2}",
+        f"swappiness={swappiness}",
+        f"min_free_kbytes={min_free_kbytes}",
+        "link_present=1",
+        "operstate=up",
+        "carrier=1",
+        f"mtu={mtu}",
+        f"ipv4={ipv4}",
+        "##SPARKRIG-END##",
+    ]
+
+
+def gid_table(device: str, netdev: str, ip: str | None, index: int = 3) -> list[str]:
+    base = f"/sys/class/infiniband/{device}/ports/1"
+    lines = [
+        f"{base}/gids/0:fe80:0000:0000:0000:0000:0000:0000:0001",
+        f"{base}/gid_attrs/types/0:IB/RoCE v1",
+        f"{base}/gid_attrs/ndevs/0:{netdev}",
+    ]
+    if ip:
+        a, b, c, d = (int(x) for x in ip.split("."))
+        gid = f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+        lines += [
+            f"{base}/gids/{index}:{gid}",
+            f"{base}/gid_attrs/types/{index}:RoCE v2",
+            f"{base}/gid_attrs/ndevs/{index}:{netdev}",
+        ]
+    return lines + ["##SPARKRIG-END##"]
+
+
+def host(
+    name: str,
+    ip: str,
+    prefix: int = 24,
+    responses: dict[Any, Any] | None = None,
+    **data: Any,
+) -> tuple[str, dict[str, Any]]:
+    canned: dict[Any, Any] = dict(responses or {})
+    canned.setdefault("grep -H . /sys/class/infiniband", gid_table("rocep1s0f1", "enp1s0f1np1", ip))
+    canned.setdefault(re.compile(r"echo \"arch="), node_report())
+    return (
+        f"@fake/{name}",
+        {
+            "fabric_interface": "enp1s0f1np1",
+            "fabric_address": f"{ip}/{prefix}",
+            "fake_responses": canned,
+            "fake_delay": 0,
+            "fake_delay_jitter": 0,
+            "base_image": IMAGE,
+            **data,
+        },
+    )
