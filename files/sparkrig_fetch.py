@@ -134,7 +134,10 @@ def hash_file(e: Entry, path: str) -> str:
 
 
 class Stamps:
-    """One JSON file: {"version":1, "files": {path: {size, mtime_ns, ino, <algo>: digest}}}."""
+    """One JSON file: {"version":1, "files": {path: {size, mtime_ns, ino, ctime_ns, <algo>}}}.
+
+    A stamp is valid only while size, mtime, inode and ctime are unchanged and its hash equals
+    the lockfile's; ctime catches an in-place edit whose mtime was set back."""
 
     def __init__(self, path: str):
         self.path = path
@@ -155,6 +158,7 @@ class Stamps:
             and s.get("size") == st.st_size == e.size
             and s.get("mtime_ns") == st.st_mtime_ns
             and s.get("ino") == st.st_ino
+            and s.get("ctime_ns") == st.st_ctime_ns
             and s.get(e.algo) == e.digest
         )
 
@@ -165,6 +169,7 @@ class Stamps:
                 "size": st.st_size,
                 "mtime_ns": st.st_mtime_ns,
                 "ino": st.st_ino,
+                "ctime_ns": st.st_ctime_ns,
                 e.algo: e.digest,
                 "verified_at": int(time.time()),
             }

@@ -1,0 +1,121 @@
+"""Lockfile generation through the real huggingface_hub client against fakehub."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, Hub, fakehub, lockfile
+
+
+def test_lock_matches_repo_bytes(model_lock: Path, hub_root: Path) -> None:
+    lock = lockfile.load(str(model_lock))
+    repo_dir = hub_root / fakehub.MODEL_REPO
+    on_disk = sorted(
+        str(p.relative_to(repo_dir))
+        for p in repo_dir.rglob("*")
+        if p.is_file()
+        if p.name != fakehub.META
+    )
+    assert [f["path"] for f in lock["files"]] == on_disk
+    meta = json.loads((repo_dir / fakehub.META).read_text())
+    assert lock["commit"] == meta["commit"] and lock["revision"] == "main"
+    for f in lock["files"]:
+        size, sha1, sha256 = fakehub.hash_file(str(repo_dir / f["path"]))
+        assert f["size"] == size
+        if f["path"].endswith(".safetensors"):
+            assert f["sha256"] == sha256 and "git_sha1" not in f
+        else:
+            assert f["git_sha1"] == sha1 and "sha256" not in f
+
+
+def test_pagination_followed(hub_root: Path) -> None:
+    h = Hub(hub_root, page=2)
+    try:
+        lock = lockfile.build_lock(fakehub.MODEL_REPO, "main", h.url)
+        tree_calls = [r for r in h.log() if "/tree/" in r["path"]]
+    finally:
+        h.close()
+    assert len(lock["files"]) == 8
+    assert len(tree_calls) >= 4  # 9 entries (8 files + 1 dir) at 2 per page
+
+
+def test_stable_text_and_diff(model_lock: Path, tmp_path: Path) -> None:
+    lock = lockfile.load(str(model_lock))
+    text = lockfile.dumps(lock)
+    shuffled = dict(lock, files=list(reversed(lock["files"])))
+    assert lockfile.dumps(shuffled) == text
+    assert json.loads(text) == lock
+    changed = json.loads(text)
+    changed["files"][0]["size"] += 1
+    changed["files"].pop()
+    d = lockfile.diff(lock, changed)
+    assert d["changed"] == [lock["files"][0]["path"]]
+    assert d["removed"] == [lock["files"][-1]["path"]] and d["added"] == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"path": "../etc/passwd", "size": 1, "sha256": "0" * 64},
+        {"path": "/abs", "size": 1, "sha256": "0" * 64},
+        {"path": "x", "size": 1, "sha256": "abc"},
+        {"path": "x", "size": 1},
+    ],
+)
+def test_validate_rejects(model_lock: Path, bad: dict[str, object]) -> None:
+    lock = lockfile.load(str(model_lock))
+    lock["files"].append(bad)
+    with pytest.raises(lockfile.LockfileError):
+        lockfile.validate(lock)
+
+
+def test_unknown_revision_and_repo(hub: Hub) -> None:
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    with pytest.raises(RevisionNotFoundError):
+        lockfile.build_lock(fakehub.MODEL_REPO, "no-such-branch", hub.url)
+    with pytest.raises(RepositoryNotFoundError):
+        lockfile.build_lock("nobody/nothing", "main", hub.url)
+
+
+def test_cli_refresh_with_token_never_printed(hub_root: Path, tmp_path: Path) -> None:
+    token = "hf_SECRETtokenVALUE1234567890"
+    h = Hub(hub_root, token=token)
+    tok = tmp_path / "token"
+    tok.write_text(token + "\n")
+    os.chmod(tok, 0o600)
+    out = tmp_path / "locks" / "d.lock.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    try:
+        base = [sys.executable, "-m", "sparkrig.lockfile", "refresh"]
+        args = ["--repo", fakehub.DRAFTER_REPO, "--endpoint", h.url, "--out", str(out)]
+        r = subprocess.run(
+            base + args + ["--token-file", str(tok)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        denied = subprocess.run(
+            base + args,
+            cwd=ROOT,
+            env=dict(env, HF_HUB_DISABLE_IMPLICIT_TOKEN="1", HF_HOME=str(tmp_path / "hfhome")),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        authed = [r["auth"] for r in h.log() if r["status"] != 401]
+    finally:
+        h.close()
+    assert r.returncode == 0, r.stderr
+    assert token not in r.stdout + r.stderr and token not in out.read_text()
+    assert authed and all(authed)
+    assert lockfile.load(str(out))["repo"] == fakehub.DRAFTER_REPO
+    assert denied.returncode == 1 and token not in denied.stdout + denied.stderr
