@@ -1,0 +1,344 @@
+"""Serving gates and boot-stage reader, run on the head (stdlib only; installed in install_dir).
+
+    sparkrig_gate.py gates [--url URL] [--model NAME] [--only health,models,math,tool]
+        One JSON line per gate: {"gate": "math", "ok": true, "detail": "...", "ms": 123}.
+        Exit 0 when every gate passed, 1 otherwise. Gates (REFERENCE §8.2): /health 200;
+        /v1/models lists NAME; "17*23" answers 391; a tool call with tool_choice=required whose
+        tool_calls[0].function.arguments is a JSON object.
+    sparkrig_gate.py wait [--url URL] [--container NAME] [--timeout S] [--interval S]
+        Poll /health until 200, printing a JSON progress line whenever the boot stage read from
+        `docker logs --tail` of the container changes. Exit 0 ready, 1 container gone or error
+        line seen, 2 timeout.
+    sparkrig_gate.py probe [--url URL] [--model NAME]
+        The watchdog probe: the math gate alone (a real completion; /health lies, §8.2).
+    sparkrig_gate.py stage < LOG
+        Print the latest recognised boot stage of a log read from stdin.
+
+The same parsers back sparkrig/gates.py on the control side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_MODEL = "glm-5.3-flash"
+GATES = ("health", "models", "math", "tool")
+MATH_PROMPT = "What is 17*23? Reply with the number only."
+MATH_ANSWER = "391"
+TOOL_NAME = "get_weather"
+
+
+@dataclass
+class GateResult:
+    gate: str
+    ok: bool
+    detail: str
+    ms: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+
+# --- boot stages ----------------------------------------------------------------------------------
+# (stage, pattern) in boot order; the stage of a log is the one of its last matching line.
+BOOT_STAGES: tuple[tuple[str, str], ...] = (
+    ("starting", r"vLLM API server version|Initializing a V1 LLM engine|non-default args"),
+    ("rendezvous", r"world_size=|TCP store|init_distributed_environment|connecting to the TCP"),
+    ("loading", r"Starting to load model|Loading safetensors|Loading weights(?! took)"),
+    ("loaded", r"Loading weights took|Model loading took"),
+    ("profiling", r"GPU KV cache size|Available KV cache memory|Maximum concurrency"),
+    ("compiling", r"torch\.compile|Compiling a graph|shared memory broadcast block"),
+    ("graphs", r"Capturing CUDA graph|Graph capturing finished|cudagraph"),
+    ("api", r"Starting vLLM API server|Available routes"),
+    ("ready", r"Application startup complete"),
+)
+STAGE_ORDER = tuple(s for s, _ in BOOT_STAGES)
+_STAGE_RE = [(s, re.compile(p)) for s, p in BOOT_STAGES]
+ERROR_RE = re.compile(
+    r"Traceback \(most recent call last\)|RuntimeError|EngineDeadError|CUDA out of memory|"
+    r"NCCL error|peer lost|Engine core initialization failed|ERROR .*(?:failed|died|timed out)"
+)
+BENIGN_RE = re.compile(r"No available shared memory broadcast block|RoCE all-reduce OFF")
+
+
+def line_stage(line: str) -> str | None:
+    for stage, rx in reversed(_STAGE_RE):
+        if rx.search(line):
+            return stage
+    return None
+
+
+def boot_stage(lines: Iterable[str]) -> str | None:
+    """The stage named by the last recognised line, or None when nothing matched."""
+    latest = None
+    for line in lines:
+        s = line_stage(line)
+        if s is not None:
+            latest = s
+    return latest
+
+
+def boot_errors(lines: Iterable[str]) -> list[str]:
+    """Lines that mean the boot failed (benign lines from REFERENCE §8.3 excluded)."""
+    return [ln.rstrip("\n") for ln in lines if ERROR_RE.search(ln) and not BENIGN_RE.search(ln)]
+
+
+# --- payloads -------------------------------------------------------------------------------------
+def math_payload(model: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": MATH_PROMPT}],
+        "max_tokens": 16,
+        "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+
+
+def tool_payload(model: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "What is the weather in Tokyo right now?"}],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": TOOL_NAME,
+                    "description": "Current weather for a city",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string"}},
+                        "required": ["city"],
+                    },
+                },
+            }
+        ],
+        "tool_choice": "required",
+        "max_tokens": 256,
+        "temperature": 0,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+
+
+# --- parsers (status code + body text -> GateResult) ---------------------------------------------
+def _json(body: str) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
+def _short(body: str, n: int = 200) -> str:
+    return body.strip().replace("\n", " ")[:n]
+
+
+def parse_health(status: int, body: str) -> GateResult:
+    if status == 200:
+        return GateResult("health", True, "/health 200")
+    return GateResult("health", False, f"/health {status or 'unreachable'} {_short(body)}".strip())
+
+
+def parse_models(status: int, body: str, model: str) -> GateResult:
+    if status != 200:
+        return GateResult("models", False, f"/v1/models {status or 'unreachable'} {_short(body)}")
+    data = _json(body)
+    ids = [m.get("id") for m in (data or {}).get("data", []) if isinstance(m, dict)]
+    if model in ids:
+        return GateResult("models", True, f"/v1/models lists {model}")
+    return GateResult("models", False, f"/v1/models lists {ids}, not {model}")
+
+
+def _message(status: int, body: str) -> tuple[dict[str, Any] | None, str]:
+    if status != 200:
+        return None, f"HTTP {status or 'unreachable'} {_short(body)}"
+    data = _json(body)
+    try:
+        msg = data["choices"][0]["message"]
+    except (TypeError, KeyError, IndexError):
+        return None, f"no choices[0].message in {_short(body)}"
+    if not isinstance(msg, dict):
+        return None, "choices[0].message is not an object"
+    return msg, ""
+
+
+def parse_math(status: int, body: str) -> GateResult:
+    msg, err = _message(status, body)
+    if msg is None:
+        return GateResult("math", False, err)
+    content = msg.get("content") or ""
+    if MATH_ANSWER in content:
+        return GateResult("math", True, f"17*23 -> {_short(content, 40)!r}")
+    return GateResult("math", False, f"17*23 answer lacks 391: {_short(content, 80)!r}")
+
+
+def parse_tool(status: int, body: str, name: str = TOOL_NAME) -> GateResult:
+    msg, err = _message(status, body)
+    if msg is None:
+        return GateResult("tool", False, err)
+    calls = msg.get("tool_calls") or []
+    if not calls:
+        return GateResult(
+            "tool", False, f"no tool_calls; content {_short(msg.get('content') or '')!r}"
+        )
+    fn = (calls[0] or {}).get("function") or {}
+    raw = fn.get("arguments")
+    args = _json(raw) if isinstance(raw, str) else None
+    if not isinstance(args, dict):
+        return GateResult("tool", False, f"tool_calls[0].function.arguments not JSON: {raw!r}")
+    if fn.get("name") != name:
+        return GateResult("tool", False, f"called {fn.get('name')!r}, not {name!r}")
+    return GateResult("tool", True, f"{name}({json.dumps(args, ensure_ascii=False)})")
+
+
+# --- HTTP -----------------------------------------------------------------------------------------
+def http(url: str, payload: dict[str, Any] | None = None, timeout: float = 60.0) -> tuple[int, str]:
+    """(status, body); status 0 when the server could not be reached."""
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+    except (OSError, ValueError) as exc:
+        return 0, str(exc)
+
+
+Fetch = Callable[[str, "dict[str, Any] | None", float], "tuple[int, str]"]
+
+
+def run_gate(
+    gate: str, url: str, model: str, fetch: Fetch = http, timeout: float = 120.0
+) -> GateResult:
+    t0 = time.monotonic()
+    base = url.rstrip("/")
+    if gate == "health":
+        res = parse_health(*fetch(base + "/health", None, 10.0))
+    elif gate == "models":
+        res = parse_models(*fetch(base + "/v1/models", None, 10.0), model)
+    elif gate == "math":
+        res = parse_math(*fetch(base + "/v1/chat/completions", math_payload(model), timeout))
+    elif gate == "tool":
+        res = parse_tool(*fetch(base + "/v1/chat/completions", tool_payload(model), timeout))
+    else:
+        raise ValueError(f"unknown gate {gate!r}")
+    res.ms = int((time.monotonic() - t0) * 1000)
+    return res
+
+
+def run_gates(
+    url: str, model: str, gates: Sequence[str] = GATES, fetch: Fetch = http, timeout: float = 120.0
+) -> list[GateResult]:
+    """Run the gates in order; after a failed /health the others are not attempted."""
+    out: list[GateResult] = []
+    for g in gates:
+        if out and out[0].gate == "health" and not out[0].ok:
+            out.append(GateResult(g, False, "skipped: /health failed"))
+            continue
+        out.append(run_gate(g, url, model, fetch, timeout))
+    return out
+
+
+# --- wait -----------------------------------------------------------------------------------------
+def docker_log_tail(container: str, lines: int = 400) -> tuple[bool, list[str]]:
+    """(running, last log lines) of a container; (False, []) when it does not exist."""
+    state = subprocess.run(
+        ["docker", "inspect", "-f", "{{.State.Running}}", container],
+        capture_output=True,
+        text=True,
+    )
+    if state.returncode != 0:
+        return False, []
+    logs = subprocess.run(
+        ["docker", "logs", "--tail", str(lines), container],
+        capture_output=True,
+        text=True,
+        errors="replace",
+    )
+    return state.stdout.strip() == "true", (logs.stdout + logs.stderr).splitlines()
+
+
+def wait_ready(
+    url: str,
+    container: str | None,
+    timeout: float,
+    interval: float,
+    fetch: Fetch = http,
+    tail: Callable[[str], tuple[bool, list[str]]] = docker_log_tail,
+    emit: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    start = clock()
+    last = None
+    while True:
+        elapsed = clock() - start
+        stage = None
+        if container:
+            running, lines = tail(container)
+            stage = boot_stage(lines)
+            errors = boot_errors(lines)
+            if not running or errors:
+                why = "container not running" if not running else errors[-1][:300]
+                emit(json.dumps({"event": "failed", "stage": stage, "s": int(elapsed),
+                                 "detail": why}))  # fmt: skip
+                return 1
+        status, _ = fetch(url.rstrip("/") + "/health", None, 5.0)
+        if status == 200:
+            emit(json.dumps({"event": "ready", "stage": stage or "ready", "s": int(elapsed)}))
+            return 0
+        if stage != last:
+            emit(json.dumps({"event": "stage", "stage": stage, "s": int(elapsed)}))
+            last = stage
+        if elapsed >= timeout:
+            emit(json.dumps({"event": "timeout", "stage": stage, "s": int(elapsed)}))
+            return 2
+        sleep(interval)
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="sparkrig_gate.py", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("gates", "wait", "probe"):
+        p = sub.add_parser(name)
+        p.add_argument("--url", default=DEFAULT_URL)
+        p.add_argument("--model", default=DEFAULT_MODEL)
+        p.add_argument("--timeout", type=float, default=120.0 if name != "wait" else 3600.0)
+        if name == "gates":
+            p.add_argument("--only", default=",".join(GATES))
+        if name == "wait":
+            p.add_argument("--container")
+            p.add_argument("--interval", type=float, default=10.0)
+    sub.add_parser("stage")
+    a = ap.parse_args(argv)
+    if a.cmd == "stage":
+        lines = sys.stdin.read().splitlines()
+        print(json.dumps({"stage": boot_stage(lines), "errors": boot_errors(lines)[-5:]}))
+        return 0
+    if a.cmd == "wait":
+        return wait_ready(a.url, a.container, a.timeout, a.interval)
+    gates = ("math",) if a.cmd == "probe" else tuple(g for g in a.only.split(",") if g)
+    unknown = set(gates) - set(GATES)
+    if unknown:
+        ap.error(f"unknown gate(s): {', '.join(sorted(unknown))}")
+    results = run_gates(a.url, a.model, gates, timeout=a.timeout)
+    for r in results:
+        print(r.to_json(), flush=True)
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

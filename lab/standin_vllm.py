@@ -1,0 +1,636 @@
+"""Stand-in for `vllm serve` in the lab: stdlib only, OpenAI-compatible, multi-node aware.
+
+Command line: ``[vllm] serve MODEL_DIR [--flag value ...]`` as sparkrig.profiles builds it. Known
+flags are parsed leniently; unknown ones are logged and ignored (with the values that follow them).
+
+Behaviour, modelled on real vLLM multi-node (mp executor) so ordering, gates and stop-together can
+be proven on the lab VMs:
+
+- MODEL_DIR must hold config.json (the real engine reads the mounted weights): exit 1 otherwise. A
+  dflash --speculative-config must name an existing drafter directory: exit 1 otherwise.
+- Rank 0 (head) listens on --master-addr:--master-port (torch.distributed's TCP store) and waits
+  until every worker (--nnodes - 1) has joined, then "loads weights", "captures CUDA graphs", starts
+  the API on --host:--port and logs "Application startup complete.".
+- Workers (--headless or --node-rank > 0) connect to the head, retrying like a rendezvous (the
+  worker normally starts first), boot in step and serve no API. When the head goes away the worker
+  logs "peer lost" and exits 1.
+- When a worker goes away the head logs it and keeps serving /health 200 and /v1/models, like real
+  vLLM (REFERENCE §8.2); completions then fail with HTTP 500 (the engine is dead), which is what a
+  real-completion watchdog sees. --standin-exit-on-peer-loss makes the head exit 1 instead.
+- /v1/chat/completions answers arithmetic ("17*23" -> "391"); with tools and tool_choice=required
+  (or a named function) it returns one tool call of the first (or named) tool with JSON arguments.
+
+Stand-in only flags: --standin-delay SECONDS (per boot stage, default $STANDIN_DELAY or 0.5),
+--standin-rendezvous-timeout SECONDS (default 600, torch's), --standin-exit-on-peer-loss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+VERSION = "0.0.0+standin"
+
+# flags that take one value (anything else that starts with -- is a switch or unknown)
+VALUE_FLAGS = {
+    "--host", "--port", "--served-model-name", "--node-rank", "--nnodes", "--master-addr",
+    "--master-port", "--tensor-parallel-size", "--pipeline-parallel-size",
+    "--data-parallel-size", "--distributed-executor-backend", "--block-size", "--kv-cache-dtype",
+    "--tool-call-parser", "--reasoning-parser", "--max-model-len", "--max-num-seqs",
+    "--kv-cache-memory-bytes", "--kv-cache-memory", "--max-num-batched-tokens",
+    "--gpu-memory-utilization", "--moe-backend", "--speculative-config", "--chat-template",
+    "--default-chat-template-kwargs", "--limit-mm-per-prompt", "--override-generation-config",
+    "--attention-backend", "--quantization", "--load-format", "--api-key", "--uvicorn-log-level",
+    "--standin-delay", "--standin-rendezvous-timeout",
+}  # fmt: skip
+MULTI_FLAGS = {"--logits-processors"}  # nargs="+"
+SWITCHES = {
+    "--headless", "--language-model-only", "--enable-auto-tool-choice", "--enforce-eager",
+    "--trust-remote-code", "--disable-log-requests", "--enable-prefix-caching",
+    "--no-enable-prefix-caching", "--standin-exit-on-peer-loss",
+}  # fmt: skip
+
+
+def log(msg: str, level: str = "INFO") -> None:
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"{level} {stamp} [standin] {msg}", flush=True)
+
+
+class Options:
+    def __init__(self) -> None:
+        self.model = ""
+        self.values: dict[str, str] = {}
+        self.multi: dict[str, list[str]] = {}
+        self.switches: set[str] = set()
+        self.unknown: list[str] = []
+
+    def get(self, flag: str, default: str | None = None) -> str | None:
+        return self.values.get(flag, default)
+
+    def num(self, flag: str, default: int) -> int:
+        v = self.values.get(flag)
+        return default if v is None else int(v)
+
+    @property
+    def nnodes(self) -> int:
+        return self.num("--nnodes", 1)
+
+    @property
+    def rank(self) -> int:
+        return self.num("--node-rank", 0)
+
+    @property
+    def headless(self) -> bool:
+        return "--headless" in self.switches or self.rank > 0
+
+    @property
+    def served_name(self) -> str:
+        return self.get("--served-model-name") or self.model
+
+    @property
+    def delay(self) -> float:
+        return float(self.get("--standin-delay") or os.environ.get("STANDIN_DELAY", "0.5"))
+
+
+def parse_args(argv: list[str]) -> Options:
+    """Lenient `vllm serve` parser: ``[serve] MODEL --flag value --flag=value --switch ...``."""
+    args = list(argv)
+    if args and args[0] == "serve":
+        args = args[1:]
+    opts = Options()
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("--"):
+            if not opts.model:
+                opts.model = a
+            else:
+                opts.unknown.append(a)
+            i += 1
+            continue
+        if "=" in a:
+            flag, value = a.split("=", 1)
+            if flag in MULTI_FLAGS:
+                opts.multi.setdefault(flag, []).append(value)
+            elif flag in VALUE_FLAGS:
+                opts.values[flag] = value
+            else:
+                opts.unknown.append(a)
+            i += 1
+            continue
+        if a in SWITCHES:
+            opts.switches.add(a)
+            i += 1
+        elif a in VALUE_FLAGS:
+            if i + 1 >= len(args):
+                raise SystemExit(f"error: {a} needs a value")
+            opts.values[a] = args[i + 1]
+            i += 2
+        elif a in MULTI_FLAGS:
+            j = i + 1
+            while j < len(args) and not args[j].startswith("--"):
+                opts.multi.setdefault(a, []).append(args[j])
+                j += 1
+            i = j
+        else:  # unknown: swallow the values that follow it
+            j = i + 1
+            while j < len(args) and not args[j].startswith("--"):
+                j += 1
+            opts.unknown.append(" ".join(args[i:j]))
+            i = j
+    return opts
+
+
+# --- answers ------------------------------------------------------------------------------------
+_ARITH = re.compile(r"(-?\d+(?:\.\d+)?)\s*([*x×+\-/])\s*(-?\d+(?:\.\d+)?)")
+
+
+def arithmetic_answer(text: str) -> str | None:
+    """Deterministic answer to the first "a op b" in the text, or None."""
+    m = _ARITH.search(text)
+    if not m:
+        return None
+    a, op, b = float(m.group(1)), m.group(2), float(m.group(3))
+    if op in "*x×":
+        r = a * b
+    elif op == "+":
+        r = a + b
+    elif op == "-":
+        r = a - b
+    else:
+        if b == 0:
+            return None
+        r = a / b
+    return str(int(r)) if r == int(r) else repr(r)
+
+
+def _example_value(schema: Any) -> Any:
+    if not isinstance(schema, dict):
+        return "standin"
+    if "enum" in schema and schema["enum"]:
+        return schema["enum"][0]
+    t = schema.get("type")
+    if isinstance(t, list):
+        t = next((x for x in t if x != "null"), "string")
+    if t == "integer":
+        return 1
+    if t == "number":
+        return 1.0
+    if t == "boolean":
+        return True
+    if t == "array":
+        return []
+    if t == "object":
+        return tool_arguments(schema)
+    return "standin"
+
+
+def tool_arguments(parameters: Any) -> dict[str, Any]:
+    """Arguments for a function's JSON schema: every required property (or all if none listed)."""
+    if not isinstance(parameters, dict):
+        return {}
+    props = parameters.get("properties") or {}
+    names = parameters.get("required") or list(props)
+    return {n: _example_value(props.get(n, {})) for n in names}
+
+
+def message_text(messages: Any) -> str:
+    parts: list[str] = []
+    for m in messages if isinstance(messages, list) else []:
+        if not isinstance(m, dict) or m.get("role") not in ("user", "system", None):
+            continue
+        c = m.get("content")
+        if isinstance(c, str):
+            parts.append(c)
+        elif isinstance(c, list):
+            parts += [p.get("text", "") for p in c if isinstance(p, dict)]
+    return "\n".join(parts)
+
+
+def chat_completion(req: dict[str, Any], served_name: str) -> dict[str, Any]:
+    """Body of a /v1/chat/completions answer (non-streaming)."""
+    messages = req.get("messages") or []
+    text = message_text(messages)
+    tools = req.get("tools") or []
+    choice = req.get("tool_choice")
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    finish = "stop"
+    chosen = None
+    if tools and choice == "required":
+        chosen = tools[0]
+    elif tools and isinstance(choice, dict):
+        want = (choice.get("function") or {}).get("name")
+        chosen = next((t for t in tools if (t.get("function") or {}).get("name") == want), None)
+    if chosen is not None:
+        fn = chosen.get("function") or {}
+        message["tool_calls"] = [
+            {
+                "id": "chatcmpl-tool-" + uuid.uuid4().hex[:16],
+                "type": "function",
+                "function": {
+                    "name": fn.get("name", "tool"),
+                    "arguments": json.dumps(tool_arguments(fn.get("parameters"))),
+                },
+            }
+        ]
+        finish = "tool_calls"
+    else:
+        answer = arithmetic_answer(text)
+        message["content"] = answer if answer is not None else "standin reply: " + text[:200]
+    completion_tokens = len((message["content"] or "x").split())
+    prompt_tokens = max(1, len(text.split()))
+    return {
+        "id": "chatcmpl-" + uuid.uuid4().hex,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": served_name,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def text_completion(req: dict[str, Any], served_name: str) -> dict[str, Any]:
+    prompt = req.get("prompt") or ""
+    if isinstance(prompt, list):
+        prompt = " ".join(str(p) for p in prompt)
+    answer = arithmetic_answer(str(prompt))
+    return {
+        "id": "cmpl-" + uuid.uuid4().hex,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": served_name,
+        "choices": [
+            {"index": 0, "text": answer if answer is not None else " standin", "logprobs": None,
+             "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }  # fmt: skip
+
+
+# --- rendezvous ---------------------------------------------------------------------------------
+class Peers:
+    """The head's view of its workers: joined ranks, and whether one has been lost."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.joined: set[int] = set()
+        self.lost: list[int] = []
+        self.cond = threading.Condition()
+
+    def wait_all(self, timeout: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: len(self.joined) >= self.expected, timeout)
+
+    @property
+    def dead(self) -> bool:
+        with self.cond:
+            return bool(self.lost)
+
+
+def _heartbeat(sock: socket.socket, stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        try:
+            sock.sendall(b"ping\n")
+        except OSError:
+            return
+
+
+def _watch(sock: socket.socket, timeout: float = 5.0) -> str:
+    """Block until the peer goes away; returns why."""
+    sock.settimeout(timeout)
+    try:
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                return "connection closed"
+    except TimeoutError:
+        return f"no heartbeat for {timeout:.0f} s"
+    except OSError as exc:
+        return str(exc)
+
+
+def _readline(sock: socket.socket, timeout: float) -> bytes:
+    sock.settimeout(timeout)
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = sock.recv(1)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def head_rendezvous(opts: Options, peers: Peers, on_lost: Any) -> socket.socket:
+    addr = opts.get("--master-addr") or "127.0.0.1"
+    port = opts.num("--master-port", 29500)
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((addr, port))
+    srv.listen(16)
+    log(f"TCP store listening on {addr}:{port}, waiting for {peers.expected} worker(s)")
+
+    def serve_one(conn: socket.socket, peer: Any) -> None:
+        try:
+            hello = json.loads(_readline(conn, 10.0) or b"{}")
+        except (OSError, ValueError):
+            conn.close()
+            return
+        rank, nnodes = hello.get("rank"), hello.get("nnodes")
+        with peers.cond:
+            ok = (
+                nnodes == opts.nnodes
+                and isinstance(rank, int)
+                and 0 < rank < opts.nnodes
+                and rank not in peers.joined
+            )
+            if ok:
+                peers.joined.add(rank)
+                peers.cond.notify_all()
+        if not ok:
+            log(f"rejected worker {peer[0]} rank={rank} nnodes={nnodes}", "ERROR")
+            conn.sendall(json.dumps({"ok": False, "nnodes": opts.nnodes}).encode() + b"\n")
+            conn.close()
+            return
+        conn.sendall(json.dumps({"ok": True}).encode() + b"\n")
+        log(f"worker rank {rank} joined from {peer[0]} ({len(peers.joined)}/{peers.expected})")
+        stop = threading.Event()
+        threading.Thread(target=_heartbeat, args=(conn, stop), daemon=True).start()
+        why = _watch(conn)
+        stop.set()
+        conn.close()
+        with peers.cond:
+            peers.lost.append(rank)
+        on_lost(rank, why)
+
+    def accept_loop() -> None:
+        while True:
+            try:
+                conn, peer = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve_one, args=(conn, peer), daemon=True).start()
+
+    threading.Thread(target=accept_loop, daemon=True).start()
+    return srv
+
+
+def worker_connect(opts: Options, timeout: float) -> socket.socket:
+    addr = opts.get("--master-addr") or "127.0.0.1"
+    port = opts.num("--master-port", 29500)
+    deadline = time.monotonic() + timeout
+    log(f"rank {opts.rank}: connecting to the TCP store at {addr}:{port}")
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            sock = socket.create_connection((addr, port), timeout=5.0)
+        except OSError as exc:
+            if str(exc) != last:
+                log(f"rank {opts.rank}: head not reachable yet ({exc}); retrying")
+                last = str(exc)
+            time.sleep(0.2)
+            continue
+        sock.sendall(json.dumps({"rank": opts.rank, "nnodes": opts.nnodes}).encode() + b"\n")
+        reply = json.loads(_readline(sock, 10.0) or b"{}")
+        if not reply.get("ok"):
+            sock.close()
+            fail(f"head refused rank {opts.rank} (head nnodes={reply.get('nnodes')})")
+        return sock
+    fail(f"rendezvous timed out after {timeout:.0f} s waiting for {addr}:{port}")
+    raise AssertionError  # unreachable
+
+
+def fail(msg: str, code: int = 1) -> None:
+    log(msg, "ERROR")
+    raise SystemExit(code)
+
+
+# --- HTTP ---------------------------------------------------------------------------------------
+class Api(ThreadingHTTPServer):
+    daemon_threads = True
+    opts: Options
+    peers: Peers
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Api
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        log(f'{self.client_address[0]} "{self.requestline}" {args[1] if len(args) > 1 else ""}')
+
+    def _send(self, code: int, body: Any = None, ctype: str = "application/json") -> None:
+        data = b"" if body is None else (json.dumps(body).encode() if ctype.endswith("json")
+                                         else body)  # fmt: skip
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, code: int, message: str, kind: str) -> None:
+        self._send(code, {"error": {"message": message, "type": kind, "code": code}})
+
+    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+        opts = self.server.opts
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
+            self._send(200)
+        elif path == "/v1/models":
+            model = {
+                "id": opts.served_name,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "vllm",
+                "root": opts.model,
+                "max_model_len": opts.num("--max-model-len", 262144),
+            }
+            self._send(200, {"object": "list", "data": [model]})
+        elif path == "/version":
+            self._send(200, {"version": VERSION})
+        else:
+            self._error(404, f"no route {path}", "NotFoundError")
+
+    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        opts = self.server.opts
+        path = self.path.split("?", 1)[0]
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            req = json.loads(self.rfile.read(length) or b"{}")
+            if not isinstance(req, dict):
+                raise ValueError("body must be a JSON object")
+        except ValueError as exc:
+            self._error(400, f"invalid JSON: {exc}", "BadRequestError")
+            return
+        if path not in ("/v1/chat/completions", "/v1/completions"):
+            self._error(404, f"no route {path}", "NotFoundError")
+            return
+        if req.get("model") not in (None, opts.served_name):
+            self._error(404, f"The model `{req.get('model')}` does not exist.", "NotFoundError")
+            return
+        if self.server.peers.dead:
+            self._error(500, "EngineCore died: a worker rank was lost", "EngineDeadError")
+            return
+        if path == "/v1/completions":
+            self._send(200, text_completion(req, opts.served_name))
+            return
+        body = chat_completion(req, opts.served_name)
+        if req.get("stream"):
+            self._stream(body)
+        else:
+            self._send(200, body)
+
+    def _stream(self, body: dict[str, Any]) -> None:
+        msg = body["choices"][0]["message"]
+        delta = {k: v for k, v in msg.items() if v is not None}
+        chunk = {**body, "object": "chat.completion.chunk"}
+        chunk["choices"] = [{"index": 0, "delta": delta,
+                             "finish_reason": body["choices"][0]["finish_reason"]}]  # fmt: skip
+        data = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+        self._send(200, data, "text/event-stream")
+
+
+# --- main ---------------------------------------------------------------------------------------
+HELP = """usage: vllm serve MODEL_DIR [options]   (sparkrig lab stand-in for vLLM)
+  --host H --port P --served-model-name NAME --nnodes N --node-rank R --headless
+  --master-addr A --master-port P   (other vLLM flags are accepted and ignored)
+  --standin-delay S --standin-rendezvous-timeout S --standin-exit-on-peer-loss
+"""
+
+
+def check_model(opts: Options) -> None:
+    if not opts.model:
+        fail("no model given: vllm serve MODEL_DIR ...", 2)
+    if not os.path.isfile(os.path.join(opts.model, "config.json")):
+        fail(f"model directory {opts.model} has no config.json (weights not mounted?)")
+    spec = opts.get("--speculative-config")
+    if spec:
+        try:
+            cfg = json.loads(spec)
+        except ValueError:
+            fail(f"--speculative-config is not JSON: {spec}", 2)
+        drafter = cfg.get("model")
+        if cfg.get("method") == "dflash" and not (drafter and os.path.isdir(drafter)):
+            fail(f"speculative drafter directory {drafter} does not exist")
+
+
+def stage(opts: Options, msg: str) -> None:
+    log(msg)
+    time.sleep(opts.delay)
+
+
+def run(argv: list[str]) -> int:
+    if not argv or argv[0] in ("--help", "-h") or argv[:2] == ["serve", "--help"]:
+        print(HELP, end="")
+        return 0
+    if argv[0] == "--version":
+        print(VERSION)
+        return 0
+    opts = parse_args(argv)
+    for u in opts.unknown:
+        log(f"ignoring unknown argument: {u}", "WARNING")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    log(f"vLLM API server version {VERSION}")
+    check_model(opts)
+    tp = opts.num("--tensor-parallel-size", opts.nnodes)
+    log(
+        f"Initializing a V1 LLM engine ({VERSION}) with config: model={opts.model!r}, "
+        f"tensor_parallel_size={tp}, nnodes={opts.nnodes}, node_rank={opts.rank}"
+    )
+    timeout = float(opts.get("--standin-rendezvous-timeout") or 600)
+    if opts.headless:
+        return run_worker(opts, timeout)
+    return run_head(opts, timeout)
+
+
+def run_worker(opts: Options, timeout: float) -> int:
+    if opts.nnodes < 2:
+        fail("--headless needs --nnodes >= 2")
+    sock = worker_connect(opts, timeout)
+    log(f"world_size={opts.nnodes} rank={opts.rank} backend=nccl: joined the head")
+    stop = threading.Event()
+    threading.Thread(target=_heartbeat, args=(sock, stop), daemon=True).start()
+    lost: list[str] = []
+
+    def watch() -> None:
+        lost.append(_watch(sock))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    for msg in (
+        f"Starting to load model {opts.model}...",
+        f"Loading weights took {opts.delay:.2f} seconds",
+        "Capturing CUDA graphs (decode, FULL): 100%",
+        "Graph capturing finished in 0 secs",
+    ):
+        if lost:
+            break
+        stage(opts, msg)
+    if not lost:
+        log(f"rank {opts.rank}: headless worker ready, serving the head")
+    watcher.join()
+    fail(f"peer lost: head went away ({lost[0]}); exiting")
+    return 1
+
+
+def run_head(opts: Options, timeout: float) -> int:
+    peers = Peers(opts.nnodes - 1)
+    exit_on_loss = "--standin-exit-on-peer-loss" in opts.switches
+
+    def on_lost(rank: int, why: str) -> None:
+        log(
+            f"peer lost: worker rank {rank} ({why}); the engine is dead, /health stays 200", "ERROR"
+        )
+        if exit_on_loss:
+            os._exit(1)
+
+    if peers.expected > 0:
+        srv = head_rendezvous(opts, peers, on_lost)
+        if not peers.wait_all(timeout):
+            srv.close()
+            fail(f"rendezvous timed out after {timeout:.0f} s: {len(peers.joined)} of "
+                 f"{peers.expected} worker(s) joined")  # fmt: skip
+        log(f"world_size={opts.nnodes} rank=0 backend=nccl: all ranks joined")
+    for msg in (
+        f"Starting to load model {opts.model}...",
+        f"Loading weights took {opts.delay:.2f} seconds",
+        "GPU KV cache size: 1,103,764 tokens",
+        "Capturing CUDA graphs (decode, FULL): 100%",
+        "Graph capturing finished in 0 secs",
+    ):
+        stage(opts, msg)
+    host = opts.get("--host") or "0.0.0.0"
+    port = opts.num("--port", 8000)
+    api = Api((host, port), Handler)
+    api.opts, api.peers = opts, peers
+    log(f"Starting vLLM API server 0 on http://{host}:{port}")
+    log(f"Available routes: /health, /v1/models, /v1/chat/completions (model {opts.served_name})")
+    print("INFO:     Application startup complete.", flush=True)
+    try:
+        api.serve_forever()
+    finally:
+        api.server_close()
+    return 0
+
+
+def main() -> int:
+    try:
+        return run(sys.argv[1:])
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

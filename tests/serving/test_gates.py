@@ -1,0 +1,225 @@
+"""Gate parsers, boot-stage reader, command builders and the wait loop (pure)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from serving_helpers import files_module
+
+from sparkrig import gates
+
+script = files_module("sparkrig_gate")
+
+
+def chat(message: dict[str, Any]) -> str:
+    return json.dumps({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]})
+
+
+def test_health() -> None:
+    assert gates.parse_health(200, "").ok
+    r = gates.parse_health(0, "Connection refused")
+    assert not r.ok and "unreachable" in r.detail
+    assert not gates.parse_health(503, "").ok
+
+
+def test_models() -> None:
+    body = json.dumps({"object": "list", "data": [{"id": "glm-5.3-flash"}]})
+    assert gates.parse_models(200, body, "glm-5.3-flash").ok
+    r = gates.parse_models(200, body, "other")
+    assert not r.ok and "glm-5.3-flash" in r.detail
+    assert not gates.parse_models(200, "not json", "x").ok
+    assert not gates.parse_models(500, "", "x").ok
+
+
+@pytest.mark.parametrize(
+    ("msg", "ok"),
+    [
+        ({"role": "assistant", "content": "391"}, True),
+        ({"role": "assistant", "content": "17*23 = 391."}, True),
+        ({"role": "assistant", "content": "381"}, False),
+        ({"role": "assistant", "content": None, "reasoning_content": "391"}, False),
+        ({"role": "assistant", "content": ""}, False),
+    ],
+)
+def test_math(msg: dict[str, Any], ok: bool) -> None:
+    assert gates.parse_math(200, chat(msg)).ok is ok
+
+
+def test_math_errors() -> None:
+    assert "HTTP 500" in gates.parse_math(500, '{"error": "dead"}').detail
+    assert not gates.parse_math(200, '{"choices": []}').ok
+    assert not gates.parse_math(200, '{"choices": [{"message": "x"}]}').ok
+
+
+def tool_msg(args: Any, name: str = "get_weather") -> str:
+    fn = {"name": name, "arguments": args}
+    return chat({"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "1", "type": "function", "function": fn}]})  # fmt: skip
+
+
+def test_tool() -> None:
+    r = gates.parse_tool(200, tool_msg('{"city": "Tokyo"}'))
+    assert r.ok and "Tokyo" in r.detail
+    assert not gates.parse_tool(200, tool_msg("{city: Tokyo")).ok  # not JSON
+    assert not gates.parse_tool(200, tool_msg('"just a string"')).ok  # JSON, not an object
+    assert not gates.parse_tool(200, tool_msg({"city": "x"})).ok  # not a string
+    assert not gates.parse_tool(200, tool_msg("{}", name="other")).ok
+    r = gates.parse_tool(200, chat({"role": "assistant", "content": "<tool_call>get_weather"}))
+    assert not r.ok and "no tool_calls" in r.detail  # what the `glm` parser does (§2.1)
+
+
+def test_payloads() -> None:
+    m = gates.math_payload("glm")
+    assert m["model"] == "glm" and "17*23" in m["messages"][0]["content"]
+    t = gates.tool_payload("glm")
+    assert t["tool_choice"] == "required" and t["tools"][0]["function"]["name"] == "get_weather"
+
+
+VLLM_LOG = """\
+INFO 11-29 10:00:00 [api_server.py:1] vLLM API server version 0.11.1
+INFO 11-29 10:00:01 [core.py:1] Initializing a V1 LLM engine (v0.11.1) with config: model=...
+INFO 11-29 10:00:05 [parallel_state.py:1] world_size=2 rank=0 local_rank=0 backend=nccl
+INFO 11-29 10:00:06 [gpu_model_runner.py:1] Starting to load model /models/glm...
+INFO 11-29 10:06:06 [default_loader.py:1] Loading weights took 360.12 seconds
+INFO 11-29 10:06:30 [gpu_worker.py:1] Available KV cache memory: 9.00 GiB
+INFO 11-29 10:06:30 [kv_cache_utils.py:1] GPU KV cache size: 1,103,764 tokens
+INFO 11-29 10:07:00 [shm.py:1] No available shared memory broadcast block found in 60 seconds
+INFO 11-29 10:15:00 [gpu_model_runner.py:1] Graph capturing finished in 12 secs
+INFO 11-29 10:15:10 [api_server.py:1] Starting vLLM API server 0 on http://0.0.0.0:8000
+INFO:     Application startup complete.
+"""
+
+
+def test_boot_stage_progression() -> None:
+    lines = VLLM_LOG.splitlines()
+    seen = [gates.boot_stage(lines[: i + 1]) for i in range(len(lines))]
+    assert seen == ["starting", "starting", "rendezvous", "loading", "loaded", "profiling",
+                    "profiling", "compiling", "graphs", "api", "ready"]  # fmt: skip
+    idx = [gates.stage_index(s) for s in seen]
+    assert idx == sorted(idx)
+    assert gates.boot_stage([]) is None and gates.stage_index(None) == -1
+    assert gates.boot_errors(lines) == []  # the shm broadcast line is benign (§8.3)
+
+
+def test_boot_errors() -> None:
+    lines = [
+        "INFO Loading weights took 3 s",
+        "RuntimeError: concat_and_cache_mla, cache_kernels.cu:866, pe_dim must be 64",
+        "INFO RoCE all-reduce OFF (NCCL)",
+    ]
+    assert gates.boot_errors(lines) == [lines[1]]
+
+
+def test_commands_are_argv_and_shell() -> None:
+    argv = gates.gate_command("/opt/sparkrig", 8000, "glm-5.3-flash")
+    assert argv[:3] == ["python3", "/opt/sparkrig/sparkrig_gate.py", "gates"]
+    assert "http://127.0.0.1:8000" in argv and "health,models,math,tool" in argv
+    assert gates.shell(["a b", "c"]) == "'a b' c"
+    with pytest.raises(ValueError):
+        gates.gate_command("/opt/sparkrig", 8000, "m", gates=["nope"])
+    w = gates.wait_command("/opt/sparkrig/", 8000, "vllm_head", 3600, 15)
+    assert w[1] == "/opt/sparkrig/sparkrig_gate.py" and w[-2:] == ["--container", "vllm_head"]
+    assert "probe" in gates.probe_command("/opt/sparkrig", 8000, "m")
+
+
+def test_parse_gate_lines() -> None:
+    out = '{"gate": "health", "ok": true, "detail": "/health 200", "ms": 3}\ngarbage\n\n'
+    res = gates.parse_gate_lines(out)
+    assert res[0].gate == "health" and res[0].ok and res[0].ms == 3
+    assert res[1].gate == "output" and not res[1].ok
+    assert not gates.gates_passed(res)
+    assert gates.gates_passed(res, required=["health"])
+
+
+def test_curl_output() -> None:
+    mark = gates.CURL_STATUS_MARK
+    assert gates.parse_curl_output('{"a": 1}' + mark + "200") == (200, '{"a": 1}')
+    assert gates.parse_curl_output(mark + "000") == (0, "")
+    assert gates.parse_curl_output("curl: (7) refused") == (0, "curl: (7) refused")
+    cmd = gates.curl_command("http://x/v1", {"a": 1}, 5)
+    assert cmd[0] == "curl" and cmd[-1] == "http://x/v1" and '{"a": 1}' in cmd
+    assert gates.parse_curl_gate("health", mark + "200", "m").ok
+    with pytest.raises(ValueError):
+        gates.parse_curl_gate("nope", "", "m")
+
+
+def test_parse_wait_lines() -> None:
+    out = '{"event": "stage", "stage": "loading", "s": 5}\nnoise\n{"event": "ready", "s": 9}\n'
+    assert [e["event"] for e in gates.parse_wait_lines(out)] == ["stage", "ready"]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def test_wait_ready_reports_stages_then_ready() -> None:
+    log = VLLM_LOG.splitlines()
+    clock = FakeClock()
+    seen: list[str] = []
+    calls = {"n": 0}
+
+    def tail(_: str) -> tuple[bool, list[str]]:
+        calls["n"] += 1
+        return True, log[: min(len(log), calls["n"] * 2)]
+
+    def fetch(url: str, payload: Any, timeout: float) -> tuple[int, str]:
+        return (200, "") if calls["n"] >= 6 else (0, "refused")
+
+    rc = script.wait_ready(
+        "http://h", "c", 100, 1, fetch, tail, seen.append, clock.now, clock.sleep
+    )
+    events = [json.loads(s) for s in seen]
+    assert rc == 0 and events[-1]["event"] == "ready"
+    stages = [e["stage"] for e in events if e["event"] == "stage"]
+    assert len(stages) >= 4 and len(set(stages)) == len(stages)  # one line per stage change
+    idx = [gates.stage_index(st) for st in stages]
+    assert idx == sorted(idx) and stages[0] == "starting"
+
+
+def test_wait_ready_container_gone_and_timeout() -> None:
+    clock = FakeClock()
+    seen: list[str] = []
+
+    def refused(url: str, payload: Any, timeout: float) -> tuple[int, str]:
+        return 0, "refused"
+
+    rc = script.wait_ready("http://h", "c", 10, 1, refused, lambda c: (False, []), seen.append,
+                           clock.now, clock.sleep)  # fmt: skip
+    assert rc == 1 and json.loads(seen[-1])["event"] == "failed"
+    seen.clear()
+    bad = ["Loading weights took 1 s", "RuntimeError: pe_dim must be 64 for fp8_ds_mla"]
+    rc = script.wait_ready("http://h", "c", 10, 1, refused, lambda c: (True, bad), seen.append,
+                           clock.now, clock.sleep)  # fmt: skip
+    assert rc == 1 and "pe_dim" in json.loads(seen[-1])["detail"]
+    seen.clear()
+    rc = script.wait_ready("http://h", "c", 10, 1, refused, lambda c: (True, []), seen.append,
+                           clock.now, clock.sleep)  # fmt: skip
+    assert rc == 2 and json.loads(seen[-1])["event"] == "timeout"
+
+
+def test_run_gates_skips_after_failed_health() -> None:
+    def fetch(url: str, payload: Any, timeout: float) -> tuple[int, str]:
+        return 0, "refused"
+
+    res = script.run_gates("http://h", "m", fetch=fetch)
+    assert [r.ok for r in res] == [False] * 4 and "skipped" in res[1].detail
+
+
+def test_cli_stage(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, str(gates.SCRIPT_PATH), "stage"],
+        input=VLLM_LOG, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert json.loads(out.stdout)["stage"] == "ready"

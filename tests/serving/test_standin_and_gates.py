@@ -1,0 +1,299 @@
+"""lab/standin_vllm.py as subprocesses on 127.0.0.1, checked with the gate script and parsers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from serving_helpers import REPO, files_module, load_path
+
+from sparkrig import gates
+
+standin = load_path("standin_vllm", REPO / "lab" / "standin_vllm.py")
+gate_script = files_module("sparkrig_gate")
+STANDIN = str(REPO / "lab" / "standin_vllm.py")
+GATE = str(REPO / "files" / "sparkrig_gate.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """A stand-in process whose output is collected line by line in the background."""
+
+    def __init__(self, argv: list[str]) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.p = subprocess.Popen(
+            [sys.executable, STANDIN, *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        self.lines: list[str] = []
+        self._t = threading.Thread(target=self._read, daemon=True)
+        self._t.start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for line in self.p.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, text: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(text in ln for ln in self.lines):
+                return
+            if self.p.poll() is not None:
+                time.sleep(0.2)
+                if any(text in ln for ln in self.lines):
+                    return
+                raise AssertionError(f"exited {self.p.returncode} before {text!r}: {self.lines}")
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {text!r}: {self.lines}")
+
+    def exit_code(self, timeout: float = 15.0) -> int:
+        rc = self.p.wait(timeout)
+        self._t.join(5)
+        return rc
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(10)
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    return d
+
+
+def serve_argv(
+    model: Path, rank: int, nnodes: int, master_port: int, api_port: int, *extra: str
+) -> list[str]:
+    from sparkrig.profiles import serve_args
+
+    args = serve_args(
+        "shared",
+        rank=rank,
+        nnodes=nnodes,
+        master_addr="127.0.0.1",
+        master_port=master_port,
+        model_dir=str(model),
+        api_port=api_port,
+        served_name="glm-5.3-flash",
+        host="127.0.0.1",
+        extra_args=["--standin-delay", "0.05", *extra],
+    )
+    assert args[:2] == ["vllm", "serve"]
+    return args[1:]  # what the image's `vllm` wrapper passes on
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.stop()
+
+
+def get(url: str, payload: dict[str, Any] | None = None) -> tuple[int, str]:
+    return gate_script.http(url, payload, 10.0)
+
+
+# --- pure parts of the stand-in -------------------------------------------------------------------
+
+
+def test_parse_args_lenient() -> None:
+    o = standin.parse_args(
+        ["serve", "/m", "--port", "9000", "--headless", "--node-rank=1", "--nnodes", "2",
+         "--logits-processors", "a:B", "c:D", "--weird", "x", "y", "--enforce-eager",
+         "--speculative-config", '{"method":"mtp"}']
+    )  # fmt: skip
+    assert o.model == "/m" and o.get("--port") == "9000" and o.rank == 1 and o.nnodes == 2
+    assert o.headless and "--enforce-eager" in o.switches
+    assert o.multi["--logits-processors"] == ["a:B", "c:D"]
+    assert o.unknown == ["--weird x y"]
+    assert o.served_name == "/m"
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [("What is 17*23?", "391"), ("17 x 23", "391"), ("2+2", "4"), ("7/2", "3.5"), ("hi", None)],
+)
+def test_arithmetic(text: str, answer: str | None) -> None:
+    assert standin.arithmetic_answer(text) == answer
+
+
+def test_tool_arguments_from_schema() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "n": {"type": "integer"},
+                       "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "n", "unit"],
+    }  # fmt: skip
+    assert standin.tool_arguments(schema) == {"city": "standin", "n": 1, "unit": "c"}
+
+
+def test_chat_completion_tool_and_named_choice() -> None:
+    req = gate_script.tool_payload("m")
+    body = standin.chat_completion(req, "m")
+    assert gate_script.parse_tool(200, json.dumps(body)).ok
+    req["tool_choice"] = {"type": "function", "function": {"name": "get_weather"}}
+    assert standin.chat_completion(req, "m")["choices"][0]["finish_reason"] == "tool_calls"
+    req["tool_choice"] = "auto"
+    assert standin.chat_completion(req, "m")["choices"][0]["message"]["content"]
+
+
+# --- processes ------------------------------------------------------------------------------------
+
+
+def test_missing_config_json_exits_1(tmp_path: Path) -> None:
+    p = Proc(["serve", str(tmp_path / "nope"), "--standin-delay", "0"])
+    assert p.exit_code() == 1
+    assert any("has no config.json" in ln for ln in p.lines)
+
+
+def test_missing_drafter_exits_1(model_dir: Path) -> None:
+    spec = json.dumps({"method": "dflash", "model": "/nonexistent", "num_speculative_tokens": 7})
+    p = Proc(["serve", str(model_dir), "--speculative-config", spec, "--standin-delay", "0"])
+    assert p.exit_code() == 1
+    assert any("drafter" in ln for ln in p.lines)
+
+
+def test_help_and_version() -> None:
+    out = subprocess.run([sys.executable, STANDIN, "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "vllm serve" in out.stdout
+
+
+def test_pair_boot_gates_and_worker_loss(model_dir: Path, procs: list[Proc]) -> None:
+    mport, aport = free_port(), free_port()
+    worker = Proc(serve_argv(model_dir, 1, 2, mport, aport))
+    procs.append(worker)
+    worker.wait_for("head not reachable yet")  # worker first, like the deploy
+    head = Proc(serve_argv(model_dir, 0, 2, mport, aport, "--unknown-flag", "v"))
+    procs.append(head)
+    head.wait_for("Application startup complete")
+    worker.wait_for("headless worker ready")
+    assert any("ignoring unknown argument: --unknown-flag v" in ln for ln in head.lines)
+    assert gates.boot_stage(head.lines) == "ready"
+    assert gates.boot_stage(worker.lines) == "graphs"
+    assert not any("Starting vLLM API server" in ln for ln in worker.lines)  # no API on workers
+
+    base = f"http://127.0.0.1:{aport}"
+    results = gate_script.run_gates(base, "glm-5.3-flash")
+    assert [r.gate for r in results] == ["health", "models", "math", "tool"]
+    assert all(r.ok for r in results), results
+
+    # the gate script as the head would run it
+    argv = gates.gate_command(str(REPO / "files"), aport, "glm-5.3-flash")
+    out = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    parsed = gates.parse_gate_lines(out.stdout)
+    assert gates.gates_passed(parsed) and len(parsed) == 4
+
+    # curl variant parsed the same way
+    if subprocess.run(["which", "curl"], capture_output=True).returncode == 0:
+        for gate, cmd in gates.curl_gate_commands(aport, "glm-5.3-flash").items():
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            assert gates.parse_curl_gate(gate, res.stdout, "glm-5.3-flash").ok, (gate, res)
+
+    # wrong model name -> 404 like vLLM
+    status, body = get(base + "/v1/chat/completions", gate_script.math_payload("other"))
+    assert status == 404 and "does not exist" in body
+
+    # kill the worker: /health stays 200 (like real vLLM), completions fail
+    worker.p.send_signal(signal.SIGKILL)
+    worker.exit_code()
+    head.wait_for("peer lost: worker rank 1")
+    assert get(base + "/health")[0] == 200
+    dead = get(base + "/v1/chat/completions", gate_script.math_payload("glm-5.3-flash"))
+    assert dead[0] == 500 and gate_script.parse_math(*dead).ok is False
+    # no elastic rejoin: a restarted worker is refused
+    again = Proc(serve_argv(model_dir, 1, 2, mport, aport))
+    procs.append(again)
+    assert again.exit_code() == 1
+    assert any("refused" in ln for ln in again.lines)
+    # the head survives until the deploy stops it; SIGTERM ends it cleanly
+    head.p.send_signal(signal.SIGTERM)
+    assert head.exit_code() == 0
+
+
+def test_worker_exits_when_head_goes(model_dir: Path, procs: list[Proc]) -> None:
+    mport, aport = free_port(), free_port()
+    head = Proc(serve_argv(model_dir, 0, 2, mport, aport))
+    procs.append(head)
+    head.wait_for("TCP store listening")
+    worker = Proc(serve_argv(model_dir, 1, 2, mport, aport))
+    procs.append(worker)
+    head.wait_for("Application startup complete")
+    head.p.send_signal(signal.SIGKILL)
+    assert worker.exit_code() == 1
+    assert any("peer lost" in ln for ln in worker.lines)
+    assert gates.boot_errors(worker.lines)
+
+
+def test_head_exit_on_peer_loss_flag(model_dir: Path, procs: list[Proc]) -> None:
+    mport, aport = free_port(), free_port()
+    head = Proc(serve_argv(model_dir, 0, 2, mport, aport, "--standin-exit-on-peer-loss"))
+    worker = Proc(serve_argv(model_dir, 1, 2, mport, aport))
+    procs += [head, worker]
+    head.wait_for("Application startup complete")
+    worker.p.send_signal(signal.SIGTERM)
+    assert head.exit_code() == 1
+
+
+def test_head_rendezvous_timeout(model_dir: Path) -> None:
+    mport, aport = free_port(), free_port()
+    head = Proc(serve_argv(model_dir, 0, 2, mport, aport, "--standin-rendezvous-timeout", "1"))
+    assert head.exit_code() == 1
+    assert any("rendezvous timed out" in ln for ln in head.lines)
+
+
+def test_worker_with_wrong_nnodes_refused(model_dir: Path, procs: list[Proc]) -> None:
+    mport, aport = free_port(), free_port()
+    head = Proc(serve_argv(model_dir, 0, 2, mport, aport, "--standin-rendezvous-timeout", "5"))
+    procs.append(head)
+    head.wait_for("TCP store listening")
+    worker = Proc(serve_argv(model_dir, 1, 3, mport, aport))
+    procs.append(worker)
+    assert worker.exit_code() == 1
+
+
+def test_three_nodes_wait_for_all(model_dir: Path, procs: list[Proc]) -> None:
+    mport, aport = free_port(), free_port()
+    head = Proc(serve_argv(model_dir, 0, 3, mport, aport))
+    w1 = Proc(serve_argv(model_dir, 1, 3, mport, aport))
+    procs += [head, w1]
+    head.wait_for("(1/2)")
+    time.sleep(0.3)
+    assert not any("Application startup complete" in ln for ln in head.lines)
+    w2 = Proc(serve_argv(model_dir, 2, 3, mport, aport))
+    procs.append(w2)
+    head.wait_for("Application startup complete")
+
+
+def test_single_node_head(model_dir: Path, procs: list[Proc]) -> None:
+    aport = free_port()
+    head = Proc(["serve", str(model_dir), "--port", str(aport), "--host", "127.0.0.1",
+                 "--standin-delay", "0"])  # fmt: skip
+    procs.append(head)
+    head.wait_for("Application startup complete")
+    code = gate_script.wait_ready(f"http://127.0.0.1:{aport}", None, 5, 0.1, emit=lambda s: None)
+    assert code == 0
