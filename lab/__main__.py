@@ -1,0 +1,344 @@
+"""python3 -m lab up [--hosts N] | down | status | shape --uplink a|b (--rate R | --off) | ssh HOST
+
+Run from the project root, as root."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lab import LAB_DIR, REPO, STATE_DIR, STATE_FILE, image, net, vm
+
+REGISTRY_PORT = 5000
+HUB_PORT = 8080
+BOOT_TIMEOUT_S = 360
+
+
+def load_state() -> dict[str, Any] | None:
+    if not STATE_FILE.exists():
+        return None
+    state: dict[str, Any] = json.loads(STATE_FILE.read_text())
+    return state
+
+
+def save_state(state: dict[str, Any]) -> None:
+    tmp = STATE_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(STATE_FILE)
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie or a reused PID does not count
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def ensure_keypair() -> tuple[Path, str]:
+    key = STATE_DIR / "id_ed25519"
+    if not key.exists():
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sparkrig-lab", "-f", str(key)],
+            check=True,
+        )
+    return key, key.with_suffix(".pub").read_text().strip()
+
+
+def start_server(state: dict[str, Any], name: str, argv: list[str]) -> int:
+    """Run a server inside the lab namespace (e.g. bound to the internet address); its PID is
+    recorded in the state so `down` stops it. Log: .lab/<name>.log."""
+    pid = net.spawn(argv, STATE_DIR / f"{name}.log", cwd=REPO)
+    state["pids"][name] = pid
+    save_state(state)
+    return pid
+
+
+def start_fakehub(state: dict[str, Any]) -> int | None:
+    """Hook for the Hub stand-in: starts lab/fakehub.py on the internet address if it exists."""
+    script = LAB_DIR / "fakehub.py"
+    if not script.exists():
+        print("hub stand-in: lab/fakehub.py not present, skipped", flush=True)
+        return None
+    root = Path(state["hub_root"])
+    root.mkdir(parents=True, exist_ok=True)
+    listen = f"{state['internet_address']}:{HUB_PORT}"
+    argv = [sys.executable, str(script), "--listen", listen, "--root", str(root)]
+    pid = start_server(state, "fakehub", argv)
+    print(f"hub stand-in: {state['hub_endpoint']} (pid {pid})", flush=True)
+    return pid
+
+
+def _wait_port(addr: str, port: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                net.NS,
+                sys.executable,
+                "-c",
+                f"import socket; socket.create_connection(('{addr}', {port}), 1)",
+            ],
+            capture_output=True,
+        )
+        if r.returncode == 0:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def up(n_hosts: int, smp: int) -> None:
+    if n_hosts < 2:
+        raise SystemExit("the lab needs at least 2 hosts (head + worker)")
+    state = load_state()
+    if state is not None:
+        running = [h for h in state["hosts"] if alive(h.get("qemu_pid"))]
+        if running and len(state["hosts"]) == n_hosts and len(running) == n_hosts:
+            print(f"lab already up with {n_hosts} hosts; reusing it", flush=True)
+            vm.wait_ssh(state, BOOT_TIMEOUT_S)
+            return
+        if running:
+            raise SystemExit(
+                f"lab is up with {len(state['hosts'])} hosts: run `python3 -m lab down` first"
+            )
+        print("stale lab state found: cleaning up first", flush=True)
+        down(quiet=True)
+    elif net.exists():
+        down(quiet=True)
+
+    t0 = time.monotonic()
+    STATE_DIR.mkdir(exist_ok=True)
+    for old in STATE_DIR.glob("*.log"):
+        old.unlink()
+    base = image.ensure_base()
+    key, pubkey = ensure_keypair()
+    host_keys = [k.split()[:2] for k in (base / "host_keys.pub").read_text().splitlines() if k]
+    names = vm.host_names(n_hosts)
+    known_hosts = STATE_DIR / "known_hosts"
+    known_hosts.write_text(
+        "".join(
+            f"[127.0.0.1]:{vm.SSH_PORT_BASE + i} {kind} {blob}\n"
+            for i in range(n_hosts)
+            for kind, blob in host_keys
+        )
+    )
+    inet = net.INTERNET
+    state = {
+        "version": 1,
+        "status": "starting",
+        "namespace": net.NS,
+        "suite": (base / "suite").read_text().strip(),
+        "base_dir": str(base),
+        "internet_address": inet,
+        "registry": f"{inet}:{REGISTRY_PORT}",
+        "hub_endpoint": f"http://{inet}:{HUB_PORT}",
+        "hub_root": str(STATE_DIR / "hub"),
+        "image": None,
+        "image_digest": None,
+        "ssh_user": "spark",
+        "ssh_key": str(key),
+        "known_hosts": str(known_hosts),
+        "fabric_subnet": f"{net.FABRIC_PREFIX}.0/24",
+        "fabric_mtu_bridge": net.FABRIC_MTU,
+        "uplinks": {
+            name: {
+                "interface": up["interface"],
+                "bridge": up["bridge"],
+                "subnet": f"{up['prefix']}.0/24",
+                "gateway": f"{up['prefix']}.1",
+                "metric": up["metric"],
+            }
+            for name, up in net.UPLINKS.items()
+        },
+        "pids": {},
+        "hosts": [],
+        "knobs": {},
+    }
+    for i, name in enumerate(names):
+        idx = i + 1
+        state["hosts"].append(
+            {
+                "name": name,
+                "role": "head" if i == 0 else "worker",
+                "index": idx,
+                "ssh_port": vm.SSH_PORT_BASE + i,
+                "mgmt_address": f"{net.UPLINKS['a']['prefix']}.{10 + idx}",
+                "fabric_interface": "enp1s0f1np1",
+                "fabric_address": f"{net.FABRIC_PREFIX}.{idx}/24",
+                "roce_device": "rxe0",
+                "uplink_interfaces": ["enP7s7", "enP9s9"],
+                "uplink_addresses": {
+                    str(up["interface"]): f"{up['prefix']}.{10 + idx}"
+                    for up in net.UPLINKS.values()
+                },
+                "overlay": str(STATE_DIR / f"{name}.qcow2"),
+                "console_log": str(STATE_DIR / f"{name}.console.log"),
+                "qemu_pid": None,
+            }
+        )
+    save_state(state)
+
+    print(f"network: namespace {net.NS}, internet address {inet}", flush=True)
+    net.create(n_hosts)
+
+    digest = image.build_standin(base, STATE_DIR / "registry")
+    state["image_digest"] = digest
+    state["image"] = f"{state['registry']}/{image.IMAGE_NAME}@{digest}"
+    start_server(
+        state,
+        "registry",
+        [
+            sys.executable,
+            str(LAB_DIR / "registry.py"),
+            "--listen",
+            state["registry"],
+            "--root",
+            str(STATE_DIR / "registry"),
+        ],
+    )
+    start_fakehub(state)
+    knobs_file = Path(state["hub_root"]) / "knobs.json"
+    if knobs_file.exists():  # written by whoever generates the Hub stand-in's repos
+        state["knobs"].update(json.loads(knobs_file.read_text()))
+
+    forwards = [f"{h['ssh_port']}={h['mgmt_address']}:22" for h in state["hosts"]]
+    state["pids"]["forwarder"] = net.spawn(
+        [sys.executable, "-m", "lab.forward", *forwards],
+        STATE_DIR / "forwarder.log",
+        cwd=REPO,
+        in_ns=False,
+    )
+    save_state(state)
+
+    print(f"booting {n_hosts} guests under TCG (about 2 min to SSH)", flush=True)
+    tb = time.monotonic()
+    for host in state["hosts"]:
+        host["qemu_pid"] = vm.start(host, base, pubkey, smp)
+        save_state(state)
+    if not _wait_port(inet, REGISTRY_PORT):
+        print(f"warning: registry not answering; see {STATE_DIR}/registry.log", flush=True)
+    vm.wait_ssh(state, BOOT_TIMEOUT_S)
+    state["status"] = "up"
+    state["boot_to_ssh_s"] = round(time.monotonic() - tb)
+    save_state(state)
+    print(f"lab up in {time.monotonic() - t0:.0f} s (boot to SSH {state['boot_to_ssh_s']} s)")
+    status()
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def down(quiet: bool = False) -> None:
+    state = load_state()
+    pids: list[int] = []
+    if state:
+        pids += [int(h["qemu_pid"]) for h in state["hosts"] if h.get("qemu_pid")]
+        pids += [int(p) for p in state["pids"].values() if p]
+    pids += net.ns_pids()  # anything else the lab started in its namespace
+    _kill(sorted(set(pids)))
+    net.destroy()
+    if state:
+        for h in state["hosts"]:
+            Path(h["overlay"]).unlink(missing_ok=True)
+    STATE_FILE.unlink(missing_ok=True)
+    left = [p for p in pids if alive(p)]
+    if left:
+        raise SystemExit(f"lab down: processes still alive: {left}")
+    if not quiet:
+        print(f"lab down: stopped {len(set(pids))} processes, removed namespace {net.NS}")
+
+
+def status() -> None:
+    state = load_state()
+    if state is None:
+        print("lab is not up (no .lab/state.json)")
+        sys.exit(1)
+    print(
+        f"namespace {state['namespace']}  internet {state['internet_address']}  "
+        f"status {state['status']}"
+    )
+    print(f"hub      {state['hub_endpoint']}  (pid {state['pids'].get('fakehub', '-')})")
+    print(f"image    {state['image']}")
+    for up, desc in net.shaping().items():
+        print(f"uplink {up}  {desc}")
+    ok_all = True
+    for h in state["hosts"]:
+        running = alive(h.get("qemu_pid"))
+        ok = running and vm.ssh_ok(state, h)
+        ok_all &= ok
+        print(
+            f"{h['name']:<12} {h['role']:<6} ssh 127.0.0.1:{h['ssh_port']}  "
+            f"qemu {'running' if running else 'STOPPED'}  ssh {'ok' if ok else 'NO'}  "
+            f"fabric {h['fabric_interface']} -> {h['fabric_address']}"
+        )
+    if not ok_all:
+        sys.exit(1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python3 -m lab", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p_up = sub.add_parser("up", help="build (cached) and boot the lab, wait for SSH")
+    p_up.add_argument("--hosts", type=int, default=2, help="number of guests (first is head)")
+    p_up.add_argument("--smp", type=int, default=1, help="vCPUs per guest")
+    sub.add_parser("down", help="stop everything and delete the namespace and overlays")
+    sub.add_parser("status", help="hosts, ports, SSH reachability (exit 1 if not all up)")
+    p_sh = sub.add_parser("shape", help="tbf-shape traffic towards the guests on one uplink")
+    p_sh.add_argument("--uplink", choices=sorted(net.UPLINKS), required=True)
+    g = p_sh.add_mutually_exclusive_group(required=True)
+    g.add_argument("--rate", help="tc rate, e.g. 88mbit")
+    g.add_argument("--off", action="store_true")
+    p_ssh = sub.add_parser("ssh", help="ssh into a guest as spark")
+    p_ssh.add_argument("host", nargs="?", default="lab-head")
+    p_ssh.add_argument("command", nargs=argparse.REMAINDER)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("the lab needs root (namespaces, taps)")
+    if args.cmd == "up":
+        up(args.hosts, args.smp)
+    elif args.cmd == "down":
+        down()
+    elif args.cmd == "status":
+        status()
+    elif args.cmd == "shape":
+        if not net.exists():
+            raise SystemExit("lab is not up: run python3 -m lab up")
+        print(net.shape(args.uplink, None if args.off else args.rate))
+    elif args.cmd == "ssh":
+        state = load_state()
+        if state is None:
+            raise SystemExit("lab is not up: run python3 -m lab up")
+        host = next((h for h in state["hosts"] if h["name"] == args.host), None)
+        if host is None:
+            raise SystemExit(f"no host {args.host}")
+        argv = vm.ssh_argv(state, host) + args.command
+        os.execvp(argv[0], argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+#!/bin/bash
+# The lab's guest image recipe. lab/image.py hashes this file: any change here rebuilds the image.
+# Usage: build-image.sh OUTDIR   (as root; writes OUTDIR/{rootfs/,base.qcow2,vmlinuz,initrd.img})
+set -euo pipefail
+OUT=$1
+SUITE=${LAB_SUITE:-trixie}
+MIRROR=http://deb.debian.org/debian
+ROOT=$OUT/rootfs
+PACKAGES="systemd systemd-sysv udev dbus kmod netplan.io openssh-server sudo
+  docker.io docker-cli rdma-core ibverbs-utils perftest python3 python3-requests busybox-static
+  iproute2 iputils-ping curl ca-certificates procps linux-image-amd64 initramfs-tools"
+umask 022
+
+rm -rf "$ROOT"
+mkdir -p "$ROOT"
+debootstrap --variant=minbase "$SUITE" "$ROOT" "$MIRROR"
+
+# no service starts inside the chroot
+printf '#!/bin/sh\nexit 101\n' >"$ROOT/usr/sbin/policy-rc.d"
+chmod 755 "$ROOT/usr/sbin/policy-rc.d"
+mount -t proc proc "$ROOT/proc"
+trap 'umount "$ROOT/proc" || true' EXIT
+
+# NIC names like a DGX Spark's, fixed by PCI slot (qemu: -device virtio-net-pci,addr=N)
+mkdir -p "$ROOT/etc/systemd/network"
+link() { printf '[Match]\nPath=pci-0000:00:%s.0\n[Link]\nName=%s\n' "$1" "$2" \
+  >"$ROOT/etc/systemd/network/10-$2.link"; }
+link 07 enP7s7
+link 08 enp1s0f1np1
+link 09 enP9s9
+
+echo lab-guest >"$ROOT/etc/hostname"
+cat >"$ROOT/etc/fstab" <<'EOF'
+/dev/vda / ext4 rw,errors=remount-ro 0 1
+EOF
+mkdir -p "$ROOT/etc/docker"
+cat >"$ROOT/etc/docker/daemon.json" <<'EOF'
+{"insecure-registries": ["203.0.113.1:5000"]}
+EOF
+
+chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+  $PACKAGES
+
+# operator account: passwordless sudo, key injected at boot from the kernel command line
+chroot "$ROOT" useradd -m -s /bin/bash -G sudo,docker spark
+echo 'spark ALL=(ALL) NOPASSWD:ALL' >"$ROOT/etc/sudoers.d/spark"
+chmod 440 "$ROOT/etc/sudoers.d/spark"
+: >"$ROOT/etc/machine-id"
+rm -f "$ROOT"/etc/ssh/ssh_host_*
+chroot "$ROOT" ssh-keygen -A -q   # same host keys on every guest; known_hosts written by the lab
+printf 'PasswordAuthentication no\nUseDNS no\n' >"$ROOT/etc/ssh/sshd_config.d/lab.conf"
+
+# per-guest identity from the kernel command line: sparkrig.host= sparkrig.idx= sparkrig.key=
+cat >"$ROOT/usr/local/sbin/lab-firstboot" <<'EOF'
+#!/bin/sh
+# Lab-only: hostname, authorized key and uplink netplan from the kernel command line.
+set -e
+HOST= IDX= KEY=
+umask 022
+for kv in $(cat /proc/cmdline); do
+  case $kv in
+    sparkrig.host=*) HOST=${kv#*=} ;;
+    sparkrig.idx=*) IDX=${kv#*=} ;;
+    sparkrig.key=*) KEY=${kv#*=} ;;
+  esac
+done
+[ -n "$HOST" ] && { echo "$HOST" >/etc/hostname; echo "$HOST" >/proc/sys/kernel/hostname; \
+  printf '127.0.0.1 localhost\n127.0.1.1 %s\n' "$HOST" >/etc/hosts; }
+if [ -n "$KEY" ]; then
+  install -d -m 700 -o spark -g spark /home/spark/.ssh
+  echo "ssh-ed25519 $KEY lab" >/home/spark/.ssh/authorized_keys
+  chown spark:spark /home/spark/.ssh/authorized_keys
+  chmod 600 /home/spark/.ssh/authorized_keys
+fi
+if [ -n "$IDX" ] && [ ! -e /etc/netplan/50-lab-uplinks.yaml ]; then
+  cat >/etc/netplan/50-lab-uplinks.yaml <<NP
+network:
+  version: 2
+  renderer: networkd
+  ethernets:
+    enP7s7:
+      addresses: [172.30.1.$((10 + IDX))/24]
+      routes: [{to: default, via: 172.30.1.1, metric: 100}]
+    enP9s9:
+      addresses: [172.30.2.$((10 + IDX))/24]
+      routes: [{to: default, via: 172.30.2.1, metric: 600}]
+NP
+  chmod 600 /etc/netplan/50-lab-uplinks.yaml
+fi
+/usr/libexec/netplan/generate
+EOF
+chmod 755 "$ROOT/usr/local/sbin/lab-firstboot"
+cat >"$ROOT/etc/systemd/system/lab-firstboot.service" <<'EOF'
+[Unit]
+Description=Lab guest identity (hostname, key, uplinks) from the kernel command line
+DefaultDependencies=no
+After=local-fs.target
+Before=systemd-networkd.service network-pre.target ssh.service sysinit.target
+Wants=network-pre.target
+[Service]
+Type=oneshot
+UMask=0022
+ExecStart=/usr/local/sbin/lab-firstboot
+[Install]
+WantedBy=sysinit.target
+EOF
+
+# Soft-RoCE on the fabric NIC (rxe links do not survive reboot); the NIC itself stays unconfigured
+cat >"$ROOT/etc/systemd/system/lab-rxe.service" <<'EOF'
+[Unit]
+Description=Lab Soft-RoCE device rxe0 on the fabric NIC
+After=sys-subsystem-net-devices-enp1s0f1np1.device
+BindsTo=sys-subsystem-net-devices-enp1s0f1np1.device
+Before=network.target
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/sbin/modprobe rdma_rxe
+ExecStart=/sbin/ip link set enp1s0f1np1 up
+ExecStart=/bin/sh -c 'rdma link show rxe0/1 >/dev/null 2>&1 || rdma link add rxe0 type rxe netdev enp1s0f1np1'
+[Install]
+WantedBy=multi-user.target
+EOF
+
+# empty machine-id is not "first boot": make sure sshd has host keys anyway
+mkdir -p "$ROOT/etc/systemd/system/ssh.service.d"
+printf '[Service]\nExecStartPre=/usr/bin/ssh-keygen -A\n' \
+  >"$ROOT/etc/systemd/system/ssh.service.d/lab-hostkeys.conf"
+
+chroot "$ROOT" systemctl enable lab-firstboot.service lab-rxe.service systemd-networkd.service \
+  ssh.service docker.service
+chroot "$ROOT" systemctl mask systemd-networkd-wait-online.service apt-daily.timer \
+  apt-daily-upgrade.timer e2scrub_reap.service
+echo 'root:lab' | chroot "$ROOT" chpasswd   # console login only (serial log)
+
+chroot "$ROOT" apt-get clean
+rm -rf "$ROOT"/var/lib/apt/lists/* "$ROOT/usr/sbin/policy-rc.d"
+umount "$ROOT/proc"
+trap - EXIT
+
+cp -L "$ROOT/vmlinuz" "$OUT/vmlinuz"
+cp -L "$ROOT/initrd.img" "$OUT/initrd.img"
+rm -f "$OUT/base.raw" "$OUT/base.qcow2"
+truncate -s 12G "$OUT/base.raw"
+mkfs.ext4 -q -F -L lab-root -d "$ROOT" "$OUT/base.raw"
+qemu-img convert -O qcow2 "$OUT/base.raw" "$OUT/base.qcow2"
+rm -f "$OUT/base.raw"
+cat "$ROOT"/etc/ssh/ssh_host_*_key.pub >"$OUT/host_keys.pub"
+echo "$SUITE" >"$OUT/suite"

@@ -1,0 +1,255 @@
+"""Guest base image (cached by recipe hash) and the stand-in serving image for the lab registry."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+from lab import CACHE_DIR, LAB_DIR
+
+RECIPE = LAB_DIR / "build-image.sh"
+STANDIN_SRC = LAB_DIR / "standin_vllm.py"
+IMAGE_NAME = "glm53-standin"
+IMAGE_TAG = "lab"
+# what the stand-in image holds: python3 and what it needs at run time, plus a shell
+STANDIN_ROOTS = [
+    "python3",
+    "bash",
+    "dash",
+    "coreutils",
+    "base-files",
+    "netbase",
+    "ca-certificates",
+]
+PLACEHOLDER = '''"""Placeholder until lab/standin_vllm.py exists: --help and /health only."""
+import http.server
+import sys
+
+if "--help" in sys.argv or len(sys.argv) < 2:
+    print("usage: vllm serve MODEL [options] (lab stand-in placeholder)")
+    sys.exit(0)
+port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 8000
+
+
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+
+http.server.ThreadingHTTPServer(("0.0.0.0", port), H).serve_forever()
+'''
+
+
+def recipe_hash() -> str:
+    return hashlib.sha256(RECIPE.read_bytes()).hexdigest()[:16]
+
+
+def base_dir() -> Path:
+    return CACHE_DIR / recipe_hash()
+
+
+def ensure_base() -> Path:
+    """Return the cache dir with base.qcow2, vmlinuz, initrd.img; build it if the recipe changed."""
+    out = base_dir()
+    if (out / "done").exists():
+        print(f"base image: cached {out}", flush=True)
+        return out
+    print(f"base image: building {out} (debootstrap + packages, ~3 min)", flush=True)
+    start = time.monotonic()
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "build.log"
+    with open(log, "w") as f:
+        rc = subprocess.run(["bash", str(RECIPE), str(out)], stdout=f, stderr=subprocess.STDOUT)
+    if rc.returncode != 0:
+        raise SystemExit(f"base image build failed (rc {rc.returncode}); see {log}")
+    took = time.monotonic() - start
+    (out / "done").write_text(f"{took:.0f}\n")
+    print(f"base image: built in {took:.0f} s", flush=True)
+    return out
+
+
+# --- stand-in serving image ---------------------------------------------------------------------
+
+
+def _dpkg_status(rootfs: Path) -> dict[str, dict[str, str]]:
+    pkgs: dict[str, dict[str, str]] = {}
+    for para in (rootfs / "var/lib/dpkg/status").read_text().split("\n\n"):
+        fields: dict[str, str] = {}
+        key = ""
+        for line in para.splitlines():
+            if line.startswith((" ", "\t")) and key:
+                fields[key] += "\n" + line
+            elif ":" in line:
+                key, _, val = line.partition(":")
+                fields[key] = val.strip()
+        if "installed" in fields.get("Status", "") and "Package" in fields:
+            pkgs[fields["Package"]] = fields
+    return pkgs
+
+
+def _closure(rootfs: Path, roots: list[str]) -> list[str]:
+    """Installed packages needed by roots (Depends + Pre-Depends, alternatives, Provides)."""
+    pkgs = _dpkg_status(rootfs)
+    provides: dict[str, str] = {}
+    for name, f in pkgs.items():
+        for p in f.get("Provides", "").split(","):
+            if p.strip():
+                provides.setdefault(re.split(r"[\s(:]", p.strip())[0], name)
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in pkgs:
+            continue
+        seen.add(name)
+        deps = ",".join(pkgs[name].get(k, "") for k in ("Pre-Depends", "Depends"))
+        for dep in deps.split(","):
+            for alt in dep.split("|"):
+                cand = re.split(r"[\s(:]", alt.strip())[0]
+                cand = cand if cand in pkgs else provides.get(cand, "")
+                if cand:
+                    todo.append(cand)
+                    break
+    return sorted(seen)
+
+
+def _layer_paths(rootfs: Path, packages: list[str]) -> list[str]:
+    info = rootfs / "var/lib/dpkg/info"
+    paths = {
+        "/bin",
+        "/sbin",
+        "/lib",
+        "/lib64",
+        "/etc/passwd",
+        "/etc/group",
+        "/etc/ld.so.cache",
+        "/etc/nsswitch.conf",
+        "/tmp",
+        "/root",
+        "/var/tmp",
+    }
+    for pkg in packages:
+        for lst in (info / f"{pkg}.list", info / f"{pkg}:amd64.list"):
+            if lst.exists():
+                paths.update(p for p in lst.read_text().splitlines() if p and p != "/.")
+    skip = ("/usr/share/doc/", "/usr/share/man/", "/usr/share/locale/", "/usr/share/info/")
+    keep = [p for p in paths if not p.startswith(skip) and os.path.lexists(rootfs / p[1:])]
+    # parents first, so directories exist before their entries
+    full: set[str] = set()
+    for p in keep:
+        full.add(p)
+        parent = os.path.dirname(p)
+        while parent not in ("/", ""):
+            full.add(parent)
+            parent = os.path.dirname(parent)
+    return sorted(full)
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mode, ti.mtime = len(data), mode, 0
+    tar.addfile(ti, io.BytesIO(data))
+
+
+def build_standin(base: Path, registry_root: Path) -> str:
+    """Write the stand-in image into registry_root; return its manifest digest ("sha256:...").
+
+    The layer is python3 (+ stdlib and libs) from the guest rootfs, /opt/standin/standin_vllm.py
+    and a /usr/local/bin/vllm wrapper. Deterministic: same inputs, same digest."""
+    rootfs = base / "rootfs"
+    src = STANDIN_SRC.read_bytes() if STANDIN_SRC.exists() else PLACEHOLDER.encode()
+    key = hashlib.sha256(src + base.name.encode() + Path(__file__).read_bytes()).hexdigest()[:16]
+    cache = base / f"standin-{key}"
+    if not (cache / "digest").exists():
+        print("stand-in image: building layer", flush=True)
+        _build_layer(rootfs, src, cache)
+    if registry_root.exists():
+        shutil.rmtree(registry_root)
+    shutil.copytree(cache / "registry", registry_root)
+    digest = (cache / "digest").read_text().strip()
+    print(f"stand-in image: {IMAGE_NAME}@{digest}", flush=True)
+    return digest
+
+
+def _build_layer(rootfs: Path, src: bytes, cache: Path) -> None:
+    tmp = cache.with_name(cache.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    blobs = tmp / "registry" / "blobs"
+    blobs.mkdir(parents=True)
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for p in _layer_paths(rootfs, _closure(rootfs, STANDIN_ROOTS)):
+            tar.add(rootfs / p[1:], arcname=p[1:], recursive=False)
+        for d in ("opt", "opt/standin"):
+            ti = tarfile.TarInfo(d)
+            ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, 0
+            tar.addfile(ti)
+        _add_bytes(tar, "opt/standin/standin_vllm.py", src, 0o644)
+        wrapper = b'#!/bin/sh\nexec python3 /opt/standin/standin_vllm.py "$@"\n'
+        _add_bytes(tar, "usr/local/bin/vllm", wrapper, 0o755)
+    layer_tar = raw.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(layer_tar).hexdigest()
+    gz = io.BytesIO()
+    with gzip.GzipFile(fileobj=gz, mode="wb", compresslevel=6, mtime=0) as g:
+        g.write(layer_tar)
+    layer = gz.getvalue()
+    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    config = json.dumps(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "created": "1970-01-01T00:00:00Z",
+            "config": {
+                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                "Entrypoint": [],
+                "Cmd": ["vllm", "--help"],
+                "Labels": {"org.sparkrig.lab": "glm53-standin"},
+            },
+            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+            "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "lab/image.py"}],
+        },
+        sort_keys=True,
+    ).encode()
+    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {
+                "mediaType": "application/vnd.docker.container.image.v1+json",
+                "size": len(config),
+                "digest": config_digest,
+            },
+            "layers": [
+                {
+                    "mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                    "size": len(layer),
+                    "digest": layer_digest,
+                }
+            ],
+        },
+        indent=2,
+    ).encode()
+    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    (blobs / layer_digest).write_bytes(layer)
+    (blobs / config_digest).write_bytes(config)
+    mdir = tmp / "registry" / "manifests" / IMAGE_NAME
+    mdir.mkdir(parents=True)
+    for ref in (IMAGE_TAG, digest):
+        (mdir / ref).write_bytes(manifest)
+        (mdir / f"{ref}.digest").write_text(digest + "\n")
+    (tmp / "digest").write_text(digest + "\n")
+    mib = f"layer {len(layer_tar) >> 20} MiB, gzip {len(layer) >> 20} MiB"
+    print(f"stand-in image: {mib}", flush=True)
+    shutil.rmtree(cache, ignore_errors=True)
+    tmp.rename(cache)

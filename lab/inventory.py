@@ -1,0 +1,52 @@
+"""pyinfra inventory for the running qemu lab: `pyinfra lab/inventory.py deploy.py`.
+
+Reads .lab/state.json (written by `python3 -m lab up`). Same host data keys as a real inventory
+(fabric_interface, fabric_address, roce_device, uplink_interfaces, ssh_*), plus the lab's knob
+overrides as host data so they beat group_data/*.py (pyinfra lets group_data files override inline
+group data, but host data wins over both; `--data k=v` still wins over everything).
+Module-level lists are pyinfra groups: keep helpers private (leading underscore).
+"""
+
+import json as _json
+from pathlib import Path as _Path
+
+_STATE_FILE = _Path(__file__).resolve().parent.parent / ".lab" / "state.json"
+if not _STATE_FILE.exists():
+    raise RuntimeError("lab is not up: run python3 -m lab up")
+_state = _json.loads(_STATE_FILE.read_text())
+
+# knobs pointed at the lab's stand-ins and sized for 2 GiB TCG guests without GPUs
+_knobs = {
+    "hub_endpoint": _state["hub_endpoint"],
+    "base_image": _state["image"],
+    "container_gpu_args": [],
+    "container_memory": "1g",
+    "container_shm_size": "256m",
+    "min_disk_free_gib": 1,
+    "memfree_min_gib": 0.2,
+}
+# model_repo / model_revision / drafter_* etc.: whatever generated the Hub stand-in's repos put in
+# <hub_root>/knobs.json, copied to state["knobs"] by `lab up`
+_knobs.update(_state.get("knobs", {}))
+
+
+def _host(h: dict) -> tuple:
+    data = {
+        "ssh_hostname": "127.0.0.1",
+        "ssh_port": h["ssh_port"],
+        "ssh_user": _state["ssh_user"],
+        "ssh_key": _state["ssh_key"],
+        "ssh_known_hosts_file": _state["known_hosts"],
+        "ssh_strict_host_key_checking": "yes",
+        "ssh_connect_retries": 2,
+        "fabric_interface": h["fabric_interface"],
+        "fabric_address": h["fabric_address"],
+        "roce_device": h["roce_device"],
+        "uplink_interfaces": list(h["uplink_interfaces"]),
+    }
+    data.update(_knobs)
+    return (h["name"], data)
+
+
+head = [_host(h) for h in _state["hosts"] if h["role"] == "head"]
+worker = [_host(h) for h in _state["hosts"] if h["role"] == "worker"]

@@ -1,0 +1,138 @@
+"""qemu guests (TCG: /dev/kvm here is PVM, where a stock Debian kernel hangs) and SSH."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from lab import STATE_DIR, net
+
+MEMORY_MB = 2048
+SSH_PORT_BASE = 2221  # lab-head 127.0.0.1:2221, lab-worker1 :2222, ...
+
+
+def host_names(n: int) -> list[str]:
+    return ["lab-head"] + [f"lab-worker{i}" for i in range(1, n)]
+
+
+def mac(idx: int, nic: int) -> str:
+    return f"52:54:00:5a:{idx:02x}:{nic:02x}"
+
+
+def start(host: dict[str, Any], base: Path, pubkey: str, smp: int) -> int:
+    """Boot one guest from a fresh qcow2 overlay on the base image; return qemu's PID."""
+    idx = int(host["index"])
+    overlay = Path(host["overlay"])
+    overlay.unlink(missing_ok=True)
+    subprocess.run(
+        [
+            "qemu-img",
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            "qcow2",
+            "-b",
+            str(base / "base.qcow2"),
+            str(overlay),
+        ],
+        check=True,
+    )
+    taps = net.tap_names(idx)
+    key_b64 = pubkey.split()[1]
+    append = (
+        "root=/dev/vda rw console=ttyS0 net.ifnames=1 quiet "
+        f"sparkrig.host={host['name']} sparkrig.idx={idx} sparkrig.key={key_b64}"
+    )
+    argv = [
+        "qemu-system-x86_64",
+        "-name",
+        host["name"],
+        "-accel",
+        "tcg,tb-size=256",
+        "-cpu",
+        "max",
+        "-m",
+        str(MEMORY_MB),
+        "-smp",
+        str(smp),
+        "-kernel",
+        str(base / "vmlinuz"),
+        "-initrd",
+        str(base / "initrd.img"),
+        "-append",
+        append,
+        "-drive",
+        f"file={overlay},format=qcow2,if=virtio,cache=unsafe",
+        "-display",
+        "none",
+        "-serial",
+        f"file:{host['console_log']}",
+        "-monitor",
+        "none",
+        "-nodefaults",
+        "-no-user-config",
+    ]
+    # addr= pins the PCI slot, which the guest's .link files turn into Spark-like names
+    for nic, (kind, slot) in enumerate((("a", 7), ("fab", 8), ("b", 9)), start=1):
+        argv += [
+            "-netdev",
+            f"tap,id=n{kind},ifname={taps[kind]},script=no,downscript=no",
+            "-device",
+            f"virtio-net-pci,netdev=n{kind},mac={mac(idx, nic)},addr={slot:#04x}",
+        ]
+    return net.spawn(argv, STATE_DIR / f"{host['name']}.qemu.log")
+
+
+def ssh_argv(state: dict[str, Any], host: dict[str, Any]) -> list[str]:
+    return [
+        "ssh",
+        "-q",
+        "-i",
+        state["ssh_key"],
+        "-p",
+        str(host["ssh_port"]),
+        "-o",
+        f"UserKnownHostsFile={state['known_hosts']}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=5",
+        "-o",
+        "LogLevel=ERROR",
+        f"{state['ssh_user']}@127.0.0.1",
+    ]
+
+
+def ssh_ok(state: dict[str, Any], host: dict[str, Any], timeout: float = 20) -> bool:
+    try:
+        r = subprocess.run(ssh_argv(state, host) + ["true"], capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return r.returncode == 0
+
+
+def wait_ssh(state: dict[str, Any], timeout: float) -> float:
+    """Wait until every guest answers SSH; return the seconds it took."""
+    start = time.monotonic()
+    pending = {h["name"]: h for h in state["hosts"]}
+    while pending:
+        for name, host in list(pending.items()):
+            if ssh_ok(state, host):
+                print(f"  {name}: SSH up after {time.monotonic() - start:.0f} s", flush=True)
+                del pending[name]
+        elapsed = time.monotonic() - start
+        if pending and elapsed > timeout:
+            raise SystemExit(
+                f"timed out after {elapsed:.0f} s waiting for SSH on {', '.join(pending)}; "
+                f"see {STATE_DIR}/<host>.console.log"
+            )
+        if pending:
+            print(f"  waiting for SSH on {', '.join(pending)} ({elapsed:.0f} s)", flush=True)
+            time.sleep(10)
+    return time.monotonic() - start
