@@ -152,21 +152,28 @@ def ping_command(interface: str, peers: list[str], mtu: int) -> str:
 # Pair restart: one decision for every host of the run
 # ---------------------------------------------------------------------------------------------
 
-_RESTART_TRIGGERS: dict[int, list[OperationMeta]] = {}
+_RESTART_TRIGGERS: list[tuple[Any, list[OperationMeta]]] = []  # (state, metas): one run at a time
+
+
+def _triggers() -> list[OperationMeta]:
+    state = ctx_state.get()
+    if not _RESTART_TRIGGERS or _RESTART_TRIGGERS[0][0] is not state:
+        _RESTART_TRIGGERS[:] = [(state, [])]
+    return _RESTART_TRIGGERS[0][1]
 
 
 def note_restart_trigger(meta: OperationMeta) -> OperationMeta:
     """Record an operation whose change (on any host) means the whole pair restarts."""
-    _RESTART_TRIGGERS.setdefault(id(ctx_state.get()), []).append(meta)
+    _triggers().append(meta)
     return meta
 
 
 def pair_restart_needed() -> Callable[[], bool]:
     """For ``_if=``: did any rank's unit, env file, image or weights change in this run?"""
-    key = id(ctx_state.get())
+    metas = _triggers()
 
     def needed() -> bool:
-        return any(m.is_complete() and m.did_change() for m in _RESTART_TRIGGERS.get(key, []))
+        return any(m.is_complete() and m.did_change() for m in metas)
 
     return needed
 

@@ -354,17 +354,17 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
 
 def current() -> Settings:
     """Settings for the host pyinfra is preparing now (validates the whole inventory once)."""
-    from pyinfra import host, inventory
+    from pyinfra import host
+    from pyinfra.context import ctx_inventory
 
-    return for_inventory(inventory)[host.name]
+    return for_inventory(ctx_inventory.get())[host.name]  # the real object, not the proxy
 
 
-_CACHE: dict[int, dict[str, Settings]] = {}
+_CACHE: list[tuple[Any, dict[str, Settings]]] = []  # (inventory, settings): one run at a time
 
 
 def for_inventory(inventory: Any) -> dict[str, Settings]:
-    key = id(inventory)
-    if key not in _CACHE:
-        _CACHE.clear()
-        _CACHE[key] = build(view_of(inventory))
-    return _CACHE[key]
+    """Validate once per inventory object (the deploy file runs once per host)."""
+    if not _CACHE or _CACHE[0][0] is not inventory:
+        _CACHE[:] = [(inventory, build(view_of(inventory)))]
+    return _CACHE[0][1]

@@ -69,7 +69,7 @@ else:
     )
 
 if s.me.is_head:
-    head_status = host.get_fact(SystemdStatus, services=[s.unit_name])
+    head_status = host.get_fact(SystemdStatus, services=[f"{s.unit_name}.service"])
     head_active = bool(head_status.get(f"{s.unit_name}.service"))
     wait_for_ranks(
         name="Wait until every worker's container runs",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+STATE: dict[str, dict[Any, Any]] = {}  # host -> canned responses, set by tests
 IMAGE = "registry.example/vllm@sha256:" + "ab" * 32
 
 
@@ -57,6 +58,8 @@ def host(
     canned: dict[Any, Any] = dict(responses or {})
     canned.setdefault("grep -H . /sys/class/infiniband", gid_table("rocep1s0f1", "enp1s0f1np1", ip))
     canned.setdefault(re.compile(r"echo \"arch="), node_report())
+    # sparkrig's fail_host command: a real shell exits 1 here
+    canned.setdefault(re.compile(r">&2; exit 1$"), {"success": False, "stderr": "failed"})
     return (
         f"@fake/{name}",
         {
@@ -69,3 +72,57 @@ def host(
             **data,
         },
     )
+
+
+MODES = {"644": "-rw-r--r--", "600": "-rw-------", "755": "-rwxr-xr-x"}
+DIRS = ["/opt/sparkrig", "/opt/sparkrig/bin", "/etc/sparkrig", "/var/lib/sparkrig/models"]
+DIRS += ["/var/lib/sparkrig/cache"]
+
+
+def _stat_matcher(path: str) -> re.Pattern[str]:
+    return re.compile(rf"\(test -e {re.escape(path)} \|\|")
+
+
+def converged(
+    uploads: dict[str, bytes],
+    units: list[str],
+    *,
+    ip: str,
+    modes: dict[str, str],
+    gid_index: int = 3,
+    mtu: int = 9000,
+) -> dict[Any, Any]:
+    """Canned output of a host that already holds ``uploads`` and runs ``units``."""
+    import hashlib
+
+    canned: dict[Any, Any] = {}
+    for path, data in uploads.items():
+        mode = MODES[modes.get(path, "644")]
+        canned[_stat_matcher(path)] = (
+            f"user=root group=root mode={mode} atime=0 mtime=0 ctime=0 size={len(data)} '{path}'"
+        )
+        canned[re.compile(rf"sha1sum {re.escape(path)}\b")] = (
+            f"{hashlib.sha1(data).hexdigest()}  {path}"
+        )
+    for path in DIRS:
+        canned[_stat_matcher(path)] = (
+            f"user=root group=root mode=drwxr-xr-x atime=0 mtime=0 ctime=0 size=4096 '{path}'"
+        )
+    for unit in units:
+        canned[re.compile(rf"--property SubState {re.escape(unit)}")] = [
+            f"Id={unit}",
+            "SubState=running",
+        ]
+        canned[re.compile(rf"--property UnitFileState {re.escape(unit)}")] = [
+            f"Id={unit}",
+            "UnitFileState=enabled",
+        ]
+    canned["grep -H . /sys/class/infiniband"] = gid_table(
+        "rocep1s0f1", "enp1s0f1np1", ip, index=gid_index
+    )
+    canned[re.compile(r"echo \"arch=")] = node_report(
+        mtu=mtu, ipv4=f"{ip}/24" if mtu == 9000 else f"{ip}/24", swappiness=0
+    )
+    canned["echo rc=$?"] = "rc=0"
+    canned["docker image inspect"] = "sha256:" + "cd" * 32
+    return canned

@@ -1,0 +1,4 @@
+from tests.plan.fakehosts import host
+
+head = [host("spark-a", "192.168.100.10")]
+worker = [("@fake/spark-b", {"fabric_interface": "enp1s0f1np1", "fake_delay": 0})]

@@ -1,0 +1,79 @@
+"""Run the real CLI in-process against @fake hosts and read back what reached each host."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyinfra
+from click.testing import CliRunner
+from pyinfra.connectors.fake import FakeConnector
+from pyinfra.context import ctx_state
+from pyinfra_cli.main import cli
+
+
+@dataclass
+class Run:
+    exit_code: int
+    output: str
+    commands: dict[str, list[str]]
+    uploads: dict[str, dict[str, bytes]]
+    op_order: list[str] = field(default_factory=list)
+    # per host: ops that executed commands (apply) or would change (--dry)
+    changed_ops: dict[str, list[str]] = field(default_factory=dict)
+    exception: BaseException | None = None
+
+
+def run(args: list[str], monkeypatch: Any) -> Run:
+    """``pyinfra <args>`` as the operator types it; returns commands and uploads per host."""
+    uploads: dict[str, dict[str, bytes]] = {}
+
+    def put_file(self: FakeConnector, filename_or_io: Any, remote_filename: str, *a: Any, **k: Any):
+        if hasattr(filename_or_io, "read"):
+            filename_or_io.seek(0)
+            data = filename_or_io.read()
+        else:
+            with open(filename_or_io, "rb") as f:
+                data = f.read()
+        if isinstance(data, str):
+            data = data.encode()
+        uploads.setdefault(self.host.name, {})[remote_filename] = data
+        return True
+
+    monkeypatch.setattr(FakeConnector, "put_file", put_file)
+    monkeypatch.setattr(pyinfra, "is_cli", True)
+    ctx_state.reset()
+    result = CliRunner().invoke(cli, args, standalone_mode=False, catch_exceptions=True)
+    state = ctx_state.get() if ctx_state.isset() else None
+    commands: dict[str, list[str]] = {}
+    op_order: list[str] = []
+    changed: dict[str, list[str]] = {}
+    if state is not None and state.initialised:
+        for host in state.inventory:
+            conn = host.connector
+            if isinstance(conn, FakeConnector):
+                commands[host.name] = list(conn.executed_commands)
+        for op_hash in state.get_op_order():
+            names = state.op_meta[op_hash].names
+            op_order.append(next(iter(names)) if names else op_hash)
+            for host in state.inventory:
+                host_data = state.ops.get(host, {}).get(op_hash)
+                meta = host_data.operation_meta if host_data is not None else None
+                ran = meta is not None and meta._commands
+                would = meta is not None and meta._commands is None and meta._maybe_is_change
+                if ran or would:
+                    changed.setdefault(host.name, []).append(op_order[-1])
+    return Run(
+        exit_code=result.exit_code,
+        output=result.output,
+        commands=commands,
+        uploads=uploads,
+        op_order=op_order,
+        changed_ops=changed,
+        exception=result.exception,
+    )
+
+
+def sha1(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()

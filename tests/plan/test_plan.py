@@ -1,0 +1,123 @@
+"""Plans through the real CLI against @fake hosts: order, idempotence, --limit, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.plan import fakehosts
+from tests.plan.harness import Run, run
+
+HEAD, WORKER = "@fake/spark-a", "@fake/spark-b"
+MODES = {"/etc/netplan/60-sparkrig-fabric.yaml": "600"}
+MODES |= {f"/opt/sparkrig/bin/sparkrig-{p}": "755" for p in ("prep", "pair")}
+UNITS = {
+    HEAD: ["sparkrig-head.service", "sparkrig-pair.service"],
+    WORKER: ["sparkrig-worker.service", "sparkrig-pair.service"],
+}
+IPS = {HEAD: "192.168.100.10", WORKER: "192.168.100.11"}
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    fakehosts.STATE.clear()
+    yield
+    fakehosts.STATE.clear()
+
+
+def apply(monkeypatch, *extra: str, inventory: str = "tests/plan/inventory_state.py") -> Run:
+    return run(["-y", *extra, inventory, "deploy.py"], monkeypatch)
+
+
+def converge_state(monkeypatch, **overrides) -> dict[str, dict[str, bytes]]:
+    """Apply to bare hosts, then make the fakes answer as hosts holding what was uploaded."""
+    first = apply(monkeypatch)
+    assert first.exit_code == 0, first.output
+    for name in (HEAD, WORKER):
+        short = name.split("/")[1]
+        kwargs = {"ip": IPS[name], "modes": MODES, **overrides.get(short, {})}
+        fakehosts.STATE[short] = fakehosts.converged(first.uploads[name], UNITS[name], **kwargs)
+    return first.uploads
+
+
+def position(r: Run, name: str) -> int:
+    matches = [i for i, op in enumerate(r.op_order) if op.endswith(name)]
+    assert matches, f"no operation named {name!r} in {r.op_order}"
+    return matches[0]
+
+
+def test_first_run_starts_worker_then_head_gated_on_state(monkeypatch):
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    start_worker = position(r, "Start the worker rank")
+    wait = position(r, "Wait until every worker's container runs")
+    start_head = position(r, "Start the head rank")
+    assert start_worker < wait < start_head
+    assert "systemctl start sparkrig-worker.service" in r.commands[WORKER]
+    head = r.commands[HEAD]
+    waits = [i for i, c in enumerate(head) if "sparkrig-pair wait" in c]
+    assert waits and "192.168.100.11" in head[waits[0]]
+    assert waits[0] < head.index("systemctl start sparkrig-head.service")
+    assert not any("sparkrig-head" in c for c in r.commands[WORKER])
+
+
+def test_second_run_with_converged_facts_changes_nothing(monkeypatch):
+    converge_state(monkeypatch)
+    second = apply(monkeypatch)
+    assert second.exit_code == 0, second.output
+    assert second.changed_ops == {}, second.changed_ops
+    assert second.uploads == {}
+
+
+def test_limit_worker_plans_nothing_for_the_head(monkeypatch):
+    r = apply(monkeypatch, "--limit", "worker")
+    assert r.exit_code == 0, r.output
+    assert r.commands.get(HEAD, []) == []
+    assert HEAD not in r.changed_ops
+    assert "systemctl start sparkrig-worker.service" in r.commands[WORKER]
+
+
+def test_firmware_reset_restores_mtu_and_gid_and_restarts_the_pair_in_order(monkeypatch):
+    converge_state(monkeypatch, **{"spark-b": {"gid_index": 5, "mtu": 1500}})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    worker = r.commands[WORKER]
+    assert "netplan apply" in worker and "ip link set dev enp1s0f1np1 mtu 9000 up" in worker
+    env = r.uploads[WORKER]["/etc/sparkrig/rank.env"].decode()
+    assert "NCCL_IB_GID_INDEX=5\n" in env
+    assert "netplan apply" not in r.commands[HEAD]  # the head's fabric was right
+    assert position(r, "Stop the head for an ordered pair restart") < position(
+        r, "Stop the worker for an ordered pair restart"
+    )
+    assert "systemctl stop sparkrig-head.service" in r.commands[HEAD]
+    assert "systemctl stop sparkrig-worker.service" in r.commands[WORKER]
+    assert position(r, "Start the worker rank") < position(r, "Start the head rank")
+
+
+def test_preflight_failure_on_the_worker_stops_everyone_before_any_change(monkeypatch):
+    fakehosts.STATE["spark-b"] = {
+        'echo "arch=': [
+            line if not line.startswith("docker=") else "docker="
+            for line in fakehosts.node_report()
+        ]
+    }
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    assert "docker is not installed" in r.output
+    for name in (HEAD, WORKER):
+        assert r.uploads.get(name, {}) == {}, f"{name} was changed"
+
+
+@pytest.mark.parametrize(
+    ("inventory", "message"),
+    [
+        ("tests/plan/bad/no_head.py", "group 'head' must hold exactly one host"),
+        ("tests/plan/bad/two_heads.py", "group 'head' must hold exactly one host"),
+        ("tests/plan/bad/same_ip.py", "fabric_address: 192.168.100.10 is already used"),
+        ("tests/plan/bad/no_address.py", "spark-b: fabric_address: missing"),
+    ],
+)
+def test_bad_inventory_sends_no_command_to_any_host(monkeypatch, inventory, message):
+    r = run(["-y", inventory, "deploy.py"], monkeypatch)
+    assert r.exit_code != 0
+    assert message in str(r.exception) + r.output
+    assert all(cmds == [] for cmds in r.commands.values()), r.commands
