@@ -1,0 +1,275 @@
+"""NCCL all-reduce smoke test, run in the serving image on every rank (worker first) before the
+first start and after a fabric change (REFERENCE §3.4), with the rank's env file.
+
+    docker run --rm --entrypoint python3 --env-file /etc/sparkrig/rank.env -e RANK=<r> \\
+        -e WORLD_SIZE=<n> -e MASTER_ADDR=<head fabric ip> -e MASTER_PORT=<port> \\
+        --gpus all --network host --ipc host --device /dev/infiniband:/dev/infiniband \\
+        --ulimit memlock=-1:-1 --cap-add IPC_LOCK -v /opt/sparkrig:/opt/sparkrig:ro \\
+        IMAGE /opt/sparkrig/nccl_smoke.py [--backend nccl] [--timeout 300]
+
+It initialises torch.distributed from the environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE;
+WORLD is accepted for WORLD_SIZE), runs one all_reduce and checks the sum. With NCCL it turns on
+NCCL_DEBUG=INFO (to NCCL_DEBUG_FILE unless one is set) and reads which transport NCCL used: without
+/dev/infiniband or with a wrong HCA/GID, NCCL silently falls back to sockets (16 vs 187 Gb/s, §3.1),
+so anything but NET/IB (InfiniBand or RoCE) fails the test.
+
+Output: one JSON line {"ok", "rank", "world_size", "backend", "sum", "transport", ...}.
+Exit: 0 ok; 1 all-reduce failed or wrong sum; 2 bad environment/usage; 3 transport not IB/RoCE
+(or unknown); 4 torch not importable.
+    nccl_smoke.py parse LOGFILE   judge an existing NCCL_DEBUG=INFO log (exit 0 or 3).
+Stdlib only at import time; torch is imported when the test runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+EXIT_OK, EXIT_FAIL, EXIT_ENV, EXIT_TRANSPORT, EXIT_NO_TORCH = 0, 1, 2, 3, 4
+
+_USING_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
+_VIA = re.compile(r"\bvia (NET/[A-Za-z]+|P2P(?:/\S+)?|SHM(?:/\S+)?)")
+_NET_USING = re.compile(r"NET/(IB|Socket)\s*:\s*Using\s+(.*)$")
+_IB_DEV = re.compile(r"\[\d+\]([\w.-]+):(\d+)/(IB|RoCE)")
+_NO_IB = re.compile(r"NET/IB : No device found|Failed to open libibverbs|NET/IB : Unable to")
+
+
+@dataclass
+class TransportInfo:
+    network: str | None = None  # "IB" or "Socket" from "Using network X"
+    paths: list[str] = field(default_factory=list)  # distinct "via NET/IB", "via NET/Socket", ...
+    ib_devices: list[str] = field(default_factory=list)  # "rocep1s0f1:1/RoCE"
+    socket_devices: str | None = None
+    ib_unavailable: list[str] = field(default_factory=list)
+
+    @property
+    def transport(self) -> str | None:
+        """The inter-node transport NCCL used: "IB" (incl. RoCE), "Socket", or None if unseen."""
+        nets = {p.split("/", 1)[1] for p in self.paths if p.startswith("NET/")}
+        if "Socket" in nets or (not nets and self.network == "Socket"):
+            return "Socket"
+        if nets == {"IB"} or (not nets and self.network == "IB"):
+            return "IB"
+        return None
+
+    @property
+    def link_layer(self) -> str | None:
+        layers = {d.rsplit("/", 1)[-1] for d in self.ib_devices}
+        return "RoCE" if "RoCE" in layers else ("IB" if layers else None)
+
+
+def parse_nccl_log(lines: Iterable[str]) -> TransportInfo:
+    info = TransportInfo()
+    for line in lines:
+        m = _USING_NETWORK.search(line)
+        if m:
+            info.network = m.group(1)
+        for v in _VIA.findall(line):
+            if v not in info.paths:
+                info.paths.append(v)
+        m = _NET_USING.search(line)
+        if m:
+            if m.group(1) == "IB":
+                for dev, port, layer in _IB_DEV.findall(m.group(2)):
+                    d = f"{dev}:{port}/{layer}"
+                    if d not in info.ib_devices:
+                        info.ib_devices.append(d)
+            else:
+                info.socket_devices = m.group(2).strip()
+        if _NO_IB.search(line):
+            info.ib_unavailable.append(line.strip()[:200])
+    return info
+
+
+def verdict(info: TransportInfo) -> tuple[bool, str]:
+    """(ok, message): ok only when NCCL went over NET/IB (InfiniBand or RoCE)."""
+    t = info.transport
+    if t == "IB":
+        devs = ", ".join(info.ib_devices) or "device not logged"
+        return True, f"NCCL used NET/IB ({info.link_layer or 'IB'}: {devs})"
+    if t == "Socket":
+        why = f"; IB unavailable: {info.ib_unavailable[0]}" if info.ib_unavailable else ""
+        return False, (
+            f"NCCL fell back to NET/Socket ({info.socket_devices or 'socket'}), not IB/RoCE{why}. "
+            "Check --device /dev/infiniband, NCCL_IB_HCA, NCCL_IB_GID_INDEX and NCCL_NET=IB."
+        )
+    if info.paths:
+        return False, f"no inter-node NET transport seen (paths: {', '.join(info.paths)})"
+    return False, "could not tell which transport NCCL used (no NCCL_DEBUG=INFO lines found)"
+
+
+@dataclass
+class Rendezvous:
+    master_addr: str
+    master_port: int
+    rank: int
+    world_size: int
+
+
+def rendezvous_from_env(env: Mapping[str, str]) -> Rendezvous:
+    """Read MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE (or WORLD); ValueError names what is wrong."""
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "RANK") if not env.get(k)]
+    world = env.get("WORLD_SIZE") or env.get("WORLD")
+    if not world:
+        missing.append("WORLD_SIZE")
+    if missing:
+        raise ValueError(f"missing environment: {', '.join(missing)}")
+    try:
+        rv = Rendezvous(
+            env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["RANK"]), int(world or 0)
+        )
+    except ValueError:
+        raise ValueError("MASTER_PORT, RANK and WORLD_SIZE must be integers") from None
+    if rv.world_size < 1 or not 0 <= rv.rank < rv.world_size:
+        raise ValueError(f"RANK {rv.rank} is outside 0..{rv.world_size - 1}")
+    if not 1 <= rv.master_port <= 65535:
+        raise ValueError(f"MASTER_PORT {rv.master_port} is not a TCP port")
+    return rv
+
+
+def expected_sum(world_size: int) -> float:
+    """Each rank contributes rank + 1."""
+    return world_size * (world_size + 1) / 2
+
+
+def nccl_debug_env(env: Mapping[str, str], log_dir: str) -> dict[str, str]:
+    """Variables to set so NCCL logs its transport choice to a file we can read."""
+    out: dict[str, str] = {}
+    if env.get("NCCL_DEBUG", "").upper() not in ("INFO", "TRACE"):
+        out["NCCL_DEBUG"] = "INFO"
+    if not env.get("NCCL_DEBUG_SUBSYS"):
+        out["NCCL_DEBUG_SUBSYS"] = "INIT,NET,GRAPH"
+    if not env.get("NCCL_DEBUG_FILE"):
+        out["NCCL_DEBUG_FILE"] = os.path.join(log_dir, "nccl.%h.%p.log")
+    return out
+
+
+def all_reduce_once(rv: Rendezvous, backend: str, timeout_s: float) -> float:
+    """init_process_group from the environment, one all_reduce; returns the reduced value."""
+    import torch
+    import torch.distributed as dist
+
+    device = "cpu"
+    if backend == "nccl":
+        torch.cuda.set_device(0)
+        device = "cuda"
+    dist.init_process_group(
+        backend=backend,
+        init_method=f"tcp://{rv.master_addr}:{rv.master_port}",
+        rank=rv.rank,
+        world_size=rv.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    try:
+        t = torch.full((1024,), float(rv.rank + 1), device=device)
+        dist.all_reduce(t)
+        if backend == "nccl":
+            torch.cuda.synchronize()
+        value = float(t[0].item())
+        if not bool((t == t[0]).all()):
+            value = float("nan")
+        dist.barrier()
+        return value
+    finally:
+        dist.destroy_process_group()
+
+
+def _read_logs(pattern_path: str) -> list[str]:
+    d = os.path.dirname(pattern_path) or "."
+    prefix = os.path.basename(pattern_path).split("%", 1)[0]
+    lines: list[str] = []
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return lines
+    for name in names:
+        if name.startswith(prefix):
+            with open(os.path.join(d, name), errors="replace") as fh:
+                lines += fh.read().splitlines()
+    return lines
+
+
+def run(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
+    report: dict[str, Any] = {"ok": False, "backend": args.backend}
+    try:
+        rv = rendezvous_from_env(env)
+    except ValueError as exc:
+        report["error"] = str(exc)
+        return EXIT_ENV, report
+    report.update(
+        rank=rv.rank, world_size=rv.world_size, master=f"{rv.master_addr}:{rv.master_port}"
+    )
+    log_dir = tempfile.mkdtemp(prefix="nccl_smoke.")
+    if args.backend == "nccl":
+        extra = nccl_debug_env(env, log_dir)
+        os.environ.update(extra)
+        report["nccl_env"] = {k: v for k, v in env.items() if k.startswith("NCCL_")}
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        report["error"] = f"torch is not importable here ({exc}); run inside the serving image"
+        return EXIT_NO_TORCH, report
+    t0 = time.monotonic()
+    try:
+        value = all_reduce_once(rv, args.backend, args.timeout)
+    except Exception as exc:  # noqa: BLE001 - report any failure as one line
+        report["error"] = f"all_reduce failed: {type(exc).__name__}: {exc}"[:1000]
+        return EXIT_FAIL, report
+    report["seconds"] = round(time.monotonic() - t0, 3)
+    report["sum"] = value
+    want = expected_sum(rv.world_size)
+    if value != want:
+        report["error"] = f"all_reduce sum {value} != expected {want}"
+        return EXIT_FAIL, report
+    if args.backend != "nccl":
+        report.update(ok=True, transport=None, detail=f"{args.backend}: sum {value} ok")
+        return EXIT_OK, report
+    info = parse_nccl_log(_read_logs(os.environ.get("NCCL_DEBUG_FILE", "")))
+    ok, msg = verdict(info)
+    report.update(transport=info.transport, link_layer=info.link_layer, paths=info.paths,
+                  ib_devices=info.ib_devices, detail=msg)  # fmt: skip
+    if rv.world_size == 1:  # nothing crosses the fabric; accept and say so
+        report.update(ok=True, detail="world_size 1: no inter-node transport to check")
+        return EXIT_OK, report
+    if not ok and not args.allow_socket:
+        report["error"] = msg
+        return EXIT_TRANSPORT, report
+    report["ok"] = True
+    return EXIT_OK, report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["parse"]:
+        if len(argv) != 2:
+            print("usage: nccl_smoke.py parse LOGFILE", file=sys.stderr)
+            return EXIT_ENV
+        with open(argv[1], errors="replace") as fh:
+            info = parse_nccl_log(fh)
+        ok, msg = verdict(info)
+        print(json.dumps({"ok": ok, "transport": info.transport, "detail": msg, **asdict(info)}))
+        return EXIT_OK if ok else EXIT_TRANSPORT
+    ap = argparse.ArgumentParser(prog="nccl_smoke.py", description="one all_reduce across ranks")
+    ap.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
+    ap.add_argument("--timeout", type=float, default=300.0, help="rendezvous/collective seconds")
+    ap.add_argument("--allow-socket", action="store_true", help="report, but pass, a socket run")
+    args = ap.parse_args(argv)
+    code, report = run(args, os.environ)
+    if code != EXIT_OK:
+        report.setdefault("error", "failed")
+        print(f"nccl_smoke: rank {report.get('rank', '?')}: {report['error']}", file=sys.stderr)
+    print(json.dumps(report, sort_keys=True), flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
