@@ -1,0 +1,109 @@
+"""settings.py: a valid inventory becomes typed settings; every bad input gets one clear message."""
+
+from __future__ import annotations
+
+import pytest
+from pyinfra.api.exceptions import DeployError
+
+from sparkrig.settings import InventoryView, build
+from tests.unit.conftest import cluster
+
+
+def problems(view: InventoryView) -> str:
+    with pytest.raises(DeployError) as err:
+        build(view)
+    return str(err.value)
+
+
+def edit(view: InventoryView, group: str, index: int, **data) -> InventoryView:
+    name, old = view.groups[group][index]
+    view.groups[group][index] = (name, {**old, **data})
+    return view
+
+
+def test_valid_cluster_gets_ranks_in_inventory_order():
+    settings = build(cluster(4))
+    assert [settings[f"spark-{i}"].me.rank for i in range(4)] == [0, 1, 2, 3]
+    worker = settings["spark-2"]
+    assert worker.me.role == "worker" and worker.unit_name == "sparkrig-worker"
+    assert [p.ip for p in worker.peers] == ["192.168.100.10"]
+    assert [p.ip for p in settings["spark-0"].peers] == [f"192.168.100.1{i}" for i in (1, 2, 3)]
+    assert str(worker.fabric_network) == "192.168.100.0/24"
+    assert worker.knobs.profile == "shared" and not worker.needs_drafter
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda v: v.groups.update(head=[]), "group 'head' must hold exactly one host (rank 0), has none"),
+        (
+            lambda v: v.groups["head"].append(("spark-x", dict(v.groups["head"][0][1]))),
+            "group 'head' must hold exactly one host (rank 0), has spark-0, spark-x",
+        ),
+        (lambda v: v.groups.update(worker=[]), "group 'worker' must hold at least one host"),
+        (
+            lambda v: edit(v, "worker", 0, fabric_address=None),
+            "spark-1: fabric_address: missing",
+        ),
+        (
+            lambda v: edit(v, "worker", 0, fabric_interface=""),
+            "spark-1: fabric_interface: missing",
+        ),
+        (
+            lambda v: edit(v, "worker", 0, fabric_address="192.168.100.10/24"),
+            "spark-1: fabric_address: 192.168.100.10 is already used by spark-0",
+        ),
+        (
+            lambda v: edit(v, "worker", 0, fabric_address="192.168.101.11/24"),
+            "spark-1: fabric_address: 192.168.101.11/24 is not on the head's fabric subnet",
+        ),
+        (
+            lambda v: edit(v, "worker", 0, fabric_address="192.168.100.11"),
+            "spark-1: fabric_address: '192.168.100.11' needs a prefix length",
+        ),
+        (lambda v: edit(v, "head", 0, fabric_mtu=65000), "spark-0: fabric_mtu: Input should be less"),
+        (lambda v: edit(v, "head", 0, fabric_mtu=576), "spark-0: fabric_mtu: Input should be greater"),
+        (lambda v: edit(v, "head", 0, profile="turbo"), "spark-0: profile: Input should be 'single'"),
+        (
+            lambda v: edit(v, "head", 0, model_revision="main"),
+            "spark-0: model_revision: must be a 40-hex commit sha, not 'main'",
+        ),
+        (
+            lambda v: edit(v, "head", 0, base_image="vllm/vllm-openai:latest"),
+            "spark-0: base_image: must be pinned by digest",
+        ),
+        (
+            lambda v: edit(v, "head", 0, base_image=None),
+            "spark-0: base_image: missing; pin the vLLM image by digest",
+        ),
+        (
+            lambda v: edit(v, "worker", 0, api_port=9000),
+            "spark-1: api_port: 9000 differs from spark-0's 8000; it must be equal on every host",
+        ),
+        (
+            lambda v: [edit(v, g, 0, profile="single") for g in ("head", "worker")],
+            "profile: 'single' uses the DFlash2 drafter (CC BY-NC-ND 4.0)",
+        ),
+        (
+            lambda v: edit(v, "head", 0, container_gpu_args=["--gpus all"]),
+            "spark-0: container_gpu_args: one argument per element",
+        ),
+    ],
+)
+def test_bad_input_is_named_by_host_and_key(change, message):
+    view = cluster(2)
+    change(view)
+    assert message in problems(view)
+
+
+def test_every_problem_is_reported_at_once():
+    view = cluster(3)
+    edit(view, "worker", 0, fabric_address="192.168.100.10/24")
+    edit(view, "worker", 1, profile="turbo")
+    text = problems(view)
+    assert "spark-1: fabric_address" in text and "spark-2: profile" in text
+
+
+def test_single_profile_with_the_licence_accepted_needs_the_drafter():
+    view = cluster(2, profile="single", drafter_license_accepted=True)
+    assert build(view)["spark-1"].needs_drafter

@@ -1,0 +1,74 @@
+"""Every file the deploy owns, rendered for 2 and 4 nodes, against reviewed golden copies.
+
+Regenerate after an intended change with SPARKRIG_UPDATE_GOLDEN=1, then review the diff."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sparkrig.render import render
+from sparkrig.settings import Settings, build
+from sparkrig.units import base_context, env_context, pair_unit_context, rank_unit_context
+from tests.unit.conftest import cluster
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+
+def owned_files(s: Settings) -> dict[str, str]:
+    k = s.knobs
+    weights = f"{k.model_repo}@{k.model_revision}"
+    return {
+        "90-sparkrig.conf": render(
+            "sysctl.conf.j2", swappiness=k.swappiness, min_free_kbytes=k.min_free_kbytes
+        ),
+        "60-sparkrig-fabric.yaml": render(
+            "netplan-fabric.yaml.j2",
+            **base_context(s),
+            address=s.me.fabric_address.with_prefixlen,
+            mtu=k.fabric_mtu,
+        ),
+        "rank.env": render("rank.env.j2", **env_context(s), hca="rocep1s0f1", gid_index="3"),
+        f"{s.unit_name}.service": render(
+            "sparkrig-rank.service.j2", **rank_unit_context(s, k.base_image or "", weights)
+        ),
+        "sparkrig-pair.service": render("sparkrig-pair.service.j2", **pair_unit_context(s)),
+    }
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_rendered_files_match_golden(nodes):
+    settings = build(cluster(nodes, min_free_kbytes=1048576, nccl_env={"NCCL_DEBUG_SUBSYS": "INIT"}))
+    update = os.environ.get("SPARKRIG_UPDATE_GOLDEN") == "1"
+    for name, s in settings.items():
+        for filename, text in owned_files(s).items():
+            path = GOLDEN / f"{nodes}nodes" / name / filename
+            if update:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+            assert path.exists(), f"no golden file {path}; run with SPARKRIG_UPDATE_GOLDEN=1"
+            assert text == path.read_text(), f"{path} differs from the rendered file"
+
+
+def test_worker_unit_is_headless_and_head_unit_waits_for_workers():
+    settings = build(cluster(4))
+    head = owned_files(settings["spark-0"])["sparkrig-head.service"]
+    worker = owned_files(settings["spark-3"])["sparkrig-worker.service"]
+    assert "--headless" in worker and "--headless" not in head
+    assert "--node-rank 3" in worker and "--node-rank 0" in head
+    assert "sparkrig-pair wait --peers 192.168.100.11,192.168.100.12,192.168.100.13" in head
+    assert "sparkrig-pair wait" not in worker
+    for unit in (head, worker):
+        assert "--block-size 2304" in unit and "--language-model-only" in unit
+        assert "--device /dev/infiniband:/dev/infiniband" in unit
+        assert "--ulimit memlock=-1:-1" in unit
+        assert "sparkrig-prep --env /etc/sparkrig/rank.env" in unit
+        assert "Restart=no" in unit
+
+
+def test_json_arguments_are_quoted_for_systemd():
+    s = build(cluster(2))["spark-0"]
+    unit = owned_files(s)["sparkrig-head.service"]
+    assert """--speculative-config '{"method":"mtp","num_speculative_tokens":4}'""" in unit
