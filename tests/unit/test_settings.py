@@ -35,7 +35,10 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda v: v.groups.update(head=[]), "group 'head' must hold exactly one host (rank 0), has none"),
+        (
+            lambda v: v.groups.update(head=[]),
+            "group 'head' must hold exactly one host (rank 0), has none",
+        ),
         (
             lambda v: v.groups["head"].append(("spark-x", dict(v.groups["head"][0][1]))),
             "group 'head' must hold exactly one host (rank 0), has spark-0, spark-x",
@@ -61,9 +64,18 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
             lambda v: edit(v, "worker", 0, fabric_address="192.168.100.11"),
             "spark-1: fabric_address: '192.168.100.11' needs a prefix length",
         ),
-        (lambda v: edit(v, "head", 0, fabric_mtu=65000), "spark-0: fabric_mtu: Input should be less"),
-        (lambda v: edit(v, "head", 0, fabric_mtu=576), "spark-0: fabric_mtu: Input should be greater"),
-        (lambda v: edit(v, "head", 0, profile="turbo"), "spark-0: profile: Input should be 'single'"),
+        (
+            lambda v: edit(v, "head", 0, fabric_mtu=65000),
+            "spark-0: fabric_mtu: Input should be less",
+        ),
+        (
+            lambda v: edit(v, "head", 0, fabric_mtu=576),
+            "spark-0: fabric_mtu: Input should be greater",
+        ),
+        (
+            lambda v: edit(v, "head", 0, profile="turbo"),
+            "spark-0: profile: Input should be 'single'",
+        ),
         (
             lambda v: edit(v, "head", 0, model_revision="main"),
             "spark-0: model_revision: must be a 40-hex commit sha, not 'main'",

@@ -40,7 +40,9 @@ def owned_files(s: Settings) -> dict[str, str]:
 
 @pytest.mark.parametrize("nodes", [2, 4])
 def test_rendered_files_match_golden(nodes):
-    settings = build(cluster(nodes, min_free_kbytes=1048576, nccl_env={"NCCL_DEBUG_SUBSYS": "INIT"}))
+    settings = build(
+        cluster(nodes, min_free_kbytes=1048576, nccl_env={"NCCL_DEBUG_SUBSYS": "INIT"})
+    )
     update = os.environ.get("SPARKRIG_UPDATE_GOLDEN") == "1"
     for name, s in settings.items():
         for filename, text in owned_files(s).items():
