@@ -1047,9 +1047,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # routes
 
 
-def ip_json(*argv: str) -> Any:
-    out = subprocess.run(["ip", "-j", *argv], capture_output=True, text=True, check=True).stdout
-    return json.loads(out or "[]")
+def ip_json(*argv: str, missing_ok: bool = False) -> Any:
+    r = subprocess.run(["ip", "-j", *argv], capture_output=True, text=True, check=False)
+    if r.returncode:
+        if missing_ok:  # e.g. "FIB table does not exist" before the first route goes in
+            return []
+        raise RuntimeError(f"ip -j {' '.join(argv)}: {r.stderr.strip()}")
+    out = r.stdout.strip()
+    return json.loads(out) if out.startswith("[") else []
 
 
 def plan_routes(
@@ -1076,7 +1081,7 @@ def plan_routes(
         if src is None:
             raise RuntimeError(f"{iface}: no IPv4 address")
         want_route = ["default"] + (["via", gw] if gw else []) + ["dev", iface]
-        have = ip_json("route", "show", "table", str(table))
+        have = ip_json("route", "show", "table", str(table), missing_ok=True)
         if (
             not any(
                 r.get("dst") == "default" and r.get("dev") == iface and r.get("gateway") == gw

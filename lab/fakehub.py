@@ -44,7 +44,7 @@ import time
 from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 META = ".fakehub.json"
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
@@ -303,6 +303,8 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- helpers -------------------------------------------------------------------------------
     def _record(self, status: int, sent: int, **extra: Any) -> None:
+        if self.path.startswith("/_control"):
+            return
         rec = {
             "origin": self.origin,
             "client": self.client_address[0],
@@ -318,7 +320,9 @@ class Handler(BaseHTTPRequestHandler):
         with self.hub.lock:
             self.hub.log.append(rec)
 
-    def _send_json(self, obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> None:
+    def _send_json(
+        self, obj: Any, status: int = 200, headers: dict[str, str] | None = None
+    ) -> None:
         body = json.dumps(obj).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -342,7 +346,11 @@ class Handler(BaseHTTPRequestHandler):
         return self.headers.get("Authorization") == f"Bearer {self.hub.token}"
 
     def _base(self) -> str:
-        return f"http://{self.headers.get('Host') or '%s:%d' % self.server.server_address[:2]}"
+        host = self.headers.get("Host")
+        if not host:
+            addr = self.connection.getsockname()
+            host = f"{addr[0]}:{addr[1]}"
+        return f"http://{host}"
 
     def _repo(self, org: str, name: str) -> Repo | None:
         r = self.hub.repos.get(f"{org}/{name}")
@@ -599,7 +607,10 @@ class Handler(BaseHTTPRequestHandler):
             return self._send_json(current)
         if what == "repos":
             return self._send_json(
-                {rid: {"commit": r.commit, "files": len(r.files)} for rid, r in self.hub.repos.items()}
+                {
+                    rid: {"commit": r.commit, "files": len(r.files)}
+                    for rid, r in self.hub.repos.items()
+                }
             )
         return self._error(404, None, "unknown control route")
 
@@ -670,24 +681,17 @@ def main(argv: list[str] | None = None) -> int:
         cdn = f"http://{cdn_listen[0]}:{cdn_listen[1]}"
     hub = HubState(args.root, args.page_size, token, cdn)
     servers = make_servers(hub, listen, cdn_listen)
-    print(
-        "fakehub: hub on http://%s:%d%s, repos: %s"
-        % (
-            *servers[0].server_address[:2],
-            ", cdn on http://%s:%d" % servers[1].server_address[:2] if cdn_listen else "",
-            ", ".join(sorted(hub.repos)),
-        ),
-        flush=True,
-    )
+    h = servers[0].server_address
+    where = f"fakehub: hub on http://{h[0]!s}:{h[1]!s}"
+    if cdn_listen:
+        c = servers[1].server_address
+        where += f", cdn on http://{c[0]!s}:{c[1]!s}"
+    print(f"{where}, repos: {', '.join(sorted(hub.repos))}", flush=True)
     try:
         serve(servers)
     except KeyboardInterrupt:
         pass
     return 0
-
-
-def quote_path(path: str) -> str:
-    return quote(path)
 
 
 if __name__ == "__main__":

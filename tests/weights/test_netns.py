@@ -1,0 +1,224 @@
+"""Lanes bound to interfaces in network namespaces: both source addresses reach the server,
+policy routing, a dead lane, a bound one-lane copy. Needs root and `ip netns`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import lock_files
+from .topo import Topo
+
+pytestmark = pytest.mark.netns
+
+
+@pytest.fixture
+def topo() -> Iterator[Topo]:
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("needs root and iproute2")
+    with Topo("t") as t:
+        yield t
+
+
+def run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def fetch(topo: Topo, url: str, lock: Path, dest: Path, *extra: str) -> list[str]:
+    return topo.fetch_cmd(
+        "fetch",
+        "--lock",
+        str(lock),
+        "--dest",
+        str(dest),
+        "--endpoint",
+        url,
+        "--uplink",
+        "up0",
+        "--uplink",
+        "up1",
+        "--progress-interval",
+        "0.3",
+        "--connect-timeout",
+        "2",
+        "--read-timeout",
+        "2",
+        "--backoff",
+        "0.2",
+        *extra,
+    )
+
+
+def complete(lock: Path, dest: Path) -> bool:
+    return all(
+        (dest / f["path"]).exists() and (dest / f["path"]).stat().st_size == f["size"]
+        for f in lock_files(lock)
+    )
+
+
+def test_routes_idempotent(topo: Topo) -> None:
+    routes = topo.fetch_cmd("routes", "--uplink", "up0", "--uplink", "up1")
+    check = run(routes + ["--check"])
+    plan = json.loads(check.stdout)
+    assert plan["changed"] and not plan["applied"]
+    assert "ip rule add from 10.213.2.2 lookup 102 pref 1002" in plan["commands"]
+    assert run(topo.in_ns(topo.cli, "ip", "rule", "show")).stdout.count("lookup 10") == 0
+    first = json.loads(run(routes).stdout)
+    assert first["changed"] and first["applied"]
+    rules = run(topo.in_ns(topo.cli, "ip", "rule", "show")).stdout
+    assert "from 10.213.1.2 lookup 101" in rules and "from 10.213.2.2 lookup 102" in rules
+    table = run(topo.in_ns(topo.cli, "ip", "route", "show", "table", "102")).stdout
+    assert "default via 10.213.2.1 dev up1" in table
+    assert json.loads(run(routes).stdout)["changed"] is False
+    # a DHCP address change: the stale rule is replaced, not duplicated
+    run(topo.in_ns(topo.cli, "ip", "addr", "del", "10.213.2.2/24", "dev", "up1"))
+    run(topo.in_ns(topo.cli, "ip", "addr", "add", "10.213.2.3/24", "dev", "up1"))
+    run(
+        topo.in_ns(
+            topo.cli,
+            "ip",
+            "route",
+            "replace",
+            "default",
+            "via",
+            "10.213.2.1",
+            "dev",
+            "up1",
+            "metric",
+            "600",
+        )
+    )
+    again = json.loads(run(routes).stdout)
+    assert again["changed"]
+    rules = run(topo.in_ns(topo.cli, "ip", "rule", "show")).stdout
+    assert "from 10.213.2.3 lookup 102" in rules and "10.213.2.2" not in rules
+
+
+def test_two_lanes_both_sources_seen(
+    topo: Topo, hub_root: Path, model_lock: Path, tmp_path: Path
+) -> None:
+    url = topo.start_hub(hub_root)
+    assert run(topo.fetch_cmd("routes", "--uplink", "up0", "--uplink", "up1")).returncode == 0
+    topo.control("faults", {"path": "*", "throttle_bps": 3_000_000}, "POST")
+    dest = tmp_path / "m"
+    r = run(fetch(topo, url, model_lock, dest))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert complete(model_lock, dest)
+    log = topo.control("log")
+    clients = {x["client"] for x in log}
+    assert clients == {"10.213.1.2", "10.213.2.2"}
+    status = json.loads((tmp_path / "m.fetch-status.json").read_text())
+    assert status["lanes"]["up0"]["files"] > 0 and status["lanes"]["up1"]["files"] > 0
+    assert status["lanes"]["up0"]["bytes"] + status["lanes"]["up1"]["bytes"] == sum(
+        f["size"] for f in lock_files(model_lock)
+    )
+
+
+def test_device_binding_needs_policy_table(
+    topo: Topo, hub_root: Path, model_lock: Path, tmp_path: Path
+) -> None:
+    """Only up0 has a main-table default: lane up1 cannot connect until the routes mode
+    installs table 102 (REFERENCE 7.6); with it, up1 carries traffic."""
+    url = topo.start_hub(hub_root)
+    run(topo.in_ns(topo.cli, "ip", "route", "del", "default", "dev", "up1"))
+    one_lane = [a if a != "up0" else "up1" for a in fetch(topo, url, model_lock, tmp_path / "a")]
+    one_lane = (
+        one_lane[: one_lane.index("--uplink", one_lane.index("--uplink") + 1)]
+        + one_lane[one_lane.index("--uplink", one_lane.index("--uplink") + 1) + 2 :]
+    )
+    before = run(one_lane + ["--lane-failures", "1", "--max-file-attempts", "1"])
+    assert before.returncode == 1
+    r = run(topo.fetch_cmd("routes", "--uplink", "up1", "--gateway", "up1=10.213.2.1"))
+    assert json.loads(r.stdout)["changed"]
+    after = run(one_lane)
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert {x["client"] for x in topo.control("log")} == {"10.213.2.2"}
+
+
+def test_dead_lane_other_lane_finishes(
+    topo: Topo, hub_root: Path, model_lock: Path, tmp_path: Path
+) -> None:
+    url = topo.start_hub(hub_root)
+    run(topo.fetch_cmd("routes", "--uplink", "up0", "--uplink", "up1"))
+    topo.control("faults", {"path": "*", "throttle_bps": 2_000_000}, "POST")
+    dest = tmp_path / "m"
+    p = subprocess.Popen(
+        fetch(topo, url, model_lock, dest, "--lane-failures", "2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    topo.procs.append(p)
+    time.sleep(0.8)  # both lanes are mid-file on the two 4 MiB shards
+    topo.blackhole(1)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, out
+    assert complete(model_lock, dest)
+    status = json.loads((tmp_path / "m.fetch-status.json").read_text())
+    assert status["lanes"]["up1"]["state"] == "retired"
+    assert status["lanes"]["up0"]["files"] == 8 - status["lanes"]["up1"]["files"]
+    assert "back to the queue" in out and "retired after 2 failures" in out
+    # the file up1 had started was resumed by up0 from its .part
+    resumed = [
+        x
+        for x in topo.control("log")
+        if x["client"] == "10.213.1.2" and (x["range"] or "").startswith("bytes=")
+    ]
+    assert resumed, out
+
+
+def test_bound_one_lane_copy(topo: Topo, hub_root: Path, model_lock: Path, tmp_path: Path) -> None:
+    """The fabric copy: serve on the server side's link address, bound to that device; the
+    receiving side pulls over one lane bound to its interface and verifies on arrival."""
+    src = tmp_path / "src"
+    url = topo.start_hub(hub_root)
+    assert run(fetch(topo, url, model_lock, src)).returncode == 0
+    srv = subprocess.Popen(
+        topo.in_ns(
+            topo.srv,
+            *topo.fetch_cmd("serve")[4:],
+            "--dir",
+            str(src),
+            "--listen",
+            f"{topo.dn_ip(0)}:9100",
+            "--bind-device",
+            "dn0",
+            "--lock",
+            str(model_lock),
+            "--max-seconds",
+            "60",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    topo.procs.append(srv)
+    time.sleep(0.5)
+    dst = tmp_path / "dst"
+    r = run(
+        topo.fetch_cmd(
+            "fetch",
+            "--lock",
+            str(model_lock),
+            "--dest",
+            str(dst),
+            "--base-url",
+            f"http://{topo.dn_ip(0)}:9100/",
+            "--uplink",
+            "up0",
+            "--progress-interval",
+            "0.3",
+        )
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert complete(model_lock, dst)
+    srv.terminate()
+    _, err = srv.communicate(timeout=10)
+    assert err.count("10.213.1.2 ") >= 8 and "10.213.2.2" not in err
