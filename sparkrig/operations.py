@@ -3,6 +3,7 @@ says why), diff-aware, and taking explicit arguments (never ``host.data``)."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Generator, Mapping
 from io import StringIO
 from typing import Any
@@ -15,6 +16,7 @@ from pyinfra.facts.server import Command
 from pyinfra.operations import files
 
 from sparkrig.facts import GidNotFound, RoceGids, select_gid
+from sparkrig.gates import gates_passed, parse_gate_lines
 from sparkrig.render import render
 
 
@@ -192,3 +194,36 @@ def image_present(ref: str) -> Generator[Any, None, None]:
         host.noop(f"{ref} is present")
         return
     yield StringCommand("docker", "pull", "--quiet", QuoteString(ref))
+
+
+@operation(is_idempotent=False)
+def wait_until_serving(command: list[str]) -> Generator[Any, None, None]:
+    """
+    Wait for the head's API to boot, failing early when the container dies or logs an error.
+
+    + command: the gate script's ``wait`` argv (prints one JSON line per boot stage)
+    """
+    yield StringCommand(*[QuoteString(a) for a in command])
+
+
+@operation()
+def serving_gates(command: list[str]) -> Generator[Any, None, None]:
+    """
+    Prove the endpoint answers: /health, /v1/models, a math completion and a forced tool call.
+
+    The gates are read like a fact (a completion changes nothing), so a healthy endpoint makes
+    this a no-op and a re-run reports no changes; a failing gate fails the head with its detail.
+
+    + command: the gate script's ``gates`` argv (prints one JSON line per gate)
+    """
+    output = host.get_fact(Command, command=shlex.join(command) + " 2>&1 || true") or ""
+    results = parse_gate_lines(output)
+    report = "; ".join(f"{r.gate} {'ok' if r.ok else 'FAILED'} ({r.detail})" for r in results)
+    if results and gates_passed(results):
+        host.noop(f"every gate passes: {report}")
+        return
+    if not host.state.is_executing:
+        logger.info(f"{host.print_prefix}gates before this run: {report or 'no answer'}")
+        yield StringCommand(*[QuoteString(a) for a in command])
+        return
+    yield fail_host(f"serving gates failed: {report or output or 'no answer from the gate script'}")

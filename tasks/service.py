@@ -27,6 +27,15 @@ pair_program = files.put(
     mode="755",
     create_remote_dir=False,
 )
+files.put(
+    name="Install the serving gate script",
+    src="files/sparkrig_gate.py",
+    dest=f"{k.install_dir}/sparkrig_gate.py",
+    user="root",
+    group="root",
+    mode="755",
+    create_remote_dir=False,
+)
 rank_unit = put_text(
     name="Install the rank unit",
     text=render("sparkrig-rank.service.j2", **rank_unit_context(s, k.base_image, weights_id)),

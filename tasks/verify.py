@@ -1,1 +1,30 @@
-"""Phase 7, verify: the deploy ends by checking itself."""
+"""Phase 7, verify: the deploy ends by checking itself. After a (re)start the head's boot is
+followed stage by stage; then four gates must pass: /health, /v1/models lists the served name,
+"17*23" answers 391, and a forced tool call parses. /health alone lies when a worker is dead, so
+the stop-together beacons (service phase) keep both ranks' liveness tied together."""
+
+from pyinfra import host
+from pyinfra.facts.systemd import SystemdStatus
+
+from sparkrig.gates import gate_command, wait_command
+from sparkrig.operations import pair_restart_needed, serving_gates, wait_until_serving
+from sparkrig.settings import current
+
+s = current()
+k = s.knobs
+
+if s.me.is_head:
+    status = host.get_fact(SystemdStatus, services=[f"{s.unit_name}.service"])
+    was_running = bool(status.get(f"{s.unit_name}.service"))
+    restart = pair_restart_needed()
+    wait_until_serving(
+        name="Wait for the head's API to finish booting",
+        command=wait_command(
+            k.install_dir, k.api_port, s.container_name, timeout=k.ready_timeout_s, interval=5
+        ),
+        _if=lambda: restart() or not was_running,
+    )
+    serving_gates(
+        name="Pass the four serving gates",
+        command=gate_command(k.install_dir, k.api_port, k.served_model_name),
+    )

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 STATE: dict[str, dict[Any, Any]] = {}  # host -> canned responses, set by tests
 IMAGE = "registry.example/vllm@sha256:" + "ab" * 32
+
+
+HEALTHY_GATES = [
+    json.dumps({"gate": g, "ok": True, "detail": "ok", "ms": 5})
+    for g in ("health", "models", "math", "tool")
+]
 
 
 def node_report(
@@ -58,6 +65,7 @@ def host(
     canned: dict[Any, Any] = dict(responses or {})
     canned.setdefault("grep -H . /sys/class/infiniband", gid_table("rocep1s0f1", "enp1s0f1np1", ip))
     canned.setdefault(re.compile(r"echo \"arch="), node_report())
+    canned.setdefault(re.compile(r"sparkrig_gate.py gates"), HEALTHY_GATES)
     # sparkrig's fail_host command: a real shell exits 1 here
     canned.setdefault(re.compile(r">&2; exit 1$"), {"success": False, "stderr": "failed"})
     return (

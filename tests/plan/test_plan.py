@@ -10,6 +10,7 @@ from tests.plan.harness import Run, run
 HEAD, WORKER = "@fake/spark-a", "@fake/spark-b"
 MODES = {"/etc/netplan/60-sparkrig-fabric.yaml": "600"}
 MODES |= {f"/opt/sparkrig/bin/sparkrig-{p}": "755" for p in ("prep", "pair")}
+MODES["/opt/sparkrig/sparkrig_gate.py"] = "755"
 UNITS = {
     HEAD: ["sparkrig-head.service", "sparkrig-pair.service"],
     WORKER: ["sparkrig-worker.service", "sparkrig-pair.service"],
