@@ -320,7 +320,11 @@ def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("the lab needs root (namespaces, taps)")
     if args.cmd == "up":
-        up(args.hosts, args.smp)
+        try:
+            up(args.hosts, args.smp)
+        except BaseException:
+            print("lab up failed: run `python3 -m lab down` to clean up", file=sys.stderr)
+            raise
     elif args.cmd == "down":
         down()
     elif args.cmd == "status":

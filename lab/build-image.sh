@@ -42,6 +42,9 @@ chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive apt-get update -q
 chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
   $PACKAGES
 
+# unprivileged ping as on DGX OS (libcap2-bin arrived after iputils-ping was configured)
+chroot "$ROOT" setcap cap_net_raw+ep /usr/bin/ping
+
 # operator account: passwordless sudo, key injected at boot from the kernel command line
 chroot "$ROOT" useradd -m -s /bin/bash -G sudo,docker spark
 echo 'spark ALL=(ALL) NOPASSWD:ALL' >"$ROOT/etc/sudoers.d/spark"

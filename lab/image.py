@@ -74,6 +74,9 @@ def ensure_base() -> Path:
         raise SystemExit(f"base image build failed (rc {rc.returncode}); see {log}")
     took = time.monotonic() - start
     (out / "done").write_text(f"{took:.0f}\n")
+    for old in CACHE_DIR.iterdir():  # images of older recipes
+        if old.is_dir() and old != out and re.fullmatch(r"[0-9a-f]{16}", old.name):
+            shutil.rmtree(old, ignore_errors=True)
     print(f"base image: built in {took:.0f} s", flush=True)
     return out
 

@@ -119,28 +119,17 @@ def shape(uplink: str, rate: str | None) -> str:
     """Shape traffic towards the guests on one uplink (tbf on the bridge); rate None removes it."""
     br = str(UPLINKS[uplink]["bridge"])
     if rate is None:
-        nsip("qdisc", "del", "dev", br, "root", check=False)
+        sh("tc", "-n", NS, "qdisc", "del", "dev", br, "root", check=False)
         return f"uplink {uplink}: unshaped"
-    nsip(
-        "qdisc",
-        "replace",
-        "dev",
-        br,
-        "root",
-        "tbf",
-        "rate",
-        rate,
-        "burst",
-        "256kb",
-        "latency",
-        "100ms",
-    )
+    tbf = ["tbf", "rate", rate, "burst", "256kb", "latency", "100ms"]
+    sh("tc", "-n", NS, "qdisc", "replace", "dev", br, "root", *tbf)
     return f"uplink {uplink}: {rate} towards the guests (tbf on {br})"
 
 
 def shaping() -> dict[str, str]:
     out = {}
     for name, up in UPLINKS.items():
-        q = nsip("qdisc", "show", "dev", str(up["bridge"]), check=False).stdout.strip()
+        q = sh("tc", "-n", NS, "qdisc", "show", "dev", str(up["bridge"]), check=False).stdout
+        q = q.strip()
         out[name] = q if "tbf" in q else "unshaped"
     return out
