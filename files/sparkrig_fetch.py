@@ -29,6 +29,7 @@ import hashlib
 import http.client
 import json
 import os
+import queue
 import socket
 import ssl
 import stat as statmod
@@ -307,6 +308,13 @@ class Lane:
         self.current: str | None = None
         self.files_done = 0
         self.lock = threading.Lock()
+        # keep-alive connections of this lane, one per origin (used by its own thread only)
+        self.conns: dict[tuple[str, str, int], http.client.HTTPConnection] = {}
+
+    def drop_conns(self) -> None:
+        for c in self.conns.values():
+            c.close()
+        self.conns.clear()
 
     def src(self) -> str | None:
         if self.fixed_src:
@@ -391,36 +399,55 @@ def request(
     token: str | None,
     ct: float,
     rt: float,
-) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
-    """GET following redirects; Authorization only to auth_origin."""
+) -> tuple[http.client.HTTPResponse, tuple[str, str, int]]:
+    """GET following redirects; Authorization only to auth_origin. Reuses the lane's
+    keep-alive connection to each origin; the caller must read the body to the end (then the
+    connection stays pooled) or call lane.drop_conns()."""
     for _ in range(6):
         u = urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise NetError(f"bad URL {redact_url(url)}")
-        cls = BoundHTTPSConnection if u.scheme == "https" else BoundHTTPConnection
-        conn = cls(u.hostname, u.port, lane, ct, rt)
+        o = origin(url)
         h = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **headers}
-        if token and auth_origin is not None and origin(url) == auth_origin:
+        if token and auth_origin is not None and o == auth_origin:
             h["Authorization"] = f"Bearer {token}"
         target = (u.path or "/") + (f"?{u.query}" if u.query else "")
-        try:
-            conn.request("GET", target, headers=h)
-            resp = conn.getresponse()
-        except NetError:
-            conn.close()
-            raise
-        except (OSError, http.client.HTTPException) as e:
-            conn.close()
-            raise NetError(f"{type(e).__name__}: {e}") from e
+        resp = None
+        for attempt in (0, 1):
+            conn = lane.conns.get(o)
+            reused = conn is not None
+            if conn is None:
+                cls = BoundHTTPSConnection if u.scheme == "https" else BoundHTTPConnection
+                conn = lane.conns[o] = cls(u.hostname, u.port, lane, ct, rt)
+            try:
+                conn.request("GET", target, headers=h)
+                resp = conn.getresponse()
+                break
+            except NetError:
+                lane.conns.pop(o, None)
+                conn.close()
+                raise
+            except (OSError, http.client.HTTPException) as e:
+                lane.conns.pop(o, None)
+                conn.close()
+                if reused and attempt == 0:  # a pooled connection the server had closed
+                    continue
+                raise NetError(f"{type(e).__name__}: {e}") from e
+        assert resp is not None
+        if resp.will_close:
+            lane.conns.pop(o, None)  # the response owns the socket now; closed with it
         if resp.status in (301, 302, 303, 307, 308):
             loc = resp.getheader("Location")
+            try:
+                resp.read()
+            except (OSError, http.client.HTTPException):
+                lane.conns.pop(o, None)
             resp.close()
-            conn.close()
             if not loc:
                 raise NetError("redirect without Location")
             url = urljoin(url, loc)
             continue
-        return resp, conn
+        return resp, o
     raise NetError("too many redirects")
 
 
@@ -470,6 +497,7 @@ class Run:
         self.t0 = time.monotonic()
         self.stamps = Stamps(args.stamps)
         self.stop = threading.Event()
+        self.finalq: queue.Queue[tuple[Job, str, str] | None] = queue.Queue()
 
     # -- queue --------------------------------------------------------------------------------
     def take(self) -> Job | None:
@@ -527,11 +555,8 @@ class Run:
         self.part_bytes[e.path] = have
         if have < e.size or e.size == 0:
             h = self._download(lane, job, part, h, have)
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        else:
+            open(part, "ab").close()  # a zero-byte file still needs its .part
         got_size = os.path.getsize(part)
         digest = h.hexdigest()
         if got_size != e.size or digest != e.digest:
@@ -540,13 +565,38 @@ class Run:
                 f"{e.path}: {e.algo} mismatch (size {got_size}/{e.size}, "
                 f"got {digest[:16]}…, want {e.digest[:16]}…); .part deleted"
             )
-        os.replace(part, final)
-        dfd = os.open(os.path.dirname(final), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-        self.stamps.put(e, final)
+        # matched: fsync + rename + stamp happen on the finalizer thread, so this lane starts
+        # its next request at once
+        self.finalq.put((job, part, final))
+
+    def finalizer(self) -> None:
+        last_save = time.monotonic()
+        while True:
+            item = self.finalq.get()
+            if item is None:
+                break
+            job, part, final = item
+            try:
+                fd = os.open(part, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(part, final)
+                dfd = os.open(os.path.dirname(final), os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+                self.stamps.put(job.e, final)
+                if self.finalq.empty() or time.monotonic() - last_save > 5:
+                    self.stamps.save()
+                    last_save = time.monotonic()
+            except OSError as ex:
+                log(f"{job.e.path}: finalising failed: {ex}")
+                self.finish(job, False, f"finalise: {ex}")
+                continue
+            self.finish(job, True)
         self.stamps.save()
 
     def _download(self, lane: Lane, job: Job, part: str, h: Any, have: int) -> Any:
@@ -555,9 +605,10 @@ class Run:
         url = self.base + quote(e.path)
         headers = {"Range": f"bytes={have}-"} if have else {}
         a = self.args
-        resp, conn = request(
+        resp, o = request(
             url, lane, headers, self.auth_origin, self.token, a.connect_timeout, a.read_timeout
         )
+        clean = False
         try:
             if resp.status == 206 and have:
                 cr = resp.getheader("Content-Range") or ""
@@ -602,9 +653,11 @@ class Run:
                 os.close(fd)
             if have != e.size:
                 raise NetError(f"{e.path}: connection ended at {have}/{e.size}")
+            clean = True
         finally:
             resp.close()
-            conn.close()
+            if not clean:
+                lane.drop_conns()
         return h
 
     # -- lanes ----------------------------------------------------------------------------------
@@ -636,8 +689,7 @@ class Run:
                     self._lane_failed(lane, job, f"{type(ex).__name__}: {ex}")
                 else:
                     lane.failures = 0
-                    lane.files_done += 1
-                    self.finish(job, True)
+                    lane.files_done += 1  # finish() comes from the finalizer
                     continue
                 if lane.failures >= a.lane_failures:
                     log(f"lane {lane.name}: retired after {lane.failures} failures in a row")
@@ -646,6 +698,7 @@ class Run:
                 lane.state = "backoff"
                 time.sleep(min(30.0, a.backoff * (2 ** (lane.failures - 1))))
         finally:
+            lane.drop_conns()
             lane.current = None
             if lane.state != "retired":
                 lane.state = "done"
@@ -749,15 +802,17 @@ def read_token(path: str) -> str | None:
     return tok or None
 
 
-def parse_lanes(specs: list[str], bind_src: bool) -> list[Lane]:
-    """--uplink IF | IF=SRCIP | 'default' (unbound)."""
+def parse_lanes(specs: list[str], bind_src: bool, streams: int = 1) -> list[Lane]:
+    """--uplink IF | IF=SRCIP | 'default' (unbound); `streams` lanes per uplink (name IF#k)."""
     lanes = []
     for spec in specs or ["default"]:
-        if spec == "default":
-            lanes.append(Lane("default", None, None, False))
-            continue
-        iface, _, src = spec.partition("=")
-        lanes.append(Lane(iface, iface, src or None, bind_src and not src))
+        for k in range(max(1, streams)):
+            suffix = f"#{k + 1}" if streams > 1 else ""
+            if spec == "default":
+                lanes.append(Lane("default" + suffix, None, None, False))
+                continue
+            iface, _, src = spec.partition("=")
+            lanes.append(Lane(iface + suffix, iface, src or None, bind_src and not src))
     return lanes
 
 
@@ -811,7 +866,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     )
     run = Run(args, lock, [Job(e) for e in to_fetch], verified)
     run.stamps = stamps
-    run.lanes = parse_lanes(args.uplink, not args.no_bind_src)
+    run.lanes = parse_lanes(args.uplink, not args.no_bind_src, args.streams)
     if args.max_lanes:
         run.lanes = run.lanes[: args.max_lanes]
     for ln in run.lanes:
@@ -827,12 +882,16 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         for ln in run.lanes
     ]
     rep = threading.Thread(target=run.reporter, daemon=True)
+    fin = threading.Thread(target=run.finalizer, daemon=True)
     run.write_status("running")
     rep.start()
+    fin.start()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    run.finalq.put(None)
+    fin.join()
     run.stop.set()
     stamps.save()
     ok = not run.failed and run.done_files == run.total_files
@@ -1216,6 +1275,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="lane: IF (source IP from `ip -j addr` at run time), IF=SRCIP, or default",
     )
     f.add_argument("--no-bind-src", action="store_true", help="bind the device only")
+    f.add_argument(
+        "--streams",
+        type=int,
+        default=1,
+        help="parallel connections per uplink (fabric copy: spreads hashing over cores)",
+    )
     f.add_argument("--max-lanes", type=int, default=0)
     f.add_argument("--token-file", help="file holding the HF token (0600)")
     f.add_argument("--status", help="JSON status file (default <dest>.fetch-status.json)")
