@@ -14,6 +14,7 @@ drafter_repo = "incoai/GLM-5.3-Flash-DFlash2"  # DFlash2 speculative drafter (~2
 drafter_revision = "7d74cdd881ed7e32c31175984a67823127b66cfe"  # drafter commit
 drafter_license_accepted = False  # drafter is CC BY-NC-ND 4.0: set True to fetch/use it
 hf_token_file = "~/.cache/huggingface/token"  # on the control machine; copied 0600 to the head
+weights_verify = "quick"  # re-runs check weights by stamps (quick) or re-hash everything (full)
 lockfile_dir = "locks"  # control-side directory holding <repo>.lock.json lockfiles
 
 # --- install paths on the nodes ---------------------------------------------------------------
@@ -50,6 +51,7 @@ served_model_name = "glm-5.3-flash"  # name /v1/models reports and clients ask f
 api_port = 8000  # OpenAI-compatible API on the head
 master_port = 29521  # torch distributed rendezvous port on the head's fabric address
 pair_port = 29600  # rank liveness beacon on each fabric address (stop-together)
+copy_port = 29700  # the head serves verified weights to workers here, on its fabric address
 extra_serve_args = []  # appended to the vllm serve command line of every rank
 ready_timeout_s = 3600  # how long the deploy waits for the head's /health
 watchdog = False  # opt-in: probe with a real completion and restart both ranks on failure

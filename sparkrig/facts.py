@@ -218,3 +218,66 @@ class Node(FactBase[NodeReport]):
 
     def process(self, output: list[str]) -> NodeReport:
         return parse_node_report(output)
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights on disk, judged against a lockfile
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WeightsReport:
+    ok: bool = False
+    error: str = ""
+    total_files: int = 0
+    total_bytes: int = 0
+    verified: int = 0
+    missing: int = 0
+    partial: int = 0
+    mismatched: int = 0
+    files_to_fetch: int = -1
+    bytes_to_fetch: int = 0
+    fetch_state: str = ""
+
+    @property
+    def complete(self) -> bool:
+        return self.ok and self.files_to_fetch == 0
+
+    def summary(self) -> str:
+        if not self.ok:
+            return f"state unknown ({self.error or 'no answer'})"
+        return (
+            f"fetch {self.files_to_fetch} of {self.total_files} files, "
+            f"{self.bytes_to_fetch / 1024**3:.2f} GiB ({self.verified} verified, {self.missing} "
+            f"missing, {self.partial} partial, {self.mismatched} mismatched)"
+        )
+
+
+_NO_WEIGHTS_STATE = '{"ok": false, "error": "fetcher or lockfile not installed"}'
+
+
+class WeightsState(FactBase[WeightsReport]):
+    """
+    What is on disk against the lockfile (the fetcher's ``state``: stamps, sizes, partials),
+    in one read-only command; "unknown" before the fetcher and lockfile are installed.
+    """
+
+    default = WeightsReport
+
+    def command(self, fetcher: str, lock: str, dest: str) -> StringCommand:
+        return StringCommand(
+            "test -x", QuoteString(fetcher), "&& test -f", QuoteString(lock), "&&",
+            QuoteString(fetcher), "state --lock", QuoteString(lock), "--dest", QuoteString(dest),
+            "2>/dev/null || echo", QuoteString(_NO_WEIGHTS_STATE),
+        )  # fmt: skip
+
+    def process(self, output: list[str]) -> WeightsReport:
+        import json
+
+        try:
+            raw = json.loads("\n".join(output))
+        except json.JSONDecodeError as err:
+            raise FactProcessError(f"weights state is not JSON: {err}") from None
+        fields = {k: raw[k] for k in WeightsReport.__dataclass_fields__ if k in raw}
+        fields["fetch_state"] = str((raw.get("fetch") or {}).get("state") or "")
+        return WeightsReport(**fields)

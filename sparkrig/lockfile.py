@@ -78,7 +78,7 @@ def build_lock(
         if repo_type != "model":
             info = api.repo_info(repo, revision=revision, repo_type=repo_type)
         else:
-            info = api.model_info(repo, revision=revision, expand=["sha"])  # type: ignore[list-item]
+            info = api.model_info(repo, revision=revision, expand=["sha"])
         commit = info.sha or ""
     if not HEX40.match(commit):
         raise LockfileError(f"{repo}@{revision}: the Hub returned no 40-hex commit ({commit!r})")
@@ -200,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--repo-type", default="model", choices=["model", "dataset"])
     r.add_argument("--out", help="lockfile path (default locks/<name>.lock.json)")
     r.add_argument("--token-file", help="file holding the HF token (else HF_TOKEN)")
-    s = sub.add_parser("show", help="summarise a lockfile")
-    s.add_argument("lock")
+    sh = sub.add_parser("show", help="summarise a lockfile")
+    sh.add_argument("lock")
     args = ap.parse_args(argv)
 
     if args.cmd == "show":

@@ -10,12 +10,14 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.operation import OperationMeta
 from pyinfra.context import ctx_state
+from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Command
 from pyinfra.operations import files
 
-from sparkrig.facts import GidNotFound, RoceGids, select_gid
+from sparkrig.facts import GidNotFound, RoceGids, WeightsState, select_gid
 from sparkrig.gates import gates_passed, parse_gate_lines
 from sparkrig.render import render
 
@@ -227,3 +229,78 @@ def serving_gates(command: list[str]) -> Generator[Any, None, None]:
         yield StringCommand(*[QuoteString(a) for a in command])
         return
     yield fail_host(f"serving gates failed: {report or output or 'no answer from the gate script'}")
+
+
+@operation()
+def weights_present(
+    fetcher: str,
+    lock: str,
+    dest: str,
+    unit: str,
+    source: list[str],
+    verify: str = "quick",
+) -> Generator[Any, None, None]:
+    """
+    Make ``dest`` hold every file of the lockfile, sha256-verified, fetching what is missing.
+
+    The fetch runs as a transient systemd unit, so it survives a dropped SSH session or a
+    Ctrl-C of pyinfra; the deploy follows its progress lines and a re-run re-attaches to it.
+
+    + fetcher: path of sparkrig-fetch on the host
+    + lock: lockfile path on the host
+    + dest: directory the files land in
+    + unit: transient unit name for the fetch
+    + source: fetcher arguments naming where bytes come from (``--endpoint``/``--base-url``,
+      ``--uplink`` lanes, ``--token-file``)
+    + verify: how verified files are re-checked: quick (stamps) or full (re-hash)
+    """
+    state = host.get_fact(WeightsState, fetcher=fetcher, lock=lock, dest=dest)
+    if state.complete and verify == "quick":
+        host.noop(f"{dest}: all {state.total_files} files verified")
+        return
+    logger.info(f"{host.print_prefix}{dest}: {state.summary()}")
+    fetch = [fetcher, "fetch", "--lock", lock, "--dest", dest, "--verify", verify, *source]
+    yield StringCommand(
+        "(systemctl is-active --quiet", QuoteString(unit), "||",
+        "systemd-run --quiet --collect --unit", QuoteString(unit),
+        *[QuoteString(a) for a in fetch], ") &&",
+        QuoteString(fetcher), "follow --unit", QuoteString(unit),
+        "--status", QuoteString(f"{dest}.fetch-status.json"),
+    )  # fmt: skip
+
+
+@operation(is_idempotent=False)
+def transient_service(unit: str, command: list[str]) -> Generator[Any, None, None]:
+    """
+    Run ``command`` as a transient systemd unit (replacing one of the same name).
+
+    + unit: unit name
+    + command: argv
+    """
+    yield StringCommand(
+        "systemctl stop", QuoteString(unit), "2>/dev/null;",
+        "systemd-run --quiet --collect --unit", QuoteString(unit),
+        *[QuoteString(a) for a in command],
+    )  # fmt: skip
+
+
+@operation()
+def secret_file(text: str, dest: str) -> Generator[Any, None, None]:
+    """
+    Own a 0600 root file whose content is never printed (no diff, not in any command line).
+
+    + text: the content
+    + dest: remote path (directory must exist)
+    """
+    import hashlib
+
+    want = hashlib.sha1(text.encode()).hexdigest()
+    have = host.get_fact(Sha1File, path=dest)
+    info = host.get_fact(File, path=dest)
+    mode = info["mode"] if info else None
+    if have == want and mode == 600:
+        host.noop(f"{dest} is up to date (content not shown)")
+        return
+    logger.info(f"{host.print_prefix}Will write {dest} (secret: content not shown)")
+    yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(dest))
+    yield FileUploadCommand(StringIO(text), dest)

@@ -41,6 +41,7 @@ CLUSTER_KEYS = (
     "api_port",
     "master_port",
     "pair_port",
+    "copy_port",
     "min_free_kbytes",
 )
 
@@ -86,6 +87,8 @@ class Knobs(BaseModel):
     api_port: int = Field(ge=1, le=65535)
     master_port: int = Field(ge=1, le=65535)
     pair_port: int = Field(ge=1, le=65535)
+    copy_port: int = Field(default=29700, ge=1, le=65535)
+    weights_verify: Literal["quick", "full"] = "quick"
     pair_grace_s: int = Field(default=1800, ge=10)
     extra_serve_args: list[str] = []
     ready_timeout_s: int = Field(ge=1)
@@ -342,8 +345,8 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                     f"{name}: profile: 'single' uses the DFlash2 drafter (CC BY-NC-ND 4.0); "
                     "set drafter_license_accepted = True or choose profile 'shared'"
                 )
-            if len({k.api_port, k.master_port, k.pair_port}) != 3:
-                problems.append(f"{name}: api_port, master_port and pair_port must differ")
+            if len({k.api_port, k.master_port, k.pair_port, k.copy_port}) != 4:
+                problems.append(f"{name}: api_port, master_port, pair_port, copy_port must differ")
             if k.base_image is None:
                 problems.append(
                     f"{name}: base_image: missing; pin the vLLM image by digest "

@@ -39,6 +39,7 @@ def paths(s: Settings) -> dict[str, str]:
     return {
         "bin_dir": f"{k.install_dir}/bin",
         "env_file": f"{k.config_dir}/rank.env",
+        "token_file": f"{k.config_dir}/hf-token",
         "model_dir": f"{k.weights_dir}/model",
         "drafter_dir": f"{k.weights_dir}/drafter",
         "rank_unit": f"/etc/systemd/system/{s.unit_name}.service",

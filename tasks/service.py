@@ -55,42 +55,37 @@ systemd.daemon_reload(
     _if=lambda: rank_unit.did_change() or pair_unit.did_change(),
 )
 
-# Ordered pair restart: the head stops first, workers after; then workers start before the head.
-if s.me.is_head:
-    systemd.service(
-        name="Stop the head for an ordered pair restart",
-        service=s.unit_name,
-        running=False,
-        _if=restart,
-    )
-else:
-    systemd.service(
-        name="Stop the worker for an ordered pair restart",
-        service=s.unit_name,
-        running=False,
-        _if=restart,
-    )
-    systemd.service(
-        name="Start the worker rank",
-        service=s.unit_name,
-        running=True,
-        enabled=True,
-    )
-
-if s.me.is_head:
-    head_status = host.get_fact(SystemdStatus, services=[f"{s.unit_name}.service"])
-    head_active = bool(head_status.get(f"{s.unit_name}.service"))
-    wait_for_ranks(
-        name="Wait until every worker's container runs",
-        bin_dir=p["bin_dir"],
-        peers=[w.ip for w in s.workers],
-        port=k.pair_port,
-        timeout=k.pair_grace_s,
-        _if=lambda: restart() or not head_active,
-    )
-    systemd.service(
-        name="Start the head rank",
-        service=s.unit_name,
-        running=True,
-        enabled=True,
-    )
+# Ordered pair restart and start. Every operation below exists on every host (acting only where
+# its condition holds), so all hosts share one sequence and pyinfra's per-operation barrier orders
+# them: stop every rank together, start the workers, wait for their containers, start the head.
+is_head = s.me.is_head
+systemd.service(
+    name="Stop every rank for an ordered pair restart",
+    service=s.unit_name,
+    running=False,
+    _if=restart,
+)
+systemd.service(
+    name="Start the worker rank",
+    service=s.unit_name,
+    running=True,
+    enabled=True,
+    _if=lambda: not is_head,
+)
+head_status = host.get_fact(SystemdStatus, services=[f"{s.unit_name}.service"])
+head_active = is_head and bool(head_status.get(f"{s.unit_name}.service"))
+wait_for_ranks(
+    name="Wait until every worker's container runs",
+    bin_dir=p["bin_dir"],
+    peers=[w.ip for w in s.workers],
+    port=k.pair_port,
+    timeout=k.pair_grace_s,
+    _if=lambda: is_head and (restart() or not head_active),
+)
+systemd.service(
+    name="Start the head rank",
+    service=s.unit_name,
+    running=True,
+    enabled=True,
+    _if=lambda: is_head,
+)

@@ -1,14 +1,29 @@
-"""Phase 4, weights: where the checkpoint (and the drafter, when the profile needs it) lands.
+"""Phase 4, weights: the checkpoint (and the drafter, when the profile needs it) on every rank,
+sha256-verified against lockfiles made on the control machine (python3 -m sparkrig.lockfile).
 
-The verified, split-uplink fetch and the fabric copy to every worker fill this phase in."""
+The head fetches from the Hub with one lane per uplink interface; every worker then copies from
+the head over the fabric (the head serves its verified directory read-only for the duration), so
+nothing crosses the internet twice. Re-runs confirm the files from stamps in well under a second."""
 
-from pyinfra import host
-from pyinfra.operations import files
+from pyinfra import host, inventory
+from pyinfra.operations import files, server
 
+from sparkrig.facts import WeightsState
+from sparkrig.operations import (
+    note_restart_trigger,
+    put_text,
+    secret_file,
+    transient_service,
+    weights_present,
+)
 from sparkrig.settings import current
+from sparkrig.units import paths
+from sparkrig.weights import artifacts, token_text
 
 s = current()
 k = s.knobs
+p = paths(s)
+fetcher = f"{p['bin_dir']}/sparkrig-fetch"
 
 for directory in host.loop([k.weights_dir, k.cache_dir]):
     files.directory(
@@ -18,3 +33,77 @@ for directory in host.loop([k.weights_dir, k.cache_dir]):
         group="root",
         mode="755",
     )
+files.put(
+    name="Install the weights fetcher",
+    src="files/sparkrig_fetch.py",
+    dest=fetcher,
+    user="root",
+    group="root",
+    mode="755",
+    create_remote_dir=False,
+)
+
+wanted = artifacts(s)  # lockfiles read and checked on the control machine
+for art in host.loop(wanted):
+    put_text(name="Install the weights lockfiles", text=art.lock_text, dest=art.remote_lock)
+
+token = token_text(k.hf_token_file) if s.me.is_head else None
+source_token: list[str] = []
+if token is not None:
+    secret_file(name="Install the Hub token", text=token, dest=p["token_file"])
+    source_token = ["--token-file", p["token_file"]]
+
+# Every operation below exists on every host (acting only where its condition holds), so all
+# hosts share one sequence: the head fetches, serves, the workers copy, the head stops serving.
+is_head = s.me.is_head
+lanes = [f"--uplink={i}" for i in s.me.uplink_interfaces] or ["--uplink=default"]
+for art in host.loop(wanted):
+    fetched = weights_present(
+        name="Fetch and verify the weights on the head",
+        fetcher=fetcher,
+        lock=art.remote_lock,
+        dest=art.dest,
+        unit=f"sparkrig-fetch-{art.name}",
+        source=["--endpoint", k.hub_endpoint, *lanes, *source_token],
+        verify=k.weights_verify,
+        _if=lambda: is_head,
+    )
+    note_restart_trigger(fetched)
+
+# Serve the verified files to the workers only when one of them lacks something.
+worker_needs = is_head and any(
+    not inventory.get_host(w.name)
+    .get_fact(WeightsState, fetcher=fetcher, lock=a.remote_lock, dest=a.dest)
+    .complete
+    for w in s.workers
+    for a in wanted
+)
+serving = transient_service(
+    name="Serve the verified weights to the workers over the fabric",
+    unit="sparkrig-weights-serve",
+    command=[
+        fetcher, "serve", "--dir", k.weights_dir,
+        "--listen", f"{s.me.ip}:{k.copy_port}", "--max-seconds", "86400",
+    ],
+    _if=lambda: worker_needs,
+)  # fmt: skip
+for art in host.loop(wanted):
+    copied = weights_present(
+        name="Copy and verify the weights from the head over the fabric",
+        fetcher=fetcher,
+        lock=art.remote_lock,
+        dest=art.dest,
+        unit=f"sparkrig-fetch-{art.name}",
+        source=[
+            "--base-url", f"http://{s.head.ip}:{k.copy_port}/{art.subdir}",
+            f"--uplink={s.me.fabric_interface}", "--no-bind-src", "--streams", "2",
+        ],
+        verify=k.weights_verify,
+        _if=lambda: not is_head,
+    )  # fmt: skip
+    note_restart_trigger(copied)
+server.shell(
+    name="Stop serving the weights",
+    commands=["systemctl stop sparkrig-weights-serve"],
+    _if=lambda: is_head and serving.did_change(),
+)

@@ -77,6 +77,7 @@ def host(
             "fake_delay": 0,
             "fake_delay_jitter": 0,
             "base_image": IMAGE,
+            "lockfile_dir": "tests/plan/locks",
             **data,
         },
     )
@@ -132,5 +133,8 @@ def converged(
         mtu=mtu, ipv4=f"{ip}/24" if mtu == 9000 else f"{ip}/24", swappiness=0
     )
     canned["echo rc=$?"] = "rc=0"
+    canned["sparkrig-fetch state"] = json.dumps(
+        {"ok": True, "total_files": 2, "verified": 2, "files_to_fetch": 0, "bytes_to_fetch": 0}
+    )
     canned["docker image inspect"] = "sha256:" + "cd" * 32
     return canned

@@ -11,6 +11,7 @@ HEAD, WORKER = "@fake/spark-a", "@fake/spark-b"
 MODES = {"/etc/netplan/60-sparkrig-fabric.yaml": "600"}
 MODES |= {f"/opt/sparkrig/bin/sparkrig-{p}": "755" for p in ("prep", "pair")}
 MODES["/opt/sparkrig/sparkrig_gate.py"] = "755"
+MODES["/opt/sparkrig/bin/sparkrig-fetch"] = "755"
 UNITS = {
     HEAD: ["sparkrig-head.service", "sparkrig-pair.service"],
     WORKER: ["sparkrig-worker.service", "sparkrig-pair.service"],
@@ -86,8 +87,8 @@ def test_firmware_reset_restores_mtu_and_gid_and_restarts_the_pair_in_order(monk
     env = r.uploads[WORKER]["/etc/sparkrig/rank.env"].decode()
     assert "NCCL_IB_GID_INDEX=5\n" in env
     assert "netplan apply" not in r.commands[HEAD]  # the head's fabric was right
-    assert position(r, "Stop the head for an ordered pair restart") < position(
-        r, "Stop the worker for an ordered pair restart"
+    assert position(r, "Stop every rank for an ordered pair restart") < position(
+        r, "Start the worker rank"
     )
     assert "systemctl stop sparkrig-head.service" in r.commands[HEAD]
     assert "systemctl stop sparkrig-worker.service" in r.commands[WORKER]
@@ -122,3 +123,21 @@ def test_bad_inventory_sends_no_command_to_any_host(monkeypatch, inventory, mess
     assert r.exit_code != 0
     assert message in str(r.exception) + r.output
     assert all(cmds == [] for cmds in r.commands.values()), r.commands
+
+
+def test_weights_come_over_both_uplinks_to_the_head_then_over_the_fabric(monkeypatch):
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    fetch = [c for c in r.commands[HEAD] if "systemd-run" in c and " fetch " in c]
+    assert fetch and "--uplink=enP7s7" in fetch[0] and "--uplink=wlP9s9" in fetch[0]
+    assert "--endpoint https://huggingface.co" in fetch[0]
+    copy = [c for c in r.commands[WORKER] if "systemd-run" in c and " fetch " in c]
+    assert copy and "--base-url http://192.168.100.10:29700/model" in copy[0]
+    assert "--uplink=enp1s0f1np1" in copy[0] and "huggingface.co" not in copy[0]
+    order = [
+        position(r, "Fetch and verify the weights on the head"),
+        position(r, "Serve the verified weights to the workers over the fabric"),
+        position(r, "Copy and verify the weights from the head over the fabric"),
+        position(r, "Stop serving the weights"),
+    ]
+    assert order == sorted(order)
