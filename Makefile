@@ -3,7 +3,7 @@ PY ?= python3
 PKG := sparkrig lab files
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: deps check test unit deploy-lab lab-down
+.PHONY: deps check test unit deploy-lab lab-test lab-down
 
 deps:
 	bash scripts/install-deps.sh
@@ -13,7 +13,7 @@ check:
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy $(PKG)
 
-# Everything: lint, format, types, unit + plan + namespace tests, and the lab suite (boots VMs).
+# Everything but the opt-in lab suite: lint, format, types, unit, plan, serving, namespace tests.
 test: deps check
 	$(PY) -m pytest -q -rs
 
@@ -25,6 +25,10 @@ unit: check
 deploy-lab: deps
 	$(PY) -m lab up
 	pyinfra -y lab/inventory.py deploy.py
+
+# The qemu lab suite (boots VMs; tens of minutes under software emulation).
+lab-test: deps check
+	SPARKRIG_LAB=1 $(PY) -m pytest -q -rs -m lab
 
 lab-down:
 	$(PY) -m lab down

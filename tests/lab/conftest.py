@@ -1,6 +1,7 @@
 """The lab suite: boots the qemu lab once per session and always tears it down.
 
-SPARKRIG_LAB_KEEP=1 reuses a running lab and leaves it up (for iterating by hand)."""
+Opt-in with SPARKRIG_LAB=1 (`make lab-test`): it boots VMs under software emulation and takes tens
+of minutes. SPARKRIG_LAB_KEEP=1 reuses a running lab and leaves it up (for iterating by hand)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,8 @@ def lab_cli(*args: str, timeout: float = 1500) -> None:
 
 @pytest.fixture(scope="session")
 def lab() -> Iterator[Lab]:
+    if os.environ.get("SPARKRIG_LAB") != "1":
+        pytest.skip("the qemu lab suite is opt-in: SPARKRIG_LAB=1 (make lab-test)")
     reuse = KEEP and STATE.exists() and json.loads(STATE.read_text()).get("status") == "up"
     try:
         if not reuse:
