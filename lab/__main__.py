@@ -251,6 +251,10 @@ def _kill(pids: list[int]) -> None:
     for pid in pids:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
+    # give init a moment to reap them, so `ps` shows no <defunct> qemu either
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
+        time.sleep(0.2)
 
 
 def down(quiet: bool = False) -> None:

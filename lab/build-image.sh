@@ -35,7 +35,7 @@ cat >"$ROOT/etc/fstab" <<'EOF'
 EOF
 mkdir -p "$ROOT/etc/docker"
 cat >"$ROOT/etc/docker/daemon.json" <<'EOF'
-{"insecure-registries": ["203.0.113.1:5000"]}
+{"insecure-registries": ["203.0.113.1:5000"], "dns": ["203.0.113.1"]}
 EOF
 
 chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive apt-get update -q
@@ -103,6 +103,7 @@ Before=systemd-networkd.service network-pre.target ssh.service sysinit.target
 Wants=network-pre.target
 [Service]
 Type=oneshot
+RemainAfterExit=yes
 UMask=0022
 ExecStart=/usr/local/sbin/lab-firstboot
 [Install]
@@ -139,6 +140,9 @@ echo 'root:lab' | chroot "$ROOT" chpasswd   # console login only (serial log)
 
 chroot "$ROOT" apt-get clean
 rm -rf "$ROOT"/var/lib/apt/lists/* "$ROOT/usr/sbin/policy-rc.d"
+# no DNS in the lab (debootstrap copied the build host's resolver): fail fast, never time out
+rm -f "$ROOT/etc/resolv.conf"
+printf '# sparkrig lab: no DNS\noptions timeout:1 attempts:1\n' >"$ROOT/etc/resolv.conf"
 umount "$ROOT/proc"
 trap - EXIT
 
