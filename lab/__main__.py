@@ -58,13 +58,23 @@ def ensure_keypair() -> tuple[Path, str]:
     return key, key.with_suffix(".pub").read_text().strip()
 
 
+def _started(name: str, pid: int) -> int:
+    """Fail fast if a just-started process died (port taken, bad arguments)."""
+    time.sleep(0.5)
+    if not alive(pid):
+        log = STATE_DIR / f"{name}.log"
+        tail = log.read_text()[-1500:] if log.exists() else ""
+        raise SystemExit(f"{name} exited at start; {log}:\n{tail}")
+    return pid
+
+
 def start_server(state: dict[str, Any], name: str, argv: list[str]) -> int:
     """Run a server inside the lab namespace (e.g. bound to the internet address); its PID is
     recorded in the state so `down` stops it. Log: .lab/<name>.log."""
     pid = net.spawn(argv, STATE_DIR / f"{name}.log", cwd=REPO)
     state["pids"][name] = pid
     save_state(state)
-    return pid
+    return _started(name, pid)
 
 
 def start_fakehub(state: dict[str, Any]) -> int | None:
@@ -225,6 +235,7 @@ def up(n_hosts: int, smp: int) -> None:
         in_ns=False,
     )
     save_state(state)
+    _started("forwarder", state["pids"]["forwarder"])
 
     print(f"booting {n_hosts} guests under TCG (about 2 min to SSH)", flush=True)
     tb = time.monotonic()
