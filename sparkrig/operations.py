@@ -304,3 +304,16 @@ def secret_file(text: str, dest: str) -> Generator[Any, None, None]:
     logger.info(f"{host.print_prefix}Will write {dest} (secret: content not shown)")
     yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(dest))
     yield FileUploadCommand(StringIO(text), dest)
+
+
+@operation()
+def program(src: str, dest: str) -> Generator[Any, None, None]:
+    """
+    Install a host-side program from files/ as root, mode 0755 (its directory must exist).
+
+    + src: local path under files/
+    + dest: remote path
+    """
+    yield from files.put._inner(
+        src=src, dest=dest, user="root", group="root", mode="755", create_remote_dir=False
+    )

@@ -5,7 +5,7 @@ from pyinfra import host
 from pyinfra.operations import files, server
 
 from sparkrig.facts import Node
-from sparkrig.operations import put_text
+from sparkrig.operations import program, put_text
 from sparkrig.render import render
 from sparkrig.settings import current
 from sparkrig.units import paths
@@ -33,12 +33,8 @@ for directory in host.loop([k.install_dir, paths(s)["bin_dir"], k.config_dir]):
     files.directory(
         name="Create sparkrig directories", path=directory, user="root", group="root", mode="755"
     )
-files.put(
+program(
     name="Install the start gate (drop caches, MemFree, fabric and GID check)",
     src="files/sparkrig_prep.py",
     dest=f"{paths(s)['bin_dir']}/sparkrig-prep",
-    user="root",
-    group="root",
-    mode="755",
-    create_remote_dir=False,
 )

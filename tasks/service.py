@@ -4,9 +4,15 @@ rank's unit, env file, image or weights restarts the whole pair in that order; n
 
 from pyinfra import host
 from pyinfra.facts.systemd import SystemdStatus
-from pyinfra.operations import files, systemd
+from pyinfra.operations import systemd
 
-from sparkrig.operations import note_restart_trigger, pair_restart_needed, put_text, wait_for_ranks
+from sparkrig.operations import (
+    note_restart_trigger,
+    pair_restart_needed,
+    program,
+    put_text,
+    wait_for_ranks,
+)
 from sparkrig.render import render
 from sparkrig.settings import current
 from sparkrig.units import pair_unit_context, paths, rank_unit_context
@@ -18,23 +24,15 @@ weights_id = f"{k.model_repo}@{k.model_revision}"
 if s.needs_drafter:
     weights_id += f" + {k.drafter_repo}@{k.drafter_revision}"
 
-pair_program = files.put(
+pair_program = program(
     name="Install the stop-together watch",
     src="files/sparkrig_pair.py",
     dest=f"{p['bin_dir']}/sparkrig-pair",
-    user="root",
-    group="root",
-    mode="755",
-    create_remote_dir=False,
 )
-files.put(
+program(
     name="Install the serving gate script",
     src="files/sparkrig_gate.py",
     dest=f"{k.install_dir}/sparkrig_gate.py",
-    user="root",
-    group="root",
-    mode="755",
-    create_remote_dir=False,
 )
 rank_unit = put_text(
     name="Install the rank unit",

@@ -11,6 +11,7 @@ from pyinfra.operations import files, server
 from sparkrig.facts import WeightsState
 from sparkrig.operations import (
     note_restart_trigger,
+    program,
     put_text,
     secret_file,
     transient_service,
@@ -33,14 +34,10 @@ for directory in host.loop([k.weights_dir, k.cache_dir]):
         group="root",
         mode="755",
     )
-files.put(
+program(
     name="Install the weights fetcher",
     src="files/sparkrig_fetch.py",
     dest=fetcher,
-    user="root",
-    group="root",
-    mode="755",
-    create_remote_dir=False,
 )
 
 wanted = artifacts(s)  # lockfiles read and checked on the control machine
