@@ -54,4 +54,6 @@ pair_port = 29600  # rank liveness beacon on each fabric address (stop-together)
 copy_port = 29700  # the head serves verified weights to workers here, on its fabric address
 extra_serve_args = []  # appended to the vllm serve command line of every rank
 ready_timeout_s = 3600  # how long the deploy waits for the head's /health
+nccl_smoke = True  # all-reduce in the serving image before each pair (re)start; must use IB/RoCE
+nccl_smoke_timeout_s = 300  # rendezvous + all-reduce limit of the smoke test
 watchdog = False  # opt-in: probe with a real completion and restart both ranks on failure

@@ -42,6 +42,7 @@ CLUSTER_KEYS = (
     "master_port",
     "pair_port",
     "copy_port",
+    "nccl_smoke",
     "min_free_kbytes",
 )
 
@@ -92,6 +93,8 @@ class Knobs(BaseModel):
     pair_grace_s: int = Field(default=1800, ge=10)
     extra_serve_args: list[str] = []
     ready_timeout_s: int = Field(ge=1)
+    nccl_smoke: bool = True
+    nccl_smoke_timeout_s: int = Field(default=300, ge=10)
     watchdog: bool = False
 
     @field_validator("model_revision", "drafter_revision")

@@ -2,9 +2,11 @@
 worker's container runs (its beacon answers over the fabric), never a fixed sleep. A change to any
 rank's unit, env file, image or weights restarts the whole pair in that order; nothing else does."""
 
+import shlex
+
 from pyinfra import host
 from pyinfra.facts.systemd import SystemdStatus
-from pyinfra.operations import systemd
+from pyinfra.operations import files, server, systemd
 
 from sparkrig.operations import (
     note_restart_trigger,
@@ -15,7 +17,13 @@ from sparkrig.operations import (
 )
 from sparkrig.render import render
 from sparkrig.settings import current
-from sparkrig.units import pair_unit_context, paths, rank_unit_context
+from sparkrig.units import (
+    SMOKE_CONTAINER,
+    pair_unit_context,
+    paths,
+    rank_unit_context,
+    smoke_run_args,
+)
 
 s = current()
 k = s.knobs
@@ -34,9 +42,22 @@ program(
     src="files/sparkrig_gate.py",
     dest=f"{k.install_dir}/sparkrig_gate.py",
 )
+files.directory(
+    name="Create the directory mounted into smoke-test containers",
+    path=p["python_dir"],
+    user="root",
+    group="root",
+    mode="755",
+)
+program(
+    name="Install the NCCL smoke test",
+    src="files/nccl_smoke.py",
+    dest=f"{p['python_dir']}/nccl_smoke.py",
+)
+image = k.base_image  # the serving image every rank runs
 rank_unit = put_text(
     name="Install the rank unit",
-    text=render("sparkrig-rank.service.j2", **rank_unit_context(s, k.base_image, weights_id)),
+    text=render("sparkrig-rank.service.j2", **rank_unit_context(s, image, weights_id)),
     dest=p["rank_unit"],
 )
 pair_unit = put_text(
@@ -63,6 +84,33 @@ systemd.service(
     running=False,
     _if=restart,
 )
+# NCCL smoke test before a pair (re)start: one all-reduce in the serving image on every rank, the
+# workers launched first (they wait in the rendezvous), the head in the foreground, then the
+# workers' verdicts. It fails the deploy, naming the transport, when NCCL did not use IB/RoCE.
+rank_status = host.get_fact(SystemdStatus, services=[f"{s.unit_name}.service"])
+rank_active = bool(rank_status.get(f"{s.unit_name}.service"))
+smoke = k.nccl_smoke
+server.shell(
+    name="Launch the NCCL smoke test on the workers",
+    commands=[
+        f"docker rm --force {SMOKE_CONTAINER} >/dev/null 2>&1 || true",
+        shlex.join(smoke_run_args(s, image, detach=True)),
+    ],
+    _if=lambda: smoke and not is_head and (restart() or not rank_active),
+)
+server.shell(
+    name="Run the NCCL smoke test on the head",
+    commands=[shlex.join(smoke_run_args(s, image))],
+    _if=lambda: smoke and is_head and (restart() or not rank_active),
+)
+server.shell(
+    name="Check the NCCL smoke test on the workers",
+    commands=[
+        f"rc=$(docker wait {SMOKE_CONTAINER}); docker logs --tail 1 {SMOKE_CONTAINER}; "
+        f"docker rm {SMOKE_CONTAINER} >/dev/null; exit $rc"
+    ],
+    _if=lambda: smoke and not is_head and (restart() or not rank_active),
+)
 systemd.service(
     name="Start the worker rank",
     service=s.unit_name,
@@ -70,8 +118,7 @@ systemd.service(
     enabled=True,
     _if=lambda: not is_head,
 )
-head_status = host.get_fact(SystemdStatus, services=[f"{s.unit_name}.service"])
-head_active = is_head and bool(head_status.get(f"{s.unit_name}.service"))
+head_active = is_head and rank_active
 wait_for_ranks(
     name="Wait until every worker's container runs",
     bin_dir=p["bin_dir"],

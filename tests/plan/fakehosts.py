@@ -85,7 +85,7 @@ def host(
 
 MODES = {"644": "-rw-r--r--", "600": "-rw-------", "755": "-rwxr-xr-x"}
 DIRS = ["/opt/sparkrig", "/opt/sparkrig/bin", "/etc/sparkrig", "/var/lib/sparkrig/models"]
-DIRS += ["/var/lib/sparkrig/cache"]
+DIRS += ["/var/lib/sparkrig/cache", "/opt/sparkrig/python"]
 
 
 def _stat_matcher(path: str) -> re.Pattern[str]:

@@ -12,6 +12,7 @@ MODES = {"/etc/netplan/60-sparkrig-fabric.yaml": "600"}
 MODES |= {f"/opt/sparkrig/bin/sparkrig-{p}": "755" for p in ("prep", "pair")}
 MODES["/opt/sparkrig/sparkrig_gate.py"] = "755"
 MODES["/opt/sparkrig/bin/sparkrig-fetch"] = "755"
+MODES["/opt/sparkrig/python/nccl_smoke.py"] = "755"
 UNITS = {
     HEAD: ["sparkrig-head.service", "sparkrig-pair.service"],
     WORKER: ["sparkrig-worker.service", "sparkrig-pair.service"],
@@ -141,3 +142,25 @@ def test_weights_come_over_both_uplinks_to_the_head_then_over_the_fabric(monkeyp
         position(r, "Stop serving the weights"),
     ]
     assert order == sorted(order)
+
+
+def test_nccl_smoke_test_runs_workers_first_before_a_pair_start_and_not_when_converged(monkeypatch):
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    steps = [
+        "Launch the NCCL smoke test on the workers",
+        "Run the NCCL smoke test on the head",
+        "Check the NCCL smoke test on the workers",
+        "Start the worker rank",
+    ]
+    assert [position(r, s) for s in steps] == sorted(position(r, s) for s in steps)
+    launch = [
+        c for c in r.commands[WORKER] if "docker run --detach --name sparkrig-nccl-smoke" in c
+    ]
+    assert launch and "RANK=1" in launch[0] and "MASTER_ADDR=192.168.100.10" in launch[0]
+    assert "--device /dev/infiniband:/dev/infiniband" in launch[0]
+    head = [c for c in r.commands[HEAD] if "docker run --rm --name sparkrig-nccl-smoke" in c]
+    assert head and "RANK=0" in head[0] and "nccl_smoke.py --timeout 300" in head[0]
+    converge_state(monkeypatch)
+    again = apply(monkeypatch)
+    assert not any("sparkrig-nccl-smoke" in c for cmds in again.commands.values() for c in cmds)
