@@ -18,6 +18,7 @@ from lab import LAB_DIR, REPO, STATE_DIR, STATE_FILE, image, net, vm
 
 REGISTRY_PORT = 5000
 HUB_PORT = 8080
+HUB_CDN_PORT = 8081  # LFS downloads redirect here, like the Hub's CDN
 BOOT_TIMEOUT_S = 360
 
 
@@ -85,8 +86,23 @@ def start_fakehub(state: dict[str, Any]) -> int | None:
         return None
     root = Path(state["hub_root"])
     root.mkdir(parents=True, exist_ok=True)
-    listen = f"{state['internet_address']}:{HUB_PORT}"
-    argv = [sys.executable, str(script), "--listen", listen, "--root", str(root)]
+    knobs_file = root / "knobs.json"
+    if not knobs_file.exists():  # generate the small model + drafter repos (deterministic)
+        gen = subprocess.run(
+            [sys.executable, str(script), "--root", str(root), "--generate-only"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        commits: dict[str, str] = json.loads(gen.stdout.strip().splitlines()[-1])
+        knobs: dict[str, str] = {}
+        for repo, commit in sorted(commits.items()):
+            kind = "drafter" if "drafter" in repo else "model"
+            knobs[f"{kind}_repo"], knobs[f"{kind}_revision"] = repo, commit
+        knobs_file.write_text(json.dumps(knobs, indent=2) + "\n")
+    inet = state["internet_address"]
+    argv = [
+        sys.executable, str(script), "--root", str(root),
+        "--listen", f"{inet}:{HUB_PORT}", "--cdn-listen", f"{inet}:{HUB_CDN_PORT}",
+    ]  # fmt: skip
     pid = start_server(state, "fakehub", argv)
     print(f"hub stand-in: {state['hub_endpoint']} (pid {pid})", flush=True)
     return pid
@@ -158,6 +174,7 @@ def up(n_hosts: int, smp: int) -> None:
         "internet_address": inet,
         "registry": f"{inet}:{REGISTRY_PORT}",
         "hub_endpoint": f"http://{inet}:{HUB_PORT}",
+        "hub_cdn": f"http://{inet}:{HUB_CDN_PORT}",
         "hub_root": str(STATE_DIR / "hub"),
         "image": None,
         "image_digest": None,
