@@ -9,13 +9,22 @@ rank unit, which brings this rank down too.
 
 `wait` blocks until every peer's beacon answers 200 (the head's start gate), or times out.
 
-Stdlib only. Exit codes: 0 ok, 1 timed out / usage.
+`agent` runs on each worker: on an authenticated POST /start from the head it starts the worker's
+rank unit (the head cannot reach a worker's systemd otherwise). `restart` (on the head) restarts
+the pair in order: head down, workers down, workers up (through their agents), head up.
+`watchdog` (on the head, opt-in) restarts the pair that way when the pair went down because a rank
+died, or when a real completion fails `--fails` times in a row; at most `--max-restarts` per
+`--window` seconds, never within `--grace` seconds of a start, never after an operator's stop.
+
+Stdlib only. Exit codes: 0 ok, 1 timed out / failed / usage.
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
 import http.server
+import os
 import subprocess
 import sys
 import threading
@@ -91,6 +100,18 @@ class PeerWatch:
         return None
 
 
+MARKER = "/run/sparkrig/pair-down"  # written when a rank is stopped because its peer went down
+
+
+def mark_pair_down(reason: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(MARKER), exist_ok=True)
+        with open(MARKER, "w") as f:
+            f.write(reason + "\n")
+    except OSError:
+        pass
+
+
 def watch(args: argparse.Namespace) -> int:
     host, _, port = args.listen.rpartition(":")
     Beacon.container = args.container
@@ -105,6 +126,7 @@ def watch(args: argparse.Namespace) -> int:
         reason = state.verdict(time.monotonic())
         if reason:
             log(f"{reason}: stopping {args.unit} so the pair goes down together")
+            mark_pair_down(reason)
             subprocess.run(["systemctl", "--no-block", "stop", args.unit], check=False)
             return 0
         time.sleep(args.interval)
@@ -125,6 +147,150 @@ def wait(args: argparse.Namespace) -> int:
         time.sleep(args.interval)
 
 
+def read_token(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip()
+
+
+class Agent(http.server.BaseHTTPRequestHandler):
+    unit = ""
+    token = ""
+
+    def do_POST(self) -> None:  # noqa: N802
+        given = self.headers.get("X-Sparkrig-Token", "")
+        if self.path != "/start" or not hmac.compare_digest(given, self.token):
+            self.send_response(403)
+            self.end_headers()
+            return
+        log(f"start of {self.unit} requested by {self.client_address[0]}")
+        subprocess.run(["systemctl", "--no-block", "start", self.unit], check=False)
+        self.send_response(202)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def agent(args: argparse.Namespace) -> int:
+    host, _, port = args.listen.rpartition(":")
+    Agent.unit, Agent.token = args.unit, read_token(args.token_file)
+    log(f"agent for {args.unit} on {args.listen}")
+    http.server.ThreadingHTTPServer((host, int(port)), Agent).serve_forever()
+    return 0
+
+
+def ask_start(worker: str, port: int, token: str) -> bool:
+    req = urllib.request.Request(
+        f"http://{worker}:{port}/start", method="POST", headers={"X-Sparkrig-Token": token}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return bool(r.status == 202)
+    except OSError as err:
+        log(f"agent on {worker} did not accept the start: {err}")
+        return False
+
+
+def wait_all(peers: list[str], port: int, up: bool, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(beacon_up(p, port) == up for p in peers):
+            return True
+        time.sleep(1)
+    return False
+
+
+def restart_pair(args: argparse.Namespace) -> int:
+    """Head down, workers down, workers up, head up: the only order NCCL survives."""
+    workers = [p for p in args.workers.split(",") if p]
+    token = read_token(args.token_file)
+    log(f"restarting the pair: {args.head_unit}, then {', '.join(workers)}")
+    subprocess.run(["systemctl", "stop", args.head_unit], check=False)
+    if not wait_all(workers, args.port, up=False, timeout=args.timeout):
+        log("workers did not go down after the head stopped")
+        return 1
+    if not all(ask_start(w, args.agent_port, token) for w in workers):
+        return 1
+    if not wait_all(workers, args.port, up=True, timeout=args.timeout):
+        log("workers did not come up")
+        return 1
+    try:
+        os.unlink(MARKER)
+    except OSError:
+        pass
+    subprocess.run(["systemctl", "--no-block", "start", args.head_unit], check=False)
+    log("workers up; head starting")
+    return 0
+
+
+def unit_state(unit: str) -> tuple[bool, bool]:
+    """(active or starting, went down on its own: a non-success result such as a dead container)."""
+    out = subprocess.run(
+        ["systemctl", "show", "--property=ActiveState,Result", "--value", unit],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    active = bool(out) and out[0] in ("active", "activating", "reloading")
+    crashed = len(out) > 1 and out[1] not in ("success", "")
+    return active, crashed
+
+
+class WatchdogPolicy:
+    """When to restart (pure: fed observations and the clock)."""
+
+    def __init__(self, fails: int, grace: float, max_restarts: int, window: float) -> None:
+        self.fails, self.grace = fails, grace
+        self.max_restarts, self.window = max_restarts, window
+        self.misses = 0
+        self.started_at: float | None = None
+        self.restarts: list[float] = []
+
+    def observe(self, now: float, active: bool, pair_down: bool, probe_ok: bool | None) -> str:
+        """Returns "restart", "give-up" or "" (nothing to do)."""
+        self.restarts = [t for t in self.restarts if now - t < self.window]
+        if not active:
+            self.started_at, self.misses = None, 0
+            if not pair_down:
+                return ""  # an operator stopped it: leave it down
+            return self._restart(now, "the pair went down")
+        if self.started_at is None:
+            self.started_at = now
+        if now - self.started_at < self.grace or probe_ok is None:
+            return ""
+        self.misses = 0 if probe_ok else self.misses + 1
+        return self._restart(now, "completions fail") if self.misses >= self.fails else ""
+
+    def _restart(self, now: float, why: str) -> str:
+        if len(self.restarts) >= self.max_restarts:
+            return "give-up"
+        self.restarts.append(now)
+        self.misses, self.started_at = 0, None
+        return "restart"
+
+
+def watchdog(args: argparse.Namespace) -> int:
+    policy = WatchdogPolicy(args.fails, args.grace, args.max_restarts, args.window)
+    gave_up = False
+    log(
+        f"watchdog for {args.head_unit}: probe every {args.interval:.0f} s after {args.grace:.0f} s"
+    )
+    while True:
+        now = time.monotonic()
+        active, crashed = unit_state(args.head_unit)
+        probe_ok = None
+        if active and policy.started_at is not None and now - policy.started_at >= args.grace:
+            probe_ok = subprocess.run(args.probe, shell=True, check=False).returncode == 0
+        verdict = policy.observe(now, active, crashed or os.path.exists(MARKER), probe_ok)
+        if verdict == "restart":
+            gave_up = False
+            log("restarting the pair in order")
+            restart_pair(args)
+        elif verdict == "give-up" and not gave_up:
+            gave_up = True
+            log(f"{args.max_restarts} restarts in {args.window:.0f} s: giving up, pair stays down")
+        time.sleep(args.interval)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="mode", required=True)
@@ -139,8 +305,28 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--port", type=int, required=True)
         sp.add_argument("--interval", type=float, default=1.0)
     sub.choices["wait"].add_argument("--timeout", type=float, default=600)
+    a = sub.add_parser("agent", help="worker: start the rank unit when the head asks")
+    a.add_argument("--listen", required=True)
+    a.add_argument("--unit", required=True)
+    a.add_argument("--token-file", required=True)
+    r = sub.add_parser("restart", help="head: restart the pair in order")
+    d = sub.add_parser("watchdog", help="head: restart the pair when it is down or fails")
+    for sp in (r, d):
+        sp.add_argument("--head-unit", required=True)
+        sp.add_argument("--workers", required=True, help="comma-separated worker fabric IPs")
+        sp.add_argument("--port", type=int, required=True, help="beacon port")
+        sp.add_argument("--agent-port", type=int, required=True)
+        sp.add_argument("--token-file", required=True)
+        sp.add_argument("--timeout", type=float, default=300)
+    d.add_argument("--probe", required=True, help="shell command: a real completion")
+    d.add_argument("--interval", type=float, default=60)
+    d.add_argument("--fails", type=int, default=3)
+    d.add_argument("--grace", type=float, default=1800)
+    d.add_argument("--max-restarts", type=int, default=3)
+    d.add_argument("--window", type=float, default=21600)
     args = p.parse_args(argv)
-    return watch(args) if args.mode == "watch" else wait(args)
+    modes = {"watch": watch, "wait": wait, "agent": agent, "restart": restart_pair}
+    return modes.get(args.mode, watchdog)(args)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ CLUSTER_KEYS = (
     "master_port",
     "pair_port",
     "copy_port",
+    "agent_port",
     "nccl_smoke",
     "min_free_kbytes",
 )
@@ -96,6 +97,13 @@ class Knobs(BaseModel):
     nccl_smoke: bool = True
     nccl_smoke_timeout_s: int = Field(default=300, ge=10)
     watchdog: bool = False
+    watchdog_grace_s: int = Field(default=1800, ge=0)
+    watchdog_interval_s: int = Field(default=60, ge=1)
+    watchdog_fails: int = Field(default=3, ge=1)
+    watchdog_max_restarts: int = Field(default=3, ge=0)
+    watchdog_window_s: int = Field(default=21600, ge=60)
+    agent_port: int = Field(default=29601, ge=1, le=65535)
+    pair_token_file: str = ".sparkrig/pair-token"
 
     @field_validator("model_revision", "drafter_revision")
     @classmethod
@@ -214,6 +222,10 @@ class Settings(BaseModel):
     @property
     def unit_name(self) -> str:
         return f"sparkrig-{self.me.role}"
+
+    @property
+    def head_unit_name(self) -> str:
+        return f"sparkrig-{HEAD_GROUP}"
 
     @property
     def needs_drafter(self) -> bool:
@@ -348,8 +360,12 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                     f"{name}: profile: 'single' uses the DFlash2 drafter (CC BY-NC-ND 4.0); "
                     "set drafter_license_accepted = True or choose profile 'shared'"
                 )
-            if len({k.api_port, k.master_port, k.pair_port, k.copy_port}) != 4:
-                problems.append(f"{name}: api_port, master_port, pair_port, copy_port must differ")
+            ports = (k.api_port, k.master_port, k.master_port + 1, k.pair_port, k.copy_port)
+            if len({*ports, k.agent_port}) != 6:
+                problems.append(
+                    f"{name}: api_port, master_port (+1 for the smoke test), pair_port, "
+                    "copy_port and agent_port must differ"
+                )
             if k.base_image is None:
                 problems.append(
                     f"{name}: base_image: missing; pin the vLLM image by digest "

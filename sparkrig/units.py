@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from sparkrig.gates import probe_command
 from sparkrig.profiles import serve_args
 from sparkrig.settings import Settings
 
@@ -41,6 +42,10 @@ def paths(s: Settings) -> dict[str, str]:
         "env_file": f"{k.config_dir}/rank.env",
         "token_file": f"{k.config_dir}/hf-token",
         "python_dir": f"{k.install_dir}/python",
+        "pair_token": f"{k.config_dir}/pair-token",
+        "agent_unit": "/etc/systemd/system/sparkrig-agent.service",
+        "watchdog_unit": "/etc/systemd/system/sparkrig-watchdog.service",
+        "restart_script": f"{k.install_dir}/bin/sparkrig-restart-pair",
         "model_dir": f"{k.weights_dir}/model",
         "drafter_dir": f"{k.weights_dir}/drafter",
         "rank_unit": f"/etc/systemd/system/{s.unit_name}.service",
@@ -155,4 +160,52 @@ def pair_unit_context(s: Settings) -> dict[str, Any]:
         "peers": ",".join(r.ip for r in s.peers),
         "pair_port": k.pair_port,
         "pair_grace_s": k.pair_grace_s,
+    }
+
+
+def pair_token(path: str) -> str:
+    """The agents' shared secret, kept on the control machine; made once, then reused."""
+    import secrets
+    from pathlib import Path
+
+    file = Path(path)
+    if not file.exists():
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(secrets.token_hex(24) + "\n")
+        file.chmod(0o600)
+    return file.read_text()
+
+
+def restart_args(s: Settings) -> str:
+    k = s.knobs
+    return " ".join(
+        [
+            "--head-unit", f"{s.head_unit_name}.service",
+            "--workers", ",".join(w.ip for w in s.workers),
+            "--port", str(k.pair_port),
+            "--agent-port", str(k.agent_port),
+            "--token-file", paths(s)["pair_token"],
+        ]
+    )  # fmt: skip
+
+
+def agent_unit_context(s: Settings) -> dict[str, Any]:
+    return {
+        **base_context(s),
+        "agent_port": s.knobs.agent_port,
+        "token_file": paths(s)["pair_token"],
+    }
+
+
+def watchdog_unit_context(s: Settings) -> dict[str, Any]:
+    k = s.knobs
+    return {
+        **base_context(s),
+        "restart_args": restart_args(s),
+        "probe": " ".join(probe_command(k.install_dir, k.api_port, k.served_model_name)),
+        "interval": k.watchdog_interval_s,
+        "fails": k.watchdog_fails,
+        "grace": k.watchdog_grace_s,
+        "max_restarts": k.watchdog_max_restarts,
+        "window": k.watchdog_window_s,
     }

@@ -13,16 +13,22 @@ from sparkrig.operations import (
     pair_restart_needed,
     program,
     put_text,
+    secret_file,
     wait_for_ranks,
 )
 from sparkrig.render import render
 from sparkrig.settings import current
 from sparkrig.units import (
     SMOKE_CONTAINER,
+    agent_unit_context,
+    base_context,
+    pair_token,
     pair_unit_context,
     paths,
     rank_unit_context,
+    restart_args,
     smoke_run_args,
+    watchdog_unit_context,
 )
 
 s = current()
@@ -73,6 +79,61 @@ systemd.daemon_reload(
     name="Reload systemd after a unit changed",
     _if=lambda: rank_unit.did_change() or pair_unit.did_change(),
 )
+
+# Ordered restarts without the control machine: each worker runs an agent that starts its rank when
+# the head asks (shared secret from the control machine); the head gets `sparkrig-restart-pair`
+# and, when the watchdog knob is on, the watchdog that uses it.
+secret_file(
+    name="Install the agents' shared secret",
+    text=pair_token(k.pair_token_file),
+    dest=p["pair_token"],
+)
+if not s.me.is_head:
+    agent_unit = put_text(
+        name="Install the worker agent unit",
+        text=render("sparkrig-agent.service.j2", **agent_unit_context(s)),
+        dest=p["agent_unit"],
+    )
+    systemd.service(
+        name="Run the worker agent",
+        service="sparkrig-agent",
+        running=True,
+        enabled=True,
+        restarted=True,
+        daemon_reload=True,
+        _if=agent_unit.did_change,
+    )
+    systemd.service(
+        name="Keep the worker agent running",
+        service="sparkrig-agent",
+        running=True,
+        enabled=True,
+    )
+else:
+    put_text(
+        name="Install the ordered pair restart command",
+        text=render("sparkrig-restart-pair.j2", **base_context(s), restart_args=restart_args(s)),
+        dest=p["restart_script"],
+        mode="755",
+    )
+    if k.watchdog:
+        watchdog_unit = put_text(
+            name="Install the watchdog unit",
+            text=render("sparkrig-watchdog.service.j2", **watchdog_unit_context(s)),
+            dest=p["watchdog_unit"],
+        )
+    else:
+        systemd.service(
+            name="Stop the watchdog while it is switched off",
+            service="sparkrig-watchdog",
+            running=False,
+            enabled=False,
+        )
+        files.file(
+            name="Remove the watchdog unit while it is switched off",
+            path=p["watchdog_unit"],
+            present=False,
+        )
 
 # Ordered pair restart and start. Every operation below exists on every host (acting only where
 # its condition holds), so all hosts share one sequence and pyinfra's per-operation barrier orders
@@ -134,3 +195,20 @@ systemd.service(
     enabled=True,
     _if=lambda: is_head,
 )
+
+if s.me.is_head and k.watchdog:
+    systemd.service(
+        name="Run the watchdog",
+        service="sparkrig-watchdog",
+        running=True,
+        enabled=True,
+        restarted=True,
+        daemon_reload=True,
+        _if=watchdog_unit.did_change,
+    )
+    systemd.service(
+        name="Keep the watchdog running",
+        service="sparkrig-watchdog",
+        running=True,
+        enabled=True,
+    )

@@ -78,6 +78,7 @@ def host(
             "fake_delay_jitter": 0,
             "base_image": IMAGE,
             "lockfile_dir": "tests/plan/locks",
+            "pair_token_file": "tests/plan/pair-token",
             **data,
         },
     )

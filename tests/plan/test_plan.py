@@ -13,9 +13,11 @@ MODES |= {f"/opt/sparkrig/bin/sparkrig-{p}": "755" for p in ("prep", "pair")}
 MODES["/opt/sparkrig/sparkrig_gate.py"] = "755"
 MODES["/opt/sparkrig/bin/sparkrig-fetch"] = "755"
 MODES["/opt/sparkrig/python/nccl_smoke.py"] = "755"
+MODES["/opt/sparkrig/bin/sparkrig-restart-pair"] = "755"
+MODES["/etc/sparkrig/pair-token"] = "600"
 UNITS = {
     HEAD: ["sparkrig-head.service", "sparkrig-pair.service"],
-    WORKER: ["sparkrig-worker.service", "sparkrig-pair.service"],
+    WORKER: ["sparkrig-worker.service", "sparkrig-pair.service", "sparkrig-agent.service"],
 }
 IPS = {HEAD: "192.168.100.10", WORKER: "192.168.100.11"}
 

@@ -1,0 +1,136 @@
+"""Stop-together and watchdog decisions of files/sparkrig_pair.py, and its agent on loopback."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+FILE = Path(__file__).resolve().parents[2] / "files" / "sparkrig_pair.py"
+spec = importlib.util.spec_from_file_location("sparkrig_pair", FILE)
+assert spec and spec.loader
+pair = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(pair)
+
+
+def test_a_peer_that_was_up_and_misses_three_probes_stops_the_rank():
+    w = pair.PeerWatch(["10.0.0.2"], fails=3, grace=100, now=0)
+    w.observe("10.0.0.2", True)
+    for _ in range(2):
+        w.observe("10.0.0.2", False)
+        assert w.verdict(1) is None
+    w.observe("10.0.0.2", False)
+    assert "went down" in w.verdict(2)
+
+
+def test_a_blip_resets_the_count():
+    w = pair.PeerWatch(["a"], fails=3, grace=100, now=0)
+    for up in (True, False, False, True, False, False):
+        w.observe("a", up)
+    assert w.verdict(5) is None
+
+
+def test_a_peer_that_never_comes_up_stops_the_rank_after_the_grace_only():
+    w = pair.PeerWatch(["a", "b"], fails=3, grace=100, now=0)
+    w.observe("a", True)
+    w.observe("b", False)
+    assert w.verdict(99) is None
+    assert "never came up" in w.verdict(100)
+
+
+def test_watchdog_restarts_a_pair_that_went_down_but_not_one_an_operator_stopped():
+    p = pair.WatchdogPolicy(fails=3, grace=60, max_restarts=3, window=3600)
+    assert p.observe(0, active=False, pair_down=False, probe_ok=None) == ""
+    assert p.observe(10, active=False, pair_down=True, probe_ok=None) == "restart"
+
+
+def test_watchdog_waits_out_the_grace_then_restarts_after_consecutive_failed_probes():
+    p = pair.WatchdogPolicy(fails=3, grace=60, max_restarts=3, window=3600)
+    assert p.observe(0, True, False, None) == ""  # start seen
+    assert p.observe(30, True, False, False) == ""  # within grace: ignored
+    assert p.observe(61, True, False, False) == ""
+    assert p.observe(62, True, False, True) == ""  # success resets
+    assert p.observe(63, True, False, False) == ""
+    assert p.observe(64, True, False, False) == ""
+    assert p.observe(65, True, False, False) == "restart"
+
+
+def test_watchdog_gives_up_after_the_restart_budget():
+    p = pair.WatchdogPolicy(fails=1, grace=0, max_restarts=2, window=1000)
+    assert p.observe(0, False, True, None) == "restart"
+    assert p.observe(10, False, True, None) == "restart"
+    assert p.observe(20, False, True, None) == "give-up"
+    assert p.observe(1011, False, True, None) == "restart"  # the window moved on
+
+
+@pytest.fixture
+def fake_systemctl(tmp_path):
+    log = tmp_path / "systemctl.log"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "systemctl"
+    script.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    script.chmod(0o755)
+    return bin_dir, log
+
+
+def test_agent_starts_the_unit_only_for_the_right_token(tmp_path, fake_systemctl):
+    bin_dir, log = fake_systemctl
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = subprocess.Popen(
+        [sys.executable, str(FILE), "agent", "--listen", "127.0.0.1:29971",
+         "--unit", "sparkrig-worker.service", "--token-file", str(token)],
+        env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", 29971), 1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "agent did not start"
+                time.sleep(0.1)
+        assert pair.ask_start("127.0.0.1", 29971, "wrong") is False
+        assert not log.exists()
+        assert pair.ask_start("127.0.0.1", 29971, "s3cret") is True
+        time.sleep(0.3)
+        assert log.read_text().split() == ["--no-block", "start", "sparkrig-worker.service"]
+    finally:
+        proc.terminate()
+        proc.wait(5)
+
+
+def test_wait_times_out_on_a_silent_peer_and_passes_on_an_answering_one():
+    import http.server
+    import threading
+
+    class Up(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Up)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        assert (
+            pair.main(["wait", "--peers", "127.0.0.1", "--port", str(port), "--timeout", "5"]) == 0
+        )
+        assert pair.main(["wait", "--peers", "127.0.0.1", "--port", "1", "--timeout", "1"]) == 1
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/") as r:
+            assert r.status == 200
+    finally:
+        server.shutdown()
