@@ -78,6 +78,25 @@ def start_server(state: dict[str, Any], name: str, argv: list[str]) -> int:
     return _started(name, pid)
 
 
+def make_lockfiles(state: dict[str, Any]) -> str:
+    """Lock the stand-in's repos the way an operator locks the real ones: the real
+    huggingface_hub client against the Hub stand-in (from inside the lab namespace)."""
+    locks = STATE_DIR / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    inet = state["internet_address"]
+    _wait_port(inet, HUB_PORT, timeout=30)
+    for kind in ("model", "drafter"):
+        repo, revision = state["knobs"][f"{kind}_repo"], state["knobs"][f"{kind}_revision"]
+        out = locks / (repo.split("/")[-1] + ".lock.json")
+        subprocess.run(
+            ["ip", "netns", "exec", net.NS, sys.executable, "-m", "sparkrig.lockfile", "refresh",
+             "--repo", repo, "--revision", revision, "--endpoint", state["hub_endpoint"],
+             "--out", str(out)],
+            cwd=REPO, check=True, capture_output=True, text=True,
+        )  # fmt: skip
+    return str(locks.relative_to(REPO))
+
+
 def start_fakehub(state: dict[str, Any]) -> int | None:
     """Hook for the Hub stand-in: starts lab/fakehub.py on the internet address if it exists."""
     script = LAB_DIR / "fakehub.py"
@@ -243,6 +262,7 @@ def up(n_hosts: int, smp: int) -> None:
     knobs_file = Path(state["hub_root"]) / "knobs.json"
     if knobs_file.exists():  # written by whoever generates the Hub stand-in's repos
         state["knobs"].update(json.loads(knobs_file.read_text()))
+        state["knobs"]["lockfile_dir"] = make_lockfiles(state)
 
     forwards = [f"{h['ssh_port']}={h['mgmt_address']}:22" for h in state["hosts"]]
     state["pids"]["forwarder"] = net.spawn(

@@ -24,6 +24,13 @@ _knobs = {
     "container_shm_size": "256m",
     "min_disk_free_gib": 1,
     "memfree_min_gib": 0.2,
+    "nccl_smoke": False,  # the stand-in image has no torch/NCCL to smoke-test
+    # the watchdog on, with lab-sized timings (the stand-in boots in seconds)
+    "watchdog": True,
+    "watchdog_grace_s": 20,
+    "watchdog_interval_s": 5,
+    "watchdog_fails": 3,
+    "ready_timeout_s": 600,
 }
 # model_repo / model_revision / drafter_* etc.: whatever generated the Hub stand-in's repos put in
 # <hub_root>/knobs.json, copied to state["knobs"] by `lab up`
