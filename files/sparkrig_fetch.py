@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import fcntl
 import hashlib
 import http.client
 import json
@@ -850,6 +851,30 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         print("fetch: need --endpoint or --base-url", file=sys.stderr)
         return EXIT_USAGE
     os.makedirs(args.dest, exist_ok=True)
+    lock_fd = os.open(os.path.abspath(args.dest).rstrip("/") + ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"fetch: another fetch is running on {args.dest}", file=sys.stderr)
+        return EXIT_FAILED
+    # a fresh status at once (pid = this process), so `follow` never reads a previous run's
+    write_json_atomic(
+        args.status,
+        {"version": 1, "state": "checking", "pid": os.getpid(), "repo": lock["repo"],
+         "commit": lock["commit"], "dest": args.dest, "updated": time.time(),
+         "files_done": 0, "files_total": len(entries), "bytes_done": 0,
+         "bytes_total": sum(e.size for e in entries), "rate": 0, "eta_s": None,
+         "lanes": {}, "failed": []},
+    )  # fmt: skip
+    if args.install_routes:
+        ifaces = [u.partition("=")[0] for u in args.uplink if u != "default"]
+        try:
+            cmds, _ = plan_routes(ifaces, args.table_base, args.pref_base, {})
+            for c in cmds:
+                subprocess.run(c, check=True, capture_output=True)
+                log("routes: " + " ".join(c))
+        except (RuntimeError, subprocess.CalledProcessError, ValueError) as ex:
+            log(f"routes: not installed ({ex}); lanes still bind their device")
     stamps = Stamps(args.stamps)
     t0 = time.monotonic()
     verified, to_fetch, mismatched = prepare(entries, args.dest, stamps, args.verify, args.jobs)
@@ -859,6 +884,26 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             log(f"{e.path}: on-disk copy does not match the lockfile; removed, will re-fetch")
             os.unlink(final)
     stamps.save()
+    need = sum(e.size for e in to_fetch)
+    for e in to_fetch:
+        try:
+            need -= os.path.getsize(os.path.join(args.dest, e.path) + ".part")
+        except OSError:
+            pass
+    vfs = os.statvfs(args.dest)
+    free = vfs.f_bavail * vfs.f_frsize
+    if need > free:
+        msg = f"not enough space in {args.dest}: need {gib(need)} GiB, {gib(free)} GiB free"
+        log("FAILED " + msg)
+        write_json_atomic(
+            args.status,
+            {"version": 1, "state": "failed", "pid": os.getpid(), "repo": lock["repo"],
+             "commit": lock["commit"], "dest": args.dest, "updated": time.time(),
+             "files_done": len(verified), "files_total": len(entries), "bytes_done": 0,
+             "bytes_total": sum(e.size for e in entries), "rate": 0, "eta_s": None,
+             "lanes": {}, "failed": [{"path": args.dest, "error": msg}]},
+        )  # fmt: skip
+        return EXIT_FAILED
     log(
         f"{lock['repo']}@{lock['commit'][:12]}: {len(verified)}/{len(entries)} verified "
         f"({args.verify} check, {time.monotonic() - t0:.2f}s); fetching {len(to_fetch)} files, "
@@ -1023,7 +1068,8 @@ class ServeHandler(BaseHTTPRequestHandler):
             not rel
             or ".." in parts
             or any(p.startswith(".") for p in parts)
-            or rel.endswith(".part")
+            or rel.endswith((".part", ".stamps.json", ".fetch-status.json"))
+            or ".tmp." in parts[-1]
             or (self.allowed is not None and rel not in self.allowed)
         ):
             return self._fail(404)
@@ -1208,6 +1254,17 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
+def unit_main_pid(unit: str) -> int:
+    r = subprocess.run(
+        ["systemctl", "show", "-p", "MainPID", "--value", unit],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    try:
+        return int(r.stdout.strip() or 0)
+    except ValueError:
+        return 0
+
+
 def cmd_follow(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.timeout if args.timeout else None
     last = None
@@ -1222,6 +1279,10 @@ def cmd_follow(args: argparse.Namespace) -> int:
                 s: dict[str, Any] | None = json.load(fh)
         except (OSError, ValueError):
             s = None
+        if s is not None and args.unit:
+            main_pid = unit_main_pid(args.unit)
+            if main_pid and int(s.get("pid", 0)) != main_pid:
+                s = None  # a previous run's status: the running fetch has not written yet
         if s is not None:
             line = progress_line(s)
             if line != last:
@@ -1283,6 +1344,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--max-lanes", type=int, default=0)
     f.add_argument("--token-file", help="file holding the HF token (0600)")
+    f.add_argument(
+        "--install-routes",
+        action="store_true",
+        help="first make the per-uplink policy routes hold (as the routes mode; needs root)",
+    )
+    f.add_argument("--table-base", type=int, default=100)
+    f.add_argument("--pref-base", type=int, default=1000)
     f.add_argument("--status", help="JSON status file (default <dest>.fetch-status.json)")
     f.add_argument("--verify", choices=["quick", "full"], default="quick")
     f.add_argument("--connect-timeout", type=float, default=10.0)

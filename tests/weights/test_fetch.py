@@ -325,6 +325,8 @@ def test_serve_and_one_lane_copy(hub: Hub, model_lock: Path, tmp_path: Path) -> 
     (src / (BIG + ".part")).write_bytes(b"p")
     (src / ".hidden").write_bytes(b"h")
     (src / "notinlock.txt").write_bytes(b"n")
+    (src / "model.stamps.json").write_bytes(b"{}")
+    (src / "model.fetch-status.json").write_bytes(b"{}")
     port = 18000 + os.getpid() % 1000
     srv = subprocess.Popen(
         [
@@ -381,3 +383,85 @@ def test_serve_and_one_lane_copy(hub: Hub, model_lock: Path, tmp_path: Path) -> 
     finally:
         srv.terminate()
         srv.wait(10)
+
+
+def test_follow_reports_progress_and_outcome(hub: Hub, model_lock: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    status = tmp_path / "m.fetch-status.json"
+    # a previous run's "done" must not be taken for this run's: the fetch writes its own
+    # status (with its pid) before anything else
+    status.write_text(
+        json.dumps(
+            {
+                "state": "done",
+                "pid": 1,
+                "bytes_done": 0,
+                "bytes_total": 0,
+                "files_done": 0,
+                "files_total": 0,
+                "rate": 0,
+                "lanes": {},
+            }
+        )
+    )
+    hub.fault(path="*", throttle_bps=8_000_000)
+    p = subprocess.Popen(
+        [sys.executable, FETCH, *fetch_args(model_lock, dest, hub)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(100):
+        if json.loads(status.read_text())["pid"] == p.pid:
+            break
+        time.sleep(0.02)
+    f = run_fetch("follow", "--status", str(status), "--interval", "0.1", timeout=60)
+    p.wait(30)
+    assert f.returncode == 0, f.stdout
+    lines = [x for x in f.stdout.splitlines() if x.startswith("progress")]
+    assert len(lines) >= 2 and lines[-1].startswith("progress done")
+    assert "files 8/8" in lines[-1] and "GiB" in lines[-1] and "eta" in lines[-1]
+    # a failed run: follow exits 1 and names the file
+    hub.clear()
+    hub.fault(path=MID, corrupt_offset=5)
+    (dest / MID).unlink()
+    assert run_fetch(*fetch_args(model_lock, dest, hub)).returncode == 1
+    f = run_fetch("follow", "--status", str(status), "--interval", "0.1", timeout=30)
+    assert f.returncode == 1 and f"FAILED {MID}" in f.stdout
+    # a dead fetch that never finished: follow does not wait forever
+    st = json.loads(status.read_text())
+    status.write_text(json.dumps(dict(st, state="running", pid=p.pid)))  # p has exited
+    f = run_fetch("follow", "--status", str(status), "--interval", "0.1", timeout=30)
+    assert f.returncode == 1 and "not running" in f.stdout
+
+
+def test_one_fetch_at_a_time(hub: Hub, model_lock: Path, tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    hub.fault(path="*", throttle_bps=4_000_000)
+    p = subprocess.Popen(
+        [sys.executable, FETCH, *fetch_args(model_lock, dest, hub)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.7)
+        second = run_fetch(*fetch_args(model_lock, dest, hub))
+        assert second.returncode == 1 and "another fetch is running" in second.stderr
+    finally:
+        assert p.wait(60) == 0
+    assert_complete(model_lock, dest)
+
+
+def test_not_enough_space_fails_early(hub: Hub, model_lock: Path, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
+    try:
+        r = run_fetch(*fetch_args(model_lock, mnt / "m", hub))
+        assert r.returncode == 1 and "not enough space" in r.stdout
+        assert hub.log() == []  # nothing was downloaded
+        st = json.loads((mnt / "m.fetch-status.json").read_text())
+        assert st["state"] == "failed"
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)

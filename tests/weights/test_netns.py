@@ -104,12 +104,15 @@ def test_routes_idempotent(topo: Topo) -> None:
 def test_two_lanes_both_sources_seen(
     topo: Topo, hub_root: Path, model_lock: Path, tmp_path: Path
 ) -> None:
+    """The fetch installs the policy routes itself (--install-routes), then both lanes work."""
     url = topo.start_hub(hub_root)
-    assert run(topo.fetch_cmd("routes", "--uplink", "up0", "--uplink", "up1")).returncode == 0
     topo.control("faults", {"path": "*", "throttle_bps": 3_000_000}, "POST")
     dest = tmp_path / "m"
-    r = run(fetch(topo, url, model_lock, dest))
+    r = run(fetch(topo, url, model_lock, dest, "--install-routes"))
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "routes: ip rule add from 10.213.2.2 lookup 102 pref 1002" in r.stdout
+    rules = run(topo.in_ns(topo.cli, "ip", "rule", "show")).stdout
+    assert "from 10.213.1.2 lookup 101" in rules and "from 10.213.2.2 lookup 102" in rules
     assert complete(model_lock, dest)
     log = topo.control("log")
     clients = {x["client"] for x in log}

@@ -2,7 +2,8 @@
 
     client ns  up0 10.213.1.2/24 ── veth ── dn0 10.213.1.1/24  server ns (lo: 10.213.100.1)
                up1 10.213.2.2/24 ── veth ── dn1 10.213.2.1/24
-    root ns    <tag>x 10.213.250.1/30 ── veth ── ctl0 10.213.250.2/30 (control, logs)
+    root ns    srw<tag>x 10.213.2NN.1/30 ── veth ── ctl0 10.213.2NN.2/30 (control, logs; NN from
+               the tag, so a test and a benchmark topology can coexist)
 
 The client gets NetworkManager-style main-table defaults (via up0 metric 100, via up1 metric
 600). Download direction shaping: tbf on dn<i> egress (no netem on this kernel).
@@ -20,7 +21,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_IP = "10.213.100.1"
-CTL_IP = "10.213.250.2"
 
 
 def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -37,6 +37,8 @@ class Topo:
         self.cli = f"srw{tag}c"
         self.lanes = lanes
         self.procs: list[subprocess.Popen[str]] = []
+        self.ctl_net = f"10.213.{200 + sum(map(ord, tag)) % 50}"
+        self.ctl_ip = f"{self.ctl_net}.2"
 
     def up_ip(self, i: int) -> str:
         return f"10.213.{i + 1}.2"
@@ -89,9 +91,9 @@ class Topo:
             )
         x = f"srw{self.tag}x"
         sh("ip", "link", "add", x, "type", "veth", "peer", "name", "ctl0", "netns", self.srv)
-        sh("ip", "addr", "add", "10.213.250.1/30", "dev", x)
+        sh("ip", "addr", "add", f"{self.ctl_net}.1/30", "dev", x)
         sh("ip", "link", "set", x, "up")
-        sh("ip", "-n", self.srv, "addr", "add", f"{CTL_IP}/30", "dev", "ctl0")
+        sh("ip", "-n", self.srv, "addr", "add", f"{self.ctl_ip}/30", "dev", "ctl0")
         sh("ip", "-n", self.srv, "link", "set", "ctl0", "up")
         return self
 
@@ -148,9 +150,10 @@ class Topo:
             f"{self.up_ip(i)}/32",
         )
 
-    def start_hub(self, root: Path, port: int = 8900) -> str:
+    def start_hub(self, root: Path, port: int = 8900, nice: int = 0) -> str:
         p = subprocess.Popen(
-            self.in_ns(
+            ["nice", "-n", str(nice)]
+            + self.in_ns(
                 self.srv,
                 sys.executable,
                 str(ROOT / "lab" / "fakehub.py"),
@@ -166,7 +169,7 @@ class Topo:
             text=True,
         )
         self.procs.append(p)
-        ctl = f"http://{CTL_IP}:{port}"
+        ctl = f"http://{self.ctl_ip}:{port}"
         for _ in range(200):
             try:
                 urllib.request.urlopen(ctl + "/_control/whoami", timeout=1).read()
