@@ -83,6 +83,9 @@ class Knobs(BaseModel):
     container_gpu_args: list[str] = []
     container_memory: str = Field(pattern=r"^[0-9]+[bkmg]?$")
     container_shm_size: str = Field(pattern=r"^[0-9]+[bkmg]?$")
+    image_skip_patches: list[str] = []
+    image_copy_port: int = Field(default=29701, ge=1, le=65535)
+    image_transfer_dir: str = Field(default="/var/lib/sparkrig/images", pattern=r"^/")
 
     profile: Literal["single", "shared", "guard", "long"]
     served_model_name: str = Field(pattern=r"^[A-Za-z0-9._/-]+$")

@@ -1,8 +1,96 @@
-"""Phase 5, image: the vLLM image pinned by digest, the same content on every node."""
+"""Phase 5, image: the patched serving image, built on every node from the base pinned by digest.
 
-from sparkrig.operations import image_present
+Only the head pulls the base image from its registry; it saves it and serves it read-only on its
+fabric address while the workers copy it (their layers checked against the head's after
+`docker load`), so nothing crosses the internet twice. Every node then builds
+`<image_repo>:<content hash>` from files/ without network; a present tag is never rebuilt."""
+
+from pyinfra import host, inventory
+
+from sparkrig.image import (
+    ImageReport,
+    ImageState,
+    base_image_loaded,
+    base_image_pulled,
+    base_image_served,
+    base_image_unserved,
+    copy_plan,
+    describe,
+    patched_image_built,
+    patched_tag,
+)
 from sparkrig.settings import current
+from sparkrig.units import paths
 
 s = current()
+k = s.knobs
+assert k.base_image is not None  # settings refuse a missing base_image before any task runs
+base = k.base_image
+tag = patched_tag(base, k.image_skip_patches)
+is_head = s.me.is_head
 
-image_present(name="Pull the pinned vLLM image", ref=s.knobs.base_image)
+
+def _state(name: str) -> ImageReport:
+    return inventory.get_host(name).get_fact(
+        ImageState, image_repo=k.image_repo, base_image=base, tag=tag
+    )
+
+
+# The head judges every worker's base image against its own (layers, not image IDs) before
+# anything runs, as the weights phase does; workers never read the head (--limit worker).
+missing: list[str] = []
+mismatched: list[str] = []
+if is_head:
+    mine = _state(s.me.name)
+    workers = {w.name: _state(w.name) for w in s.workers}
+    plan = copy_plan(mine, workers, base)
+    missing, mismatched = plan.missing, plan.mismatched
+    host.log(f"image: {describe(mine, base, k.image_repo, tag)}")
+    for name, report in workers.items():
+        host.log(f"image on {name}: {describe(report, base, k.image_repo, tag)}")
+
+# Every operation below exists on every host (acting only where its condition holds), so all
+# hosts share one sequence: the head pulls, saves and serves, the workers copy, the head stops
+# serving, then every node builds the patched image.
+base_image_pulled(
+    name="Pull the pinned base image on the head",
+    image_repo=k.image_repo,
+    base_image=base,
+    tag=tag,
+    puller=is_head,
+    _if=lambda: is_head,
+)
+served = base_image_served(
+    name="Serve the base image to the workers over the fabric",
+    image_repo=k.image_repo,
+    base_image=base,
+    fetcher=f"{paths(s)['bin_dir']}/sparkrig-fetch",
+    directory=k.image_transfer_dir,
+    listen=f"{s.me.ip}:{k.image_copy_port}",
+    workers=missing,
+    mismatched=mismatched,
+    _if=lambda: is_head,
+)
+base_image_loaded(
+    name="Copy the base image from the head over the fabric",
+    image_repo=k.image_repo,
+    base_image=base,
+    tag=tag,
+    directory=k.image_transfer_dir,
+    source=None if is_head else f"http://{s.head.ip}:{k.image_copy_port}",
+    _if=lambda: not is_head,
+)
+base_image_unserved(
+    name="Stop serving the base image",
+    directory=k.image_transfer_dir,
+    served=is_head and bool(missing),
+    _if=lambda: is_head and served.did_change(),
+)
+patched_image_built(
+    name="Build the patched serving image",
+    image_repo=k.image_repo,
+    base_image=base,
+    tag=tag,
+    build_dir=f"{k.install_dir}/image-build",
+    skip_patches=list(k.image_skip_patches),
+)
