@@ -119,7 +119,7 @@ _INSPECT = '{{.Id}}|{{.Os}}/{{.Architecture}}|{{join .RootFS.Layers ","}}|{{join
 
 _STATE_SCRIPT = """: {marker}
 f={fmt}
-i() {{ docker image inspect --format "$f" "$1" 2>/dev/null | head -n 1; }}
+i() {{ o=$(docker image inspect --format "$f" "$1" 2>/dev/null) && echo "$o" | head -n 1; }}
 echo "server=$(docker version --format '{{{{.Server.Version}}}}' 2>/dev/null)"
 echo "ref=$(i {ref})"
 echo "base=$(i {base})"
@@ -333,11 +333,19 @@ def save_command(local: str, transfer: str, directory: str, stem: str) -> str:
     )
 
 
-def serve_command(fetcher: str, directory: str, listen: str, unit: str = SERVE_UNIT) -> str:
+def serve_command(
+    fetcher: str,
+    directory: str,
+    listen: str,
+    bind_device: str | None = None,
+    unit: str = SERVE_UNIT,
+) -> str:
+    """sparkrig-fetch's read-only server as a transient unit (replacing one of the same name)."""
     q = shlex.quote
+    bind = f" --bind-device {q(bind_device)}" if bind_device else ""
     return (
         f"systemctl stop {q(unit)} 2>/dev/null; systemd-run --quiet --collect --unit {q(unit)} "
-        f"{q(fetcher)} serve --dir {q(directory)} --listen {q(listen)} "
+        f"{q(fetcher)} serve --dir {q(directory)} --listen {q(listen)}{bind} "
         f"--max-seconds {SERVE_MAX_SECONDS}"
     )
 
@@ -475,6 +483,7 @@ def base_image_served(
     listen: str,
     workers: list[str],
     mismatched: list[str] | None = None,
+    bind_device: str | None = None,
 ) -> Generator[Any, None, None]:
     """
     Save the base image to a tar and serve it read-only on the fabric while workers copy it.
@@ -486,6 +495,7 @@ def base_image_served(
     + listen: ``<fabric IP>:<port>`` to serve on
     + workers: workers that lack the base image (empty: nothing to serve)
     + mismatched: workers whose base image has other layers than this node's (fails this host)
+    + bind_device: the fabric netdev the server's socket is bound to (SO_BINDTODEVICE)
     """
     if mismatched:
         local = local_base(image_repo, base_image)
@@ -507,7 +517,7 @@ def base_image_served(
             stem,
         )
     )
-    yield _sh(serve_command(fetcher, directory, listen))
+    yield _sh(serve_command(fetcher, directory, listen, bind_device))
 
 
 @operation()

@@ -69,6 +69,7 @@ served = base_image_served(
     listen=f"{s.me.ip}:{k.image_copy_port}",
     workers=missing,
     mismatched=mismatched,
+    bind_device=s.me.fabric_interface,
     _if=lambda: is_head,
 )
 base_image_loaded(

@@ -1,0 +1,223 @@
+"""The image phase's shell commands, run for real by /bin/sh against a fake docker CLI: the head
+pulls and saves, the real sparkrig-fetch serves on loopback, the worker downloads with curl,
+loads, checks layers and builds; the fact script's output parses back into what happened."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkrig import image
+from sparkrig.imagehash import context_files
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+BASE = "registry.example/vllm@sha256:" + "ab" * 32
+REPO = "sparkrig/vllm-glm53"
+LAYERS = ["sha256:" + "11" * 32, "sha256:" + "22" * 32]
+SKIP = ["sm121-topk"]  # the real patch file is not shipped (fails closed), as in the lab
+
+pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
+
+
+class Node:
+    def __init__(self, root: Path, registry: Path) -> None:
+        self.root = root
+        (root / "bin").mkdir(parents=True)
+        docker = root / "bin" / "docker"
+        docker.write_text(f'#!/bin/sh\nexec {sys.executable} {HERE / "fake_docker.py"} "$@"\n')
+        docker.chmod(0o755)
+        self.env = {
+            **os.environ,
+            "PATH": f"{root / 'bin'}:{os.environ['PATH']}",
+            "FAKE_DOCKER_STATE": str(root / "docker.json"),
+            "FAKE_DOCKER_LOG": str(root / "docker.log"),
+            "FAKE_DOCKER_REGISTRY": str(registry),
+        }
+        self.transfer = str(root / "transfer")
+        self.build_dir = str(root / "build")
+
+    def sh(self, script: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["sh", "-c", script], env=self.env, capture_output=True, text=True, check=False
+        )
+
+    def report(self, tag: str) -> image.ImageReport:
+        cmd = image.ImageState().command(image_repo=REPO, base_image=BASE, tag=tag)
+        out = subprocess.run(
+            cmd.get_raw_value(), shell=True, env=self.env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        return image.parse_image_report(out.stdout.splitlines())
+
+    def docker_calls(self) -> list[str]:
+        log = self.root / "docker.log"
+        return log.read_text().splitlines() if log.exists() else []
+
+    def build(self, tag: str) -> subprocess.CompletedProcess[str]:
+        Path(self.build_dir).mkdir(exist_ok=True)
+        files = context_files(ROOT / "files")
+        (Path(self.build_dir) / "context.tar").write_bytes(image.context_tar(files))
+        local = image.local_base(REPO, BASE)
+        args = image.hashed_build_args(SKIP)
+        return self.sh(image.build_command(self.build_dir, local, f"{REPO}:{tag}", tag, args))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def pair(tmp_path):
+    registry = tmp_path / "registry.json"
+    registry.write_text(json.dumps({BASE: {"os": "linux", "arch": "arm64", "layers": LAYERS}}))
+    return Node(tmp_path / "head", registry), Node(tmp_path / "worker", registry)
+
+
+def serve(head: Node, port: int) -> subprocess.Popen[bytes]:
+    fetcher = ROOT / "files" / "sparkrig_fetch.py"
+    argv = [sys.executable, str(fetcher), "serve", "--dir", head.transfer]
+    argv += ["--listen", f"127.0.0.1:{port}", "--max-seconds", "60"]
+    proc = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("sparkrig-fetch serve did not come up")
+
+
+def copy_to_worker(head: Node, worker: Node) -> subprocess.CompletedProcess[str]:
+    local = image.local_base(REPO, BASE)
+    stem = image.transfer_name(BASE)
+    transfer = image.transfer_tag(REPO, BASE)
+    saved = head.sh(image.save_command(local, transfer, head.transfer, stem))
+    assert saved.returncode == 0, saved.stderr
+    port = free_port()
+    server = serve(head, port)
+    try:
+        return worker.sh(
+            image.load_command(f"http://127.0.0.1:{port}", worker.transfer, stem, transfer, local)
+        )
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_head_pulls_worker_copies_over_the_fabric_and_both_build(pair):
+    head, worker = pair
+    tag = image.patched_tag(BASE, SKIP)
+    local = image.local_base(REPO, BASE)
+
+    before = head.report(tag)
+    assert before.answered and before.base is None and before.patched is None
+    pulled = head.sh(image.pull_command(BASE, local, have_ref=False))
+    assert pulled.returncode == 0, pulled.stderr
+    mine = head.report(tag)
+    assert mine.pulled(BASE) and mine.base is not None and list(mine.base.layers) == LAYERS
+
+    plan = image.copy_plan(mine, {"worker": worker.report(tag)}, BASE)
+    assert plan.missing == ["worker"] and plan.mismatched == []
+
+    loaded = copy_to_worker(head, worker)
+    assert loaded.returncode == 0, loaded.stderr
+    theirs = worker.report(tag)
+    assert theirs.base is not None and not theirs.pulled(BASE)  # no RepoDigests after load
+    assert theirs.base.layers == mine.base.layers and theirs.base.id != mine.base.id
+    assert theirs.base_ok(BASE, mine.layers(BASE))
+    assert theirs.tags == (local,)  # the transfer tag is gone
+    assert image.copy_plan(mine, {"worker": theirs}, BASE).missing == []
+    assert not any(c.startswith("pull") for c in worker.docker_calls())
+    assert not os.listdir(worker.transfer)  # tar and layer list removed after the load
+
+    for node in (head, worker):
+        built = node.build(tag)
+        assert built.returncode == 0, built.stderr + built.stdout
+        assert "sm121-topk: skipped" in built.stdout
+        report = node.report(tag)
+        assert report.patched is not None
+        assert f"{REPO}:{tag}" in report.tags
+        assert not Path(node.build_dir).exists()
+        build = [c for c in node.docker_calls() if c.startswith("build ")]
+        assert build and f"BASE={local}" in build[0] and "--network none" in build[0]
+
+    # pruning keeps the serving image and its base, removes an older build
+    old = f"{REPO}:h00000000000000000000"
+    assert head.sh(f"docker tag {local} {old}").returncode == 0
+    tags = head.report(tag).tags
+    keep = [f"{REPO}:{tag}", local]
+    commands = image.prune_commands(tags, keep)
+    assert commands == [f"docker image rm {old} >/dev/null || echo 'kept {old}: still in use' >&2"]
+    for c in commands:
+        assert head.sh(c).returncode == 0
+    assert sorted(head.report(tag).tags) == sorted(keep)
+    assert image.prune_commands(head.report(tag).tags, keep) == []
+
+
+def test_a_load_whose_layers_differ_from_the_heads_is_refused(pair):
+    head, worker = pair
+    local = image.local_base(REPO, BASE)
+    assert head.sh(image.pull_command(BASE, local, have_ref=False)).returncode == 0
+    stem = image.transfer_name(BASE)
+    saved = head.sh(image.save_command(local, image.transfer_tag(REPO, BASE), head.transfer, stem))
+    assert saved.returncode == 0, saved.stderr
+    (Path(head.transfer) / f"{stem}.layers").write_text("sha256:" + "99" * 32 + "\n")
+    port = free_port()
+    server = serve(head, port)
+    try:
+        r = worker.sh(
+            image.load_command(
+                f"http://127.0.0.1:{port}", worker.transfer, stem, image.transfer_tag(REPO, BASE),
+                local,
+            )
+        )  # fmt: skip
+    finally:
+        server.kill()
+        server.wait()
+    assert r.returncode == 1
+    assert "differ from the head's" in r.stderr
+    report = worker.report(image.patched_tag(BASE, SKIP))
+    assert report.base is None and report.tags == ()  # neither the base nor the transfer tag
+
+
+def test_worker_without_the_head_serving_fails_with_a_clear_message(pair):
+    _, worker = pair
+    local = image.local_base(REPO, BASE)
+    cmd = image.load_command(
+        f"http://127.0.0.1:{free_port()}", worker.transfer, "x", "r:t", local
+    ).replace("--retry 10", "--retry 0")
+    r = worker.sh(cmd)
+    assert r.returncode == 1
+    assert "not under --limit worker" in r.stderr
+
+
+def test_build_without_the_local_base_fails_before_docker_build(pair):
+    head, _ = pair
+    r = head.build(image.patched_tag(BASE, SKIP))
+    assert r.returncode == 1
+    assert "is not on this node" in r.stderr
+    assert not any(c.startswith("build ") for c in head.docker_calls())
+
+
+def test_build_fails_closed_when_the_required_patch_is_missing(pair):
+    head, _ = pair
+    local = image.local_base(REPO, BASE)
+    assert head.sh(image.pull_command(BASE, local, have_ref=False)).returncode == 0
+    Path(head.build_dir).mkdir()
+    files = context_files(ROOT / "files")
+    (Path(head.build_dir) / "context.tar").write_bytes(image.context_tar(files))
+    tag = image.patched_tag(BASE)
+    r = head.sh(image.build_command(head.build_dir, local, f"{REPO}:{tag}", tag, {}))
+    assert r.returncode == 1
+    assert "sm121-topk" in r.stderr and "refusing to build" in r.stderr
