@@ -25,6 +25,7 @@ _knobs = {
     "min_disk_free_gib": 1,
     "memfree_min_gib": 0.2,
     "nccl_smoke": False,  # the stand-in image has no torch/NCCL to smoke-test
+    "image_skip_patches": ["sm121-topk"],  # ... and no vLLM for the SM121 top-k patch
     # the watchdog on, with lab-sized timings (the stand-in boots in seconds)
     "watchdog": True,
     "watchdog_grace_s": 20,
