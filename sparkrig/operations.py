@@ -182,22 +182,6 @@ def pair_restart_needed() -> Callable[[], bool]:
     return needed
 
 
-@operation()
-def image_present(ref: str) -> Generator[Any, None, None]:
-    """
-    Pull an image pinned by digest unless this node already has exactly that content.
-
-    + ref: ``repo@sha256:<digest>``; the digest names content, so presence is enough
-    """
-    have = host.get_fact(
-        Command, command=f"docker image inspect --format '{{{{.Id}}}}' {ref} 2>/dev/null || true"
-    )
-    if have:
-        host.noop(f"{ref} is present")
-        return
-    yield StringCommand("docker", "pull", "--quiet", QuoteString(ref))
-
-
 @operation(is_idempotent=False)
 def wait_until_serving(command: list[str]) -> Generator[Any, None, None]:
     """
@@ -209,7 +193,7 @@ def wait_until_serving(command: list[str]) -> Generator[Any, None, None]:
 
 
 @operation()
-def serving_gates(command: list[str]) -> Generator[Any, None, None]:
+def serving_gates(command: list[str], acting: bool = True) -> Generator[Any, None, None]:
     """
     Prove the endpoint answers: /health, /v1/models, a math completion and a forced tool call.
 
@@ -217,7 +201,11 @@ def serving_gates(command: list[str]) -> Generator[Any, None, None]:
     this a no-op and a re-run reports no changes; a failing gate fails the head with its detail.
 
     + command: the gate script's ``gates`` argv (prints one JSON line per gate)
+    + acting: False on hosts that only share the operation's place in the order (workers)
     """
+    if not acting:
+        host.noop("the gates run on the head")
+        return
     output = host.get_fact(Command, command=shlex.join(command) + " 2>&1 || true") or ""
     results = parse_gate_lines(output)
     report = "; ".join(f"{r.gate} {'ok' if r.ok else 'FAILED'} ({r.detail})" for r in results)

@@ -43,6 +43,8 @@ CLUSTER_KEYS = (
     "pair_port",
     "copy_port",
     "agent_port",
+    "image_copy_port",
+    "image_skip_patches",
     "nccl_smoke",
     "min_free_kbytes",
 )
@@ -364,10 +366,10 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                     "set drafter_license_accepted = True or choose profile 'shared'"
                 )
             ports = (k.api_port, k.master_port, k.master_port + 1, k.pair_port, k.copy_port)
-            if len({*ports, k.agent_port}) != 6:
+            if len({*ports, k.agent_port, k.image_copy_port}) != 7:
                 problems.append(
                     f"{name}: api_port, master_port (+1 for the smoke test), pair_port, "
-                    "copy_port and agent_port must differ"
+                    "copy_port, agent_port and image_copy_port must differ"
                 )
             if k.base_image is None:
                 problems.append(

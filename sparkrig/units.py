@@ -41,7 +41,6 @@ def paths(s: Settings) -> dict[str, str]:
         "bin_dir": f"{k.install_dir}/bin",
         "env_file": f"{k.config_dir}/rank.env",
         "token_file": f"{k.config_dir}/hf-token",
-        "python_dir": f"{k.install_dir}/python",
         "pair_token": f"{k.config_dir}/pair-token",
         "agent_unit": "/etc/systemd/system/sparkrig-agent.service",
         "watchdog_unit": "/etc/systemd/system/sparkrig-watchdog.service",
@@ -79,14 +78,13 @@ SMOKE_CONTAINER = "sparkrig-nccl-smoke"
 
 
 def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
-    """``docker run`` argv of the NCCL smoke test: the rank's own flags and env, one all-reduce.
-    Detached (workers) keeps the container for ``docker wait``; else it is removed on exit."""
-    k, p = s.knobs, paths(s)
+    """``docker run`` argv of the NCCL smoke test (baked into the patched image): the rank's own
+    flags and env, one all-reduce. Detached (workers) keeps the container for ``docker wait``."""
+    k = s.knobs
     run = docker_run_args(s)
     run = run[: run.index("--entrypoint")]
     return [
         "docker", "run", "--detach" if detach else "--rm", "--name", SMOKE_CONTAINER, *run,
-        "--volume", f"{p['python_dir']}:/opt/sparkrig/python:ro",
         "--env", f"RANK={s.me.rank}", "--env", f"WORLD_SIZE={s.nnodes}",
         "--env", f"MASTER_ADDR={s.head.ip}", "--env", f"MASTER_PORT={k.master_port + 1}",
         "--entrypoint", "python3", image,

@@ -8,6 +8,7 @@ from pyinfra import host
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import files, server, systemd
 
+from sparkrig.image import serving_image
 from sparkrig.operations import (
     note_restart_trigger,
     pair_restart_needed,
@@ -48,19 +49,7 @@ program(
     src="files/sparkrig_gate.py",
     dest=f"{k.install_dir}/sparkrig_gate.py",
 )
-files.directory(
-    name="Create the directory mounted into smoke-test containers",
-    path=p["python_dir"],
-    user="root",
-    group="root",
-    mode="755",
-)
-program(
-    name="Install the NCCL smoke test",
-    src="files/nccl_smoke.py",
-    dest=f"{p['python_dir']}/nccl_smoke.py",
-)
-image = k.base_image  # the serving image every rank runs
+image = serving_image(s)  # the patched image every rank runs (tasks/image.py builds it)
 rank_unit = put_text(
     name="Install the rank unit",
     text=render("sparkrig-rank.service.j2", **rank_unit_context(s, image, weights_id)),

@@ -1,30 +1,45 @@
 """Phase 7, verify: the deploy ends by checking itself. After a (re)start the head's boot is
 followed stage by stage; then four gates must pass: /health, /v1/models lists the served name,
 "17*23" answers 391, and a forced tool call parses. /health alone lies when a worker is dead, so
-the stop-together beacons (service phase) keep both ranks' liveness tied together."""
+the stop-together beacons (service phase) keep both ranks' liveness tied together. Old images are
+pruned only after the gates passed.
 
-from pyinfra import host
+Every operation exists on every host (acting only where its condition holds), so all hosts share
+one sequence and the per-operation barrier keeps the prune behind the gates."""
+
+from pyinfra import host, inventory, state
 from pyinfra.facts.systemd import SystemdStatus
 
 from sparkrig.gates import gate_command, wait_command
+from sparkrig.image import images_to_keep, prune_old_images
 from sparkrig.operations import pair_restart_needed, serving_gates, wait_until_serving
 from sparkrig.settings import current
 
 s = current()
 k = s.knobs
+is_head = s.me.is_head
 
-if s.me.is_head:
-    status = host.get_fact(SystemdStatus, services=[f"{s.unit_name}.service"])
-    was_running = bool(status.get(f"{s.unit_name}.service"))
-    restart = pair_restart_needed()
-    wait_until_serving(
-        name="Wait for the head's API to finish booting",
-        command=wait_command(
-            k.install_dir, k.api_port, s.container_name, timeout=k.ready_timeout_s, interval=5
-        ),
-        _if=lambda: restart() or not was_running,
-    )
-    serving_gates(
-        name="Pass the four serving gates",
-        command=gate_command(k.install_dir, k.api_port, k.served_model_name),
-    )
+status = host.get_fact(SystemdStatus, services=[f"{s.unit_name}.service"])
+was_running = bool(status.get(f"{s.unit_name}.service"))
+restart = pair_restart_needed()
+wait_until_serving(
+    name="Wait for the head's API to finish booting",
+    command=wait_command(
+        k.install_dir, k.api_port, s.container_name, timeout=k.ready_timeout_s, interval=5
+    ),
+    _if=lambda: is_head and (restart() or not was_running),
+)
+serving_gates(
+    name="Pass the four serving gates",
+    command=gate_command(k.install_dir, k.api_port, k.served_model_name),
+    acting=is_head,
+)
+
+# Under --limit worker nothing proves the pair healthy, so nothing is pruned.
+head_in_run = inventory.get_host(s.head.name) in state.activated_hosts
+prune_old_images(
+    name="Prune old sparkrig images once the pair is healthy",
+    image_repo=k.image_repo,
+    keep=images_to_keep(s),
+    _if=lambda: head_in_run,
+)

@@ -6,6 +6,8 @@ import json
 import re
 from typing import Any
 
+from tests.image.fakeimage import converged_image_state
+
 STATE: dict[str, dict[Any, Any]] = {}  # host -> canned responses, set by tests
 IMAGE = "registry.example/vllm@sha256:" + "ab" * 32
 
@@ -86,7 +88,7 @@ def host(
 
 MODES = {"644": "-rw-r--r--", "600": "-rw-------", "755": "-rwxr-xr-x"}
 DIRS = ["/opt/sparkrig", "/opt/sparkrig/bin", "/etc/sparkrig", "/var/lib/sparkrig/models"]
-DIRS += ["/var/lib/sparkrig/cache", "/opt/sparkrig/python"]
+DIRS += ["/var/lib/sparkrig/cache"]
 
 
 def _stat_matcher(path: str) -> re.Pattern[str]:
@@ -137,5 +139,5 @@ def converged(
     canned["sparkrig-fetch state"] = json.dumps(
         {"ok": True, "total_files": 2, "verified": 2, "files_to_fetch": 0, "bytes_to_fetch": 0}
     )
-    canned["docker image inspect"] = "sha256:" + "cd" * 32
+    canned.update(converged_image_state(IMAGE))  # base and patched image present
     return canned

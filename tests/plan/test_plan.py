@@ -12,7 +12,6 @@ MODES = {"/etc/netplan/60-sparkrig-fabric.yaml": "600"}
 MODES |= {f"/opt/sparkrig/bin/sparkrig-{p}": "755" for p in ("prep", "pair")}
 MODES["/opt/sparkrig/sparkrig_gate.py"] = "755"
 MODES["/opt/sparkrig/bin/sparkrig-fetch"] = "755"
-MODES["/opt/sparkrig/python/nccl_smoke.py"] = "755"
 MODES["/opt/sparkrig/bin/sparkrig-restart-pair"] = "755"
 MODES["/etc/sparkrig/pair-token"] = "600"
 UNITS = {
