@@ -254,28 +254,31 @@ def verify_bench(work: Path) -> dict[str, object]:
     lp = work / "big.lock.json"
     lp.write_text(json.dumps({"version": 1, "repo": "a/b", "commit": "0" * 40, "files": files}))
     total = 4 * (256 << 20)
+    os.sync()  # no writeback of the fresh files during the timing
     for f in files:  # warm the page cache
         Path(d / f["path"]).read_bytes()
-    t0 = time.monotonic()
-    for f in files:
-        h = hashlib.sha256()
-        with open(d / f["path"], "rb", buffering=0) as fh:
-            buf = bytearray(8 << 20)
-            mv = memoryview(buf)
-            while k := fh.readinto(buf):
-                h.update(mv[:k])
-    single = total / (time.monotonic() - t0)
-    out = json.loads(
-        sh(
-            [sys.executable, FETCH, "verify", "--lock", str(lp), "--dest", str(d), "--mode", "full"]
-        ).stdout
-    )
+    singles, fulls = [], []
+    for _ in range(3):  # best of 3 each: the build machine is shared
+        t0 = time.monotonic()
+        for f in files:
+            h = hashlib.sha256()
+            with open(d / f["path"], "rb", buffering=0) as fh:
+                buf = bytearray(8 << 20)
+                mv = memoryview(buf)
+                while k := fh.readinto(buf):
+                    h.update(mv[:k])
+        singles.append(total / (time.monotonic() - t0))
+        out = json.loads(sh([sys.executable, FETCH, "verify", "--lock", str(lp), "--dest",
+                             str(d), "--mode", "full"]).stdout)  # fmt: skip
+        fulls.append(out["hash_rate"])
+    single, full = max(singles), max(fulls)
     res["full_verify"] = {
         "cores": os.cpu_count(),
         "bytes": total,
         "single_core_hashlib": single,
-        "full_verify_rate": out["hash_rate"],
-        "speedup": out["hash_rate"] / single,
+        "full_verify_rate": full,
+        "speedup": full / single,
+        "runs": {"single": singles, "full": fulls},
     }
     print("verify", json.dumps(res), flush=True)
     return res
