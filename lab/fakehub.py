@@ -38,6 +38,7 @@ import json
 import os
 import random
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -296,6 +297,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "fakehub/1"
     hub: HubState
     origin = "hub"
+    scheme = "http"
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         if os.environ.get("FAKEHUB_VERBOSE"):
@@ -350,7 +352,7 @@ class Handler(BaseHTTPRequestHandler):
         if not host:
             addr = self.connection.getsockname()
             host = f"{addr[0]}:{addr[1]}"
-        return f"http://{host}"
+        return f"{self.scheme}://{host}"
 
     def _repo(self, org: str, name: str) -> Repo | None:
         r = self.hub.repos.get(f"{org}/{name}")
@@ -493,7 +495,7 @@ class Handler(BaseHTTPRequestHandler):
             cdn = self.hub.cdn
             if cdn.startswith(":"):
                 host = (self.headers.get("Host") or "127.0.0.1").rsplit(":", 1)[0]
-                cdn = f"http://{host}{cdn}"
+                cdn = f"{self.scheme}://{host}{cdn}"
             loc = f"{cdn}/blobs/{f.sha256}?expires=4102444800&sig=fake"
             self.send_response(302)
             for k, v in common.items():
@@ -650,6 +652,15 @@ def make_servers(
     return servers
 
 
+def enable_tls(servers: Iterable[Server], cert: str, key: str) -> None:
+    """Serve HTTPS on every origin (the handshake happens in the handler thread)."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    for srv in servers:
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
+        srv.RequestHandlerClass.scheme = "https"  # type: ignore[attr-defined]
+
+
 def serve(servers: Iterable[Server]) -> None:
     threads = []
     for s in servers:
@@ -668,6 +679,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cdn-url", help="base URL put in Location (default http://<Host>:<cdn port>)")
     ap.add_argument("--page-size", type=int, help="tree entries per page (default 1000/50)")
     ap.add_argument("--token-file", help="require this bearer token on the hub origin")
+    ap.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    ap.add_argument("--tls-key", help="private key for --tls-cert")
     ap.add_argument("--generate", action="store_true", help="generate the test repos first")
     ap.add_argument("--generate-only", action="store_true", help="generate the repos and exit")
     ap.add_argument("--shard-mb", help="comma list of model shard sizes in MiB (generate)")
@@ -688,16 +701,19 @@ def main(argv: list[str] | None = None) -> int:
             token = fh.read().strip()
     listen = _split_addr(args.listen)
     cdn_listen = _split_addr(args.cdn_listen) if args.cdn_listen else None
+    scheme = "https" if args.tls_cert else "http"
     cdn = args.cdn_url or (f":{cdn_listen[1]}" if cdn_listen else None)
     if cdn_listen and cdn_listen[0] not in ("0.0.0.0", "::") and not args.cdn_url:
-        cdn = f"http://{cdn_listen[0]}:{cdn_listen[1]}"
+        cdn = f"{scheme}://{cdn_listen[0]}:{cdn_listen[1]}"
     hub = HubState(args.root, args.page_size, token, cdn)
     servers = make_servers(hub, listen, cdn_listen)
+    if args.tls_cert:
+        enable_tls(servers, args.tls_cert, args.tls_key or args.tls_cert)
     h = servers[0].server_address
-    where = f"fakehub: hub on http://{h[0]!s}:{h[1]!s}"
+    where = f"fakehub: hub on {scheme}://{h[0]!s}:{h[1]!s}"
     if cdn_listen:
         c = servers[1].server_address
-        where += f", cdn on http://{c[0]!s}:{c[1]!s}"
+        where += f", cdn on {scheme}://{c[0]!s}:{c[1]!s}"
     print(f"{where}, repos: {', '.join(sorted(hub.repos))}", flush=True)
     try:
         serve(servers)

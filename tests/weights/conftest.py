@@ -33,15 +33,25 @@ def hub_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class Hub:
-    def __init__(self, root: Path, token: str | None = None, cdn: bool = True, page: int = 0):
+    def __init__(
+        self,
+        root: Path,
+        token: str | None = None,
+        cdn: bool = True,
+        page: int = 0,
+        tls: tuple[str, str] | None = None,
+    ):
         self.state = fakehub.HubState(str(root), page or None, token, None)
         servers = fakehub.make_servers(
             self.state, ("127.0.0.1", 0), ("127.0.0.1", 0) if cdn else None
         )
         self.servers = servers
-        self.url = f"http://127.0.0.1:{servers[0].server_address[1]}"
+        scheme, host = ("https", "localhost") if tls else ("http", "127.0.0.1")
+        if tls:
+            fakehub.enable_tls(servers, *tls)
+        self.url = f"{scheme}://{host}:{servers[0].server_address[1]}"
         if cdn:
-            self.state.cdn = f"http://127.0.0.1:{servers[1].server_address[1]}"
+            self.state.cdn = f"{scheme}://{host}:{servers[1].server_address[1]}"
         for s in servers:
             threading.Thread(target=s.serve_forever, daemon=True).start()
 

@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -465,3 +466,113 @@ def test_not_enough_space_fails_early(hub: Hub, model_lock: Path, tmp_path: Path
         assert st["state"] == "failed"
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.fixture(scope="module")
+def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = str(d / "cert.pem"), str(d / "key.pem")
+    r = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-keyout", key, "-out", cert, "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if r.returncode != 0:
+        pytest.skip(f"openssl could not make a certificate: {r.stderr}")
+    return cert, key
+
+
+def test_https_with_redirect_and_token(
+    hub_root: Path, model_lock: Path, tmp_path: Path, tls_cert: tuple[str, str]
+) -> None:
+    """The real Hub is HTTPS: certificate checked (SNI, hostname), token only to the hub."""
+    token = "hf_TLStokenVALUEabcdef"
+    tok = tmp_path / "tok"
+    tok.write_text(token)
+    os.chmod(tok, 0o600)
+    h = Hub(hub_root, token=token, tls=tls_cert)
+    try:
+        env = dict(os.environ, SSL_CERT_FILE=tls_cert[0])
+        args = fetch_args(model_lock, tmp_path / "m", h, "--token-file", str(tok))
+        r = run_fetch(*args, env=env)
+        log = h.log()
+        # without trusting the certificate nothing is fetched
+        h.clear()
+        env_untrusted = {k: v for k, v in os.environ.items() if k != "SSL_CERT_FILE"}
+        bad = run_fetch(
+            *fetch_args(model_lock, tmp_path / "n", h, "--lane-failures", "1"), env=env_untrusted
+        )
+    finally:
+        h.close()
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_complete(model_lock, tmp_path / "m")
+    assert {x["origin"] for x in log} == {"hub", "cdn"}
+    assert all(x["auth"] for x in log if x["origin"] == "hub")
+    assert not any(x["auth"] for x in log if x["origin"] == "cdn")
+    assert token not in r.stdout + r.stderr
+    assert bad.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in bad.stdout
+    assert not list((tmp_path / "n").glob("*.safetensors"))
+
+
+def load_fetcher() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sparkrig_fetch", FETCH)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_follow_unit_waits_for_the_units_own_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --unit, a status whose pid is not the unit's MainPID is a previous run's: follow
+    keeps waiting (here: until the unit's own status says done)."""
+    mod = load_fetcher()
+    status = tmp_path / "s.json"
+    base = {"bytes_done": 1, "bytes_total": 2, "files_done": 1, "files_total": 2, "rate": 0,
+            "lanes": {}, "eta_s": None}  # fmt: skip
+    status.write_text(json.dumps(dict(base, state="failed", pid=111, failed=[])))
+    polls = {"n": 0}
+
+    def main_pid(unit: str) -> int:
+        polls["n"] += 1
+        if polls["n"] == 3:  # the new run writes its own status
+            status.write_text(json.dumps(dict(base, state="done", pid=222, bytes_done=2)))
+        return 222
+
+    monkeypatch.setattr(mod, "unit_main_pid", main_pid)
+    monkeypatch.setattr(mod, "unit_active", lambda unit: True)
+    rc = mod.main(["follow", "--status", str(status), "--unit", "u", "--interval", "0.01"])
+    out = capsys.readouterr().out
+    assert rc == 0 and polls["n"] >= 3
+    assert "FAILED" not in out and out.strip().splitlines()[-1].startswith("progress done")
+    # the unit is gone and never wrote a status of its own: follow gives up, exit 1
+    status.write_text(json.dumps(dict(base, state="running", pid=111)))
+    monkeypatch.setattr(mod, "unit_main_pid", lambda unit: 0)
+    monkeypatch.setattr(mod, "unit_active", lambda unit: False)
+    rc = mod.main(["follow", "--status", str(status), "--unit", "u", "--interval", "0.01"])
+    assert rc == 1 and "not running" in capsys.readouterr().out
+
+
+def test_broken_lane_retires_other_lane_finishes(
+    hub: Hub, model_lock: Path, tmp_path: Path
+) -> None:
+    """A lane that cannot even bind (its source address is not on this host) fails at once;
+    after --lane-failures in a row it retires and the working lane fetches everything."""
+    hub.fault(path="*", throttle_bps=6_000_000)
+    dest = tmp_path / "m"
+    r = run_fetch(*fetch_args(model_lock, dest, hub, "--uplink", "default",
+                              "--uplink", "lo=192.0.2.77", "--lane-failures", "2"))  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_complete(model_lock, dest)
+    st = json.loads((tmp_path / "m.fetch-status.json").read_text())
+    assert st["lanes"]["lo"]["state"] == "retired" and st["lanes"]["lo"]["files"] == 0
+    assert st["lanes"]["default"]["files"] == 8
+    assert "lane lo: retired after 2 failures in a row" in r.stdout
+    # every lane broken: the run fails and says why
+    r = run_fetch(*fetch_args(model_lock, tmp_path / "n", hub, "--uplink", "lo=192.0.2.77",
+                              "--lane-failures", "2"))  # fmt: skip
+    assert r.returncode == 1 and "no lane left" in r.stdout

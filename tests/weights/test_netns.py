@@ -165,9 +165,15 @@ def test_dead_lane_other_lane_finishes(
     assert p.returncode == 0, out
     assert complete(model_lock, dest)
     status = json.loads((tmp_path / "m.fetch-status.json").read_text())
-    assert status["lanes"]["up1"]["state"] == "retired"
-    assert status["lanes"]["up0"]["files"] == 8 - status["lanes"]["up1"]["files"]
-    assert "back to the queue" in out and "retired after 2 failures" in out
+    up0, up1 = status["lanes"]["up0"], status["lanes"]["up1"]
+    assert up1["failures"] >= 1 and "back to the queue" in out
+    assert up0["files"] + up1["files"] == 8
+    # up1 retires after 2 failures in a row, unless the queue was empty when it came back from
+    # its first backoff (up0 had taken its file): then it simply ends
+    if up1["state"] == "retired":
+        assert "retired after 2 failures" in out
+    else:
+        assert up1["state"] == "done" and up1["failures"] == 1
     # the file up1 had started was resumed by up0 from its .part
     resumed = [
         x
