@@ -36,7 +36,7 @@ def log(msg: str) -> None:
     print(f"sparkrig-pair: {msg}", flush=True)
 
 
-def beacon_up(peer: str, port: int, timeout: float = 2.0) -> bool:
+def beacon_up(peer: str, port: int, timeout: float = 5.0) -> bool:
     try:
         with urllib.request.urlopen(f"http://{peer}:{port}/", timeout=timeout) as r:
             return bool(r.status == 200)
@@ -50,29 +50,40 @@ def container_running(name: str) -> bool:
         capture_output=True,
         text=True,
         check=False,
+        timeout=30,
     )
     return out.stdout.strip() == "true"
 
 
 class Beacon(http.server.BaseHTTPRequestHandler):
+    """Answers from a cache a background thread keeps fresh: a slow `docker inspect` must never
+    make a peer's probe time out and take the pair down."""
+
     container = ""
-    _cache: tuple[float, bool] = (0.0, False)
-    _lock = threading.Lock()
+    running = False
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-        with Beacon._lock:
-            stamp, up = Beacon._cache
-            if time.monotonic() - stamp > 1.0:
-                up = container_running(self.container)
-                Beacon._cache = (time.monotonic(), up)
+        up = Beacon.running
         body = f"{self.container} {'running' if up else 'not running'}\n".encode()
-        self.send_response(200 if up else 503)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.send_response(200 if up else 503)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            pass  # the prober gave up; nothing to tell it
 
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+
+def refresh_container_state(name: str, interval: float = 1.0) -> None:
+    while True:
+        try:
+            Beacon.running = container_running(name)
+        except subprocess.TimeoutExpired:
+            pass  # keep the last answer; a hung daemon shows up in the next rounds
+        time.sleep(interval)
 
 
 class PeerWatch:
@@ -115,6 +126,7 @@ def mark_pair_down(reason: str) -> None:
 def watch(args: argparse.Namespace) -> int:
     host, _, port = args.listen.rpartition(":")
     Beacon.container = args.container
+    threading.Thread(target=refresh_container_state, args=(args.container,), daemon=True).start()
     server = http.server.ThreadingHTTPServer((host, int(port)), Beacon)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     peers = [p for p in args.peers.split(",") if p]

@@ -28,7 +28,7 @@ _knobs = {
     "image_skip_patches": ["sm121-topk"],  # ... and no vLLM for the SM121 top-k patch
     # the watchdog on, with lab-sized timings (the stand-in boots in seconds)
     "watchdog": True,
-    "watchdog_grace_s": 20,
+    "watchdog_grace_s": 180,  # the stand-in boots in about a minute under TCG
     "watchdog_interval_s": 5,
     "watchdog_fails": 3,
     "ready_timeout_s": 600,
