@@ -280,18 +280,25 @@ def wait_ready(
     emit: Callable[[str], None] = print,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    start_grace: float = 300.0,
 ) -> int:
+    """Poll /health until 200. The container may take a while to appear after its unit started
+    (``docker run`` creates it); it fails the wait once it stopped after running, or when it has
+    not appeared within ``start_grace`` seconds."""
     start = clock()
     last = None
+    seen_running = False
     while True:
         elapsed = clock() - start
         stage = None
         if container:
             running, lines = tail(container)
+            seen_running = seen_running or running
             stage = boot_stage(lines)
             errors = boot_errors(lines)
-            if not running or errors:
-                why = "container not running" if not running else errors[-1][:300]
+            gone = not running and (seen_running or elapsed >= start_grace)
+            if gone or errors:
+                why = "container not running" if gone else errors[-1][:300]
                 emit(json.dumps({"event": "failed", "stage": stage, "s": int(elapsed),
                                  "detail": why}))  # fmt: skip
                 return 1

@@ -192,9 +192,21 @@ def test_wait_ready_container_gone_and_timeout() -> None:
     def refused(url: str, payload: Any, timeout: float) -> tuple[int, str]:
         return 0, "refused"
 
+    # a container that never appears fails once the start grace is over, not before
     rc = script.wait_ready("http://h", "c", 10, 1, refused, lambda c: (False, []), seen.append,
+                           clock.now, clock.sleep, start_grace=5)  # fmt: skip
+    assert rc == 1 and json.loads(seen[-1]) == {
+        "event": "failed",
+        "stage": None,
+        "s": 5,
+        "detail": "container not running",
+    }
+    seen.clear()
+    # a container that ran and stopped fails at once
+    states = iter([(True, []), (False, [])])
+    rc = script.wait_ready("http://h", "c", 10, 1, refused, lambda c: next(states), seen.append,
                            clock.now, clock.sleep)  # fmt: skip
-    assert rc == 1 and json.loads(seen[-1])["event"] == "failed"
+    assert rc == 1 and json.loads(seen[-1])["detail"] == "container not running"
     seen.clear()
     bad = ["Loading weights took 1 s", "RuntimeError: pe_dim must be 64 for fp8_ds_mla"]
     rc = script.wait_ready("http://h", "c", 10, 1, refused, lambda c: (True, bad), seen.append,
