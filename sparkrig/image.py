@@ -115,7 +115,11 @@ def context_tar(files: Mapping[str, bytes]) -> bytes:
 # The fact: what one node holds, in one command
 # ---------------------------------------------------------------------------------------------
 
-_INSPECT = '{{.Id}}|{{.Os}}/{{.Architecture}}|{{join .RootFS.Layers ","}}|{{join .RepoDigests ","}}'
+# range, not join: docker 26 hands templates these lists as []interface{}, which join refuses
+_INSPECT = (
+    "{{.Id}}|{{.Os}}/{{.Architecture}}|{{range .RootFS.Layers}}{{.}},{{end}}"
+    "|{{range .RepoDigests}}{{.}},{{end}}"
+)
 
 _STATE_SCRIPT = """: {marker}
 f={fmt}
@@ -300,7 +304,8 @@ def describe(report: ImageReport, base_image: str, image_repo: str, tag: str) ->
 
 
 def _layers_of(ref: str) -> str:
-    return f"docker image inspect --format '{{{{join .RootFS.Layers \",\"}}}}' {shlex.quote(ref)}"
+    fmt = "{{range .RootFS.Layers}}{{.}},{{end}}"
+    return f"docker image inspect --format '{fmt}' {shlex.quote(ref)}"
 
 
 def pull_command(base_image: str, local: str, have_ref: bool) -> str:

@@ -48,8 +48,12 @@ def resolve(state: dict[str, Any], ref: str) -> str | None:
 def render(fmt: str, ident: str, img: dict[str, Any]) -> str:
     out = fmt.replace("{{.Id}}", ident).replace("{{.Os}}", img["os"])
     out = out.replace("{{.Architecture}}", img["arch"])
-    out = out.replace('{{join .RootFS.Layers ","}}', ",".join(img["layers"]))
-    return out.replace('{{join .RepoDigests ","}}', ",".join(img.get("digests", [])))
+    # what docker 26 accepts: range, not join (it hands templates []interface{})
+    out = out.replace(
+        "{{range .RootFS.Layers}}{{.}},{{end}}", "".join(f"{x}," for x in img["layers"])
+    )
+    digests = img.get("digests", [])
+    return out.replace("{{range .RepoDigests}}{{.}},{{end}}", "".join(f"{x}," for x in digests))
 
 
 def opt(args: list[str], name: str) -> str | None:
