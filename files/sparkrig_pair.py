@@ -170,13 +170,14 @@ class Agent(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         given = self.headers.get("X-Sparkrig-Token", "")
-        if self.path != "/start" or not hmac.compare_digest(given, self.token):
+        action = {"/start": ["--no-block", "start"], "/stop": ["stop"]}.get(self.path)
+        if action is None or not hmac.compare_digest(given, self.token):
             self.send_response(403)
             self.end_headers()
             return
-        log(f"start of {self.unit} requested by {self.client_address[0]}")
-        subprocess.run(["systemctl", "--no-block", "start", self.unit], check=False)
-        self.send_response(202)
+        log(f"{self.path[1:]} of {self.unit} requested by {self.client_address[0]}")
+        done = subprocess.run(["systemctl", *action, self.unit], check=False).returncode == 0
+        self.send_response(202 if done else 500)
         self.end_headers()
 
     def log_message(self, format: str, *args: object) -> None:
@@ -191,15 +192,16 @@ def agent(args: argparse.Namespace) -> int:
     return 0
 
 
-def ask_start(worker: str, port: int, token: str) -> bool:
+def ask(worker: str, port: int, token: str, action: str) -> bool:
+    """Ask a worker's agent to start or stop its rank (a stop returns once it is down)."""
     req = urllib.request.Request(
-        f"http://{worker}:{port}/start", method="POST", headers={"X-Sparkrig-Token": token}
+        f"http://{worker}:{port}/{action}", method="POST", headers={"X-Sparkrig-Token": token}
     )
     try:
-        with urllib.request.urlopen(req, timeout=5) as r:
+        with urllib.request.urlopen(req, timeout=180) as r:
             return bool(r.status == 202)
     except OSError as err:
-        log(f"agent on {worker} did not accept the start: {err}")
+        log(f"agent on {worker} did not {action} its rank: {err}")
         return False
 
 
@@ -218,10 +220,9 @@ def restart_pair(args: argparse.Namespace) -> int:
     token = read_token(args.token_file)
     log(f"restarting the pair: {args.head_unit}, then {', '.join(workers)}")
     subprocess.run(["systemctl", "stop", args.head_unit], check=False)
-    if not wait_all(workers, args.port, up=False, timeout=args.timeout):
-        log("workers did not go down after the head stopped")
+    if not all(ask(w, args.agent_port, token, "stop") for w in workers):
         return 1
-    if not all(ask_start(w, args.agent_port, token) for w in workers):
+    if not all(ask(w, args.agent_port, token, "start") for w in workers):
         return 1
     if not wait_all(workers, args.port, up=True, timeout=args.timeout):
         log("workers did not come up")
@@ -260,6 +261,8 @@ class WatchdogPolicy:
     def observe(self, now: float, active: bool, pair_down: bool, probe_ok: bool | None) -> str:
         """Returns "restart", "give-up" or "" (nothing to do)."""
         self.restarts = [t for t in self.restarts if now - t < self.window]
+        if self.restarts and now - self.restarts[-1] < self.grace:
+            return ""  # a restart is still taking (the unit may not even be activating yet)
         if not active:
             self.started_at, self.misses = None, 0
             if not pair_down:

@@ -63,11 +63,20 @@ def test_watchdog_waits_out_the_grace_then_restarts_after_consecutive_failed_pro
 
 
 def test_watchdog_gives_up_after_the_restart_budget():
-    p = pair.WatchdogPolicy(fails=1, grace=0, max_restarts=2, window=1000)
+    p = pair.WatchdogPolicy(fails=1, grace=5, max_restarts=2, window=1000)
     assert p.observe(0, False, True, None) == "restart"
     assert p.observe(10, False, True, None) == "restart"
     assert p.observe(20, False, True, None) == "give-up"
     assert p.observe(1011, False, True, None) == "restart"  # the window moved on
+
+
+def test_watchdog_lets_a_restart_take_before_judging_again():
+    p = pair.WatchdogPolicy(fails=1, grace=60, max_restarts=3, window=3600)
+    assert p.observe(0, False, True, None) == "restart"
+    # the old failed state is still visible while the restart is under way
+    assert p.observe(5, False, True, None) == ""
+    assert p.observe(59, False, True, None) == ""
+    assert p.observe(61, False, True, None) == "restart"
 
 
 @pytest.fixture
@@ -100,11 +109,15 @@ def test_agent_starts_the_unit_only_for_the_right_token(tmp_path, fake_systemctl
             except OSError:
                 assert time.monotonic() < deadline, "agent did not start"
                 time.sleep(0.1)
-        assert pair.ask_start("127.0.0.1", 29971, "wrong") is False
+        assert pair.ask("127.0.0.1", 29971, "wrong", "start") is False
+        assert pair.ask("127.0.0.1", 29971, "s3cret", "reboot") is False
         assert not log.exists()
-        assert pair.ask_start("127.0.0.1", 29971, "s3cret") is True
-        time.sleep(0.3)
-        assert log.read_text().split() == ["--no-block", "start", "sparkrig-worker.service"]
+        assert pair.ask("127.0.0.1", 29971, "s3cret", "stop") is True
+        assert pair.ask("127.0.0.1", 29971, "s3cret", "start") is True
+        assert log.read_text().splitlines() == [
+            "stop sparkrig-worker.service",
+            "--no-block start sparkrig-worker.service",
+        ]
     finally:
         proc.terminate()
         proc.wait(5)
