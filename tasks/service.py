@@ -90,7 +90,7 @@ if not s.me.is_head:
         enabled=True,
         restarted=True,
         daemon_reload=True,
-        _if=agent_unit.did_change,
+        _if=lambda: agent_unit.did_change() or pair_program.did_change(),
     )
     systemd.service(
         name="Keep the worker agent running",
@@ -123,6 +123,14 @@ else:
             path=p["watchdog_unit"],
             present=False,
         )
+
+# The stop-together watch runs beside a live rank: a new program restarts the watch, not the rank.
+systemd.service(
+    name="Restart the stop-together watch after its program changed",
+    service="sparkrig-pair",
+    restarted=True,
+    _if=lambda: pair_program.did_change() and not restart(),
+)
 
 # Ordered pair restart and start. Every operation below exists on every host (acting only where
 # its condition holds), so all hosts share one sequence and pyinfra's per-operation barrier orders
@@ -193,7 +201,7 @@ if s.me.is_head and k.watchdog:
         enabled=True,
         restarted=True,
         daemon_reload=True,
-        _if=watchdog_unit.did_change,
+        _if=lambda: watchdog_unit.did_change() or pair_program.did_change(),
     )
     systemd.service(
         name="Keep the watchdog running",
