@@ -237,14 +237,20 @@ def restart_pair(args: argparse.Namespace) -> int:
 
 
 def unit_state(unit: str) -> tuple[bool, bool]:
-    """(active or starting, went down on its own: a non-success result such as a dead container)."""
     out = subprocess.run(
-        ["systemctl", "show", "--property=ActiveState,Result", "--value", unit],
+        ["systemctl", "show", "--property=ActiveState", "--property=Result", unit],
         capture_output=True,
         text=True,
-    ).stdout.split()
-    active = bool(out) and out[0] in ("active", "activating", "reloading")
-    crashed = len(out) > 1 and out[1] not in ("success", "")
+    ).stdout
+    return parse_unit_state(out)
+
+
+def parse_unit_state(show: str) -> tuple[bool, bool]:
+    """(active or starting, went down on its own: a non-success result such as a dead container)
+    from ``systemctl show`` KEY=VALUE lines (systemd prints them in its own order)."""
+    props = dict(line.partition("=")[::2] for line in show.splitlines() if "=" in line)
+    active = props.get("ActiveState") in ("active", "activating", "reloading")
+    crashed = props.get("Result", "success") not in ("success", "")
     return active, crashed
 
 

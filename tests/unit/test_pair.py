@@ -147,3 +147,16 @@ def test_wait_times_out_on_a_silent_peer_and_passes_on_an_answering_one():
             assert r.status == 200
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("show", "expected"),
+    [
+        ("Result=success\nActiveState=activating\n", (True, False)),  # systemd's order
+        ("ActiveState=active\nResult=success\n", (True, False)),
+        ("Result=exit-code\nActiveState=failed\n", (False, True)),  # a dead container
+        ("Result=success\nActiveState=inactive\n", (False, False)),  # an operator's stop
+    ],
+)
+def test_unit_state_reads_keys_not_positions(show, expected):
+    assert pair.parse_unit_state(show) == expected
