@@ -229,9 +229,11 @@ class Node(FactBase[NodeReport]):
 class WeightsReport:
     ok: bool = False
     error: str = ""
+    commit: str = ""  # of the lockfile on the host
     total_files: int = 0
     total_bytes: int = 0
     verified: int = 0
+    unverified: int = 0  # right size, no valid stamp: hashed before deciding
     missing: int = 0
     partial: int = 0
     mismatched: int = 0
@@ -248,8 +250,9 @@ class WeightsReport:
             return f"state unknown ({self.error or 'no answer'})"
         return (
             f"fetch {self.files_to_fetch} of {self.total_files} files, "
-            f"{self.bytes_to_fetch / 1024**3:.2f} GiB ({self.verified} verified, {self.missing} "
-            f"missing, {self.partial} partial, {self.mismatched} mismatched)"
+            f"{self.bytes_to_fetch / 1024**3:.2f} GiB ({self.verified} verified, "
+            f"{self.unverified} to re-hash, {self.missing} missing, {self.partial} partial, "
+            f"{self.mismatched} mismatched)"
         )
 
 

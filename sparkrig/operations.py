@@ -226,6 +226,9 @@ def weights_present(
     dest: str,
     unit: str,
     source: list[str],
+    commit: str,
+    total_files: int,
+    total_bytes: int,
     verify: str = "quick",
 ) -> Generator[Any, None, None]:
     """
@@ -240,13 +243,24 @@ def weights_present(
     + unit: transient unit name for the fetch
     + source: fetcher arguments naming where bytes come from (``--endpoint``/``--base-url``,
       ``--uplink`` lanes, ``--token-file``)
+    + commit: the lockfile's commit; a host lockfile of another commit (a revision bump not
+      uploaded yet, at prepare) is judged as "everything may need fetching"
+    + total_files: the lockfile's file count, for that summary
+    + total_bytes: the lockfile's size, for that summary
     + verify: how verified files are re-checked: quick (stamps) or full (re-hash)
     """
     state = host.get_fact(WeightsState, fetcher=fetcher, lock=lock, dest=dest)
-    if state.complete and verify == "quick":
-        host.noop(f"{dest}: all {state.total_files} files verified")
+    current = state.ok and state.commit == commit
+    if current and state.complete and verify == "quick":
+        host.noop(f"{dest}: all {state.total_files} files of {commit[:12]} verified")
         return
-    logger.info(f"{host.print_prefix}{dest}: {state.summary()}")
+    summary = (
+        state.summary()
+        if current
+        else f"lockfile {commit[:12]} not judged on the host yet: up to {total_files} files, "
+        f"{total_bytes / 1024**3:.2f} GiB"
+    )
+    logger.info(f"{host.print_prefix}{dest}: {summary}")
     fetch = [fetcher, "fetch", "--lock", lock, "--dest", dest, "--verify", verify, *source]
     yield StringCommand(
         "(systemctl is-active --quiet", QuoteString(unit), "||",

@@ -19,6 +19,9 @@ class Artifact:
     lock_text: str
     remote_lock: str
     dest: str
+    commit: str
+    total_files: int
+    total_bytes: int
 
 
 def artifacts(s: Settings) -> list[Artifact]:
@@ -45,6 +48,7 @@ def artifacts(s: Settings) -> list[Artifact]:
                 f"lockfile {path} is for {lock.get('repo')}@{lock.get('commit')}, not "
                 f"{repo}@{revision}; refresh it with:\n  {refresh}"
             )
+        totals = lockfile.summary(lock)
         out.append(
             Artifact(
                 name=name,
@@ -52,6 +56,9 @@ def artifacts(s: Settings) -> list[Artifact]:
                 lock_text=path.read_text(),
                 remote_lock=f"{k.config_dir}/{name}.lock.json",
                 dest=f"{k.weights_dir}/{name}",
+                commit=revision,
+                total_files=totals["files"],
+                total_bytes=totals["bytes"],
             )
         )
     return out

@@ -54,6 +54,8 @@ if token is not None:
 # hosts share one sequence: the head fetches, serves, the workers copy, the head stops serving.
 is_head = s.me.is_head
 lanes = [f"--uplink={i}" for i in s.me.uplink_interfaces] or ["--uplink=default"]
+if len(s.me.uplink_interfaces) > 1:
+    lanes.append("--install-routes")  # per uplink: table 10N + "from <ip> lookup 10N" rule
 for art in host.loop(wanted):
     fetched = weights_present(
         name="Fetch and verify the weights on the head",
@@ -62,6 +64,9 @@ for art in host.loop(wanted):
         dest=art.dest,
         unit=f"sparkrig-fetch-{art.name}",
         source=["--endpoint", k.hub_endpoint, *lanes, *source_token],
+        commit=art.commit,
+        total_files=art.total_files,
+        total_bytes=art.total_bytes,
         verify=k.weights_verify,
         _if=lambda: is_head,
     )
@@ -80,7 +85,8 @@ serving = transient_service(
     unit="sparkrig-weights-serve",
     command=[
         fetcher, "serve", "--dir", k.weights_dir,
-        "--listen", f"{s.me.ip}:{k.copy_port}", "--max-seconds", "86400",
+        "--listen", f"{s.me.ip}:{k.copy_port}", "--bind-device", s.me.fabric_interface,
+        "--max-seconds", "86400",
     ],
     _if=lambda: worker_needs,
 )  # fmt: skip
@@ -93,8 +99,11 @@ for art in host.loop(wanted):
         unit=f"sparkrig-fetch-{art.name}",
         source=[
             "--base-url", f"http://{s.head.ip}:{k.copy_port}/{art.subdir}",
-            f"--uplink={s.me.fabric_interface}", "--no-bind-src", "--streams", "2",
+            f"--uplink={s.me.fabric_interface}", "--no-bind-src", "--streams", "4",
         ],
+        commit=art.commit,
+        total_files=art.total_files,
+        total_bytes=art.total_bytes,
         verify=k.weights_verify,
         _if=lambda: not is_head,
     )  # fmt: skip

@@ -137,7 +137,14 @@ def converged(
     )
     canned["echo rc=$?"] = "rc=0"
     canned["sparkrig-fetch state"] = json.dumps(
-        {"ok": True, "total_files": 2, "verified": 2, "files_to_fetch": 0, "bytes_to_fetch": 0}
+        {
+            "ok": True,
+            "commit": "caca4e6a4ebbd66f159d3d2fc256683fd6e27177",
+            "total_files": 2,
+            "verified": 2,
+            "files_to_fetch": 0,
+            "bytes_to_fetch": 0,
+        }
     )
     canned.update(converged_image_state(IMAGE))  # base and patched image present
     return canned

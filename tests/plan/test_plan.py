@@ -165,3 +165,15 @@ def test_nccl_smoke_test_runs_workers_first_before_a_pair_start_and_not_when_con
     converge_state(monkeypatch)
     again = apply(monkeypatch)
     assert not any("sparkrig-nccl-smoke" in c for cmds in again.commands.values() for c in cmds)
+
+
+def test_a_host_holding_another_revision_is_not_taken_as_verified(monkeypatch):
+    converge_state(monkeypatch)
+    for name in ("spark-a", "spark-b"):  # the hosts still hold an older lockfile, all verified
+        fakehosts.STATE[name]["sparkrig-fetch state"] = fakehosts.STATE[name][
+            "sparkrig-fetch state"
+        ].replace("caca4e6a4ebbd66f159d3d2fc256683fd6e27177", "0" * 40)
+    r = run(["--dry", "tests/plan/inventory_state.py", "deploy.py"], monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert "lockfile caca4e6a4ebb not judged on the host yet: up to 2 files" in r.output
+    assert "Fetch and verify the weights on the head" in " ".join(r.changed_ops[HEAD])
