@@ -136,6 +136,13 @@ systemd.service(
 # its condition holds), so all hosts share one sequence and pyinfra's per-operation barrier orders
 # them: stop every rank together, start the workers, wait for their containers, start the head.
 is_head = s.me.is_head
+watchdog_on = k.watchdog
+systemd.service(
+    name="Pause the watchdog during an ordered pair restart",
+    service="sparkrig-watchdog",
+    running=False,
+    _if=lambda: is_head and watchdog_on and restart(),
+)
 systemd.service(
     name="Stop every rank for an ordered pair restart",
     service=s.unit_name,

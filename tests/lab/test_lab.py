@@ -7,15 +7,31 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 
 import pytest
 
-from tests.lab.conftest import Lab, pyinfra
+from tests.lab.conftest import STATE, Lab, pyinfra
 
 pytestmark = pytest.mark.lab
 INV = "lab/inventory.py"
 OWNED = ["/etc/sysctl.d/90-sparkrig.conf", "/etc/sparkrig/rank.env"]
+
+
+def lab_state() -> dict:
+    return json.loads(STATE.read_text())
+
+
+def hub_log() -> list[dict]:
+    """Every request the Hub stand-in served (it records the client address)."""
+    out = subprocess.run(
+        ["ip", "netns", "exec", lab_state()["namespace"], "python3", "-c",
+         "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen("
+         f"'{lab_state()['hub_endpoint']}/_control/log').read().decode())"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout)
 
 
 def changed_ops(output: str) -> dict[str, list[str]]:
@@ -110,6 +126,45 @@ def test_converged_hosts_verify(lab: Lab):
     assert "every peer is up" in log
 
 
+def test_weights_came_once_over_both_uplinks_then_over_the_fabric(lab: Lab):
+    fetcher = "/opt/sparkrig/bin/sparkrig-fetch"
+    for g in lab.guests:  # every rank holds the checkpoint, re-hashed in full here
+        g.sh(
+            f"{fetcher} verify --mode full --lock /etc/sparkrig/model.lock.json "
+            "--dest /var/lib/sparkrig/models/model"
+        )
+    clients = {entry["client"] for entry in hub_log() if "/resolve/" in entry["path"]}
+    head_uplinks = set(lab_state()["hosts"][0]["uplink_addresses"].values())
+    assert clients == head_uplinks, f"hub saw {clients}, head uplinks are {head_uplinks}"
+
+
+def test_the_four_gates_pass_and_the_head_started_right_after_the_workers(lab: Lab):
+    out = lab.head.sh(
+        "python3 /opt/sparkrig/sparkrig_gate.py gates --url http://127.0.0.1:8000 "
+        "--model glm-5.3-flash"
+    )
+    gates = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    print("gates:", gates)
+    assert [(g["gate"], g["ok"]) for g in gates] == [
+        ("health", True),
+        ("models", True),
+        ("math", True),
+        ("tool", True),
+    ]
+    worker_ready = float(
+        lab.workers[0].sh(
+            "date -d \"$(docker inspect -f '{{.State.StartedAt}}' sparkrig-rank1)\" +%s.%N"
+        )
+    )
+    head_start = float(
+        lab.head.sh(
+            'date -d "$(systemctl show -p ActiveEnterTimestamp --value sparkrig-head)" +%s.%N'
+        )
+    )
+    print(f"worker container running -> head unit started: {head_start - worker_ready:.1f} s")
+    assert -5 < head_start - worker_ready < 120
+
+
 def test_second_run_changes_nothing_and_restarts_nothing(lab: Lab):
     before = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
     r = pyinfra("-y", "--json", INV, "deploy.py")
@@ -158,15 +213,51 @@ def test_firmware_reset_is_restored_by_one_rerun(lab: Lab):
     assert "every peer is up" in lab.head.sh("journalctl -u sparkrig-head --no-pager -o cat")
 
 
-def test_killing_the_worker_container_brings_the_head_down(lab: Lab):
-    worker = lab.workers[0]
-    worker.sh("docker kill sparkrig-rank1")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if lab.head.sh("systemctl is-active sparkrig-head || true").strip() != "active":
-            break
+def wait_for(what: str, check, timeout: float) -> float:
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout, f"{what}: not within {timeout:.0f} s"
         time.sleep(3)
-    assert lab.head.sh("systemctl is-active sparkrig-head || true").strip() != "active"
-    r = pyinfra("-y", INV, "deploy.py")  # the ordered restart brings both back
+    took = time.monotonic() - start
+    print(f"{what}: {took:.0f} s")
+    return took
+
+
+def test_a_dead_worker_takes_the_head_down_and_the_watchdog_brings_both_back(lab: Lab):
+    worker, head = lab.workers[0], lab.head
+    before = head.unit_started("sparkrig-head")
+    worker.sh("docker kill sparkrig-rank1")
+    wait_for(
+        "head down after the worker's container died",
+        lambda: head.sh("systemctl is-active sparkrig-head || true").strip() != "active",
+        120,
+    )
+
+    def serving() -> bool:
+        out = head.sh(
+            "python3 /opt/sparkrig/sparkrig_gate.py probe --url http://127.0.0.1:8000 "
+            "--model glm-5.3-flash --timeout 10 >/dev/null 2>&1 && echo ok || true"
+        )
+        return out.strip() == "ok"
+
+    wait_for("the watchdog restarted the pair and it answers again", serving, 600)
+    assert head.unit_started("sparkrig-head") != before
+    assert worker.sh("systemctl is-active sparkrig-worker").strip() == "active"
+    assert "restarting the pair" in head.sh("journalctl -u sparkrig-watchdog --no-pager -o cat")
+
+
+def test_stopping_the_head_is_left_alone_and_the_deploy_restarts_the_pair(lab: Lab):
+    head = lab.head
+    head.sh("systemctl stop sparkrig-head")
+    wait_for(
+        "worker down after the head was stopped",
+        lambda: (
+            lab.workers[0].sh("systemctl is-active sparkrig-worker || true").strip() != "active"
+        ),
+        120,
+    )
+    time.sleep(30)  # an operator's stop: the watchdog must not undo it
+    assert head.sh("systemctl is-active sparkrig-head || true").strip() != "active"
+    r = pyinfra("-y", INV, "deploy.py")  # the ordered start brings both back
     assert r.rc == 0, r.output[-4000:]
-    assert lab.head.sh("systemctl is-active sparkrig-head").strip() == "active"
+    assert head.sh("systemctl is-active sparkrig-head").strip() == "active"
