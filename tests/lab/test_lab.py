@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from sparkrig.facts import RoceGids, parse_gid_lines
 from tests.lab.conftest import STATE, Lab, pyinfra
 
 pytestmark = pytest.mark.lab
@@ -56,19 +57,14 @@ def sudo_commands_since(lab: Lab, since: int) -> int:
     return total
 
 
-def gid_index_for(lab_guest, ip: str) -> int:
+def gid_index_for(guest, ip: str) -> int:
+    """The guest's own RoCE v2 index for ::ffff:<ip>, read the way the fact reads it (one grep)."""
+    table = parse_gid_lines(guest.sh(RoceGids().command()).splitlines())
     a, b, c, d = (int(x) for x in ip.split("."))
     want = f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
-    table = lab_guest.sh(
-        "for g in /sys/class/infiniband/*/ports/1/gids/*; do "
-        'i=${g##*/}; p=${g%/gids/*}; echo "$i $(cat $g) $(cat $p/gid_attrs/types/$i 2>/dev/null)"; '
-        "done"
-    )
-    for line in table.splitlines():
-        parts = line.split(maxsplit=2)
-        if len(parts) == 3 and parts[1] == want and parts[2].strip() == "RoCE v2":
-            return int(parts[0])
-    raise AssertionError(f"no RoCE v2 GID for {ip} in\n{table}")
+    found = [e.index for e in table if e.gid == want and e.type == "RoCE v2"]
+    assert len(found) == 1, f"RoCE v2 entries for {ip}: {found}\n{table}"
+    return found[0]
 
 
 def env_value(guest, key: str) -> str:
