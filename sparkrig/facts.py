@@ -178,14 +178,20 @@ class NodeReport:
         return parts[2] if len(parts) >= 3 else ""
 
 
-def parse_node_report(lines: list[str]) -> NodeReport:
+def parse_key_values(lines: list[str], what: str) -> dict[str, str]:
+    """``key=value`` lines of a fact script that ends with the END marker (else it was cut)."""
     if END not in lines:
-        raise FactProcessError("node report ended early (no end marker)")
+        raise FactProcessError(f"{what} ended early (no end marker)")
     raw: dict[str, str] = {}
     for line in lines:
         if "=" in line:
             key, _, value = line.partition("=")
             raw[key.strip()] = value.strip()
+    return raw
+
+
+def parse_node_report(lines: list[str]) -> NodeReport:
+    raw = parse_key_values(lines, "node report")
     ints = ("disk_free", "memfree_kb", "swappiness", "min_free_kbytes", "mtu")
     values: dict[str, Any] = {}
     try:

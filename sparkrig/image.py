@@ -30,12 +30,12 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError, OperationValueError
 
+from sparkrig.facts import END, parse_key_values
 from sparkrig.imagehash import base_digest, context_files, image_ref, image_tag
 from sparkrig.operations import fail_host
 from sparkrig.settings import Settings
 
 FILES_DIR = Path(__file__).resolve().parent.parent / "files"
-END = "##SPARKRIG-END##"
 MARKER = "sparkrig-image-state"  # in every image fact command (fakes match on it)
 SERVE_UNIT = "sparkrig-image-serve"
 SERVE_MAX_SECONDS = 4 * 3600  # the server stops by itself even if the deploy dies
@@ -204,13 +204,7 @@ def _csv(text: str) -> tuple[str, ...]:
 
 
 def parse_image_report(lines: list[str]) -> ImageReport:
-    if END not in lines:
-        raise FactProcessError("image state ended early (no end marker)")
-    raw: dict[str, str] = {}
-    for line in lines:
-        if "=" in line:
-            key, _, value = line.partition("=")
-            raw[key.strip()] = value.strip()
+    raw = parse_key_values(lines, "image state")
     return ImageReport(
         answered=True,
         server=raw.get("server", ""),

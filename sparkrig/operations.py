@@ -15,7 +15,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.context import ctx_state
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.server import Command
-from pyinfra.operations import files
+from pyinfra.operations import files, systemd
 
 from sparkrig.facts import GidNotFound, RoceGids, WeightsState, select_gid
 from sparkrig.gates import gates_passed, parse_gate_lines
@@ -318,4 +318,24 @@ def program(src: str, dest: str) -> Generator[Any, None, None]:
     """
     yield from files.put._inner(
         src=src, dest=dest, user="root", group="root", mode="755", create_remote_dir=False
+    )
+
+
+def keep_helper_running(service: str, changed: Callable[[], bool]) -> None:
+    """Two operations for a sparkrig helper unit (agent, watchdog): (re)start it after its unit
+    or program changed, and keep it enabled and running otherwise."""
+    systemd.service(
+        name="Restart a sparkrig helper after its unit or program changed",
+        service=service,
+        running=True,
+        enabled=True,
+        restarted=True,
+        daemon_reload=True,
+        _if=changed,
+    )
+    systemd.service(
+        name="Keep a sparkrig helper enabled and running",
+        service=service,
+        running=True,
+        enabled=True,
     )

@@ -10,6 +10,7 @@ from pyinfra.operations import files, server, systemd
 
 from sparkrig.image import serving_image
 from sparkrig.operations import (
+    keep_helper_running,
     note_restart_trigger,
     pair_restart_needed,
     program,
@@ -83,20 +84,8 @@ if not s.me.is_head:
         text=render("sparkrig-agent.service.j2", **agent_unit_context(s)),
         dest=p["agent_unit"],
     )
-    systemd.service(
-        name="Run the worker agent",
-        service="sparkrig-agent",
-        running=True,
-        enabled=True,
-        restarted=True,
-        daemon_reload=True,
-        _if=lambda: agent_unit.did_change() or pair_program.did_change(),
-    )
-    systemd.service(
-        name="Keep the worker agent running",
-        service="sparkrig-agent",
-        running=True,
-        enabled=True,
+    keep_helper_running(
+        "sparkrig-agent", lambda: agent_unit.did_change() or pair_program.did_change()
     )
 else:
     put_text(
@@ -201,18 +190,6 @@ systemd.service(
 )
 
 if s.me.is_head and k.watchdog:
-    systemd.service(
-        name="Run the watchdog",
-        service="sparkrig-watchdog",
-        running=True,
-        enabled=True,
-        restarted=True,
-        daemon_reload=True,
-        _if=lambda: watchdog_unit.did_change() or pair_program.did_change(),
-    )
-    systemd.service(
-        name="Keep the watchdog running",
-        service="sparkrig-watchdog",
-        running=True,
-        enabled=True,
+    keep_helper_running(
+        "sparkrig-watchdog", lambda: watchdog_unit.did_change() or pair_program.did_change()
     )
