@@ -23,7 +23,7 @@ netplan = put_text(
     mode="600",
 )
 link_drift = node.mtu != k.fabric_mtu or address not in node.ipv4
-server.shell(
+applied = server.shell(
     name="Apply the fabric netplan",
     commands=[
         "netplan apply",
@@ -32,6 +32,7 @@ server.shell(
     ],
     _if=lambda: netplan.did_change() or link_drift,
 )
+note_restart_trigger(applied)  # a re-applied fabric (MTU reset, address lost) breaks NCCL's links
 fabric_path(
     name="Prove the fabric MTU end to end with do-not-fragment pings",
     interface=iface,

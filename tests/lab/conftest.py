@@ -79,8 +79,9 @@ class Lab:
 @dataclass
 class Deploy:
     rc: int
-    output: str
+    output: str  # stdout and stderr
     seconds: float
+    stdout: str  # alone: with --json, the JSON document
 
 
 def pyinfra(*args: str, timeout: float = 1800) -> Deploy:
@@ -97,7 +98,7 @@ def pyinfra(*args: str, timeout: float = 1800) -> Deploy:
     )
     seconds = time.monotonic() - start
     print(f"pyinfra {' '.join(args)}: rc {out.returncode} in {seconds:.0f} s")
-    return Deploy(out.returncode, out.stdout + out.stderr, seconds)
+    return Deploy(out.returncode, out.stdout + out.stderr, seconds, out.stdout)
 
 
 def lab_cli(*args: str, timeout: float = 1500) -> None:

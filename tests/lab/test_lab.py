@@ -37,7 +37,7 @@ def hub_log() -> list[dict]:
 
 def changed_ops(output: str) -> dict[str, list[str]]:
     """Per host, the operations that changed something, from ``pyinfra -y --json``."""
-    data = json.loads(output[output.index("{") :])
+    data = json.loads(output)
     changed: dict[str, list[str]] = {}
     for op in data["results"]["operations"]:
         for host in op["success"]:
@@ -165,7 +165,7 @@ def test_second_run_changes_nothing_and_restarts_nothing(lab: Lab):
     before = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
     r = pyinfra("-y", "--json", INV, "deploy.py")
     assert r.rc == 0, r.output[-4000:]
-    assert changed_ops(r.output) == {}
+    assert changed_ops(r.stdout) == {}
     after = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
     assert after == before
 
@@ -179,7 +179,7 @@ def test_limit_worker_fixes_the_worker_and_leaves_the_head_alone(lab: Lab):
     )
     r = pyinfra("-y", "--json", "--limit", "worker", INV, "deploy.py")
     assert r.rc == 0, r.output[-4000:]
-    changed = changed_ops(r.output)
+    changed = changed_ops(r.stdout)
     assert set(changed) <= {w.name for w in lab.workers}
     assert worker.sh("sysctl -n vm.swappiness").strip() == "0"
     assert worker.sh("cat /etc/sysctl.d/90-sparkrig.conf").startswith("# Managed by sparkrig")
@@ -194,16 +194,20 @@ def test_firmware_reset_is_restored_by_one_rerun(lab: Lab):
     iface = worker.fabric_interface
     old_index = env_value(worker, "NCCL_IB_GID_INDEX")
     started = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
-    # what a firmware capsule reboot does: MTU back to 1500, the RDMA device re-created
+    # what a firmware capsule reboot does: MTU back to 1500, the RDMA device re-created, and the
+    # GID table filled in another order (addresses arriving before the fabric IPv4)
     worker.sh(
-        f"ip link set dev {iface} mtu 1500; rdma link delete rxe0; "
-        f"ip -6 addr add fe80::5a/64 dev {iface}; rdma link add rxe0 type rxe netdev {iface}"
+        f"ip link set dev {iface} mtu 1500; ip -4 addr flush dev {iface}; "
+        f"rdma link delete rxe0; rdma link add rxe0 type rxe netdev {iface}; "
+        f"ip -6 addr add fd00::5a/64 dev {iface}; ip -6 addr add fd00::5b/64 dev {iface}"
     )
     r = pyinfra("-y", "--json", INV, "deploy.py")
     assert r.rc == 0, r.output[-6000:]
     assert worker.sh(f"cat /sys/class/net/{iface}/mtu").strip() == "9000"
     assert env_value(worker, "NCCL_IB_GID_INDEX") == str(gid_index_for(worker, worker.ip))
-    print(f"GID index on {worker.name}: {old_index} -> {env_value(worker, 'NCCL_IB_GID_INDEX')}")
+    new_index = env_value(worker, "NCCL_IB_GID_INDEX")
+    print(f"GID index on {worker.name}: {old_index} -> {new_index}")
+    assert new_index != old_index
     for g in lab.guests:  # both ranks restarted
         assert g.unit_started("sparkrig-head sparkrig-worker") != started[g.name]
     assert "every peer is up" in lab.head.sh("journalctl -u sparkrig-head --no-pager -o cat")

@@ -177,3 +177,13 @@ def test_a_host_holding_another_revision_is_not_taken_as_verified(monkeypatch):
     assert r.exit_code == 0, r.output
     assert "lockfile caca4e6a4ebb not judged on the host yet: up to 2 files" in r.output
     assert "Fetch and verify the weights on the head" in " ".join(r.changed_ops[HEAD])
+
+
+def test_an_mtu_reset_alone_also_restarts_the_pair(monkeypatch):
+    converge_state(monkeypatch, **{"spark-b": {"mtu": 1500}})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert "ip link set dev enp1s0f1np1 mtu 9000 up" in r.commands[WORKER]
+    assert "/etc/sparkrig/rank.env" not in r.uploads.get(WORKER, {})  # the GID did not move
+    assert "systemctl stop sparkrig-head.service" in r.commands[HEAD]
+    assert "systemctl start sparkrig-worker.service" in r.commands[WORKER]
