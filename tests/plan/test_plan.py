@@ -186,4 +186,4 @@ def test_an_mtu_reset_alone_also_restarts_the_pair(monkeypatch):
     assert "ip link set dev enp1s0f1np1 mtu 9000 up" in r.commands[WORKER]
     assert "/etc/sparkrig/rank.env" not in r.uploads.get(WORKER, {})  # the GID did not move
     assert "systemctl stop sparkrig-head.service" in r.commands[HEAD]
-    assert "systemctl start sparkrig-worker.service" in r.commands[WORKER]
+    assert "systemctl stop sparkrig-worker.service" in r.commands[WORKER]
