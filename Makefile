@@ -3,7 +3,7 @@ PY ?= python3
 PKG := sparkrig lab files
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: deps check test unit netns-test deploy-lab lab-test lab-down
+.PHONY: deps check test unit deploy-lab lab-test lab-down
 
 deps:
 	bash scripts/install-deps.sh
@@ -13,13 +13,10 @@ check:
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy $(PKG)
 
-# Everything but the opt-in suites: lint, format, types, unit, plan, serving and weights tests.
+# Lint, format, types, then unit, plan, image, serving and weights tests (network namespaces
+# included). The qemu lab suite is `make lab-test` until it passes in one go every time.
 test: deps check
-	$(PY) -m pytest -q -rs -m "not lab and not netns"
-
-# Weights lanes bound to interfaces in network namespaces (root; opt-in until stable).
-netns-test: deps check
-	$(PY) -m pytest -q -rs -m netns
+	$(PY) -m pytest -q -rs -m "not lab"
 
 # Without the VM lab (minutes, not tens of minutes).
 unit: check
