@@ -199,7 +199,14 @@ def test_firmware_reset_is_restored_by_one_rerun(lab: Lab):
     worker.sh(
         f"ip link set dev {iface} mtu 1500; ip -4 addr flush dev {iface}; "
         f"rdma link delete rxe0; rdma link add rxe0 type rxe netdev {iface}; "
-        f"ip -6 addr add fd00::5a/64 dev {iface}; ip -6 addr add fd00::5b/64 dev {iface}"
+        f"ip -6 addr add fd00::5a/64 dev {iface} nodad; "
+        f"ip -6 addr add fd00::5b/64 dev {iface} nodad"
+    )
+    # nodad makes the IPv6 GIDs appear at once, ahead of the IPv4 one the re-run restores
+    wait_for(
+        "IPv6 GIDs in the re-created table",
+        lambda: len(parse_gid_lines(worker.sh(RoceGids().command()).splitlines())) >= 3,
+        30,
     )
     r = pyinfra("-y", "--json", INV, "deploy.py")
     assert r.rc == 0, r.output[-6000:]
