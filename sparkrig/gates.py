@@ -8,33 +8,20 @@ parsers of their stdout. Everything here is pure: nothing runs a command.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+from sparkrig.scripts import load_script
 
 SCRIPT_NAME = "sparkrig_gate.py"
 SCRIPT_PATH = Path(__file__).resolve().parents[1] / "files" / SCRIPT_NAME
 CURL_STATUS_MARK = "\n__sparkrig_http_status__="
 
 
-def _load() -> ModuleType:
-    name = "sparkrig._gate_impl"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPT_PATH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_impl = _load()
+_impl = load_script("sparkrig._gate_impl", SCRIPT_PATH)
 GateResult = _impl.GateResult
 GATES: tuple[str, ...] = _impl.GATES
 STAGE_ORDER: tuple[str, ...] = _impl.STAGE_ORDER

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import subprocess
@@ -13,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from sparkrig.scripts import load_script
+
 FILE = Path(__file__).resolve().parents[2] / "files" / "sparkrig_pair.py"
-spec = importlib.util.spec_from_file_location("sparkrig_pair", FILE)
-assert spec and spec.loader
-pair = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(pair)
+pair = load_script("sparkrig_pair", FILE)
 
 
 def test_a_peer_that_was_up_and_misses_three_probes_stops_the_rank():
