@@ -13,12 +13,12 @@ check:
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy $(PKG)
 
-# Lint, format, types, then unit, plan, image, serving and weights tests (network namespaces
-# included). The qemu lab suite is `make lab-test` until it passes in one go every time.
+# Lint, format, types, then every test: unit, plan, image, serving, weights (network namespaces)
+# and the qemu lab suite (boots two VMs and always tears them down; about 20 minutes under TCG).
 test: deps check
-	$(PY) -m pytest -q -rs -m "not lab"
+	SPARKRIG_LAB=1 $(PY) -m pytest -q -rs --durations=12
 
-# Without the VM lab (minutes, not tens of minutes).
+# Everything but the VM lab (minutes, not tens of minutes): the loop while editing.
 unit: check
 	$(PY) -m pytest -m "not lab" -q
 
@@ -27,9 +27,9 @@ deploy-lab: deps
 	$(PY) -m lab up
 	pyinfra -y lab/inventory.py deploy.py
 
-# The qemu lab suite (boots VMs; tens of minutes under software emulation).
+# The qemu lab suite alone.
 lab-test: deps check
-	SPARKRIG_LAB=1 $(PY) -m pytest -q -rs -m lab
+	SPARKRIG_LAB=1 $(PY) -m pytest -q -rs -m lab --durations=12
 
 lab-down:
 	$(PY) -m lab down
