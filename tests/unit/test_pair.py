@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -77,6 +76,12 @@ def test_watchdog_lets_a_restart_take_before_judging_again():
     assert p.observe(61, False, True, None) == "restart"
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @pytest.fixture
 def fake_systemctl(tmp_path):
     log = tmp_path / "systemctl.log"
@@ -93,25 +98,26 @@ def test_agent_starts_the_unit_only_for_the_right_token(tmp_path, fake_systemctl
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(FILE), "agent", "--listen", "127.0.0.1:29971",
+        [sys.executable, str(FILE), "agent", "--listen", f"127.0.0.1:{port}",
          "--unit", "sparkrig-worker.service", "--token-file", str(token)],
         env=env,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while True:
             try:
-                socket.create_connection(("127.0.0.1", 29971), 1).close()
+                socket.create_connection(("127.0.0.1", port), 1).close()
                 break
             except OSError:
                 assert time.monotonic() < deadline, "agent did not start"
                 time.sleep(0.1)
-        assert pair.ask("127.0.0.1", 29971, "wrong", "start") is False
-        assert pair.ask("127.0.0.1", 29971, "s3cret", "reboot") is False
+        assert pair.ask("127.0.0.1", port, "wrong", "start") is False
+        assert pair.ask("127.0.0.1", port, "s3cret", "reboot") is False
         assert not log.exists()
-        assert pair.ask("127.0.0.1", 29971, "s3cret", "stop") is True
-        assert pair.ask("127.0.0.1", 29971, "s3cret", "start") is True
+        assert pair.ask("127.0.0.1", port, "s3cret", "stop") is True
+        assert pair.ask("127.0.0.1", port, "s3cret", "start") is True
         assert log.read_text().splitlines() == [
             "stop sparkrig-worker.service",
             "--no-block start sparkrig-worker.service",
@@ -121,30 +127,67 @@ def test_agent_starts_the_unit_only_for_the_right_token(tmp_path, fake_systemctl
         proc.wait(5)
 
 
-def test_wait_times_out_on_a_silent_peer_and_passes_on_an_answering_one():
-    import http.server
+class Beacon:
+    """A peer's beacon on loopback: 503 (container not running) until ``up`` is set."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        beacon = self
+        self.up = False
+        self.hits = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                beacon.hits += 1
+                self.send_response(200 if beacon.up else 503)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def wait_main(port: int, timeout: float) -> int:
+    argv = ["wait", "--peers", "127.0.0.1", "--port", str(port), "--timeout", str(timeout)]
+    return pair.main([*argv, "--interval", "0.1"])
+
+
+def test_wait_holds_while_a_peer_answers_503_and_passes_once_it_answers_200():
     import threading
 
-    class Up(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *a):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Up)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
+    beacon = Beacon()
     try:
-        assert (
-            pair.main(["wait", "--peers", "127.0.0.1", "--port", str(port), "--timeout", "5"]) == 0
-        )
-        assert pair.main(["wait", "--peers", "127.0.0.1", "--port", "1", "--timeout", "1"]) == 1
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/") as r:
-            assert r.status == 200
+        assert wait_main(beacon.port, 1) == 1  # answering, but its container is not running
+        assert beacon.hits >= 2
+        result: list[int] = []
+        waiter = threading.Thread(target=lambda: result.append(wait_main(beacon.port, 60)))
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while beacon.hits < 4:  # the waiter is polling the 503
+            assert time.monotonic() < deadline, "wait never probed the beacon"
+            time.sleep(0.05)
+        assert result == []  # still waiting
+        beacon.up = True
+        waiter.join(60)
+        assert result == [0]
     finally:
-        server.shutdown()
+        beacon.close()
+
+
+def test_wait_times_out_on_a_peer_nobody_listens_for():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connection refused
+        assert wait_main(port, 1) == 1
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,10 @@
 """Every file the deploy owns, rendered for 2 and 4 nodes, against reviewed golden copies.
 
-Regenerate after an intended change with SPARKRIG_UPDATE_GOLDEN=1, then review the diff."""
+After an intended change, regenerate them with `python3 scripts/update-golden.py`, review the
+diff and commit it; the test itself only ever compares."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -38,20 +38,25 @@ def owned_files(s: Settings) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("nodes", [2, 4])
-def test_rendered_files_match_golden(nodes):
+def rendered(nodes: int) -> dict[Path, str]:
+    """Every owned file of an n-node cluster, keyed by its golden path."""
     settings = build(
         cluster(nodes, min_free_kbytes=1048576, nccl_env={"NCCL_DEBUG_SUBSYS": "INIT"})
     )
-    update = os.environ.get("SPARKRIG_UPDATE_GOLDEN") == "1"
-    for name, s in settings.items():
-        for filename, text in owned_files(s).items():
-            path = GOLDEN / f"{nodes}nodes" / name / filename
-            if update:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
-            assert path.exists(), f"no golden file {path}; run with SPARKRIG_UPDATE_GOLDEN=1"
-            assert text == path.read_text(), f"{path} differs from the rendered file"
+    return {
+        GOLDEN / f"{nodes}nodes" / name / filename: text
+        for name, s in settings.items()
+        for filename, text in owned_files(s).items()
+    }
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_rendered_files_match_golden(nodes):
+    files = rendered(nodes)
+    on_disk = {p for p in (GOLDEN / f"{nodes}nodes").rglob("*") if p.is_file()}
+    assert on_disk == set(files), "golden files differ in number; scripts/update-golden.py"
+    for path, text in files.items():
+        assert text == path.read_text(), f"{path} differs; scripts/update-golden.py, then review"
 
 
 def test_worker_unit_is_headless_and_head_unit_waits_for_workers():

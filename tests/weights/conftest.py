@@ -8,8 +8,9 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +115,15 @@ def http_json(url: str, data: Any = None, method: str | None = None) -> Any:
 def needs_root() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root")
+
+
+def poll(ready: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """Wait for a condition the test can observe (generous bound; never a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
+        time.sleep(0.05)
+
+
+def parts_in_flight(dest: Path) -> list[Path]:
+    return [p for p in dest.rglob("*.part") if p.stat().st_size > 0] if dest.exists() else []

@@ -7,13 +7,12 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .conftest import lock_files
+from .conftest import lock_files, parts_in_flight, poll
 from .topo import Topo
 
 pytestmark = pytest.mark.netns
@@ -159,7 +158,7 @@ def test_dead_lane_other_lane_finishes(
         text=True,
     )
     topo.procs.append(p)
-    time.sleep(0.8)  # both lanes are mid-file on the two 4 MiB shards
+    poll(lambda: len(parts_in_flight(dest)) >= 2, "both lanes mid-file on the two shards")
     topo.blackhole(1)
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 0, out
@@ -209,7 +208,8 @@ def test_bound_one_lane_copy(topo: Topo, hub_root: Path, model_lock: Path, tmp_p
         text=True,
     )
     topo.procs.append(srv)
-    time.sleep(0.5)
+    listening = topo.in_ns(topo.srv, "ss", "-Hltn", "sport = :9100")
+    poll(lambda: bool(subprocess.run(listening, capture_output=True, text=True).stdout), "serve")
     dst = tmp_path / "dst"
     r = run(
         topo.fetch_cmd(
