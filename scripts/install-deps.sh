@@ -6,8 +6,19 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 # shellcheck disable=SC2046
 apt-get install -y -qq --no-install-recommends $(grep -v '^#' lab/requirements-apt.txt) \
-  iproute2 iputils-ping make >/dev/null
+  iproute2 iputils-ping openssl make >/dev/null
 python3 -m pip install -q --disable-pip-version-check -r requirements-test.txt
 # CPU build of torch (a wheel on this machine kind's disk) for the UTF-8 guard and gloo tests.
-python3 -m pip install -q --disable-pip-version-check torch==2.13.0 ||
-  echo "install-deps: torch is not installable here; its tests will be skipped"
+# The suite needs it: failing here fails `make test` (and CI) instead of skipping those tests.
+if ! python3 -m pip install -q --disable-pip-version-check torch==2.13.0; then
+  echo "install-deps: torch==2.13.0 could not be installed; the UTF-8 guard and NCCL smoke" \
+    "tests need it, so make test stops here" >&2
+  exit 1
+fi
+# Every import the suite needs, checked once, loudly (a broken wheel fails here, not as a skip).
+python3 -c 'import torch' && python3 -c 'import pyinfra_cli, pytest, testinfra, pydantic, huggingface_hub' ||
+  { echo "install-deps: a Python dependency of the suite does not import (see above)" >&2; exit 1; }
+for tool in curl openssl ip ping qemu-system-x86_64 debootstrap; do
+  command -v "$tool" >/dev/null ||
+    { echo "install-deps: $tool is missing after the apt install; the suite needs it" >&2; exit 1; }
+done
