@@ -286,6 +286,11 @@ class HttpStatusError(Exception):
         self.status = status
 
 
+class SizeMismatch(Exception):
+    """The server's size for a file differs from the lockfile's: that file fails alone (no retry,
+    never counted against the lane): the lockfile or the repo is wrong, not the network."""
+
+
 class VerifyError(Exception):
     pass
 
@@ -615,7 +620,17 @@ class Run:
                 cr = resp.getheader("Content-Range") or ""
                 if not cr.startswith(f"bytes {have}-"):
                     raise NetError(f"{e.path}: unexpected Content-Range {cr!r}")
+                total = cr.rpartition("/")[2]
+                if total.isdigit() and int(total) != e.size:
+                    raise SizeMismatch(
+                        f"{e.path}: lockfile says {e.size} bytes, server sent {total}"
+                    )
             elif resp.status == 200:
+                length = resp.getheader("Content-Length") or ""
+                if length.isdigit() and int(length) != e.size:
+                    raise SizeMismatch(
+                        f"{e.path}: lockfile says {e.size} bytes, server sent {length}"
+                    )
                 if have:
                     log(f"{e.path}: server ignored Range (200), restarting from 0")
                     have = 0
@@ -640,7 +655,9 @@ class Run:
                         break
                     if have + n > e.size:
                         os.ftruncate(fd, 0)
-                        raise NetError(f"{e.path}: server sent more than {e.size} bytes")
+                        raise SizeMismatch(
+                            f"{e.path}: lockfile says {e.size} bytes, server sent more"
+                        )
                     off = 0
                     while off < n:
                         off += os.write(fd, mv[off:n])
@@ -672,6 +689,10 @@ class Run:
                 lane.state, lane.current = "busy", job.e.path
                 try:
                     self.fetch_file(lane, job)
+                except SizeMismatch as ex:
+                    log(f"lane {lane.name}: {ex} (not retried; fix the lockfile or the repo)")
+                    self.finish(job, False, str(ex))
+                    continue
                 except VerifyError as ex:
                     job.verify_failures += 1
                     log(f"lane {lane.name}: {ex}")

@@ -575,3 +575,28 @@ def test_broken_lane_retires_other_lane_finishes(
     r = run_fetch(*fetch_args(model_lock, tmp_path / "n", hub, "--uplink", "lo=192.0.2.77",
                               "--lane-failures", "2"))  # fmt: skip
     assert r.returncode == 1 and "no lane left" in r.stdout
+
+
+@pytest.mark.parametrize("delta", [-1, +1])
+def test_lockfile_size_disagreeing_with_server_fails_that_file_alone(
+    hub: Hub, model_lock: Path, tmp_path: Path, delta: int
+) -> None:
+    """A lockfile entry whose size differs from what the server sends is the lockfile's fault,
+    not the network's: that file fails once with both sizes named, no lane is retired and every
+    other file is fetched."""
+    lock = json.loads(model_lock.read_text())
+    entry = next(f for f in lock["files"] if f["path"] == MID)
+    real = entry["size"]
+    entry["size"] = real + delta
+    bad_lock = tmp_path / "bad.lock.json"
+    bad_lock.write_text(json.dumps(lock))
+    dest = tmp_path / "m"
+    r = run_fetch(*fetch_args(bad_lock, dest, hub, "--lane-failures", "1"))
+    assert r.returncode == 1, r.stdout
+    assert f"{MID}: lockfile says {real + delta} bytes, server sent {real}" in r.stdout
+    assert "retired" not in r.stdout and "no lane left" not in r.stdout
+    status = json.loads((tmp_path / "m.fetch-status.json").read_text())
+    assert [x["path"] for x in status["failed"]] == [MID]
+    assert len(body_requests(hub, entry["sha256"])) == 1  # not retried
+    others = [x for x in lock_files(model_lock) if x["path"] != MID]
+    assert all((dest / x["path"]).stat().st_size == x["size"] for x in others)
