@@ -391,7 +391,13 @@ _CACHE: list[tuple[Any, dict[str, Settings]]] = []  # (inventory, settings): one
 
 
 def for_inventory(inventory: Any) -> dict[str, Settings]:
-    """Validate once per inventory object (the deploy file runs once per host)."""
+    """Validate once per inventory object (the deploy file runs once per host), lockfiles
+    included: a missing or stale lockfile stops the run before any command reaches a host."""
     if not _CACHE or _CACHE[0][0] is not inventory:
-        _CACHE[:] = [(inventory, build(view_of(inventory)))]
+        from sparkrig.weights import artifacts  # imports this module
+
+        settings = build(view_of(inventory))
+        for s in settings.values():
+            artifacts(s)  # raises DeployError naming the lockfile and the command to make it
+        _CACHE[:] = [(inventory, settings)]
     return _CACHE[0][1]

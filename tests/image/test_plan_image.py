@@ -12,7 +12,6 @@ from sparkrig.image import MARKER, local_base, patched_tag
 from tests.image import fakeimage
 from tests.plan import fakehosts
 from tests.plan.harness import Run, run
-from tests.plan.test_plan import IPS, MODES, UNITS
 
 INVENTORY = "tests/image/inventory.py"
 HEAD, WORKER = "@fake/spark-a", "@fake/spark-b"
@@ -102,15 +101,8 @@ def test_nodes_holding_the_images_get_no_image_command(monkeypatch):
 
 
 def test_fully_converged_nodes_change_nothing(monkeypatch):
-    first = apply(monkeypatch)
-    assert first.exit_code == 0, first.output
-    for name in (HEAD, WORKER):
-        short = name.split("/")[1]
-        canned = fakeimage.converged_image_state(BASE, pulled=name == HEAD)
-        canned.update(
-            fakehosts.converged(first.uploads[name], UNITS[name], ip=IPS[name], modes=MODES)
-        )
-        fakeimage.STATE[short] = canned
+    for name, s in fakehosts.settings_of(INVENTORY).items():  # rendered, never a run's uploads
+        fakeimage.STATE[name.split("/")[1]] = fakehosts.converged(s)
     second = apply(monkeypatch)
     assert second.exit_code == 0, second.output
     assert second.changed_ops == {}, second.changed_ops

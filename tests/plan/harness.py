@@ -1,16 +1,25 @@
-"""Run the real CLI in-process against @fake hosts and read back what reached each host."""
+"""Run the real CLI in-process against @fake hosts and read back what reached each host.
+
+Strict: a command no entry of the host's ``fake_responses`` declares fails on the host (pyinfra's
+fake would answer it with success and no output) and fails the test, naming the command."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyinfra
+import pytest
 from click.testing import CliRunner
 from pyinfra.connectors.fake import FakeConnector
+from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_state
 from pyinfra_cli.main import cli
+
+UNIT_ACTION = re.compile(r"^systemctl (start|stop|restart) (sparkrig-[\w-]+?)(?:\.service)?$")
+UNIT_STATE = re.compile(r"--property SubState (sparkrig-[\w-]+?)\.service \)")
 
 
 @dataclass
@@ -41,6 +50,28 @@ def run(args: list[str], monkeypatch: Any) -> Run:
         uploads.setdefault(self.host.name, {})[remote_filename] = data
         return True
 
+    undeclared: list[tuple[str, str]] = []
+    lookup = FakeConnector._lookup_response
+    units: dict[tuple[str, str], str] = {}  # (host, unit) -> SubState after a start or stop
+
+    def strict_lookup(self: FakeConnector, command: str) -> tuple[bool, CommandOutput]:
+        for matcher in self.data.get("fake_responses") or {}:
+            if matcher.search(command) if isinstance(matcher, re.Pattern) else matcher in command:
+                ok, out = lookup(self, command)
+                # systemd remembers: a unit's SubState read after a start or stop reflects it
+                acted = UNIT_ACTION.match(command)
+                if ok and acted:
+                    units[(self.host.name, acted[2])] = acted[1]
+                read = UNIT_STATE.search(command)
+                if read and (self.host.name, read[1]) in units:
+                    sub = "dead" if units[(self.host.name, read[1])] == "stop" else "running"
+                    lines = [f"Id={read[1]}.service", f"SubState={sub}"]
+                    out = CommandOutput([OutputLine("stdout", x) for x in lines])
+                return ok, out
+        undeclared.append((self.host.name, command))
+        return False, CommandOutput([OutputLine("stderr", "undeclared command (tests/plan)")])
+
+    monkeypatch.setattr(FakeConnector, "_lookup_response", strict_lookup)
     monkeypatch.setattr(FakeConnector, "put_file", put_file)
     monkeypatch.setattr(pyinfra, "is_cli", True)
     ctx_state.reset()
@@ -64,6 +95,9 @@ def run(args: list[str], monkeypatch: Any) -> Run:
                 would = meta is not None and meta._commands is None and meta._maybe_is_change
                 if ran or would:
                     changed.setdefault(host.name, []).append(op_order[-1])
+    if undeclared:
+        listed = "\n".join(f"  {name}: {command[:400]}" for name, command in undeclared)
+        pytest.fail(f"commands no fake host declares (tests/plan/fakehosts.py):\n{listed}")
     return Run(
         exit_code=result.exit_code,
         output=result.output,

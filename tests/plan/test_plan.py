@@ -1,24 +1,23 @@
-"""Plans through the real CLI against @fake hosts: order, idempotence, --limit, bad input."""
+"""Plans through the real CLI against strict @fake hosts: order, idempotence, --limit, bad input,
+every injected failure stopping the run, and each pair-restart trigger with its negation."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
+from sparkrig.render import render
+from sparkrig.units import paths, rank_unit_context
 from tests.plan import fakehosts
 from tests.plan.harness import Run, run
 
 HEAD, WORKER = "@fake/spark-a", "@fake/spark-b"
-MODES = {"/etc/netplan/60-sparkrig-fabric.yaml": "600"}
-MODES |= {f"/opt/sparkrig/bin/sparkrig-{p}": "755" for p in ("prep", "pair")}
-MODES["/opt/sparkrig/sparkrig_gate.py"] = "755"
-MODES["/opt/sparkrig/bin/sparkrig-fetch"] = "755"
-MODES["/opt/sparkrig/bin/sparkrig-restart-pair"] = "755"
-MODES["/etc/sparkrig/pair-token"] = "600"
-UNITS = {
-    HEAD: ["sparkrig-head.service", "sparkrig-pair.service"],
-    WORKER: ["sparkrig-worker.service", "sparkrig-pair.service", "sparkrig-agent.service"],
-}
+INVENTORY = "tests/plan/inventory_state.py"
+SETTINGS = fakehosts.settings_of(INVENTORY)
 IPS = {HEAD: "192.168.100.10", WORKER: "192.168.100.11"}
+STOP = "Stop every rank for an ordered pair restart"
 
 
 @pytest.fixture(autouse=True)
@@ -28,19 +27,22 @@ def _clean_state():
     fakehosts.STATE.clear()
 
 
-def apply(monkeypatch, *extra: str, inventory: str = "tests/plan/inventory_state.py") -> Run:
+def apply(monkeypatch, *extra: str, inventory: str = INVENTORY) -> Run:
     return run(["-y", *extra, inventory, "deploy.py"], monkeypatch)
 
 
-def converge_state(monkeypatch, **overrides) -> dict[str, dict[str, bytes]]:
-    """Apply to bare hosts, then make the fakes answer as hosts holding what was uploaded."""
-    first = apply(monkeypatch)
-    assert first.exit_code == 0, first.output
-    for name in (HEAD, WORKER):
+def converge_state(**overrides) -> None:
+    """Make the fakes answer as ranks holding what the deploy renders for them."""
+    for name, s in SETTINGS.items():
         short = name.split("/")[1]
-        kwargs = {"ip": IPS[name], "modes": MODES, **overrides.get(short, {})}
-        fakehosts.STATE[short] = fakehosts.converged(first.uploads[name], UNITS[name], **kwargs)
-    return first.uploads
+        fakehosts.STATE[short] = fakehosts.converged(s, **overrides.get(short, {}))
+
+
+# commands that change a node (facts excluded): none may reach a converged pair
+ACTION = re.compile(
+    r"^(systemctl (start|stop|restart|enable|daemon-reload)|netplan apply|ip (link|addr) |"
+    r"docker (run|rm|pull|build)|sysctl -p|install -m|chmod|chown|mkdir|\(systemctl is-active)"
+)
 
 
 def position(r: Run, name: str) -> int:
@@ -64,12 +66,25 @@ def test_first_run_starts_worker_then_head_gated_on_state(monkeypatch):
     assert not any("sparkrig-head" in c for c in r.commands[WORKER])
 
 
+def test_first_run_uploads_exactly_the_rendered_files(monkeypatch):
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    for name, s in SETTINGS.items():
+        want = {path: data for path, (data, _) in fakehosts.owned_files(s).items()}
+        got = dict(r.uploads[name])
+        assert got.pop("/opt/sparkrig/image-build/context.tar")  # the image phase's build context
+        assert got.keys() == want.keys()
+        for path, data in want.items():
+            assert got[path] == data, f"{name}: {path} differs from its render"
+
+
 def test_second_run_with_converged_facts_changes_nothing(monkeypatch):
-    converge_state(monkeypatch)
+    converge_state()
     second = apply(monkeypatch)
     assert second.exit_code == 0, second.output
     assert second.changed_ops == {}, second.changed_ops
     assert second.uploads == {}
+    assert not [c for cmds in second.commands.values() for c in cmds if ACTION.search(c)]
 
 
 def test_limit_worker_plans_nothing_for_the_head(monkeypatch):
@@ -81,7 +96,7 @@ def test_limit_worker_plans_nothing_for_the_head(monkeypatch):
 
 
 def test_firmware_reset_restores_mtu_and_gid_and_restarts_the_pair_in_order(monkeypatch):
-    converge_state(monkeypatch, **{"spark-b": {"gid_index": 5, "mtu": 1500}})
+    converge_state(**{"spark-b": {"gid_index": 5, "mtu": 1500}})
     r = apply(monkeypatch)
     assert r.exit_code == 0, r.output
     worker = r.commands[WORKER]
@@ -97,18 +112,142 @@ def test_firmware_reset_restores_mtu_and_gid_and_restarts_the_pair_in_order(monk
     assert position(r, "Start the worker rank") < position(r, "Start the head rank")
 
 
-def test_preflight_failure_on_the_worker_stops_everyone_before_any_change(monkeypatch):
-    fakehosts.STATE["spark-b"] = {
-        'echo "arch=': [
-            line if not line.startswith("docker=") else "docker="
-            for line in fakehosts.node_report()
-        ]
-    }
+PREFLIGHT = "Refuse a host that fails preflight"
+
+
+def ops_after(r: Run, op: str) -> list[str]:
+    """Operations after ``op`` that sent a command to any host (nothing may run after a failure)."""
+    limit = position(r, op)
+    return sorted({o for ops in r.changed_ops.values() for o in ops if r.op_order.index(o) > limit})
+
+
+@pytest.mark.parametrize(
+    ("short", "report", "message"),
+    [
+        ("spark-b", {"docker": ""}, "docker is not installed"),
+        ("spark-b", {"disk_free": 150 * 1024**3}, "150.0 GiB free under /var/lib/sparkrig/models"),
+        ("spark-b", {"carrier": 0}, "fabric interface enp1s0f1np1 has no link (operstate down)"),
+        (
+            "spark-b",
+            {"min_free_kbytes": 1048576},
+            "vm.min_free_kbytes differs: 67584 here, 1048576 on @fake/spark-b",
+        ),
+    ],
+    ids=["no-docker", "disk", "carrier", "min-free-kbytes"],
+)
+def test_preflight_refusal_stops_everyone_before_any_change(monkeypatch, short, report, message):
+    fakehosts.inject(short, {fakehosts.NODE: fakehosts.node_report(**report)})
     r = apply(monkeypatch)
     assert r.exit_code != 0
-    assert "docker is not installed" in r.output
+    assert message in r.output
+    refused = [c for cmds in r.commands.values() for c in cmds if c.endswith(">&2; exit 1")]
+    assert len(refused) == 1 and message in refused[0]
     for name in (HEAD, WORKER):
         assert r.uploads.get(name, {}) == {}, f"{name} was changed"
+        assert r.changed_ops.get(name, []) in ([], [f"tasks/preflight.py | {PREFLIGHT}"])
+    assert ops_after(r, PREFLIGHT) == []
+
+
+@pytest.mark.parametrize(
+    ("lock", "message"),
+    [
+        (None, "no lockfile {dir}/GLM-5.3-Flash-NVFP4.lock.json"),
+        ("0" * 40, "is for LibertAIDAI/GLM-5.3-Flash-NVFP4@" + "0" * 40 + ", not"),
+    ],
+    ids=["missing", "other-commit"],
+)
+def test_a_missing_or_stale_lockfile_stops_the_run_before_any_host_command(
+    monkeypatch, tmp_path, lock, message
+):
+    if lock is not None:
+        data = json.loads(open("tests/plan/locks/GLM-5.3-Flash-NVFP4.lock.json").read())
+        (tmp_path / "GLM-5.3-Flash-NVFP4.lock.json").write_text(
+            json.dumps({**data, "commit": lock})
+        )
+    r = apply(monkeypatch, "--data", f"lockfile_dir={tmp_path}")
+    assert r.exit_code != 0
+    assert message.format(dir=tmp_path) in str(r.exception) + r.output
+    assert "python3 -m sparkrig.lockfile refresh" in str(r.exception) + r.output
+    assert all(cmds == [] for cmds in r.commands.values()), r.commands
+
+
+FAILURES = {
+    "netplan": (
+        WORKER, fakehosts.NETPLAN_APPLY, "Invalid YAML at /etc/netplan/60-sparkrig-fabric.yaml",
+        "Apply the fabric netplan",
+    ),
+    "df-ping": (
+        WORKER, fakehosts.PING, "ping: local error: message too long, mtu=1500",
+        "Prove the fabric MTU end to end with do-not-fragment pings",
+    ),
+    "fetch": (
+        HEAD, fakehosts.FETCH, "sparkrig-fetch: model-00001-of-00002.safetensors: sha256 mismatch",
+        "Fetch and verify the weights on the head",
+    ),
+    "worker-copy": (
+        WORKER, fakehosts.FETCH, "sparkrig-fetch: http://192.168.100.10:29700: connection refused",
+        "Copy and verify the weights from the head over the fabric",
+    ),
+    "nccl-head": (
+        HEAD, fakehosts.SMOKE_HEAD, "nccl_smoke: all-reduce used NET/Socket, not NET/IB",
+        "Run the NCCL smoke test on the head",
+    ),
+    "nccl-worker": (
+        WORKER, fakehosts.SMOKE_CHECK, "nccl_smoke: rank 1: all-reduce used NET/Socket",
+        "Check the NCCL smoke test on the workers",
+    ),
+    "beacon-wait": (
+        HEAD, fakehosts.PAIR_WAIT, "sparkrig-pair: timed out waiting for 192.168.100.11",
+        "Wait until every worker's container runs",
+    ),
+    "boot": (
+        HEAD, fakehosts.BOOT_WAIT, "container sparkrig-rank0 exited during boot",
+        "Wait for the head's API to finish booting",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("what", sorted(FAILURES))
+def test_a_failing_step_fails_the_deploy_and_nothing_after_it_runs(monkeypatch, what):
+    name, matcher, stderr, op = FAILURES[what]
+    fakehosts.inject(name.split("/")[1], {matcher: {"success": False, "stderr": stderr}})
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    assert stderr in r.output
+    assert any(matcher.search(c) for c in r.commands[name])
+    assert ops_after(r, op) == [], f"ran after {op!r} failed"
+    if position(r, op) < position(r, "Start the head rank"):
+        assert "systemctl start sparkrig-head.service" not in r.commands[HEAD]
+
+
+def test_a_failing_gate_fails_the_deploy_and_nothing_is_pruned(monkeypatch):
+    converge_state()
+    old = "sparkrig/vllm-glm53:old-" + "cd" * 12
+    bad_gate = json.dumps({"gate": "math", "ok": False, "detail": "answered 392", "ms": 9})
+    fakehosts.inject(
+        "spark-a",
+        {
+            fakehosts.GATES: [*fakehosts.HEALTHY_GATES[:2], bad_gate, fakehosts.HEALTHY_GATES[3]],
+            fakehosts.IMAGE_FACT: fakehosts.image_state(fakehosts.IMAGE, extra_tags=(old,)),
+        },
+    )
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    failed = [c for c in r.commands[HEAD] if c.endswith(">&2; exit 1")]
+    assert len(failed) == 1
+    assert (
+        "serving gates failed: health ok (ok); models ok (ok); math FAILED (answered 392)"
+        in (failed[0])
+    )
+    assert not any("docker image rm" in c for cmds in r.commands.values() for c in cmds)
+    # the same node with passing gates prunes the old tag, after the gates
+    fakehosts.STATE["spark-a"].pop(fakehosts.GATES)
+    ok = apply(monkeypatch)
+    assert ok.exit_code == 0, ok.output
+    assert any(c.startswith(f"docker image rm {old} ") for c in ok.commands[HEAD])
+    assert position(ok, "Pass the four serving gates") < position(
+        ok, "Prune old sparkrig images once the pair is healthy"
+    )
 
 
 @pytest.mark.parametrize(
@@ -162,28 +301,132 @@ def test_nccl_smoke_test_runs_workers_first_before_a_pair_start_and_not_when_con
     assert "--device /dev/infiniband:/dev/infiniband" in launch[0]
     head = [c for c in r.commands[HEAD] if "docker run --rm --name sparkrig-nccl-smoke" in c]
     assert head and "RANK=0" in head[0] and "nccl_smoke.py --timeout 300" in head[0]
-    converge_state(monkeypatch)
+    converge_state()
     again = apply(monkeypatch)
     assert not any("sparkrig-nccl-smoke" in c for cmds in again.commands.values() for c in cmds)
 
 
+def hold_an_older_revision() -> None:
+    """Both hosts hold an older lockfile, all its files verified."""
+    stale = json.dumps({"ok": True, "commit": "0" * 40, "total_files": 2, "verified": 2,
+                        "files_to_fetch": 0, "bytes_to_fetch": 0})  # fmt: skip
+    for short in ("spark-a", "spark-b"):
+        fakehosts.inject(short, {fakehosts.WEIGHTS_STATE: stale})
+
+
 def test_a_host_holding_another_revision_is_not_taken_as_verified(monkeypatch):
-    converge_state(monkeypatch)
-    for name in ("spark-a", "spark-b"):  # the hosts still hold an older lockfile, all verified
-        fakehosts.STATE[name]["sparkrig-fetch state"] = fakehosts.STATE[name][
-            "sparkrig-fetch state"
-        ].replace("caca4e6a4ebbd66f159d3d2fc256683fd6e27177", "0" * 40)
+    converge_state()
+    hold_an_older_revision()
     r = run(["--dry", "tests/plan/inventory_state.py", "deploy.py"], monkeypatch)
     assert r.exit_code == 0, r.output
     assert "lockfile caca4e6a4ebb not judged on the host yet: up to 2 files" in r.output
     assert "Fetch and verify the weights on the head" in " ".join(r.changed_ops[HEAD])
 
 
-def test_an_mtu_reset_alone_also_restarts_the_pair(monkeypatch):
-    converge_state(monkeypatch, **{"spark-b": {"mtu": 1500}})
-    r = apply(monkeypatch)
+def assert_ordered_pair_restart(r: Run) -> None:
+    """Every rank stopped in one operation (the watchdog paused before it), the workers' NCCL
+    smoke test and start, their beacons awaited, then the head started."""
     assert r.exit_code == 0, r.output
-    assert "ip link set dev enp1s0f1np1 mtu 9000 up" in r.commands[WORKER]
-    assert "/etc/sparkrig/rank.env" not in r.uploads.get(WORKER, {})  # the GID did not move
     assert "systemctl stop sparkrig-head.service" in r.commands[HEAD]
     assert "systemctl stop sparkrig-worker.service" in r.commands[WORKER]
+    assert STOP in " ".join(r.changed_ops[HEAD]) and STOP in " ".join(r.changed_ops[WORKER])
+    steps = [
+        STOP,
+        "Launch the NCCL smoke test on the workers",
+        "Run the NCCL smoke test on the head",
+        "Start the worker rank",
+        "Wait until every worker's container runs",
+        "Start the head rank",
+    ]
+    assert [position(r, s) for s in steps] == sorted(position(r, s) for s in steps)
+    assert position(r, "Pause the watchdog during an ordered pair restart") < position(r, STOP)
+    worker, head = r.commands[WORKER], r.commands[HEAD]
+    assert worker.index("systemctl stop sparkrig-worker.service") < worker.index(
+        "systemctl start sparkrig-worker.service"
+    )
+    assert head.index("systemctl stop sparkrig-head.service") < head.index(
+        "systemctl start sparkrig-head.service"
+    )
+
+
+def assert_no_restart(r: Run) -> None:
+    assert r.exit_code == 0, r.output
+    for name in (HEAD, WORKER):
+        assert not [
+            c
+            for c in r.commands[name]
+            if re.match(r"systemctl (stop|start) sparkrig-(head|worker)", c)
+        ]
+        assert not any("sparkrig-nccl-smoke" in c for c in r.commands[name])
+
+
+def test_an_mtu_reset_alone_restarts_the_pair(monkeypatch):
+    converge_state(**{"spark-b": {"mtu": 1500}})
+    r = apply(monkeypatch)
+    assert "ip link set dev enp1s0f1np1 mtu 9000 up" in r.commands[WORKER]
+    assert "/etc/sparkrig/rank.env" not in r.uploads.get(WORKER, {})  # the GID did not move
+    assert_ordered_pair_restart(r)
+
+
+def test_a_new_profile_restarts_the_pair_and_the_same_profile_restarts_nothing(monkeypatch):
+    converge_state()  # rendered with group_data's profile, "shared"
+    same = apply(monkeypatch, "--data", "profile=shared")
+    assert same.changed_ops == {}, same.changed_ops
+    assert_no_restart(same)
+    other = apply(monkeypatch, "--data", "profile=long")
+    assert_ordered_pair_restart(other)
+    for name in (HEAD, WORKER):
+        unit = other.uploads[name][paths(SETTINGS[name])["rank_unit"]].decode()
+        assert "--max-num-seqs 2" in unit
+
+
+def older(name: str, path: str, text: str) -> dict[str, dict]:
+    """Overrides for converge_state: ``name`` holds an older ``path``."""
+    return {name.split("/")[1]: {"files": {path: (text.encode(), "644")}}}
+
+
+def rank_unit_with_image(name: str, image: str) -> str:
+    s = SETTINGS[name]
+    k = s.knobs
+    return render(
+        "sparkrig-rank.service.j2",
+        **rank_unit_context(s, image, f"{k.model_repo}@{k.model_revision}"),
+    )
+
+
+@pytest.mark.parametrize(
+    "trigger",
+    ["patch-tag", "rank-unit", "pair-unit", "env-file"],
+)
+def test_each_changed_file_restarts_the_whole_pair(monkeypatch, trigger):
+    p = paths(SETTINGS[WORKER])
+    if trigger == "patch-tag":  # the worker still runs the image of the previous patch set
+        old = rank_unit_with_image(WORKER, "sparkrig/vllm-glm53:" + "ee" * 12)
+        converge_state(**older(WORKER, p["rank_unit"], old))
+    elif trigger == "rank-unit":
+        converge_state(**older(WORKER, p["rank_unit"], "[Unit]\nDescription=older\n"))
+    elif trigger == "pair-unit":
+        converge_state(**older(HEAD, p["pair_unit"], "[Unit]\nDescription=older\n"))
+    else:
+        converge_state(**older(WORKER, p["env_file"], "NCCL_IB_HCA=rocep1s0f1\n"))
+    r = apply(monkeypatch)
+    assert_ordered_pair_restart(r)
+    assert len(r.uploads) == 1  # only the one stale file was rewritten
+
+
+def test_a_new_weights_revision_restarts_the_pair(monkeypatch):
+    converge_state()
+    hold_an_older_revision()
+    r = apply(monkeypatch)
+    assert any(fakehosts.FETCH.search(c) for c in r.commands[HEAD])
+    assert any(fakehosts.FETCH.search(c) for c in r.commands[WORKER])
+    assert_ordered_pair_restart(r)
+    assert position(r, "Copy and verify the weights from the head over the fabric") < position(
+        r, STOP
+    )
+
+
+def test_a_command_no_fake_declares_fails_the_test(monkeypatch):
+    with pytest.raises(pytest.fail.Exception, match="no fake host declares") as err:
+        run(["-y", INVENTORY, "exec", "--", "rm -rf /srv/elsewhere"], monkeypatch)
+    assert "@fake/spark-a: rm -rf /srv/elsewhere" in str(err.value)
