@@ -426,6 +426,18 @@ def test_a_new_weights_revision_restarts_the_pair(monkeypatch):
     )
 
 
+def test_weights_a_worker_had_to_copy_again_restart_the_pair(monkeypatch):
+    converge_state()
+    missing = json.dumps({"ok": True, "commit": fakehosts.COMMIT, "total_files": 2,
+                          "verified": 1, "missing": 1, "files_to_fetch": 1,
+                          "bytes_to_fetch": 4096})  # fmt: skip
+    fakehosts.inject("spark-b", {fakehosts.WEIGHTS_STATE: missing})
+    r = apply(monkeypatch)
+    assert not any(fakehosts.FETCH.search(c) for c in r.commands[HEAD])  # the head has them
+    assert any(fakehosts.FETCH.search(c) for c in r.commands[WORKER])
+    assert_ordered_pair_restart(r)
+
+
 def test_a_command_no_fake_declares_fails_the_test(monkeypatch):
     with pytest.raises(pytest.fail.Exception, match="no fake host declares") as err:
         run(["-y", INVENTORY, "exec", "--", "rm -rf /srv/elsewhere"], monkeypatch)
