@@ -1,8 +1,13 @@
 """Suite-wide rules.
 
-Under SPARKRIG_NO_SKIPS=1 (set by `make test`, which CI runs) a skipped test is a failure: a
-missing dependency (torch, root for network namespaces, the qemu lab) must turn CI red, never
-quietly shrink what a green run proves. Outside it, skips are listed with reasons (-rs)."""
+Under SPARKRIG_NO_SKIPS=1 (set by `make test`) or CI=true a skipped test is a failure: a missing
+dependency (torch, root for network namespaces, the qemu lab) must turn CI red, never quietly
+shrink what a green run proves. Outside it, skips are listed with reasons (-rs).
+
+The plan tests drive pyinfra's CLI in-process, and importing it gevent-patches threading and
+sockets for the whole process. `make test` gives them a process of their own; when one pytest
+run holds both (a bare `pytest`), they run last, and any other test that would run in a patched
+process fails instead of running differently than alone."""
 
 from __future__ import annotations
 
@@ -12,7 +17,28 @@ from typing import Any
 
 import pytest
 
-NO_SKIPS = os.environ.get("SPARKRIG_NO_SKIPS") == "1"
+NO_SKIPS = os.environ.get("SPARKRIG_NO_SKIPS") == "1" or os.environ.get("CI") == "true"
+PLAN = ("tests/plan/", "tests/image/test_plan_image.py")
+
+
+def is_plan(item: pytest.Item) -> bool:
+    return item.nodeid.startswith(PLAN)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=is_plan)  # stable: the plan tests last, each group in its own order
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if is_plan(item):
+        return
+    from gevent import monkey
+
+    if monkey.is_module_patched("threading") or monkey.is_module_patched("socket"):
+        pytest.fail(
+            "threading/sockets are gevent-patched (pyinfra_cli was imported): this test would "
+            "not run as it does alone; run the plan tests in their own process (make unit)"
+        )
 
 
 def skip_reason(longrepr: Any) -> str:

@@ -12,6 +12,7 @@ never comes from what an earlier run uploaded."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -204,6 +205,7 @@ def host(
 # ---------------------------------------------------------------------------------------------
 
 
+@functools.cache
 def settings_of(inventory: str) -> dict[str, Settings]:
     """The Settings the deploy builds for each host of an inventory file (group data included)."""
     from pyinfra.api import State

@@ -16,7 +16,6 @@ from click.testing import CliRunner
 from pyinfra.connectors.fake import FakeConnector
 from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_state
-from pyinfra_cli.main import cli
 
 UNIT_ACTION = re.compile(r"^systemctl (start|stop|restart) (sparkrig-[\w-]+?)(?:\.service)?$")
 UNIT_STATE = re.compile(r"--property SubState (sparkrig-[\w-]+?)\.service \)")
@@ -36,6 +35,8 @@ class Run:
 
 def run(args: list[str], monkeypatch: Any) -> Run:
     """``pyinfra <args>`` as the operator types it; returns commands and uploads per host."""
+    from pyinfra_cli.main import cli  # gevent-patches the process: only once a plan test runs
+
     uploads: dict[str, dict[str, bytes]] = {}
 
     def put_file(self: FakeConnector, filename_or_io: Any, remote_filename: str, *a: Any, **k: Any):

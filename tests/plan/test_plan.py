@@ -15,7 +15,12 @@ from tests.plan.harness import Run, run
 
 HEAD, WORKER = "@fake/spark-a", "@fake/spark-b"
 INVENTORY = "tests/plan/inventory_state.py"
-SETTINGS = fakehosts.settings_of(INVENTORY)
+
+
+def settings():  # read when a test runs, not at collection (loading the inventory patches gevent)
+    return fakehosts.settings_of(INVENTORY)
+
+
 IPS = {HEAD: "192.168.100.10", WORKER: "192.168.100.11"}
 STOP = "Stop every rank for an ordered pair restart"
 
@@ -33,7 +38,7 @@ def apply(monkeypatch, *extra: str, inventory: str = INVENTORY) -> Run:
 
 def converge_state(**overrides) -> None:
     """Make the fakes answer as ranks holding what the deploy renders for them."""
-    for name, s in SETTINGS.items():
+    for name, s in settings().items():
         short = name.split("/")[1]
         fakehosts.STATE[short] = fakehosts.converged(s, **overrides.get(short, {}))
 
@@ -69,7 +74,7 @@ def test_first_run_starts_worker_then_head_gated_on_state(monkeypatch):
 def test_first_run_uploads_exactly_the_rendered_files(monkeypatch):
     r = apply(monkeypatch)
     assert r.exit_code == 0, r.output
-    for name, s in SETTINGS.items():
+    for name, s in settings().items():
         want = {path: data for path, (data, _) in fakehosts.owned_files(s).items()}
         got = dict(r.uploads[name])
         assert got.pop("/opt/sparkrig/image-build/context.tar")  # the image phase's build context
@@ -376,7 +381,7 @@ def test_a_new_profile_restarts_the_pair_and_the_same_profile_restarts_nothing(m
     other = apply(monkeypatch, "--data", "profile=long")
     assert_ordered_pair_restart(other)
     for name in (HEAD, WORKER):
-        unit = other.uploads[name][paths(SETTINGS[name])["rank_unit"]].decode()
+        unit = other.uploads[name][paths(settings()[name])["rank_unit"]].decode()
         assert "--max-num-seqs 2" in unit
 
 
@@ -386,7 +391,7 @@ def older(name: str, path: str, text: str) -> dict[str, dict]:
 
 
 def rank_unit_with_image(name: str, image: str) -> str:
-    s = SETTINGS[name]
+    s = settings()[name]
     k = s.knobs
     return render(
         "sparkrig-rank.service.j2",
@@ -399,7 +404,7 @@ def rank_unit_with_image(name: str, image: str) -> str:
     ["patch-tag", "rank-unit", "pair-unit", "env-file"],
 )
 def test_each_changed_file_restarts_the_whole_pair(monkeypatch, trigger):
-    p = paths(SETTINGS[WORKER])
+    p = paths(settings()[WORKER])
     if trigger == "patch-tag":  # the worker still runs the image of the previous patch set
         old = rank_unit_with_image(WORKER, "sparkrig/vllm-glm53:" + "ee" * 12)
         converge_state(**older(WORKER, p["rank_unit"], old))
