@@ -89,7 +89,8 @@ def serve(head: Node, port: int) -> subprocess.Popen[bytes]:
     argv = [sys.executable, str(fetcher), "serve", "--dir", head.transfer]
     argv += ["--listen", f"127.0.0.1:{port}", "--max-seconds", "60"]
     proc = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
-    for _ in range(100):
+    deadline = time.monotonic() + 60  # generous: a loaded CI machine starts Python slowly
+    while time.monotonic() < deadline and proc.poll() is None:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return proc

@@ -147,6 +147,21 @@ def test_server_corruption_never_promoted(hub: Hub, model_lock: Path, tmp_path: 
     assert len([x for x in hub.log() if x["origin"] == "cdn"]) == 2
 
 
+def answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=5).read()
+        return True
+    except OSError:
+        return False
+
+
+def status_pid(status: Path) -> int | None:
+    try:
+        return int(json.loads(status.read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not written yet, or mid-write
+
+
 def test_disk_corruption_refetched(hub: Hub, model_lock: Path, tmp_path: Path) -> None:
     dest = tmp_path / "m"
     assert run_fetch(*fetch_args(model_lock, dest, hub)).returncode == 0
@@ -347,12 +362,7 @@ def test_serve_and_one_lane_copy(hub: Hub, model_lock: Path, tmp_path: Path) -> 
     )
     try:
         base = f"http://127.0.0.1:{port}/"
-        for _ in range(50):
-            try:
-                urllib.request.urlopen(base + "config.json", timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.1)
+        poll(lambda: answers(base + "config.json"), "sparkrig-fetch serve answering")
         for bad in (
             BIG + ".part",
             ".hidden",
@@ -410,10 +420,7 @@ def test_follow_reports_progress_and_outcome(hub: Hub, model_lock: Path, tmp_pat
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    for _ in range(100):
-        if json.loads(status.read_text())["pid"] == p.pid:
-            break
-        time.sleep(0.02)
+    poll(lambda: status_pid(status) == p.pid, "the fetch's status file naming its pid")
     f = run_fetch("follow", "--status", str(status), "--interval", "0.1", timeout=60)
     p.wait(30)
     assert f.returncode == 0, f.stdout

@@ -170,14 +170,15 @@ class Topo:
         )
         self.procs.append(p)
         ctl = f"http://{self.ctl_ip}:{port}"
-        for _ in range(200):
+        deadline = time.monotonic() + 60  # generous: a loaded CI machine starts Python slowly
+        while True:
             try:
-                urllib.request.urlopen(ctl + "/_control/whoami", timeout=1).read()
+                urllib.request.urlopen(ctl + "/_control/whoami", timeout=5).read()
                 break
             except OSError:
+                if time.monotonic() > deadline or p.poll() is not None:
+                    raise RuntimeError("fakehub did not start") from None
                 time.sleep(0.05)
-        else:
-            raise RuntimeError("fakehub did not start")
         self.ctl = ctl
         return f"http://{SERVER_IP}:{port}"
 
