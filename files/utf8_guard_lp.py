@@ -1,4 +1,5 @@
-"""UTF-8 guard: a vLLM v1 logits processor that never lets a request's output bytes go invalid.
+"""UTF-8 guard: a vLLM logits processor (V1 and V2 model runners) that never lets a request's
+output bytes go invalid.
 
 GLM-5.3's byte-level BPE spells most kanji as a 2-byte fragment plus a 1-byte continuation
 (測 = e6b8 + ac); the served model sometimes emits the fragment and skips the continuation, which
@@ -17,8 +18,15 @@ Layout: the pure logic (GPT-2 byte table, per-token classes, the automaton, per-
 allowed masks) is plain Python with no third-party import. ``Utf8GuardLogitsProcessor`` is built on
 first attribute access (PEP 562 ``__getattr__``) so torch and vLLM are imported only when vLLM loads
 ``--logits-processors utf8_guard_lp:Utf8GuardLogitsProcessor``. A request can opt out with
-``SamplingParams.extra_args = {"utf8_guard": False}``. vLLM refuses custom logits processors while
-speculative decoding is on, so the guard profile runs without speculation.
+``SamplingParams.extra_args = {"utf8_guard": False}``. The V1 runner refuses custom logits
+processors while speculative decoding is on and the guard itself refuses it on both (under V2 a row
+per draft token would need the drafts' states), so the guard profile runs without speculation.
+
+Which runner: vLLM 0.33 picks Model Runner V2 unless VLLM_USE_V2_MODEL_RUNNER=0 or a feature V2
+lacks is configured (none of sparkrig's profiles configures one: config/vllm.py
+``_get_v2_model_runner_unsupported_features``), so every profile, the guard included, runs on V2
+there. The default image's vLLM is an older dev build (REFERENCE §6.2); the class subclasses both
+interfaces, so the same FQCN loads on whichever runner that build picks.
 
 The tokenizer is read from ``$SPARKRIG_UTF8_GUARD_TOKENIZER`` (a tokenizer.json path or a directory
 holding one) or else from ``vllm_config.model_config.tokenizer`` (the mounted model directory).
@@ -369,28 +377,78 @@ def _vocab_size(vllm_config: Any) -> int | None:
         return None
 
 
+def _speculative_tokens(vllm_config: Any) -> int:
+    spec = getattr(vllm_config, "speculative_config", None)
+    return int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
+
+
+def _interface_bases() -> tuple[type, ...]:
+    """vLLM's logits-processor base classes present in this install, V2 first.
+
+    Model Runner V2 (the default from vLLM 0.33 on) loads only subclasses of
+    ``vllm.v1.worker.gpu.sample.logits_processor.LogitsProcessor``; the V1 runner only subclasses
+    of ``vllm.v1.sample.logits_processor.LogitsProcessor``. The guard subclasses both, so the one
+    ``--logits-processors utf8_guard_lp:Utf8GuardLogitsProcessor`` loads on whichever runner the
+    image's vLLM picks (an older build may lack the V2 module: then it is a V1 processor only).
+    """
+    bases: list[type] = []
+    try:
+        from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2Base
+
+        bases.append(V2Base)
+    except ImportError:
+        pass
+    try:
+        from vllm.v1.sample.logits_processor import LogitsProcessor as V1Base
+
+        bases.append(V1Base)
+    except ImportError:
+        pass
+    return tuple(bases) or (object,)  # tests of the pure adapter run with torch but no vLLM
+
+
 def _build_processor_class() -> type:
     import torch
 
-    try:
-        from vllm.v1.sample.logits_processor import LogitsProcessor as _Base
-    except ImportError:  # tests run the adapter with torch but without vLLM
-        _Base = object
+    class Utf8GuardLogitsProcessor(*_interface_bases()):  # type: ignore[misc]
+        """vLLM logits processor for both model runners; see the module docstring.
 
-    class Utf8GuardLogitsProcessor(_Base):
-        """vLLM v1 logits processor; see the module docstring."""
+        V2: ``__init__(vllm_config, req_states)``, ``add_request(req_idx, params)``,
+        ``apply(logits, ctx)``; each request's output is read from ``req_states.all_token_ids``
+        between ``prompt_len`` and ``total_len`` of its slot. V1: ``__init__(vllm_config, device,
+        is_pin_memory)``, ``update_state(batch_update)``, ``apply(logits)``; the output list comes
+        with the BatchUpdate. The number of constructor arguments tells the runners apart.
+        """
 
-        def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
+        def __init__(self, vllm_config: Any, *args: Any) -> None:
+            if _speculative_tokens(vllm_config):
+                # V1 refuses custom processors with speculation by itself; V2 would call apply()
+                # with one row per draft token, whose states depend on unverified drafts.
+                raise ValueError(
+                    "utf8_guard: the UTF-8 guard does not support speculative decoding; serve "
+                    "without --speculative-config (the guard profile does)"
+                )
             table = GuardTable.from_tokenizer_json(
                 _tokenizer_source(vllm_config), _vocab_size(vllm_config)
             )
-            self._init_from_table(table, device)
+            if len(args) == 1:  # V2: (vllm_config, req_states)
+                req_states = args[0]
+                self._init_from_table(table, req_states.device)
+                self._init_v2(req_states)
+            elif len(args) == 2:  # V1: (vllm_config, device, is_pin_memory)
+                self._init_from_table(table, args[0])
+            else:
+                raise TypeError(
+                    "Utf8GuardLogitsProcessor(vllm_config, req_states) [V2] or "
+                    "(vllm_config, device, is_pin_memory) [V1]"
+                )
 
         def _init_from_table(self, table: GuardTable, device: Any) -> None:
             self.table = table
             self.device = torch.device(device) if device is not None else torch.device("cpu")
             self.batch = BatchStates(table)
             self.batch_size = 0
+            self.req_states: Any = None
             # banned[s] is True where token is masked in state s; one extra all-False row (index
             # NUM_STATES) for rows the guard leaves alone
             rows = []
@@ -409,6 +467,30 @@ def _build_processor_class() -> type:
             obj._init_from_table(table, device)
             return obj
 
+        # --- shared -----------------------------------------------------------------------
+        def _mask(self, logits: Any, states: Any) -> Any:
+            """Mask each row by its automaton state (a long tensor; NUM_STATES = leave alone)."""
+            n_rows, width = int(logits.shape[0]), int(logits.shape[1])
+            banned = self._banned.index_select(0, states.to(self._banned.device))
+            vocab = banned.shape[1]
+            if width > vocab:  # ids past the tokenizer: ban where the row is guarded
+                pad = (states != NUM_STATES).to(banned.device).unsqueeze(1)
+                banned = torch.cat([banned, pad.expand(n_rows, width - vocab)], dim=1)
+            elif width < vocab:
+                banned = banned[:, :width]
+            logits.masked_fill_(banned.to(logits.device), float("-inf"))
+            return logits
+
+        def apply(self, logits: Any, ctx: Any = None) -> Any:
+            if ctx is not None:
+                return self._apply_v2(logits, ctx)
+            states = self.batch.row_states(int(logits.shape[0]))
+            if all(s is None for s in states):
+                return logits
+            idx = torch.tensor([NUM_STATES if s is None else s for s in states], dtype=torch.long)
+            return self._mask(logits, idx)
+
+        # --- V1 runner --------------------------------------------------------------------
         def is_argmax_invariant(self) -> bool:
             return False  # it changes which token wins
 
@@ -418,25 +500,48 @@ def _build_processor_class() -> type:
                 self.batch_size = int(batch_update.batch_size)
             self.batch.catch_up()
 
-        def apply(self, logits: Any) -> Any:
-            n_rows, width = int(logits.shape[0]), int(logits.shape[1])
-            states = self.batch.row_states(n_rows)
-            if all(s is None for s in states):
+        # --- V2 runner --------------------------------------------------------------------
+        def _init_v2(self, req_states: Any) -> None:
+            self.req_states = req_states
+            n = int(req_states.max_num_reqs)
+            self._slot_enabled = [False] * n
+            self._slot_consumed: list[int | None] = [None] * n
+            self._slot_state = [ACCEPT] * n
+
+        def add_request(self, req_idx: int, sampling_params: Any) -> bool:
+            """A request enters slot ``req_idx``: forget the slot's previous occupant."""
+            enabled = request_enabled(sampling_params)
+            self._slot_enabled[req_idx] = enabled
+            self._slot_consumed[req_idx] = None  # start at prompt_len on the first apply
+            self._slot_state[req_idx] = ACCEPT
+            return enabled
+
+        def _catch_up_slot(self, slot: int, total: int) -> int:
+            consumed = self._slot_consumed[slot]
+            if consumed is None:
+                consumed = int(self.req_states.prompt_len.np[slot])
+            state = self._slot_state[slot]
+            if total > consumed:
+                new = self.req_states.all_token_ids.gpu[slot, consumed:total].tolist()
+                for tid in new:
+                    nxt = self.table.step(state, int(tid))
+                    state = ACCEPT if nxt == ERR else nxt
+                consumed = total
+            self._slot_consumed[slot] = consumed
+            self._slot_state[slot] = state
+            return state
+
+        def _apply_v2(self, logits: Any, ctx: Any) -> Any:
+            slots = [int(s) for s in ctx.idx_mapping_np]
+            guarded = [s for s in slots if self._slot_enabled[s]]
+            if not guarded:
                 return logits
-            idx = torch.tensor(
-                [NUM_STATES if s is None else s for s in states],
-                dtype=torch.long,
-                device=self._banned.device,
-            )
-            banned = self._banned.index_select(0, idx)
-            vocab = banned.shape[1]
-            if width > vocab:  # ids past the tokenizer: ban where the row is guarded
-                pad = (idx != NUM_STATES).unsqueeze(1).expand(n_rows, width - vocab)
-                banned = torch.cat([banned, pad], dim=1)
-            elif width < vocab:
-                banned = banned[:, :width]
-            logits.masked_fill_(banned.to(logits.device), float("-inf"))
-            return logits
+            totals = self.req_states.total_len.gpu[guarded].tolist()  # one device read per step
+            per_slot = torch.full((len(self._slot_enabled),), NUM_STATES, dtype=torch.long)
+            for slot, total in zip(guarded, totals, strict=True):
+                per_slot[slot] = self._catch_up_slot(slot, int(total))
+            rows = ctx.expanded_idx_mapping.to(device="cpu", dtype=torch.long)
+            return self._mask(logits, per_slot.index_select(0, rows))
 
     Utf8GuardLogitsProcessor.__module__ = __name__
     return Utf8GuardLogitsProcessor
