@@ -18,6 +18,7 @@ from lab import CACHE_DIR, LAB_DIR
 
 RECIPE = LAB_DIR / "build-image.sh"
 STANDIN_SRC = LAB_DIR / "standin_vllm.py"
+STANDIN_FLAGS = LAB_DIR / "vllm-flags.txt"  # pinned vLLM's serve flags; the stand-in refuses others
 IMAGE_NAME = "glm53-standin"
 IMAGE_TAG = "lab"
 # what the stand-in image holds: python3 and what it needs at run time, plus a shell
@@ -171,11 +172,13 @@ def build_standin(base: Path, registry_root: Path) -> str:
     and a /usr/local/bin/vllm wrapper. Deterministic: same inputs, same digest."""
     rootfs = base / "rootfs"
     src = STANDIN_SRC.read_bytes() if STANDIN_SRC.exists() else PLACEHOLDER.encode()
-    key = hashlib.sha256(src + base.name.encode() + Path(__file__).read_bytes()).hexdigest()[:16]
+    flags = STANDIN_FLAGS.read_bytes()
+    key = hashlib.sha256(src + flags + base.name.encode() + Path(__file__).read_bytes()).hexdigest()
+    key = key[:16]
     cache = base / f"standin-{key}"
     if not (cache / "digest").exists():
         print("stand-in image: building layer", flush=True)
-        _build_layer(rootfs, src, cache)
+        _build_layer(rootfs, src, cache, flags)
     if registry_root.exists():
         shutil.rmtree(registry_root)
     shutil.copytree(cache / "registry", registry_root)
@@ -184,7 +187,7 @@ def build_standin(base: Path, registry_root: Path) -> str:
     return digest
 
 
-def _build_layer(rootfs: Path, src: bytes, cache: Path) -> None:
+def _build_layer(rootfs: Path, src: bytes, cache: Path, flags: bytes) -> None:
     tmp = cache.with_name(cache.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     blobs = tmp / "registry" / "blobs"
@@ -198,6 +201,7 @@ def _build_layer(rootfs: Path, src: bytes, cache: Path) -> None:
             ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, 0
             tar.addfile(ti)
         _add_bytes(tar, "opt/standin/standin_vllm.py", src, 0o644)
+        _add_bytes(tar, "opt/standin/vllm-flags.txt", flags, 0o644)
         wrapper = b'#!/bin/sh\nexec python3 /opt/standin/standin_vllm.py "$@"\n'
         _add_bytes(tar, "usr/local/bin/vllm", wrapper, 0o755)
     layer_tar = raw.getvalue()

@@ -1,7 +1,8 @@
 """Stand-in for `vllm serve` in the lab: stdlib only, OpenAI-compatible, multi-node aware.
 
-Command line: ``[vllm] serve MODEL_DIR [--flag value ...]`` as sparkrig.profiles builds it. Known
-flags are parsed leniently; unknown ones are logged and ignored (with the values that follow them).
+Command line: ``[vllm] serve MODEL_DIR [--flag value ...]`` as sparkrig.profiles builds it. An
+option the pinned vLLM's `vllm serve` does not have (lab/vllm-flags.txt, extracted from its parser)
+stops the start with argparse's error and exit 2, like the real engine: a renamed flag fails here.
 
 Behaviour, modelled on real vLLM multi-node (mp executor) so ordering, gates and stop-together can
 be proven on the lab VMs:
@@ -40,24 +41,28 @@ from typing import Any
 
 VERSION = "0.0.0+standin"
 
-# flags that take one value (anything else that starts with -- is a switch or unknown)
-VALUE_FLAGS = {
-    "--host", "--port", "--served-model-name", "--node-rank", "--nnodes", "--master-addr",
-    "--master-port", "--tensor-parallel-size", "--pipeline-parallel-size",
-    "--data-parallel-size", "--distributed-executor-backend", "--block-size", "--kv-cache-dtype",
-    "--tool-call-parser", "--reasoning-parser", "--max-model-len", "--max-num-seqs",
-    "--kv-cache-memory-bytes", "--kv-cache-memory", "--max-num-batched-tokens",
-    "--gpu-memory-utilization", "--moe-backend", "--speculative-config", "--chat-template",
-    "--default-chat-template-kwargs", "--limit-mm-per-prompt", "--override-generation-config",
-    "--attention-backend", "--quantization", "--load-format", "--api-key", "--uvicorn-log-level",
-    "--standin-delay", "--standin-rendezvous-timeout",
+# The real `vllm serve` options (lab/vllm-flags.txt, extracted from the pinned vLLM's own parser by
+# scripts/extract-vllm-flags.py; shipped next to this file in the stand-in image): option -> nargs.
+FLAGS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm-flags.txt")
+STANDIN_FLAGS = {
+    "--standin-delay": "1", "--standin-rendezvous-timeout": "1", "--standin-exit-on-peer-loss": "0",
 }  # fmt: skip
-MULTI_FLAGS = {"--logits-processors"}  # nargs="+"
-SWITCHES = {
-    "--headless", "--language-model-only", "--enable-auto-tool-choice", "--enforce-eager",
-    "--trust-remote-code", "--disable-log-requests", "--enable-prefix-caching",
-    "--no-enable-prefix-caching", "--standin-exit-on-peer-loss",
-}  # fmt: skip
+
+
+def load_flags(path: str = FLAGS_FILE) -> dict[str, str]:
+    """option -> nargs ("0", "1", "?", "+", "*") of the pinned vLLM, plus the stand-in's own."""
+    flags = dict(STANDIN_FLAGS)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip() and not line.startswith("#"):
+                    opt, nargs = line.split()
+                    flags[opt] = nargs
+    except OSError as exc:
+        raise SystemExit(
+            f"vllm serve (stand-in): cannot read the flag list {path}: {exc}"
+        ) from None
+    return flags
 
 
 def log(msg: str, level: str = "INFO") -> None:
@@ -74,6 +79,9 @@ class Options:
         self.unknown: list[str] = []
 
     def get(self, flag: str, default: str | None = None) -> str | None:
+        """The flag's value; for a list flag (--served-model-name is nargs +) its first."""
+        if flag in self.multi and self.multi[flag]:
+            return self.multi[flag][0]
         return self.values.get(flag, default)
 
     def num(self, flag: str, default: int) -> int:
@@ -101,8 +109,25 @@ class Options:
         return float(self.get("--standin-delay") or os.environ.get("STANDIN_DELAY", "0.5"))
 
 
-def parse_args(argv: list[str]) -> Options:
-    """Lenient `vllm serve` parser: ``[serve] MODEL --flag value --flag=value --switch ...``."""
+def _is_option(token: str) -> bool:
+    return token.startswith("-") and len(token) > 1 and not token[1].isdigit()
+
+
+def _resolve(flag: str, flags: dict[str, str]) -> str:
+    """argparse's allow_abbrev (on in vLLM's parser): a unique prefix of a long option is that
+    option (`--kv-cache-memory` is `--kv-cache-memory-bytes` in vLLM 0.33); else unchanged."""
+    if flag in flags or not flag.startswith("--"):
+        return flag
+    matches = [f for f in flags if f.startswith(flag)]
+    return matches[0] if len(matches) == 1 else flag
+
+
+def parse_args(argv: list[str], flags: dict[str, str] | None = None) -> Options:
+    """`vllm serve` parser: ``[serve] MODEL --flag value --flag=value --switch ...``. Any option
+    the pinned vLLM does not know, or a second positional, is collected in ``unknown`` (the caller
+    refuses to start, as vLLM's argparse does). Underscores in option names count as dashes
+    (vLLM's FlexibleArgumentParser)."""
+    flags = load_flags() if flags is None else flags
     args = list(argv)
     if args and args[0] == "serve":
         args = args[1:]
@@ -110,43 +135,39 @@ def parse_args(argv: list[str]) -> Options:
     i = 0
     while i < len(args):
         a = args[i]
-        if not a.startswith("--"):
+        i += 1
+        if not _is_option(a):
             if not opts.model:
                 opts.model = a
             else:
                 opts.unknown.append(a)
-            i += 1
             continue
-        if "=" in a:
-            flag, value = a.split("=", 1)
-            if flag in MULTI_FLAGS:
-                opts.multi.setdefault(flag, []).append(value)
-            elif flag in VALUE_FLAGS:
-                opts.values[flag] = value
-            else:
-                opts.unknown.append(a)
-            i += 1
+        flag, eq, inline = a.partition("=")
+        if flag.startswith("--"):
+            flag = "--" + flag[2:].replace("_", "-")
+        flag = _resolve(flag, flags)
+        nargs = flags.get(flag)
+        if nargs is None:
+            opts.unknown.append(flag)
             continue
-        if a in SWITCHES:
-            opts.switches.add(a)
-            i += 1
-        elif a in VALUE_FLAGS:
-            if i + 1 >= len(args):
-                raise SystemExit(f"error: {a} needs a value")
-            opts.values[a] = args[i + 1]
-            i += 2
-        elif a in MULTI_FLAGS:
-            j = i + 1
-            while j < len(args) and not args[j].startswith("--"):
-                opts.multi.setdefault(a, []).append(args[j])
-                j += 1
-            i = j
-        else:  # unknown: swallow the values that follow it
-            j = i + 1
-            while j < len(args) and not args[j].startswith("--"):
-                j += 1
-            opts.unknown.append(" ".join(args[i:j]))
-            i = j
+        if eq:
+            values = [inline]
+        elif nargs == "0":
+            opts.switches.add(flag)
+            continue
+        else:
+            values = []
+            while i < len(args) and not _is_option(args[i]):
+                values.append(args[i])
+                i += 1
+                if nargs in ("1", "?"):
+                    break
+            if nargs in ("1", "+") and not values:
+                raise SystemExit(f"vllm serve: error: argument {flag}: expected a value")
+        if nargs in ("+", "*"):
+            opts.multi.setdefault(flag, []).extend(values)
+        elif values:
+            opts.values[flag] = values[0]
     return opts
 
 
@@ -505,7 +526,7 @@ class Handler(BaseHTTPRequestHandler):
 # --- main ---------------------------------------------------------------------------------------
 HELP = """usage: vllm serve MODEL_DIR [options]   (sparkrig lab stand-in for vLLM)
   --host H --port P --served-model-name NAME --nnodes N --node-rank R --headless
-  --master-addr A --master-port P   (other vLLM flags are accepted and ignored)
+  --master-addr A --master-port P   (any flag of the pinned vLLM; others are refused)
   --standin-delay S --standin-rendezvous-timeout S --standin-exit-on-peer-loss
 """
 
@@ -539,8 +560,11 @@ def run(argv: list[str]) -> int:
         print(VERSION)
         return 0
     opts = parse_args(argv)
-    for u in opts.unknown:
-        log(f"ignoring unknown argument: {u}", "WARNING")
+    if opts.unknown:  # argparse's own wording and exit status
+        print(
+            f"vllm serve: error: unrecognized arguments: {' '.join(opts.unknown)}", file=sys.stderr
+        )
+        return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     log(f"vLLM API server version {VERSION}")
     check_model(opts)

@@ -120,17 +120,39 @@ def get(url: str, payload: dict[str, Any] | None = None) -> tuple[int, str]:
 # --- pure parts of the stand-in -------------------------------------------------------------------
 
 
-def test_parse_args_lenient() -> None:
+def test_parse_args_with_the_pinned_flag_set() -> None:
     o = standin.parse_args(
         ["serve", "/m", "--port", "9000", "--headless", "--node-rank=1", "--nnodes", "2",
-         "--logits-processors", "a:B", "c:D", "--weird", "x", "y", "--enforce-eager",
-         "--speculative-config", '{"method":"mtp"}']
+         "--logits-processors", "a:B", "c:D", "--enforce-eager", "--max_model_len", "4096",
+         "--speculative-config", '{"method":"mtp"}', "-tp", "2"]
     )  # fmt: skip
     assert o.model == "/m" and o.get("--port") == "9000" and o.rank == 1 and o.nnodes == 2
-    assert o.headless and "--enforce-eager" in o.switches
+    assert o.headless and "--enforce-eager" in o.switches and o.get("-tp") == "2"
     assert o.multi["--logits-processors"] == ["a:B", "c:D"]
-    assert o.unknown == ["--weird x y"]
-    assert o.served_name == "/m"
+    assert o.get("--max-model-len") == "4096"  # underscores count as dashes, as in vLLM
+    assert o.unknown == [] and o.served_name == "/m"
+
+
+@pytest.mark.parametrize(
+    ("extra", "unknown"),
+    [
+        (["--weird", "x"], ["--weird", "x"]),
+        (["--kv-cache", "1"], ["--kv-cache", "1"]),  # ambiguous prefix, as in argparse
+        (["--block_sizes=4"], ["--block-sizes"]),
+        (["second-model"], ["second-model"]),
+    ],
+)
+def test_parse_args_collects_what_vllm_does_not_know(extra: list[str], unknown: list[str]) -> None:
+    assert standin.parse_args(["serve", "/m", "--enforce-eager", *extra]).unknown == unknown
+
+
+def test_flag_file_is_the_pinned_vllm_parser() -> None:
+    flags = standin.load_flags()
+    assert flags["--logits-processors"] == "+" and flags["--headless"] == "0"
+    assert flags["--kv-cache-memory-bytes"] == "1" and "--kv-cache-memory" not in flags
+    o = standin.parse_args(["serve", "/m", "--kv-cache-memory", "5"])  # a unique prefix
+    assert o.get("--kv-cache-memory-bytes") == "5" and not o.unknown
+    assert "# `vllm serve` options of vllm 0.33.0" in Path(standin.FLAGS_FILE).read_text()
 
 
 @pytest.mark.parametrize(
@@ -170,6 +192,13 @@ def test_missing_config_json_exits_1(tmp_path: Path) -> None:
     assert any("has no config.json" in ln for ln in p.lines)
 
 
+def test_unknown_flag_refused_at_start(model_dir: Path) -> None:
+    p = Proc(["serve", str(model_dir), "--standin-delay", "0", "--kv-cache-bytes", "1"])
+    assert p.exit_code() == 2
+    assert any("unrecognized arguments: --kv-cache-bytes 1" in ln for ln in p.lines)
+    assert not any("API server version" in ln for ln in p.lines)  # refused before booting
+
+
 def test_missing_drafter_exits_1(model_dir: Path) -> None:
     spec = json.dumps({"method": "dflash", "model": "/nonexistent", "num_speculative_tokens": 7})
     p = Proc(["serve", str(model_dir), "--speculative-config", spec, "--standin-delay", "0"])
@@ -187,11 +216,10 @@ def test_pair_boot_gates_and_worker_loss(model_dir: Path, procs: list[Proc]) -> 
     worker = Proc(serve_argv(model_dir, 1, 2, mport, aport))
     procs.append(worker)
     worker.wait_for("head not reachable yet")  # worker first, like the deploy
-    head = Proc(serve_argv(model_dir, 0, 2, mport, aport, "--unknown-flag", "v"))
+    head = Proc(serve_argv(model_dir, 0, 2, mport, aport))
     procs.append(head)
     head.wait_for("Application startup complete")
     worker.wait_for("headless worker ready")
-    assert any("ignoring unknown argument: --unknown-flag v" in ln for ln in head.lines)
     assert gates.boot_stage(head.lines) == "ready"
     assert gates.boot_stage(worker.lines) == "graphs"
     assert not any("Starting vLLM API server" in ln for ln in worker.lines)  # no API on workers
