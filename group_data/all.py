@@ -37,7 +37,10 @@ roce_port = 1  # HCA port whose GID table is read
 nccl_env = {}  # extra NCCL_* / runtime variables appended to every rank's env file
 
 # --- image ------------------------------------------------------------------------------------
-base_image = None  # vLLM image pinned by digest (repo@sha256:<64 hex>); required
+# vLLM image pinned by digest (repo@sha256:<64 hex>): the v11 image every working report used
+# (REFERENCE §6.2; it carries vLLM 0.1.dev20051+g487ecf187, docs/vllm.md)
+base_image = "ghcr.io/tonyd2wild/vllm-glm53-flash@sha256:4def0ef644cb2e9814136dcffd5e385e21bc594f48f3b292234051904abe85a6"  # noqa: E501
+base_image_known_bad_ok = False  # True lets a base image known to fail (stock vllm-openai) through
 image_repo = "sparkrig/vllm-glm53"  # local name of the patched image; tag = content hash
 container_gpu_args = ["--gpus", "all"]  # how the container gets the GPU; one token per element
 container_memory = (

@@ -22,6 +22,15 @@ PROFILES = ("single", "shared", "guard", "long")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 DIGEST_REF_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
 NETDEV_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+# Base images known not to serve GLM-5.3-Flash on GB10, by repository: reason (REFERENCE §6.1).
+# A digest cannot be traced back to its tag, so every digest of the stock repository is refused.
+KNOWN_BAD_IMAGES = {
+    "vllm/vllm-openai": (
+        "the stock vLLM image (e.g. vllm/vllm-openai:glm53-flash-arm64-cu130) loads the weights, "
+        "then dies in warmup on GB10 ('concat_and_cache_mla ... pe_dim must be 64 for "
+        "fp8_ds_mla', REFERENCE §6.1); use the default v11 image or another patched one"
+    ),
+}
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 # Knobs that must hold one value across every rank (the pair runs one model with one config).
@@ -81,6 +90,7 @@ class Knobs(BaseModel):
     nccl_env: dict[str, str] = {}
 
     base_image: str | None = None
+    base_image_known_bad_ok: bool = False
     image_repo: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
     container_gpu_args: list[str] = []
     container_memory: str = Field(pattern=r"^[0-9]+[bkmg]?$")
@@ -376,7 +386,21 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                     f"{name}: base_image: missing; pin the vLLM image by digest "
                     "(repo@sha256:<64 hex>) in group_data/all.py"
                 )
+            elif (why := known_bad_image(k.base_image)) and not k.base_image_known_bad_ok:
+                problems.append(
+                    f"{name}: base_image: {k.base_image} is known not to work: {why} "
+                    "(set base_image_known_bad_ok = True to use it anyway)"
+                )
     return problems
+
+
+def known_bad_image(ref: str) -> str | None:
+    """Why a base image reference is known to fail (KNOWN_BAD_IMAGES), or None."""
+    name = ref.split("@", 1)[0]
+    for prefix in ("docker.io/", "registry-1.docker.io/", "index.docker.io/"):
+        name = name.removeprefix(prefix)
+    repo = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+    return KNOWN_BAD_IMAGES.get(repo)
 
 
 def current() -> Settings:

@@ -8,6 +8,8 @@ from pyinfra.api.exceptions import DeployError
 from sparkrig.settings import InventoryView, build
 from tests.unit.conftest import cluster
 
+STOCK = "vllm/vllm-openai:glm53-flash-arm64-cu130@sha256:" + "ab" * 32
+
 
 def problems(view: InventoryView) -> str:
     with pytest.raises(DeployError) as err:
@@ -89,6 +91,15 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
             "spark-0: base_image: missing; pin the vLLM image by digest",
         ),
         (
+            lambda v: [edit(v, g, 0, base_image=STOCK) for g in ("head", "worker")],
+            f"spark-0: base_image: {STOCK} is known not to work: the stock vLLM image",
+        ),
+        (
+            lambda v: [edit(v, g, 0, base_image="docker.io/vllm/vllm-openai@sha256:" + "cd" * 32)
+                       for g in ("head", "worker")],  # fmt: skip
+            "(set base_image_known_bad_ok = True to use it anyway)",
+        ),
+        (
             lambda v: edit(v, "worker", 0, api_port=9000),
             "spark-1: api_port: 9000 differs from spark-0's 8000; it must be equal on every host",
         ),
@@ -119,3 +130,16 @@ def test_every_problem_is_reported_at_once():
 def test_single_profile_with_the_licence_accepted_needs_the_drafter():
     view = cluster(2, profile="single", drafter_license_accepted=True)
     assert build(view)["spark-1"].needs_drafter
+
+
+def test_base_image_defaults_to_the_v11_digest_and_a_known_bad_one_needs_the_override():
+    from tests.unit.conftest import knob_defaults
+
+    v11 = "ghcr.io/tonyd2wild/vllm-glm53-flash@sha256:4def0ef644cb2e9814136dcffd5e385e21bc594f48f3b292234051904abe85a6"  # noqa: E501
+    assert knob_defaults()["base_image"] == v11
+    assert knob_defaults()["base_image_known_bad_ok"] is False
+    stock = STOCK
+    view = cluster(2)
+    for g in ("head", "worker"):
+        edit(view, g, 0, base_image=stock, base_image_known_bad_ok=True)
+    assert build(view)["spark-1"].knobs.base_image == stock
