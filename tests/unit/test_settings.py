@@ -95,8 +95,10 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
             f"spark-0: base_image: {STOCK} is known not to work: the stock vLLM image",
         ),
         (
-            lambda v: [edit(v, g, 0, base_image="docker.io/vllm/vllm-openai@sha256:" + "cd" * 32)
-                       for g in ("head", "worker")],  # fmt: skip
+            lambda v: [
+                edit(v, g, 0, base_image="docker.io/vllm/vllm-openai@sha256:" + "cd" * 32)
+                for g in ("head", "worker")
+            ],  # fmt: skip
             "(set base_image_known_bad_ok = True to use it anyway)",
         ),
         (
