@@ -447,3 +447,51 @@ def test_a_command_no_fake_declares_fails_the_test(monkeypatch):
     with pytest.raises(pytest.fail.Exception, match="no fake host declares") as err:
         run(["-y", INVENTORY, "exec", "--", "rm -rf /srv/elsewhere"], monkeypatch)
     assert "@fake/spark-a: rm -rf /srv/elsewhere" in str(err.value)
+
+
+def test_three_nodes_start_both_workers_before_the_head_waits_for_both(monkeypatch):
+    r = apply(monkeypatch, inventory="tests/plan/inventory_three.py")
+    assert r.exit_code == 0, r.output
+    workers = ("@fake/spark-b", "@fake/spark-c")
+    for rank, name in enumerate(workers, start=1):
+        cmds = r.commands[name]
+        assert "systemctl start sparkrig-worker.service" in cmds
+        launch = [c for c in cmds if fakehosts.SMOKE_WORKER.search(c)]
+        assert launch and f"RANK={rank}" in launch[0] and "WORLD_SIZE=3" in launch[0]
+        assert any(c.startswith("ping -M do") and "192.168.100.10" in c for c in cmds)
+    head = r.commands[HEAD]
+    wait = [c for c in head if fakehosts.PAIR_WAIT.search(c)]
+    assert wait and "--peers 192.168.100.11,192.168.100.12 " in wait[0]
+    ping = [c for c in head if fakehosts.PING.search(c)]
+    assert ping and "192.168.100.11" in ping[0] and "192.168.100.12" in ping[0]
+    steps = ["Start the worker rank", "Wait until every worker's container runs"]
+    assert position(r, steps[0]) < position(r, steps[1]) < position(r, "Start the head rank")
+
+
+def test_profile_single_fetches_the_drafter_too_and_copies_it_to_the_workers(monkeypatch):
+    r = apply(monkeypatch, "--data", "profile=single", "--data", "drafter_license_accepted=True")
+    assert r.exit_code == 0, r.output
+    for name in (HEAD, WORKER):
+        fetched = [c for c in r.commands[name] if fakehosts.FETCH.search(c)]
+        assert len(fetched) == 2, fetched
+        assert "--dest /var/lib/sparkrig/models/drafter" in fetched[1]
+        assert "/etc/sparkrig/drafter.lock.json" in r.uploads[name]
+    drafter = [c for c in r.commands[WORKER] if "sparkrig-fetch-drafter" in c]
+    assert drafter and "--base-url http://192.168.100.10:29700/drafter" in drafter[0]
+    unit = r.uploads[HEAD]["/etc/systemd/system/sparkrig-head.service"].decode()
+    assert "/var/lib/sparkrig/models/drafter" in unit
+
+
+def test_secrets_never_reach_the_output_nor_a_command_line(monkeypatch):
+    hub_token = "hf_" + "s3cret" * 6
+    monkeypatch.setenv("HF_TOKEN", hub_token)
+    pair_token = open("tests/plan/pair-token").read().strip()
+    for args in (["--dry", "--diff"], ["-y", "--diff"]):
+        r = run([*args, "-v", INVENTORY, "deploy.py"], monkeypatch)
+        assert r.exit_code == 0, r.output
+        for secret in (hub_token, pair_token):
+            assert secret not in r.output
+            assert not [c for cmds in r.commands.values() for c in cmds if secret in c]
+    assert r.uploads[HEAD]["/etc/sparkrig/hf-token"] == (hub_token + "\n").encode()
+    assert "/etc/sparkrig/hf-token" not in r.uploads[WORKER]  # the head alone fetches
+    assert r.uploads[WORKER]["/etc/sparkrig/pair-token"].decode().strip() == pair_token
