@@ -15,7 +15,9 @@ so anything but NET/IB (InfiniBand or RoCE) fails the test.
 
 Output: one JSON line {"ok", "rank", "world_size", "backend", "sum", "transport", ...}.
 Exit: 0 ok; 1 all-reduce failed or wrong sum; 2 bad environment/usage; 3 transport not IB/RoCE
-(or unknown); 4 torch not importable.
+(or unknown), including NCCL_NET=IB with no usable IB/RoCE device ("Failed to initialize any NET
+plugin": NCCL fails init instead of falling back to sockets; the message names the HCA and what to
+check); 4 torch not importable.
     nccl_smoke.py parse LOGFILE   judge an existing NCCL_DEBUG=INFO log (exit 0 or 3).
 Stdlib only at import time; torch is imported when the test runs.
 """
@@ -41,6 +43,10 @@ _VIA = re.compile(r"\bvia (NET/[A-Za-z]+|P2P(?:/\S+)?|SHM(?:/\S+)?)")
 _NET_USING = re.compile(r"NET/(IB|Socket)\s*:\s*Using\s+(.*)$")
 _IB_DEV = re.compile(r"\[\d+\]([\w.-]+):(\d+)/(IB|RoCE)")
 _NO_IB = re.compile(r"NET/IB : No device found|Failed to open libibverbs|NET/IB : Unable to")
+# With NCCL_NET=IB (the env file's setting) a missing IB/RoCE device is not a socket fallback:
+# NCCL 2.28.9 fails init with this line and torch reports "invalid usage" (real logs:
+# tests/serving/data/nccl-2.28.9-no-ib/net_ib_env).
+_NET_INIT_FAILED = re.compile(r"Failed to initialize any NET plugin")
 
 
 @dataclass
@@ -50,6 +56,7 @@ class TransportInfo:
     ib_devices: list[str] = field(default_factory=list)  # "rocep1s0f1:1/RoCE"
     socket_devices: str | None = None
     ib_unavailable: list[str] = field(default_factory=list)
+    net_init_failed: bool = False  # "Failed to initialize any NET plugin"
 
     @property
     def transport(self) -> str | None:
@@ -87,12 +94,30 @@ def parse_nccl_log(lines: Iterable[str]) -> TransportInfo:
                 info.socket_devices = m.group(2).strip()
         if _NO_IB.search(line):
             info.ib_unavailable.append(line.strip()[:200])
+        if _NET_INIT_FAILED.search(line):
+            info.net_init_failed = True
     return info
+
+
+def no_net_message(info: TransportInfo, env: Mapping[str, str]) -> str:
+    """What to tell the operator when NCCL found no usable NET plugin (NCCL_NET=IB, no device)."""
+    hca = env.get("NCCL_IB_HCA") or "(NCCL_IB_HCA unset)"
+    seen = f" NCCL logged: {info.ib_unavailable[0]}." if info.ib_unavailable else ""
+    return (
+        f"NCCL found no IB/RoCE device for NCCL_NET={env.get('NCCL_NET', 'IB')}: "
+        f"'Failed to initialize any NET plugin' (HCA {hca} missing or unusable in the "
+        f"container).{seen} With NCCL_NET=IB NCCL does not fall back to sockets. Check that the "
+        f"container gets --device /dev/infiniband, that {hca} is listed in "
+        "/sys/class/infiniband on the host with its port ACTIVE (ibv_devinfo), and that the "
+        "rdma modules (mlx5_ib) are loaded."
+    )
 
 
 def verdict(info: TransportInfo) -> tuple[bool, str]:
     """(ok, message): ok only when NCCL went over NET/IB (InfiniBand or RoCE)."""
     t = info.transport
+    if info.net_init_failed and t is None:
+        return False, no_net_message(info, {})
     if t == "IB":
         devs = ", ".join(info.ib_devices) or "device not logged"
         return True, f"NCCL used NET/IB ({info.link_layer or 'IB'}: {devs})"
@@ -223,6 +248,12 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[int, dict[str
         value = all_reduce_once(rv, args.backend, args.timeout)
     except Exception as exc:  # noqa: BLE001 - report any failure as one line
         report["error"] = f"all_reduce failed: {type(exc).__name__}: {exc}"[:1000]
+        if args.backend == "nccl":
+            info = parse_nccl_log(_read_logs(os.environ.get("NCCL_DEBUG_FILE", "")))
+            if info.net_init_failed or _NET_INIT_FAILED.search(str(exc)):
+                report.update(transport=None, error=no_net_message(info, env),
+                              cause=report["error"])  # fmt: skip
+                return EXIT_TRANSPORT, report
         return EXIT_FAIL, report
     report["seconds"] = round(time.monotonic() - t0, 3)
     report["sum"] = value

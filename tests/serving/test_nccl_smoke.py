@@ -151,3 +151,69 @@ def test_gloo_lonely_worker_times_out() -> None:
                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert res.returncode == 1
     assert "all_reduce failed" in json.loads(res.stdout.strip().splitlines()[-1])["error"]
+
+
+# --- real NCCL 2.28.9 logs: two ranks, no IB/RoCE device (tests/serving/data/.../README.md) -------
+REAL = Path(__file__).parent / "data" / "nccl-2.28.9-no-ib"
+
+
+def real_logs(case: str) -> list[list[str]]:
+    logs = sorted((REAL / case).glob("nccl.*.log"))
+    assert len(logs) == 2, logs  # one per rank
+    return [p.read_text().splitlines() for p in logs]
+
+
+@pytest.mark.parametrize("case", ["default", "forced_net", "allow_socket"])
+def test_real_logs_socket_fallback(case: str) -> None:
+    for lines in real_logs(case):
+        info = ns.parse_nccl_log(lines)
+        assert info.transport == "Socket" and not info.net_init_failed
+        assert info.socket_devices and "eth0" in info.socket_devices
+        assert any("No device found" in u for u in info.ib_unavailable)
+        ok, msg = ns.verdict(info)
+        assert not ok and "fell back to NET/Socket" in msg and "No device found" in msg
+
+
+def test_real_logs_net_ib_without_device_fails_init() -> None:
+    for lines in real_logs("net_ib_env"):
+        info = ns.parse_nccl_log(lines)
+        assert info.net_init_failed and info.transport is None
+        ok, msg = ns.verdict(info)
+        assert not ok
+        assert "Failed to initialize any NET plugin" in msg and "/dev/infiniband" in msg
+        assert "does not fall back to sockets" in msg
+
+
+def test_run_names_the_missing_device_on_net_plugin_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The smoke test itself, with the real failure: the all_reduce raises what torch raised on
+    the real run (rank0.json) and NCCL's real logs are where NCCL_DEBUG_FILE points."""
+    real = json.loads((REAL / "net_ib_env" / "rank0.json").read_text())
+    cause = real["error"].removeprefix("all_reduce failed: DistBackendError: ")
+
+    def fail(*_: object) -> float:
+        raise RuntimeError(cause)
+
+    monkeypatch.setattr(ns, "all_reduce_once", fail)
+    pytest.importorskip("torch")
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29883",
+           "NCCL_NET": "IB", "NCCL_IB_HCA": "rocep1s0f1",
+           "NCCL_DEBUG_FILE": str(REAL / "net_ib_env" / "nccl.%h.%p.log")}  # fmt: skip
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    args = ns.argparse.Namespace(backend="nccl", timeout=5.0, allow_socket=False)
+    code, report = ns.run(args, dict(os.environ))
+    assert code == ns.EXIT_TRANSPORT and report["ok"] is False
+    assert "HCA rocep1s0f1" in report["error"] and "/dev/infiniband" in report["error"]
+    assert "NET/IB : No device found" in report["error"]  # the real log line, quoted
+    assert "invalid usage" in report["cause"]
+
+
+def test_real_smoke_reports_match_the_readme() -> None:
+    """The fixtures are what the README says: a guard against swapping cases by mistake."""
+    for case, ok in (("default", False), ("forced_net", False), ("net_ib_env", False),
+                     ("allow_socket", True)):  # fmt: skip
+        for rank in (0, 1):
+            report = json.loads((REAL / case / f"rank{rank}.json").read_text())
+            assert report["ok"] is ok and report["rank"] == rank
