@@ -7,8 +7,8 @@
         tool_calls[0].function.arguments is a JSON object.
     sparkrig_gate.py wait [--url URL] [--container NAME] [--timeout S] [--interval S]
         Poll /health until 200, printing a JSON progress line whenever the boot stage read from
-        `docker logs --tail` of the container changes. Exit 0 ready, 1 container gone or error
-        line seen, 2 timeout.
+        `docker logs --tail` of the container changes. Exit 0 ready, 1 container gone or an
+        engine-fatal line seen (ERROR_RE; a traceback alone is not fatal), 2 timeout.
     sparkrig_gate.py probe [--url URL] [--model NAME]
         The watchdog probe: the math gate alone (a real completion; /health lies, §8.2).
     sparkrig_gate.py stage < LOG
@@ -65,9 +65,13 @@ BOOT_STAGES: tuple[tuple[str, str], ...] = (
 )
 STAGE_ORDER = tuple(s for s, _ in BOOT_STAGES)
 _STAGE_RE = [(s, re.compile(p)) for s, p in BOOT_STAGES]
+# Lines that mean the engine is dead, as vLLM 0.33 writes them (v1/engine/core.py,
+# v1/executor/multiproc_executor.py, v1/engine/exceptions.py) plus the stand-in's "peer lost".
+# Not a bare Traceback or RuntimeError: real vLLM/FlashInfer boots log non-fatal tracebacks
+# (autotuning, optional kernels), and an engine that really dies also logs one of these, or exits.
 ERROR_RE = re.compile(
-    r"Traceback \(most recent call last\)|RuntimeError|EngineDeadError|CUDA out of memory|"
-    r"NCCL error|peer lost|Engine core initialization failed|ERROR .*(?:failed|died|timed out)"
+    r"EngineDeadError|Engine core initialization failed|EngineCore failed to start|"
+    r"EngineCore encountered a fatal error|WorkerProc failed to start|peer lost"
 )
 BENIGN_RE = re.compile(r"No available shared memory broadcast block|RoCE all-reduce OFF")
 

@@ -103,13 +103,24 @@ def test_boot_stage_progression() -> None:
     assert gates.boot_errors(lines) == []  # the shm broadcast line is benign (§8.3)
 
 
-def test_boot_errors() -> None:
-    lines = [
+def test_boot_errors_are_engine_fatal_lines_not_tracebacks() -> None:
+    benign = [
         "INFO Loading weights took 3 s",
-        "RuntimeError: concat_and_cache_mla, cache_kernels.cu:866, pe_dim must be 64",
+        "Traceback (most recent call last):",  # e.g. FlashInfer autotune trying a config
+        '  File "/usr/lib/python3/dist-packages/flashinfer/autotuner.py", line 1, in tune',
+        "RuntimeError: CUDA error: too many resources requested for launch",
+        "ERROR 11-30 05:00:00 [autotuner.py] tactic 3 failed, skipping",
         "INFO RoCE all-reduce OFF (NCCL)",
     ]
-    assert gates.boot_errors(lines) == [lines[1]]
+    assert gates.boot_errors(benign) == []
+    fatal = [  # vLLM 0.33's own wording
+        "ERROR 11-30 05:01:00 [core.py:1584] EngineCore failed to start.",
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+        "ERROR 11-30 05:01:00 [multiproc_executor.py:1057] WorkerProc failed to start.",
+    ]
+    for line in fatal:
+        assert gates.boot_errors([*benign, line]) == [line]
 
 
 def test_commands_are_argv_and_shell() -> None:
@@ -208,10 +219,15 @@ def test_wait_ready_container_gone_and_timeout() -> None:
                            clock.now, clock.sleep)  # fmt: skip
     assert rc == 1 and json.loads(seen[-1])["detail"] == "container not running"
     seen.clear()
-    bad = ["Loading weights took 1 s", "RuntimeError: pe_dim must be 64 for fp8_ds_mla"]
+    bad = ["Loading weights took 1 s", "RuntimeError: pe_dim must be 64 for fp8_ds_mla",
+           "RuntimeError: Engine core initialization failed. See root cause above."]  # fmt: skip
     rc = script.wait_ready("http://h", "c", 10, 1, refused, lambda c: (True, bad), seen.append,
                            clock.now, clock.sleep)  # fmt: skip
-    assert rc == 1 and "pe_dim" in json.loads(seen[-1])["detail"]
+    assert rc == 1 and "Engine core initialization failed" in json.loads(seen[-1])["detail"]
+    seen.clear()  # a traceback alone, container running: keep waiting (here: until timeout)
+    rc = script.wait_ready("http://h", "c", 10, 1, refused, lambda c: (True, bad[:2]),
+                           seen.append, clock.now, clock.sleep)  # fmt: skip
+    assert rc == 2 and json.loads(seen[-1])["event"] == "timeout"
     seen.clear()
     rc = script.wait_ready("http://h", "c", 10, 1, refused, lambda c: (True, []), seen.append,
                            clock.now, clock.sleep)  # fmt: skip

@@ -221,6 +221,8 @@ def test_pair_boot_gates_and_worker_loss(model_dir: Path, procs: list[Proc]) -> 
     head.wait_for("Application startup complete")
     worker.wait_for("headless worker ready")
     assert gates.boot_stage(head.lines) == "ready"
+    assert any("Traceback (most recent call last)" in ln for ln in head.lines)  # benign, logged
+    assert gates.boot_errors(head.lines) == []  # ... and not a boot failure
     assert gates.boot_stage(worker.lines) == "graphs"
     assert not any("Starting vLLM API server" in ln for ln in worker.lines)  # no API on workers
 
