@@ -1,10 +1,15 @@
 #!/usr/bin/python3
 """Start gate of a sparkrig rank (runs as root in the unit's ExecStartPre).
 
-1. The fabric NIC still has its MTU (a firmware update can reset it to 1500).
-2. NCCL_IB_GID_INDEX in the rank's env file still names the RoCE v2 GID ::ffff:<fabric IP>
-   (indices move after reboots); on mismatch print the table and fail closed: re-run the deploy.
-3. Drop the page cache (it counts as used GPU memory on unified memory) and wait until MemFree,
+1. Wait (bounded by --fabric-wait, polling) until the fabric NIC has carrier, the RDMA device
+   exists and its GID table holds the RoCE v2 entry ::ffff:<fabric IP> on the fabric netdev
+   (the kernel adds it only once the address is on the NIC; after a reboot a peer powered off
+   means no carrier, so no address and no GID yet). None within the bound: print the table and
+   fail closed.
+2. The fabric NIC has its MTU (a firmware update can reset it to 1500).
+3. Hand THAT index to the container: write NCCL_IB_GID_INDEX to --gid-env, which the unit reads
+   for `docker run` (indices move after reboots; the deploy's rank.env keeps the one it saw).
+4. Drop the page cache (it counts as used GPU memory on unified memory) and wait until MemFree,
    not MemAvailable, reaches the floor; otherwise list the top consumers and refuse to start.
 
 Stdlib only. Exit codes: 0 ready, 2 fabric or GID wrong, 3 not enough free memory.
@@ -18,8 +23,21 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 GIB = 1024**3
+
+# Where the kernel's trees are; tests point them at a fake tree.
+SYS = "/sys"
+PROC = "/proc"
+
+
+def log(msg: str) -> None:
+    print(f"sparkrig-prep: {msg}", flush=True)
+
+
+def warn(msg: str) -> None:
+    print(f"sparkrig-prep: {msg}", file=sys.stderr, flush=True)
 
 
 def read_env(path: str) -> dict[str, str]:
@@ -46,9 +64,16 @@ def mapped_gid(ip: str) -> str:
     return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
 
 
+# --- the fabric: carrier, RDMA device, the RoCE v2 GID of the address -------------------------
+
+
+def port_dir(hca: str, port: str) -> str:
+    return f"{SYS}/class/infiniband/{hca}/ports/{port}"
+
+
 def gid_table(hca: str, port: str) -> str:
     rows = []
-    base = f"/sys/class/infiniband/{hca}/ports/{port}"
+    base = port_dir(hca, port)
     for path in sorted(glob.glob(f"{base}/gids/*"), key=lambda p: int(p.rsplit("/", 1)[1])):
         idx = path.rsplit("/", 1)[1]
         gid = read(path)
@@ -59,26 +84,111 @@ def gid_table(hca: str, port: str) -> str:
     return "\n".join(rows) or "  (empty)"
 
 
-def check_fabric(env: dict[str, str]) -> list[str]:
-    problems = []
+def find_gid(hca: str, port: str, ip: str, iface: str) -> int | None:
+    """Index of the RoCE v2 entry ::ffff:<ip> on ``iface`` (REFERENCE §4.4), or None."""
+    base, want = port_dir(hca, port), mapped_gid(ip)
+    for path in glob.glob(f"{base}/gids/*"):
+        idx = path.rsplit("/", 1)[1]
+        if not idx.isdigit() or read(path) != want:
+            continue
+        if read(f"{base}/gid_attrs/types/{idx}").lower() != "roce v2":
+            continue
+        if read(f"{base}/gid_attrs/ndevs/{idx}") not in ("", iface):  # no ndevs: old kernel
+            continue
+        return int(idx)
+    return None
+
+
+def fabric_missing(env: dict[str, str]) -> tuple[list[str], int | None]:
+    """What the fabric still lacks for this rank (empty when ready) and the GID index found."""
     iface, ip = env["SPARKRIG_FABRIC_INTERFACE"], env["SPARKRIG_FABRIC_IP"]
-    mtu = read(f"/sys/class/net/{iface}/mtu")
-    if mtu != env["SPARKRIG_FABRIC_MTU"]:
-        problems.append(f"{iface} MTU is {mtu or '?'}, expected {env['SPARKRIG_FABRIC_MTU']}")
-    hca, port, idx = env["NCCL_IB_HCA"], env["SPARKRIG_ROCE_PORT"], env["NCCL_IB_GID_INDEX"]
-    base = f"/sys/class/infiniband/{hca}/ports/{port}"
-    gid = read(f"{base}/gids/{idx}") if idx.isdigit() else ""
-    kind = read(f"{base}/gid_attrs/types/{idx}") if idx.isdigit() else ""
-    if gid != mapped_gid(ip) or kind.lower() != "roce v2":
-        problems.append(
-            f"NCCL_IB_GID_INDEX={idx!r} on {hca} port {port} is {gid or 'empty'} ({kind or '?'}), "
-            f"not RoCE v2 ::ffff:{ip}; GID table:\n{gid_table(hca, port)}"
+    hca, port = env["NCCL_IB_HCA"], env["SPARKRIG_ROCE_PORT"]
+    missing = []
+    if read(f"{SYS}/class/net/{iface}/carrier") != "1":
+        missing.append(f"carrier on {iface}")
+    if not os.path.isdir(port_dir(hca, port)):
+        missing.append(f"RDMA device {hca} port {port}")
+    index = find_gid(hca, port, ip, iface)
+    if index is None:
+        missing.append(f"the RoCE v2 GID ::ffff:{ip} on {iface} (the address on the NIC)")
+    return missing, index
+
+
+def wait_for_fabric(
+    env: dict[str, str],
+    bound: float,
+    interval: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int | None:
+    """Poll until the fabric is ready; the GID index, or None after ``bound`` seconds."""
+    start = clock()
+    said = ""
+    while True:
+        missing, index = fabric_missing(env)
+        if not missing:
+            if said:
+                log(f"fabric ready after {clock() - start:.0f} s")
+            return index
+        if clock() - start >= bound:
+            warn(f"no {'; no '.join(missing)} after {bound:.0f} s")
+            return None
+        now = "; ".join(missing)
+        if now != said:
+            log(f"waiting up to {bound:.0f} s for {now}")
+            said = now
+        sleep(interval)
+
+
+def check_mtu(env: dict[str, str]) -> str | None:
+    iface, want = env["SPARKRIG_FABRIC_INTERFACE"], env["SPARKRIG_FABRIC_MTU"]
+    mtu = read(f"{SYS}/class/net/{iface}/mtu")
+    if mtu != want:
+        return f"{iface} MTU is {mtu or '?'}, expected {want}"
+    return None
+
+
+def hand_over_gid(env: dict[str, str], index: int, path: str) -> None:
+    """Write the index the container gets (atomically); say so when it moved since the deploy."""
+    deployed = env.get("NCCL_IB_GID_INDEX", "")
+    if deployed != str(index):
+        log(
+            f"GID index of ::ffff:{env['SPARKRIG_FABRIC_IP']} is {index} now (the deploy saw "
+            f"{deployed or 'none'}); the container gets {index}"
         )
-    return problems
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("# Written by sparkrig-prep at the rank's start: the live RoCE v2 GID index\n")
+        f.write(f"SPARKRIG_GID_INDEX={index}\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def gate_fabric(env: dict[str, str], bound: float, gid_env: str) -> bool:
+    """Steps 1-3; False (reasons printed) when the rank must not start."""
+    try:
+        os.unlink(gid_env)  # never hand over a stale index
+    except OSError:
+        pass
+    index = wait_for_fabric(env, bound)
+    if index is None:
+        hca, port = env["NCCL_IB_HCA"], env["SPARKRIG_ROCE_PORT"]
+        warn(f"GID table of {hca} port {port}:\n{gid_table(hca, port)}")
+        return False
+    problem = check_mtu(env)
+    if problem:
+        warn(problem)
+        return False
+    hand_over_gid(env, index, gid_env)
+    return True
+
+
+# --- memory -----------------------------------------------------------------------------------
 
 
 def memfree() -> int:
-    for line in read("/proc/meminfo").splitlines():
+    for line in read(f"{PROC}/meminfo").splitlines():
         if line.startswith("MemFree:"):
             return int(line.split()[1]) * 1024
     return 0
@@ -86,9 +196,9 @@ def memfree() -> int:
 
 def drop_caches() -> None:
     os.sync()
-    for path, value in (("/proc/sys/vm/drop_caches", "3"), ("/proc/sys/vm/compact_memory", "1")):
+    for name, value in (("drop_caches", "3"), ("compact_memory", "1")):
         try:
-            with open(path, "w") as f:
+            with open(f"{PROC}/sys/vm/{name}", "w") as f:
                 f.write(value)
         except OSError:
             pass
@@ -101,22 +211,26 @@ def top_consumers() -> str:
     return "\n".join("  " + line for line in out[:6])
 
 
-def gate_memory(floor: int, wait_s: float) -> bool:
-    deadline = time.monotonic() + wait_s
+def gate_memory(
+    floor: int,
+    wait_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    deadline = clock() + wait_s
     while True:
         drop_caches()
         free = memfree()
         if free >= floor:
-            print(f"sparkrig-prep: MemFree {free / GIB:.1f} GiB >= {floor / GIB:.1f} GiB")
+            log(f"MemFree {free / GIB:.1f} GiB >= {floor / GIB:.1f} GiB")
             return True
-        if time.monotonic() >= deadline:
-            print(
-                f"sparkrig-prep: MemFree {free / GIB:.1f} GiB < {floor / GIB:.1f} GiB after "
-                f"{wait_s:.0f} s of dropping caches; top consumers:\n{top_consumers()}",
-                file=sys.stderr,
+        if clock() >= deadline:
+            warn(
+                f"MemFree {free / GIB:.1f} GiB < {floor / GIB:.1f} GiB after "
+                f"{wait_s:.0f} s of dropping caches; top consumers:\n{top_consumers()}"
             )
             return False
-        time.sleep(2)
+        sleep(2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,14 +238,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", required=True, help="the rank's env file")
     p.add_argument("--memfree-min-gib", type=float, required=True)
     p.add_argument("--wait", type=float, default=120, help="seconds to keep dropping caches")
+    p.add_argument(
+        "--fabric-wait", type=float, default=300, help="seconds to wait for carrier and GID"
+    )
+    p.add_argument("--gid-env", default="/run/sparkrig/gid.env", help="where the index goes")
     args = p.parse_args(argv)
 
     env = read_env(args.env)
-    problems = check_fabric(env)
-    if problems:
-        for problem in problems:
-            print(f"sparkrig-prep: {problem}", file=sys.stderr)
-        print("sparkrig-prep: refusing to start; re-run the deploy to fix it", file=sys.stderr)
+    if not gate_fabric(env, args.fabric_wait, args.gid_env):
+        warn("refusing to start; if the fabric itself is wrong, re-run the deploy to fix it")
         return 2
     if not gate_memory(int(args.memfree_min_gib * GIB), args.wait):
         return 3

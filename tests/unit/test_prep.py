@@ -1,0 +1,164 @@
+"""The start gate files/sparkrig_prep.py on a fake sysfs/proc tree: every exit path."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from sparkrig.scripts import load_script
+
+FILE = Path(__file__).resolve().parents[2] / "files" / "sparkrig_prep.py"
+prep = load_script("sparkrig_prep", FILE)
+
+IFACE, HCA, IP = "enp1s0f1np1", "rocep1s0f1", "192.168.100.11"
+WANT = "0000:0000:0000:0000:0000:ffff:c0a8:640b"
+FE80 = "fe80:0000:0000:0000:5054:00ff:fe5a:0202"
+ENV = f"""# rank env as the deploy writes it
+SPARKRIG_FABRIC_INTERFACE={IFACE}
+SPARKRIG_FABRIC_IP={IP}
+SPARKRIG_FABRIC_MTU=9000
+SPARKRIG_ROCE_PORT=1
+NCCL_IB_HCA={HCA}
+NCCL_IB_GID_INDEX=3
+"""
+
+
+class Tree:
+    """A fake /sys and /proc: the fabric netdev, its RDMA device's GID table and meminfo."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.sys, self.proc = root / "sys", root / "proc"
+        (self.proc / "sys/vm").mkdir(parents=True)
+        self.net = self.sys / "class/net" / IFACE
+        self.net.mkdir(parents=True)
+        self.port = self.sys / "class/infiniband" / HCA / "ports/1"
+        self.env = root / "rank.env"
+        self.env.write_text(ENV)
+        self.gid_env = root / "run/gid.env"
+        self.link(carrier=True, mtu=9000)
+        self.memfree(100)
+
+    def link(self, carrier: bool, mtu: int) -> None:
+        (self.net / "carrier").write_text("1\n" if carrier else "0\n")
+        (self.net / "mtu").write_text(f"{mtu}\n")
+
+    def gid(self, index: int, gid: str, kind: str = "RoCE v2", ndev: str = IFACE) -> None:
+        for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+            (self.port / sub).mkdir(parents=True, exist_ok=True)
+        (self.port / "gids" / str(index)).write_text(gid + "\n")
+        (self.port / "gid_attrs/types" / str(index)).write_text(kind + "\n")
+        (self.port / "gid_attrs/ndevs" / str(index)).write_text(ndev + "\n")
+
+    def memfree(self, gib: float) -> None:
+        kb = int(gib * 1024 * 1024)
+        (self.proc / "meminfo").write_text(
+            f"MemTotal:       {kb * 2} kB\nMemFree:        {kb} kB\nMemAvailable:   {kb} kB\n"
+        )
+
+    def run(self, *extra: str) -> int:
+        return int(
+            prep.main(
+                ["--env", str(self.env), "--memfree-min-gib", "8", "--wait", "0",
+                 "--gid-env", str(self.gid_env), *extra]
+            )
+        )  # fmt: skip
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch) -> Tree:
+    t = Tree(tmp_path)
+    monkeypatch.setattr(prep, "SYS", str(t.sys))
+    monkeypatch.setattr(prep, "PROC", str(t.proc))
+    monkeypatch.setattr(prep.os, "sync", lambda: None)
+    return t
+
+
+def handed_over(tree: Tree) -> str:
+    return tree.gid_env.read_text().splitlines()[-1]
+
+
+def test_ready_fabric_and_memory_start_with_the_live_index(tree, capsys):
+    tree.gid(0, FE80, "IB/RoCE v1")
+    tree.gid(1, FE80)
+    tree.gid(2, WANT, "IB/RoCE v1")
+    tree.gid(3, WANT)
+    assert tree.run("--fabric-wait", "5") == 0
+    assert handed_over(tree) == "SPARKRIG_GID_INDEX=3"
+    assert "MemFree 100.0 GiB >= 8.0 GiB" in capsys.readouterr().out
+    assert (tree.proc / "sys/vm/drop_caches").read_text() == "3"
+
+
+def test_a_moved_index_is_handed_over_not_refused(tree, capsys):
+    tree.gid(1, FE80)
+    tree.gid(5, WANT)  # the deploy saw 3
+    assert tree.run("--fabric-wait", "5") == 0
+    assert handed_over(tree) == "SPARKRIG_GID_INDEX=5"
+    assert "is 5 now (the deploy saw 3); the container gets 5" in capsys.readouterr().out
+
+
+def test_an_entry_of_another_netdev_or_roce_v1_is_not_taken(tree, capsys):
+    tree.gid(3, WANT, "IB/RoCE v1")
+    tree.gid(4, WANT, ndev="fab77")
+    assert tree.run("--fabric-wait", "0") == 2
+    assert not tree.gid_env.exists()
+
+
+def test_wrong_mtu_refuses_with_exit_2(tree, capsys):
+    tree.gid(3, WANT)
+    tree.link(carrier=True, mtu=1500)
+    assert tree.run("--fabric-wait", "5") == 2
+    err = capsys.readouterr().err
+    assert f"{IFACE} MTU is 1500, expected 9000" in err
+    assert not tree.gid_env.exists()
+
+
+def test_a_gid_that_never_appears_refuses_with_exit_2_and_the_table(tree, capsys):
+    tree.gid(0, FE80, "IB/RoCE v1")
+    tree.gid(1, FE80)
+    tree.gid_env.parent.mkdir(parents=True)
+    tree.gid_env.write_text("SPARKRIG_GID_INDEX=3\n")  # a stale hand-over from the last start
+    assert tree.run("--fabric-wait", "1") == 2
+    err = capsys.readouterr().err
+    assert f"no the RoCE v2 GID ::ffff:{IP} on {IFACE}" in err
+    assert f"GID table of {HCA} port 1:" in err
+    assert f"     1  {FE80}  RoCE v2     {IFACE}" in err
+    assert not tree.gid_env.exists(), "a stale index must never reach the container"
+
+
+def test_no_carrier_and_no_device_are_named(tree, capsys):
+    tree.link(carrier=False, mtu=9000)
+    assert tree.run("--fabric-wait", "0") == 2
+    err = capsys.readouterr().err
+    assert f"carrier on {IFACE}" in err and f"RDMA device {HCA} port 1" in err
+
+
+def test_a_gid_that_appears_after_a_delay_starts_with_the_new_index(tree, capsys):
+    # after a reboot: no carrier (the peer is still off), so no address and no GID; they come
+    tree.link(carrier=False, mtu=1500)
+    tree.gid(1, FE80)
+
+    def peer_comes_back() -> None:
+        tree.link(carrier=True, mtu=9000)
+        tree.gid(4, WANT)
+
+    timer = threading.Timer(1.5, peer_comes_back)
+    timer.start()
+    try:
+        assert tree.run("--fabric-wait", "60") == 0
+    finally:
+        timer.cancel()
+    assert handed_over(tree) == "SPARKRIG_GID_INDEX=4"
+    out = capsys.readouterr().out
+    assert "waiting up to 60 s for carrier on" in out
+    assert "fabric ready after" in out
+
+
+def test_low_memfree_refuses_with_exit_3_and_lists_consumers(tree, capsys):
+    tree.gid(3, WANT)
+    tree.memfree(2)
+    assert tree.run("--fabric-wait", "5") == 3
+    err = capsys.readouterr().err
+    assert "MemFree 2.0 GiB < 8.0 GiB" in err and "top consumers" in err
