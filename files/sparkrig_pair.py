@@ -9,12 +9,27 @@ rank unit, which brings this rank down too.
 
 `wait` blocks until every peer's beacon answers 200 (the head's start gate), or times out.
 
-`agent` runs on each worker: on an authenticated POST /start from the head it starts the worker's
-rank unit (the head cannot reach a worker's systemd otherwise). `restart` (on the head) restarts
-the pair in order: head down, workers down, workers up (through their agents), head up.
-`watchdog` (on the head, opt-in) restarts the pair that way when the pair went down because a rank
-died, or when a real completion fails `--fails` times in a row; at most `--max-restarts` per
-`--window` seconds, never within `--grace` seconds of a start, never after an operator's stop.
+`wait` can also ask each missing worker's agent to start its rank (the head's start gate does:
+starting the head starts the pair, e.g. after the head rebooted alone).
+
+`agent` runs on each worker: on an authenticated POST /start or /stop from the head it starts or
+stops the worker's rank unit (the head cannot reach a worker's systemd otherwise); GET /ready says
+whether the worker may be started (200) or an operator stopped it (409). `restart` (on the head)
+restarts the pair in order: head down, workers down, workers up (through their agents), head up;
+one at a time (a lock).
+
+`stopping` is every rank unit's first ExecStop: a stop requested while the container runs that is
+neither stop-together nor an ordered restart is an operator's, and is recorded in /run (a reboot
+forgets it, as systemd forgets a stop); the next start of the rank clears it.
+
+`supervise` (on the head, always on) restarts the pair in order when it went down by itself (a
+rank died, a node rebooted, the head's start gate timed out) and every worker's agent answers
+ready again, at most `--max-restarts` per `--window` seconds; never after an operator's stop. It
+also takes an authenticated POST /restart-pair, which `request` sends from a worker whose deploy
+ran without the head (`--limit worker`).
+`watchdog` (on the head, opt-in) restarts the pair that way when a real completion fails `--fails`
+times in a row; at most `--max-restarts` per `--window` seconds, never within `--grace` seconds of
+a start. A pair that is down is the supervisor's business, not the watchdog's.
 
 Stdlib only. Exit codes: 0 ok, 1 timed out / failed / usage.
 """
@@ -22,6 +37,7 @@ Stdlib only. Exit codes: 0 ok, 1 timed out / failed / usage.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hmac
 import http.server
 import os
@@ -29,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 
@@ -111,16 +128,47 @@ class PeerWatch:
         return None
 
 
-MARKER = "/run/sparkrig/pair-down"  # written when a rank is stopped because its peer went down
+RUN = os.environ.get("SPARKRIG_RUN_DIR", "/run/sparkrig")  # tests point it elsewhere
+MARKER = f"{RUN}/pair-down"  # written before sparkrig's own machinery stops a rank
+OPERATOR = f"{RUN}/operator-stop"  # written when a stop was someone else's (an operator's)
+RESTART_LOCK = f"{RUN}/restart.lock"  # one ordered restart at a time
+
+
+def write_flag(path: str, text: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    except OSError:
+        pass
+
+
+def read_flag(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def mark_pair_down(reason: str) -> None:
-    try:
-        os.makedirs(os.path.dirname(MARKER), exist_ok=True)
-        with open(MARKER, "w") as f:
-            f.write(reason + "\n")
-    except OSError:
-        pass
+    write_flag(MARKER, reason)
+
+
+def stopping(args: argparse.Namespace) -> int:
+    """ExecStop hook: record an operator's stop (systemd sets EXIT_CODE once the main process
+    has exited, i.e. the container died and this is no stop request at all)."""
+    if os.environ.get("EXIT_CODE"):
+        return 0
+    if os.path.exists(MARKER):
+        return 0  # stop-together or an ordered restart: sparkrig's own
+    write_flag(OPERATOR, f"{args.unit} stopped by request at {time.strftime('%FT%T%z')}")
+    log(
+        f"{args.unit} stopped by request (not stop-together, not a restart): sparkrig leaves the "
+        "pair down until the head is started again (systemctl start sparkrig-head, "
+        "sparkrig-restart-pair or the deploy)"
+    )
+    return 0
 
 
 def watch(args: argparse.Namespace) -> int:
@@ -148,14 +196,24 @@ def wait(args: argparse.Namespace) -> int:
     peers = [p for p in args.peers.split(",") if p]
     deadline = time.monotonic() + args.timeout
     started = time.monotonic()
+    token = read_token(args.token_file) if args.token_file else ""
+    asked: dict[str, float] = {}
     while True:
         down = [p for p in peers if not beacon_up(p, args.port)]
         if not down:
             log(f"every peer is up ({', '.join(peers)}) after {time.monotonic() - started:.1f} s")
             return 0
         if time.monotonic() >= deadline:
-            log(f"timed out after {args.timeout:.0f} s waiting for {', '.join(down)}")
+            log(
+                f"timed out after {args.timeout:.0f} s waiting for {', '.join(down)}; the "
+                "supervisor restarts the pair in order once every worker's agent answers"
+            )
             return 1
+        for peer in down if token else []:  # starting the head starts the pair
+            if time.monotonic() - asked.get(peer, -1e9) >= 30:
+                asked[peer] = time.monotonic()
+                if ask(peer, args.agent_port, token, "start", timeout=10):
+                    log(f"asked {peer}'s agent to start its rank")
         time.sleep(args.interval)
 
 
@@ -168,6 +226,19 @@ class Agent(http.server.BaseHTTPRequestHandler):
     unit = ""
     token = ""
 
+    def do_GET(self) -> None:  # noqa: N802
+        """/ready: 200 when the head may start this rank, 409 when an operator stopped it."""
+        if self.path != "/ready":
+            self.send_response(404)
+            self.end_headers()
+            return
+        stopped = read_flag(OPERATOR)
+        body = (stopped or "ready").encode() + b"\n"
+        self.send_response(409 if stopped else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def do_POST(self) -> None:  # noqa: N802
         given = self.headers.get("X-Sparkrig-Token", "")
         action = {"/start": ["--no-block", "start"], "/stop": ["stop"]}.get(self.path)
@@ -176,6 +247,8 @@ class Agent(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         log(f"{self.path[1:]} of {self.unit} requested by {self.client_address[0]}")
+        if self.path == "/stop":
+            mark_pair_down(f"ordered restart requested by {self.client_address[0]}")
         done = subprocess.run(["systemctl", *action, self.unit], check=False).returncode == 0
         self.send_response(202 if done else 500)
         self.end_headers()
@@ -192,13 +265,13 @@ def agent(args: argparse.Namespace) -> int:
     return 0
 
 
-def ask(worker: str, port: int, token: str, action: str) -> bool:
+def ask(worker: str, port: int, token: str, action: str, timeout: float = 180) -> bool:
     """Ask a worker's agent to start or stop its rank (a stop returns once it is down)."""
     req = urllib.request.Request(
         f"http://{worker}:{port}/{action}", method="POST", headers={"X-Sparkrig-Token": token}
     )
     try:
-        with urllib.request.urlopen(req, timeout=180) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return bool(r.status == 202)
     except OSError as err:
         log(f"agent on {worker} did not {action} its rank: {err}")
@@ -214,11 +287,51 @@ def wait_all(peers: list[str], port: int, up: bool, timeout: float) -> bool:
     return False
 
 
+class RestartLock:
+    """One ordered restart at a time (supervisor, watchdog, an operator's sparkrig-restart-pair)."""
+
+    def __init__(self, path: str = "") -> None:
+        self.path = path or RESTART_LOCK
+        self.fd = -1
+
+    def acquire(self, timeout: float = 0) -> bool:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except OSError:
+                if time.monotonic() >= deadline:
+                    os.close(self.fd)
+                    self.fd = -1
+                    return False
+                time.sleep(1)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 def restart_pair(args: argparse.Namespace) -> int:
     """Head down, workers down, workers up, head up: the only order NCCL survives."""
+    lock = RestartLock()
+    if not lock.acquire():
+        log("another ordered restart of the pair is under way; not starting a second one")
+        return 1
+    try:
+        return _restart_pair(args)
+    finally:
+        lock.release()
+
+
+def _restart_pair(args: argparse.Namespace) -> int:
     workers = [p for p in args.workers.split(",") if p]
     token = read_token(args.token_file)
     log(f"restarting the pair: {args.head_unit}, then {', '.join(workers)}")
+    mark_pair_down("ordered restart of the pair")  # so the head's stop is not an operator's
     subprocess.run(["systemctl", "stop", args.head_unit], check=False)
     if not all(ask(w, args.agent_port, token, "stop") for w in workers):
         return 1
@@ -264,16 +377,14 @@ class WatchdogPolicy:
         self.started_at: float | None = None
         self.restarts: list[float] = []
 
-    def observe(self, now: float, active: bool, pair_down: bool, probe_ok: bool | None) -> str:
+    def observe(self, now: float, active: bool, probe_ok: bool | None) -> str:
         """Returns "restart", "give-up" or "" (nothing to do)."""
         self.restarts = [t for t in self.restarts if now - t < self.window]
         if self.restarts and now - self.restarts[-1] < self.grace:
             return ""  # a restart is still taking (the unit may not even be activating yet)
         if not active:
             self.started_at, self.misses = None, 0
-            if not pair_down:
-                return ""  # an operator stopped it: leave it down
-            return self._restart(now, "the pair went down")
+            return ""  # down: the supervisor's business (and an operator's stop is left alone)
         if self.started_at is None:
             self.started_at = now
         if now - self.started_at < self.grace or probe_ok is None:
@@ -297,11 +408,11 @@ def watchdog(args: argparse.Namespace) -> int:
     )
     while True:
         now = time.monotonic()
-        active, crashed = unit_state(args.head_unit)
+        active, _ = unit_state(args.head_unit)
         probe_ok = None
         if active and policy.started_at is not None and now - policy.started_at >= args.grace:
             probe_ok = subprocess.run(args.probe, shell=True, check=False).returncode == 0
-        verdict = policy.observe(now, active, crashed or os.path.exists(MARKER), probe_ok)
+        verdict = policy.observe(now, active, probe_ok)
         if verdict == "restart":
             gave_up = False
             log("restarting the pair in order")
@@ -310,6 +421,154 @@ def watchdog(args: argparse.Namespace) -> int:
             gave_up = True
             log(f"{args.max_restarts} restarts in {args.window:.0f} s: giving up, pair stays down")
         time.sleep(args.interval)
+
+
+class SupervisorPolicy:
+    """When the head restarts a pair that went down by itself (pure: fed observations)."""
+
+    def __init__(self, max_restarts: int, window: float, settle: float) -> None:
+        self.max_restarts, self.window, self.settle = max_restarts, window, settle
+        self.restarts: list[float] = []
+
+    def observe(
+        self, now: float, active: bool, went_down: bool, operator: bool, workers_ready: bool
+    ) -> str:
+        """Returns restart, wait (down by itself, a worker not back), give-up or nothing ("")."""
+        self.restarts = [t for t in self.restarts if now - t < self.window]
+        if active or operator or not went_down:
+            return ""  # serving or starting; an operator's stop; never started (a fresh host)
+        if self.restarts and now - self.restarts[-1] < self.settle:
+            return ""  # the last restart is still taking
+        if not workers_ready:
+            return "wait"
+        if len(self.restarts) >= self.max_restarts:
+            return "give-up"
+        self.restarts.append(now)
+        return "restart"
+
+
+def agent_ready(worker: str, port: int) -> tuple[bool, str]:
+    try:
+        with urllib.request.urlopen(f"http://{worker}:{port}/ready", timeout=5) as r:
+            return bool(r.status == 200), "ready"
+    except urllib.error.HTTPError as err:
+        return False, err.read().decode(errors="replace").strip() or f"HTTP {err.code}"
+    except OSError:
+        return False, f"agent {worker}:{port} not answering"
+
+
+def down_reason(head_unit: str, failed: bool) -> str:
+    return read_flag(MARKER) or (f"{head_unit} failed" if failed else "")
+
+
+class Supervisor(http.server.BaseHTTPRequestHandler):
+    """POST /restart-pair (token): a worker whose deploy ran without the head asks for an ordered
+    restart; answered once the head's start was issued (202) or the restart failed (500)."""
+
+    args: argparse.Namespace
+    token = ""
+
+    def do_POST(self) -> None:  # noqa: N802
+        given = self.headers.get("X-Sparkrig-Token", "")
+        if self.path != "/restart-pair" or not hmac.compare_digest(given, self.token):
+            self.send_response(403)
+            self.end_headers()
+            return
+        log(f"ordered restart of the pair requested by {self.client_address[0]}")
+        lock = RestartLock()
+        if lock.acquire():
+            try:
+                ok = _restart_pair(self.args) == 0
+            finally:
+                lock.release()
+        else:  # a restart is under way: wait for it, never run a second one
+            log("a restart is already under way; waiting for it instead")
+            ok = lock.acquire(timeout=self.args.timeout + 300)
+            lock.release()
+            ok = ok and unit_state(self.args.head_unit)[0]
+        self.send_response(202 if ok else 500)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def supervise(args: argparse.Namespace) -> int:
+    Supervisor.args, Supervisor.token = args, read_token(args.token_file)
+    host, _, port = args.listen.rpartition(":")
+    server = http.server.ThreadingHTTPServer((host, int(port)), Supervisor)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    workers = [p for p in args.workers.split(",") if p]
+    policy = SupervisorPolicy(args.max_restarts, args.window, settle=args.timeout)
+    log(
+        f"supervisor for {args.head_unit} on {args.listen}: restarts the pair in order when it "
+        f"went down by itself and {', '.join(workers)} answer ready"
+    )
+    said = ""
+    while True:
+        now = time.monotonic()
+        active, failed = unit_state(args.head_unit)
+        went_down = failed or os.path.exists(MARKER)
+        operator = os.path.exists(OPERATOR)
+        waiting: list[str] = []
+        if went_down and not active and not operator:
+            for w in workers:
+                ok, why = agent_ready(w, args.agent_port)
+                if not ok:
+                    waiting.append(f"{w} ({why})")
+        verdict = policy.observe(now, active, went_down, operator, not waiting)
+        reason = down_reason(args.head_unit, failed)
+        if verdict == "restart":
+            log(f"the pair went down by itself ({reason}); every worker is back: restarting it")
+            restart_pair(args)
+            said = ""
+        elif verdict == "wait":
+            msg = (
+                f"the pair went down by itself ({reason}); waiting for {', '.join(waiting)}: it "
+                "restarts in order once every worker's agent answers ready"
+            )
+            if msg != said:
+                log(msg)
+                said = msg
+        elif verdict == "give-up":
+            msg = (
+                f"{args.max_restarts} restarts in {args.window:.0f} s did not keep the pair up "
+                f"({reason}); leaving it down for a human: read journalctl -u {args.head_unit} "
+                "-u sparkrig-pair on every rank, then run sudo sparkrig-restart-pair on the head"
+            )
+            if msg != said:
+                log(msg)
+                said = msg
+        elif not verdict and active:
+            said = ""
+        time.sleep(args.interval)
+
+
+def request(args: argparse.Namespace) -> int:
+    """A worker's deploy without the head: ask the head's supervisor for an ordered restart."""
+    req = urllib.request.Request(
+        f"http://{args.head}:{args.agent_port}/restart-pair",
+        method="POST",
+        headers={"X-Sparkrig-Token": read_token(args.token_file)},
+    )
+    log(f"asking the head's supervisor at {args.head}:{args.agent_port} for an ordered restart")
+    try:
+        with urllib.request.urlopen(req, timeout=args.timeout) as r:
+            ok = r.status == 202
+    except OSError as err:
+        log(f"the head's supervisor did not restart the pair: {err}")
+        ok = False
+    if not ok:
+        log(
+            "the pair is not restarted: run the deploy with the head in it "
+            "(pyinfra inventory.py deploy.py), or on the head: sudo sparkrig-restart-pair"
+        )
+        return 1
+    if not wait_all([args.head], args.port, up=True, timeout=args.timeout):
+        log(f"the head's rank did not come up within {args.timeout:.0f} s")
+        return 1
+    log("the head restarted the pair in order; its rank is up")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,18 +580,30 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--listen", required=True, help="fabric IP:port of this rank's beacon")
     w.add_argument("--fails", type=int, default=3)
     w.add_argument("--grace", type=float, default=1800)
-    for sp in (w, sub.add_parser("wait", help="wait until every peer's beacon answers")):
+    wt = sub.add_parser("wait", help="wait until every peer's beacon answers")
+    for sp in (w, wt):
         sp.add_argument("--peers", required=True, help="comma-separated fabric IPs")
         sp.add_argument("--port", type=int, required=True)
         sp.add_argument("--interval", type=float, default=1.0)
-    sub.choices["wait"].add_argument("--timeout", type=float, default=600)
+    wt.add_argument("--timeout", type=float, default=600)
+    wt.add_argument("--agent-port", type=int, default=0, help="ask missing workers' agents ...")
+    wt.add_argument("--token-file", default="", help="... to start their ranks (head)")
+    st = sub.add_parser("stopping", help="ExecStop hook: record an operator's stop")
+    st.add_argument("--unit", required=True)
+    rq = sub.add_parser("request", help="worker: ask the head's supervisor for an ordered restart")
+    rq.add_argument("--head", required=True, help="the head's fabric IP")
+    rq.add_argument("--port", type=int, required=True, help="beacon port")
+    rq.add_argument("--agent-port", type=int, required=True)
+    rq.add_argument("--token-file", required=True)
+    rq.add_argument("--timeout", type=float, default=600)
     a = sub.add_parser("agent", help="worker: start the rank unit when the head asks")
     a.add_argument("--listen", required=True)
     a.add_argument("--unit", required=True)
     a.add_argument("--token-file", required=True)
     r = sub.add_parser("restart", help="head: restart the pair in order")
-    d = sub.add_parser("watchdog", help="head: restart the pair when it is down or fails")
-    for sp in (r, d):
+    d = sub.add_parser("watchdog", help="head: restart the pair when completions fail")
+    su = sub.add_parser("supervise", help="head: restart a pair that went down by itself")
+    for sp in (r, d, su):
         sp.add_argument("--head-unit", required=True)
         sp.add_argument("--workers", required=True, help="comma-separated worker fabric IPs")
         sp.add_argument("--port", type=int, required=True, help="beacon port")
@@ -343,10 +614,21 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--interval", type=float, default=60)
     d.add_argument("--fails", type=int, default=3)
     d.add_argument("--grace", type=float, default=1800)
-    d.add_argument("--max-restarts", type=int, default=3)
-    d.add_argument("--window", type=float, default=21600)
+    for sp in (d, su):
+        sp.add_argument("--max-restarts", type=int, default=3)
+        sp.add_argument("--window", type=float, default=21600)
+    su.add_argument("--listen", required=True, help="the head's fabric IP:agent port")
+    su.add_argument("--interval", type=float, default=5)
     args = p.parse_args(argv)
-    modes = {"watch": watch, "wait": wait, "agent": agent, "restart": restart_pair}
+    modes = {
+        "watch": watch,
+        "wait": wait,
+        "agent": agent,
+        "restart": restart_pair,
+        "stopping": stopping,
+        "supervise": supervise,
+        "request": request,
+    }
     return modes.get(args.mode, watchdog)(args)
 
 

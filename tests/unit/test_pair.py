@@ -42,38 +42,96 @@ def test_a_peer_that_never_comes_up_stops_the_rank_after_the_grace_only():
     assert "never came up" in w.verdict(100)
 
 
-def test_watchdog_restarts_a_pair_that_went_down_but_not_one_an_operator_stopped():
-    p = pair.WatchdogPolicy(fails=3, grace=60, max_restarts=3, window=3600)
-    assert p.observe(0, active=False, pair_down=False, probe_ok=None) == ""
-    assert p.observe(10, active=False, pair_down=True, probe_ok=None) == "restart"
+def test_watchdog_leaves_a_pair_that_is_down_to_the_supervisor():
+    p = pair.WatchdogPolicy(fails=1, grace=0, max_restarts=3, window=3600)
+    assert [p.observe(t, active=False, probe_ok=None) for t in (0, 100, 200)] == ["", "", ""]
 
 
 def test_watchdog_waits_out_the_grace_then_restarts_after_consecutive_failed_probes():
     p = pair.WatchdogPolicy(fails=3, grace=60, max_restarts=3, window=3600)
-    assert p.observe(0, True, False, None) == ""  # start seen
-    assert p.observe(30, True, False, False) == ""  # within grace: ignored
-    assert p.observe(61, True, False, False) == ""
-    assert p.observe(62, True, False, True) == ""  # success resets
-    assert p.observe(63, True, False, False) == ""
-    assert p.observe(64, True, False, False) == ""
-    assert p.observe(65, True, False, False) == "restart"
+    assert p.observe(0, True, None) == ""  # start seen
+    assert p.observe(30, True, False) == ""  # within grace: ignored
+    assert p.observe(61, True, False) == ""
+    assert p.observe(62, True, True) == ""  # success resets
+    assert p.observe(63, True, False) == ""
+    assert p.observe(64, True, False) == ""
+    assert p.observe(65, True, False) == "restart"
 
 
 def test_watchdog_gives_up_after_the_restart_budget():
     p = pair.WatchdogPolicy(fails=1, grace=5, max_restarts=2, window=1000)
-    assert p.observe(0, False, True, None) == "restart"
-    assert p.observe(10, False, True, None) == "restart"
-    assert p.observe(20, False, True, None) == "give-up"
-    assert p.observe(1011, False, True, None) == "restart"  # the window moved on
+    for t in (0, 10, 20):
+        p.observe(t, True, None)
+    assert p.observe(30, True, False) == "restart"
+    p.observe(40, True, None)
+    assert p.observe(50, True, False) == "restart"
+    p.observe(60, True, None)
+    assert p.observe(70, True, False) == "give-up"
 
 
 def test_watchdog_lets_a_restart_take_before_judging_again():
     p = pair.WatchdogPolicy(fails=1, grace=60, max_restarts=3, window=3600)
-    assert p.observe(0, False, True, None) == "restart"
-    # the old failed state is still visible while the restart is under way
-    assert p.observe(5, False, True, None) == ""
-    assert p.observe(59, False, True, None) == ""
-    assert p.observe(61, False, True, None) == "restart"
+    p.observe(0, True, None)
+    assert p.observe(60, True, False) == "restart"
+    assert p.observe(100, True, False) == ""  # the restart is still taking
+    assert p.observe(119, True, False) == ""
+
+
+def test_supervisor_restarts_a_pair_that_went_down_by_itself_once_every_worker_is_back():
+    p = pair.SupervisorPolicy(max_restarts=3, window=3600, settle=60)
+    # the worker rebooted: the head went down by stop-together, the worker is not back yet
+    assert p.observe(0, active=False, went_down=True, operator=False, workers_ready=False) == "wait"
+    assert p.observe(500, False, True, False, False) == "wait"  # no bound: it keeps waiting
+    assert p.observe(900, False, True, False, True) == "restart"
+    assert p.observe(910, False, True, False, True) == ""  # the restart is still taking
+    assert p.observe(970, True, False, False, True) == ""  # serving
+
+
+def test_supervisor_never_undoes_an_operator_stop_nor_starts_a_fresh_host():
+    p = pair.SupervisorPolicy(max_restarts=3, window=3600, settle=60)
+    assert p.observe(0, False, went_down=True, operator=True, workers_ready=True) == ""
+    assert p.observe(10, False, went_down=False, operator=False, workers_ready=True) == ""
+    assert p.restarts == []
+
+
+def test_supervisor_gives_up_after_its_budget_and_the_window_moves_on():
+    p = pair.SupervisorPolicy(max_restarts=2, window=1000, settle=10)
+    assert p.observe(0, False, True, False, True) == "restart"
+    assert p.observe(20, False, True, False, True) == "restart"
+    assert p.observe(40, False, True, False, True) == "give-up"
+    assert p.observe(1001, False, True, False, True) == "restart"
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    for name in ("MARKER", "OPERATOR", "RESTART_LOCK"):
+        monkeypatch.setattr(pair, name, str(run / getattr(pair, name).rsplit("/", 1)[1]))
+    return run
+
+
+def test_a_stop_request_is_an_operators_unless_sparkrig_stopped_it(run_dir, monkeypatch):
+    monkeypatch.delenv("EXIT_CODE", raising=False)
+    # the container died: systemd sets EXIT_CODE for ExecStop, and that is no one's request
+    monkeypatch.setenv("EXIT_CODE", "exited")
+    assert pair.main(["stopping", "--unit", "sparkrig-head.service"]) == 0
+    assert not (run_dir / "operator-stop").exists()
+    monkeypatch.delenv("EXIT_CODE")
+    pair.mark_pair_down("peer 10.0.0.2 went down")  # stop-together
+    assert pair.main(["stopping", "--unit", "sparkrig-head.service"]) == 0
+    assert not (run_dir / "operator-stop").exists()
+    (run_dir / "pair-down").unlink()
+    assert pair.main(["stopping", "--unit", "sparkrig-head.service"]) == 0  # systemctl stop
+    assert "sparkrig-head.service stopped by request" in (run_dir / "operator-stop").read_text()
+
+
+def test_one_ordered_restart_at_a_time(run_dir):
+    first, second = pair.RestartLock(), pair.RestartLock()
+    assert first.acquire()
+    assert not second.acquire()
+    first.release()
+    assert second.acquire()
+    second.release()
 
 
 def free_port() -> int:
@@ -97,7 +155,8 @@ def test_agent_starts_the_unit_only_for_the_right_token(tmp_path, fake_systemctl
     bin_dir, log = fake_systemctl
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    run = tmp_path / "run"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SPARKRIG_RUN_DIR": str(run)}
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, str(FILE), "agent", "--listen", f"127.0.0.1:{port}",
@@ -116,12 +175,19 @@ def test_agent_starts_the_unit_only_for_the_right_token(tmp_path, fake_systemctl
         assert pair.ask("127.0.0.1", port, "wrong", "start") is False
         assert pair.ask("127.0.0.1", port, "s3cret", "reboot") is False
         assert not log.exists()
+        assert pair.agent_ready("127.0.0.1", port) == (True, "ready")
         assert pair.ask("127.0.0.1", port, "s3cret", "stop") is True
+        # the head's stop: marked as sparkrig's own, so the rank's ExecStop does not call it an
+        # operator's
+        assert "ordered restart requested by 127.0.0.1" in (run / "pair-down").read_text()
         assert pair.ask("127.0.0.1", port, "s3cret", "start") is True
         assert log.read_text().splitlines() == [
             "stop sparkrig-worker.service",
             "--no-block start sparkrig-worker.service",
         ]
+        (run / "operator-stop").write_text("sparkrig-worker.service stopped by request\n")
+        ok, why = pair.agent_ready("127.0.0.1", port)
+        assert not ok and "stopped by request" in why
     finally:
         proc.terminate()
         proc.wait(5)
@@ -201,3 +267,86 @@ def test_wait_times_out_on_a_peer_nobody_listens_for():
 )
 def test_unit_state_reads_keys_not_positions(show, expected):
     assert pair.parse_unit_state(show) == expected
+
+
+def serve(handler) -> tuple[object, int]:
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def test_the_heads_start_gate_asks_a_missing_workers_agent_to_start_its_rank(tmp_path):
+    import http.server
+
+    started = []
+
+    class Beacon(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if started else 503)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    class Agent(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            ok = self.path == "/start" and self.headers["X-Sparkrig-Token"] == "s3cret"
+            if ok:
+                started.append(self.path)
+            self.send_response(202 if ok else 403)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    (beacon, bport), (agent, aport) = serve(Beacon), serve(Agent)
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    try:
+        argv = ["wait", "--peers", "127.0.0.1", "--port", str(bport), "--timeout", "3"]
+        assert pair.main(argv) == 1  # without the agent it only waits
+        assert started == []
+        argv += ["--agent-port", str(aport), "--token-file", str(token)]
+        assert pair.main(argv) == 0
+        assert started == ["/start"]
+    finally:
+        beacon.shutdown()
+        agent.shutdown()
+
+
+def test_a_worker_without_its_head_in_the_run_asks_the_heads_supervisor(tmp_path, monkeypatch):
+    import argparse
+    import http.server
+
+    restarts = []
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    monkeypatch.setattr(pair, "RESTART_LOCK", str(tmp_path / "restart.lock"))
+    monkeypatch.setattr(pair, "_restart_pair", lambda args: restarts.append(args) or 0)
+
+    class HeadBeacon(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if restarts else 503)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    pair.Supervisor.args = argparse.Namespace(timeout=5, head_unit="sparkrig-head.service")
+    pair.Supervisor.token = "s3cret"
+    (sup, sport), (beacon, bport) = serve(pair.Supervisor), serve(HeadBeacon)
+    try:
+        argv = ["request", "--head", "127.0.0.1", "--port", str(bport),
+                "--agent-port", str(sport), "--timeout", "5", "--token-file"]  # fmt: skip
+        wrong = tmp_path / "wrong"
+        wrong.write_text("guess\n")
+        assert pair.main([*argv, str(wrong)]) == 1
+        assert restarts == []
+        assert pair.main([*argv, str(token)]) == 0
+        assert len(restarts) == 1
+    finally:
+        sup.shutdown()
+        beacon.shutdown()
