@@ -29,6 +29,7 @@ swappiness = 0  # vm.swappiness; 0 keeps the engine's pages out of swap
 min_free_kbytes = None  # vm.min_free_kbytes to pin on every node; None: only check they are equal
 memfree_min_gib = 8  # start gate: MemFree (not MemAvailable) after dropping caches, per node
 memfree_wait_s = 120  # how long the start gate keeps dropping caches before refusing to start
+fabric_wait_s = 300  # start gate: wait this long for fabric carrier, address and RoCE GID (polled)
 
 # --- fabric -----------------------------------------------------------------------------------
 fabric_mtu = 9000  # MTU on the QSFP fabric NIC, persisted with netplan
@@ -57,11 +58,14 @@ served_model_name = "glm-5.3-flash"  # name /v1/models reports and clients ask f
 api_port = 8000  # OpenAI-compatible API on the head
 master_port = 29521  # torch distributed rendezvous port on the head's fabric address
 pair_port = 29600  # rank liveness beacon on each fabric address (stop-together)
+pair_grace_s = 1800  # a rank's wait for its peers at start (the head's start gate; stop-together)
 copy_port = 29700  # the head serves verified weights to workers here, on its fabric address
 extra_serve_args = []  # appended to the vllm serve command line of every rank
 ready_timeout_s = 3600  # how long the deploy waits for the head's /health
 nccl_smoke = True  # all-reduce in the serving image before each pair (re)start; must use IB/RoCE
 nccl_smoke_timeout_s = 300  # rendezvous + all-reduce limit of the smoke test
+supervisor_max_restarts = 3  # head: ordered restarts of a pair that went down by itself, per window
+supervisor_window_s = 21600  # the supervisor's restart budget window (6 h); then a human decides
 watchdog = False  # opt-in: probe with a real completion and restart both ranks on failure
 watchdog_grace_s = 1800  # no probing this long after a start (a cold boot takes ~25 min)
 watchdog_interval_s = 60  # seconds between probes

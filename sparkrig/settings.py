@@ -83,6 +83,7 @@ class Knobs(BaseModel):
     min_free_kbytes: int | None = Field(default=None, ge=1024)
     memfree_min_gib: float = Field(ge=0)
     memfree_wait_s: int = Field(ge=0)
+    fabric_wait_s: int = Field(default=300, ge=0)
 
     fabric_mtu: int = Field(ge=1280, le=9216)
     fabric_netplan_file: str
@@ -117,6 +118,8 @@ class Knobs(BaseModel):
     watchdog_fails: int = Field(default=3, ge=1)
     watchdog_max_restarts: int = Field(default=3, ge=0)
     watchdog_window_s: int = Field(default=21600, ge=60)
+    supervisor_max_restarts: int = Field(default=3, ge=0)
+    supervisor_window_s: int = Field(default=21600, ge=60)
     agent_port: int = Field(default=29601, ge=1, le=65535)
     pair_token_file: str = ".sparkrig/pair-token"
 

@@ -44,6 +44,9 @@ def paths(s: Settings) -> dict[str, str]:
         "pair_token": f"{k.config_dir}/pair-token",
         "agent_unit": "/etc/systemd/system/sparkrig-agent.service",
         "watchdog_unit": "/etc/systemd/system/sparkrig-watchdog.service",
+        "supervisor_unit": "/etc/systemd/system/sparkrig-supervisor.service",
+        "run_dir": "/run/sparkrig",
+        "gid_env": "/run/sparkrig/gid.env",
         "restart_script": f"{k.install_dir}/bin/sparkrig-restart-pair",
         "model_dir": f"{k.weights_dir}/model",
         "drafter_dir": f"{k.weights_dir}/drafter",
@@ -144,10 +147,12 @@ def rank_unit_context(s: Settings, image: str, weights_id: str) -> dict[str, Any
         "serve_args": flag_lines(rank_serve_args(s)),
         "memfree_min_gib": k.memfree_min_gib,
         "memfree_wait_s": k.memfree_wait_s,
+        "fabric_wait_s": k.fabric_wait_s,
         "peers": ",".join(r.ip for r in s.peers),
         "pair_port": k.pair_port,
         "pair_grace_s": k.pair_grace_s,
-        "start_timeout_s": k.pair_grace_s + k.memfree_wait_s + 120,
+        "agent_port": k.agent_port,
+        "start_timeout_s": k.fabric_wait_s + k.pair_grace_s + k.memfree_wait_s + 120,
     }
 
 
@@ -206,4 +211,15 @@ def watchdog_unit_context(s: Settings) -> dict[str, Any]:
         "grace": k.watchdog_grace_s,
         "max_restarts": k.watchdog_max_restarts,
         "window": k.watchdog_window_s,
+    }
+
+
+def supervisor_unit_context(s: Settings) -> dict[str, Any]:
+    k = s.knobs
+    return {
+        **base_context(s),
+        "restart_args": restart_args(s),
+        "agent_port": k.agent_port,
+        "max_restarts": k.supervisor_max_restarts,
+        "window": k.supervisor_window_s,
     }

@@ -1,10 +1,12 @@
 """Phase 6, service: the rank's units, then an ordered start: worker(s) first, the head once every
 worker's container runs (its beacon answers over the fabric), never a fixed sleep. A change to any
-rank's unit, env file, image or weights restarts the whole pair in that order; nothing else does."""
+rank's unit, env file, image or weights restarts the whole pair in that order; nothing else does.
+A run without the head (`--limit worker`) never stops a worker's rank itself: the worker asks the
+head's supervisor for the ordered restart, so the pair serves again at the end of the run."""
 
 import shlex
 
-from pyinfra import host
+from pyinfra import host, inventory, logger
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import files, server, systemd
 
@@ -30,6 +32,7 @@ from sparkrig.units import (
     rank_unit_context,
     restart_args,
     smoke_run_args,
+    supervisor_unit_context,
     watchdog_unit_context,
 )
 
@@ -94,6 +97,11 @@ else:
         dest=p["restart_script"],
         mode="755",
     )
+    supervisor_unit = put_text(
+        name="Install the pair supervisor unit",
+        text=render("sparkrig-supervisor.service.j2", **supervisor_unit_context(s)),
+        dest=p["supervisor_unit"],
+    )
     if k.watchdog:
         watchdog_unit = put_text(
             name="Install the watchdog unit",
@@ -126,6 +134,17 @@ systemd.service(
 # them: stop every rank together, start the workers, wait for their containers, start the head.
 is_head = s.me.is_head
 watchdog_on = k.watchdog
+rank_status = host.get_fact(SystemdStatus, services=[f"{s.unit_name}.service"])
+rank_active = bool(rank_status.get(f"{s.unit_name}.service"))
+head_active = is_head and rank_active
+# --limit worker: the head is not in this run. The worker then leaves its rank to the head's
+# supervisor (an authenticated request below); anything needing the head is skipped, and said so.
+head_in_run = host.state.is_host_in_limit(inventory.get_host(s.head.name))
+if not head_in_run:
+    logger.info(
+        f"{host.print_prefix}the head ({s.head.name}) is not in this run: a pair restart is asked "
+        "of its supervisor; the NCCL smoke test and the serving gates are skipped"
+    )
 systemd.service(
     name="Pause the watchdog during an ordered pair restart",
     service="sparkrig-watchdog",
@@ -133,17 +152,22 @@ systemd.service(
     _if=lambda: is_head and watchdog_on and restart(),
 )
 systemd.service(
+    name="Pause the supervisor during the deploy's pair start",
+    service="sparkrig-supervisor",
+    running=False,
+    _if=lambda: is_head and (restart() or not head_active),
+)
+systemd.service(
     name="Stop every rank for an ordered pair restart",
     service=s.unit_name,
     running=False,
-    _if=restart,
+    _if=lambda: head_in_run and restart(),
 )
 # NCCL smoke test before a pair (re)start: one all-reduce in the serving image on every rank, the
 # workers launched first (they wait in the rendezvous), the head in the foreground, then the
 # workers' verdicts. It fails the deploy, naming the transport, when NCCL did not use IB/RoCE.
-rank_status = host.get_fact(SystemdStatus, services=[f"{s.unit_name}.service"])
-rank_active = bool(rank_status.get(f"{s.unit_name}.service"))
-smoke = k.nccl_smoke
+# Without the head in the run there is no one to all-reduce with: skipped (logged above).
+smoke = k.nccl_smoke and head_in_run
 server.shell(
     name="Launch the NCCL smoke test on the workers",
     commands=[
@@ -170,9 +194,21 @@ systemd.service(
     service=s.unit_name,
     running=True,
     enabled=True,
-    _if=lambda: not is_head,
+    _if=lambda: not is_head and (head_in_run or not (restart() or not rank_active)),
 )
-head_active = is_head and rank_active
+server.shell(
+    name="Ask the head's supervisor to restart the pair in order",
+    commands=[
+        shlex.join(
+            [
+                f"{p['bin_dir']}/sparkrig-pair", "request", "--head", s.head.ip,
+                "--port", str(k.pair_port), "--agent-port", str(k.agent_port),
+                "--token-file", p["pair_token"], "--timeout", "900",
+            ]
+        )
+    ],
+    _if=lambda: not is_head and not head_in_run and (restart() or not rank_active),
+)  # fmt: skip
 wait_for_ranks(
     name="Wait until every worker's container runs",
     bin_dir=p["bin_dir"],
@@ -189,6 +225,11 @@ systemd.service(
     _if=lambda: is_head,
 )
 
+if s.me.is_head:
+    keep_helper_running(
+        "sparkrig-supervisor",
+        lambda: supervisor_unit.did_change() or pair_program.did_change(),
+    )
 if s.me.is_head and k.watchdog:
     keep_helper_running(
         "sparkrig-watchdog", lambda: watchdog_unit.did_change() or pair_program.did_change()

@@ -97,7 +97,11 @@ def test_limit_worker_plans_nothing_for_the_head(monkeypatch):
     assert r.exit_code == 0, r.output
     assert r.commands.get(HEAD, []) == []
     assert HEAD not in r.changed_ops
-    assert "systemctl start sparkrig-worker.service" in r.commands[WORKER]
+    # the worker never starts or stops its rank alone: it asks the head's supervisor
+    assert "systemctl start sparkrig-worker.service" not in r.commands[WORKER]
+    requests = [c for c in r.commands[WORKER] if "sparkrig-pair request" in c]
+    assert len(requests) == 1 and "--head 192.168.100.10" in requests[0]
+    assert not any("nccl" in c.lower() for c in r.commands[WORKER])
 
 
 def test_firmware_reset_restores_mtu_and_gid_and_restarts_the_pair_in_order(monkeypatch):
