@@ -1,4 +1,5 @@
 """python3 -m lab up [--hosts N] | down | status | shape --uplink a|b (--rate R | --off) | ssh HOST
+| poweroff HOST | poweron HOST
 
 Run from the project root, as root."""
 
@@ -325,6 +326,41 @@ def down(quiet: bool = False) -> None:
         print(f"lab down: stopped {len(set(pids))} processes, removed namespace {net.NS}")
 
 
+def _guest(state: dict[str, Any], name: str) -> dict[str, Any]:
+    host = next((h for h in state["hosts"] if h["name"] == name), None)
+    if host is None:
+        raise SystemExit(f"no host {name}")
+    return host
+
+
+def poweroff(name: str) -> None:
+    """Power one guest off as a pulled plug would (qemu quits; its disk is kept)."""
+    state = load_state()
+    if state is None:
+        raise SystemExit("lab is not up: run python3 -m lab up")
+    host = _guest(state, name)
+    _kill([int(host["qemu_pid"])] if host.get("qemu_pid") else [])
+    host["qemu_pid"] = None
+    save_state(state)
+    print(f"{name}: powered off")
+
+
+def poweron(name: str, smp: int = 1) -> None:
+    """Power a guest that was powered off on again, with its disk as it was; wait for SSH."""
+    state = load_state()
+    if state is None:
+        raise SystemExit("lab is not up: run python3 -m lab up")
+    host = _guest(state, name)
+    if alive(host.get("qemu_pid")):
+        raise SystemExit(f"{name} is already running")
+    base = Path(state["base_dir"])
+    _, pubkey = ensure_keypair()
+    host["qemu_pid"] = vm.start(host, base, pubkey, smp, fresh=False)
+    save_state(state)
+    vm.wait_ssh({**state, "hosts": [host]}, BOOT_TIMEOUT_S)
+    print(f"{name}: powered on")
+
+
 def status() -> None:
     state = load_state()
     if state is None:
@@ -365,6 +401,8 @@ def main() -> None:
     g = p_sh.add_mutually_exclusive_group(required=True)
     g.add_argument("--rate", help="tc rate, e.g. 88mbit")
     g.add_argument("--off", action="store_true")
+    sub.add_parser("poweroff", help="pull one guest's plug (its disk is kept)").add_argument("host")
+    sub.add_parser("poweron", help="power a guest on again and wait for SSH").add_argument("host")
     p_ssh = sub.add_parser("ssh", help="ssh into a guest as spark")
     p_ssh.add_argument("host", nargs="?", default="lab-head")
     p_ssh.add_argument("command", nargs=argparse.REMAINDER)
@@ -385,6 +423,10 @@ def main() -> None:
         if not net.exists():
             raise SystemExit("lab is not up: run python3 -m lab up")
         print(net.shape(args.uplink, None if args.off else args.rate))
+    elif args.cmd == "poweroff":
+        poweroff(args.host)
+    elif args.cmd == "poweron":
+        poweron(args.host)
     elif args.cmd == "ssh":
         state = load_state()
         if state is None:

@@ -21,26 +21,29 @@ def mac(idx: int, nic: int) -> str:
     return f"52:54:00:5a:{idx:02x}:{nic:02x}"
 
 
-def start(host: dict[str, Any], base: Path, pubkey: str, smp: int) -> int:
-    """Boot one guest from a fresh qcow2 overlay on the base image; return qemu's PID."""
+def start(host: dict[str, Any], base: Path, pubkey: str, smp: int, fresh: bool = True) -> int:
+    """Boot one guest from a fresh qcow2 overlay on the base image (or, ``fresh=False``, power
+    it on again with its disk as it was); return qemu's PID."""
     idx = int(host["index"])
     overlay = Path(host["overlay"])
-    overlay.unlink(missing_ok=True)
-    subprocess.run(
-        [
-            "qemu-img",
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-F",
-            "qcow2",
-            "-b",
-            str(base / "base.qcow2"),
-            str(overlay),
-        ],
-        check=True,
-    )
+    if fresh:
+        overlay.unlink(missing_ok=True)
+    if fresh or not overlay.exists():
+        subprocess.run(
+            [
+                "qemu-img",
+                "create",
+                "-q",
+                "-f",
+                "qcow2",
+                "-F",
+                "qcow2",
+                "-b",
+                str(base / "base.qcow2"),
+                str(overlay),
+            ],
+            check=True,
+        )
     taps = net.tap_names(idx)
     key_b64 = pubkey.split()[1]
     append = (

@@ -72,6 +72,32 @@ def gid_index_for(guest, ip: str) -> int:
     return found[0]
 
 
+def cursor(guest) -> str:
+    """The guest's journal position now: later checks read only what came after it."""
+    out = guest.sh("journalctl -n 0 --show-cursor --no-pager")
+    return out.strip().rsplit("-- cursor: ", 1)[1]
+
+
+def journal_after(guest, mark: str, *units: str) -> str:
+    flags = " ".join(f"-u {u}" for u in units)
+    return guest.sh(f"journalctl --after-cursor='{mark}' {flags} --no-pager -o cat")
+
+
+def serving(head) -> bool:
+    out = head.sh(
+        "python3 /opt/sparkrig/sparkrig_gate.py probe --url http://127.0.0.1:8000 "
+        "--model glm-5.3-flash --timeout 10 >/dev/null 2>&1 && echo ok || true",
+        check=False,
+    )
+    return out.strip() == "ok"
+
+
+def container_gid(guest) -> str:
+    """NCCL_IB_GID_INDEX as the running rank container sees it."""
+    rank = "sparkrig-rank0" if guest.role == "head" else "sparkrig-rank1"
+    return guest.sh(f"docker exec {rank} printenv NCCL_IB_GID_INDEX").strip()
+
+
 def env_value(guest, key: str) -> str:
     m = re.search(rf"^{key}=(.*)$", guest.sh("cat /etc/sparkrig/rank.env"), re.M)
     assert m, f"{key} not in the env file"
@@ -114,7 +140,11 @@ def test_converged_hosts_verify(lab: Lab):
         assert "vm.swappiness = 0" in g.sh("cat /etc/sysctl.d/90-sparkrig.conf")
         assert g.sh("stat -c %a /etc/netplan/60-sparkrig-fabric.yaml").strip() == "600"
         assert g.sh(f"cat /sys/class/net/{g.fabric_interface}/mtu").strip() == "9000"
-        assert env_value(g, "NCCL_IB_GID_INDEX") == str(gid_index_for(g, g.ip))
+        live = str(gid_index_for(g, g.ip))
+        assert env_value(g, "NCCL_IB_GID_INDEX") == live
+        # the container got the index sparkrig-prep resolved at its start
+        assert g.sh("cat /run/sparkrig/gid.env").splitlines()[-1] == f"SPARKRIG_GID_INDEX={live}"
+        assert container_gid(g) == live
         unit = "sparkrig-head" if g.role == "head" else "sparkrig-worker"
         assert g.sh(f"systemctl is-enabled {unit}").strip() == "enabled"
         assert g.sh(f"systemctl is-active {unit} sparkrig-pair").split() == ["active", "active"]
@@ -194,10 +224,17 @@ def test_limit_worker_fixes_the_worker_and_leaves_the_head_alone(lab: Lab):
     ) == head_state
 
 
-def test_firmware_reset_is_restored_by_one_rerun(lab: Lab):
-    worker = lab.workers[0]
+def test_firmware_reset_is_refused_at_start_and_restored_by_one_rerun(lab: Lab):
+    worker, head = lab.workers[0], lab.head
     iface = worker.fabric_interface
     old_index = env_value(worker, "NCCL_IB_GID_INDEX")
+    # the pair stopped by an operator, so no one restarts it behind the test's back
+    head.sh("systemctl stop sparkrig-head")
+    wait_for(
+        "worker down after the head was stopped",
+        lambda: worker.sh("systemctl is-active sparkrig-worker || true").strip() != "active",
+        120,
+    )
     started = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
     # what a firmware capsule reboot does: MTU back to 1500, the RDMA device re-created, and the
     # GID table filled in another order. A VLAN on the fabric NIC (which netplan does not manage,
@@ -213,6 +250,14 @@ def test_firmware_reset_is_restored_by_one_rerun(lab: Lab):
         lambda: any(e.netdev == "fab77" for e in gid_table(worker)),
         30,
     )
+    # a rank (re)started without the deploy refuses, and says why
+    mark = cursor(worker)
+    worker.sh("systemctl start sparkrig-worker || true")
+    log = journal_after(worker, mark, "sparkrig-worker")
+    assert f"{iface} MTU is 1500, expected 9000" in log, log
+    assert "status=2/" in log, log
+    assert worker.sh("systemctl is-active sparkrig-worker || true").strip() != "active"
+    mark = cursor(head)
     r = pyinfra("-y", "--json", INV, "deploy.py")
     assert r.rc == 0, r.output[-6000:]
     assert worker.sh(f"cat /sys/class/net/{iface}/mtu").strip() == "9000"
@@ -222,7 +267,25 @@ def test_firmware_reset_is_restored_by_one_rerun(lab: Lab):
     assert new_index != old_index, gid_table(worker)
     for g in lab.guests:  # both ranks restarted
         assert g.unit_started("sparkrig-head sparkrig-worker") != started[g.name]
-    assert "every peer is up" in lab.head.sh("journalctl -u sparkrig-head --no-pager -o cat")
+    assert container_gid(worker) == new_index
+    assert "every peer is up" in journal_after(head, mark, "sparkrig-head")
+
+
+def test_a_moved_gid_index_reaches_the_container_without_the_deploy(lab: Lab):
+    worker, head = lab.workers[0], lab.head
+    live = str(gid_index_for(worker, worker.ip))
+    stale = "7" if live != "7" else "6"
+    worker.sh("cp /etc/sparkrig/rank.env /root/rank.env.deployed")
+    worker.sh(f"sed -i 's/^NCCL_IB_GID_INDEX=.*/NCCL_IB_GID_INDEX={stale}/' /etc/sparkrig/rank.env")
+    try:
+        mark = cursor(worker)
+        head.sh("/opt/sparkrig/bin/sparkrig-restart-pair")
+        wait_for("the pair restarted in order answers again", lambda: serving(head), 600)
+        assert container_gid(worker) == live
+        log = journal_after(worker, mark, "sparkrig-worker")
+        assert f"is {live} now (the deploy saw {stale}); the container gets {live}" in log, log
+    finally:
+        worker.sh("cp /root/rank.env.deployed /etc/sparkrig/rank.env")
 
 
 def wait_for(what: str, check, timeout: float) -> float:
@@ -235,41 +298,185 @@ def wait_for(what: str, check, timeout: float) -> float:
     return took
 
 
-def test_a_dead_worker_takes_the_head_down_and_the_watchdog_brings_both_back(lab: Lab):
+def test_a_dead_worker_takes_the_head_down_and_the_supervisor_brings_both_back(lab: Lab):
     worker, head = lab.workers[0], lab.head
+    assert head.sh("systemctl is-active sparkrig-watchdog || true").strip() != "active"
     before = head.unit_started("sparkrig-head")
+    mark = cursor(head)
     worker.sh("docker kill sparkrig-rank1")
     wait_for(
         "head down after the worker's container died",
         lambda: head.sh("systemctl is-active sparkrig-head || true").strip() != "active",
         120,
     )
-
-    def serving() -> bool:
-        out = head.sh(
-            "python3 /opt/sparkrig/sparkrig_gate.py probe --url http://127.0.0.1:8000 "
-            "--model glm-5.3-flash --timeout 10 >/dev/null 2>&1 && echo ok || true"
-        )
-        return out.strip() == "ok"
-
-    wait_for("the watchdog restarted the pair and it answers again", serving, 600)
+    wait_for("the supervisor restarted the pair and it answers again", lambda: serving(head), 600)
     assert head.unit_started("sparkrig-head") != before
     assert worker.sh("systemctl is-active sparkrig-worker").strip() == "active"
-    assert "restarting the pair" in head.sh("journalctl -u sparkrig-watchdog --no-pager -o cat")
+    log = journal_after(head, mark, "sparkrig-supervisor")
+    assert "went down by itself" in log and "restarting the pair" in log, log
 
 
 def test_stopping_the_head_is_left_alone_and_the_deploy_restarts_the_pair(lab: Lab):
-    head = lab.head
+    head, worker = lab.head, lab.workers[0]
+    mark = cursor(head)
     head.sh("systemctl stop sparkrig-head")
     wait_for(
         "worker down after the head was stopped",
-        lambda: (
-            lab.workers[0].sh("systemctl is-active sparkrig-worker || true").strip() != "active"
-        ),
+        lambda: worker.sh("systemctl is-active sparkrig-worker || true").strip() != "active",
         120,
     )
-    time.sleep(30)  # an operator's stop: the watchdog must not undo it
-    assert head.sh("systemctl is-active sparkrig-head || true").strip() != "active"
+    # the worker is ready to be started again, so a supervisor that ignored the operator would
+    # restart the pair within a few of its 5 s rounds: watch for six times that long
+    assert worker.sh("curl -s -o /dev/null -w '%{http_code}' "
+                     f"http://{worker.ip}:29601/ready").strip() == "200"  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert head.sh("systemctl is-active sparkrig-head || true").strip() == "inactive"
+        time.sleep(5)
+    log = journal_after(head, mark, "sparkrig-head", "sparkrig-supervisor")
+    assert "stopped by request" in log, log
+    assert "restarting" not in log, log
     r = pyinfra("-y", INV, "deploy.py")  # the ordered start brings both back
     assert r.rc == 0, r.output[-4000:]
     assert head.sh("systemctl is-active sparkrig-head").strip() == "active"
+
+
+def test_limit_worker_repairs_the_workers_fabric_env_and_unit_and_the_pair_serves_again(lab: Lab):
+    """The head is not in the run: the worker asks the head's supervisor for the ordered restart
+    (authenticated, over the fabric); the control machine never reaches the head."""
+    worker, head = lab.workers[0], lab.head
+    iface = worker.fabric_interface
+    unit = "/etc/systemd/system/sparkrig-worker.service"
+    env_before, unit_before = worker.sh("cat /etc/sparkrig/rank.env"), worker.sh(f"cat {unit}")
+    head_before = head.unit_started("sparkrig-head")
+    worker.sh(f"ip link set dev {iface} mtu 1500")  # fabric drift (a firmware update)
+    worker.sh("sed -i 's/^NCCL_DEBUG=.*/NCCL_DEBUG=INFO/' /etc/sparkrig/rank.env")  # env drift
+    worker.sh(f"sed -i 's/^TimeoutStopSec=.*/TimeoutStopSec=5/' {unit}; systemctl daemon-reload")
+    since = int(head.sh("date +%s")) + 1
+    time.sleep(1.5)
+    r = pyinfra("-y", "--json", "--limit", "worker", INV, "deploy.py")
+    assert r.rc == 0, r.output[-6000:]
+    assert "is not in this run" in r.output and "smoke test and the serving gates are skipped" in (
+        r.output
+    )
+    changed = changed_ops(r.stdout)
+    assert set(changed) == {worker.name}, changed
+    assert "Ask the head's supervisor to restart the pair in order" in changed[worker.name]
+    assert worker.sh(f"cat /sys/class/net/{iface}/mtu").strip() == "9000"
+    assert worker.sh("cat /etc/sparkrig/rank.env") == env_before
+    assert worker.sh(f"cat {unit}") == unit_before
+    assert head.unit_started("sparkrig-head") != head_before  # restarted, by its supervisor
+    wait_for("the pair answers after the worker-only run", lambda: serving(head), 300)
+    log = head.sh(f"journalctl _COMM=sudo --since=@{since} --no-pager -o cat || true")
+    assert [line for line in log.splitlines() if "COMMAND=" in line and "journalctl" not in line] \
+        == [], "the control machine reached the head"  # fmt: skip
+
+
+# --- reboot orders: no deploy in between, the shipped defaults (no watchdog) ---------------------
+
+TIMES: dict[str, float] = {}
+
+
+def boot_id(guest) -> str:
+    try:
+        return guest.sh("cat /proc/sys/kernel/random/boot_id", check=False, timeout=40).strip()
+    except subprocess.TimeoutExpired:
+        return ""
+
+
+def reboot(*guests) -> None:
+    before = {g.name: boot_id(g) for g in guests}
+    for g in guests:
+        g.sh("systemd-run --on-active=2 systemctl reboot", check=False)
+    wait_for(
+        f"{', '.join(g.name for g in guests)} rebooted",
+        lambda: all(boot_id(g) not in ("", before[g.name]) for g in guests),
+        600,
+    )
+
+
+def back_serving(lab: Lab, what: str, start: float, head_before: str) -> None:
+    """Wait until the head's rank was started again and answers completions; record the time."""
+    head = lab.head
+    wait_for(
+        what,
+        lambda: head.unit_started("sparkrig-head") != head_before and serving(head),
+        900,
+    )
+    TIMES[what] = time.monotonic() - start
+    print(f"time to serving, {what}: {TIMES[what]:.0f} s")
+    for w in lab.workers:
+        assert w.sh("systemctl is-active sparkrig-worker").strip() == "active"
+
+
+def test_reboot_a_both_nodes_together(lab: Lab):
+    head_before = lab.head.unit_started("sparkrig-head")
+    start = time.monotonic()
+    reboot(*lab.guests)
+    back_serving(lab, "(a) both nodes rebooted together", start, head_before)
+
+
+def test_reboot_b_the_worker_alone_while_the_head_serves(lab: Lab):
+    head, worker = lab.head, lab.workers[0]
+    assert serving(head)
+    mark = cursor(head)
+    head_before = head.unit_started("sparkrig-head")
+    start = time.monotonic()
+    reboot(worker)
+    back_serving(lab, "(b) the worker rebooted alone", start, head_before)
+    log = journal_after(head, mark, "sparkrig-supervisor")
+    assert "went down by itself" in log and "restarting the pair" in log, log
+
+
+def test_reboot_c_the_head_alone(lab: Lab):
+    head, worker = lab.head, lab.workers[0]
+    head_before = head.unit_started("sparkrig-head")
+    start = time.monotonic()
+    reboot(head)
+    back_serving(lab, "(c) the head rebooted alone", start, head_before)
+    log = head.sh("journalctl -b -u sparkrig-head --no-pager -o cat")
+    assert f"asked {worker.ip}'s agent to start its rank" in log, log
+
+
+def test_reboot_d_a_worker_off_longer_than_the_bound_then_started_again(lab: Lab):
+    """The worker's plug pulled; the head rebooted meanwhile, so its start gate gives up after
+    pair_grace_s (the bound); the supervisor says why it waits, and restarts the pair in order
+    once the worker is back."""
+    from tests.lab.conftest import lab_cli
+
+    head, worker = lab.head, lab.workers[0]
+    lab_cli("poweroff", worker.name)
+    wait_for(
+        "head down after the worker lost power",
+        lambda: head.sh("systemctl is-active sparkrig-head || true").strip() != "active",
+        120,
+    )
+    reboot(head)
+    wait_for(
+        "the head's start gate gave up (the bound)",
+        lambda: "timed out after" in head.sh("journalctl -b -u sparkrig-head --no-pager -o cat"),
+        600,
+    )
+    wait_for(
+        "the supervisor says why it waits",
+        lambda: f"waiting for {worker.ip}" in head.sh(
+            "journalctl -b -u sparkrig-supervisor --no-pager -o cat"
+        ),
+        120,
+    )  # fmt: skip
+    head_before = head.unit_started("sparkrig-head")
+    start = time.monotonic()
+    lab_cli("poweron", worker.name)
+    back_serving(lab, "(d) a worker off longer than the bound, from power-on", start, head_before)
+    log = head.sh("journalctl -b -u sparkrig-supervisor --no-pager -o cat")
+    assert "restarting the pair" in log, log
+
+
+def test_after_every_reboot_order_a_deploy_changes_nothing_and_restarts_nothing(lab: Lab):
+    before = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
+    r = pyinfra("-y", "--json", INV, "deploy.py")
+    assert r.rc == 0, r.output[-4000:]
+    assert changed_ops(r.stdout) == {}
+    after = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
+    assert after == before
+    print("times to serving:", {k: round(v) for k, v in TIMES.items()})
