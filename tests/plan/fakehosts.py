@@ -89,6 +89,7 @@ def gid_table(device: str, netdev: str, ip: str | None, index: int = 3) -> list[
 OURS = r"/\S*sparkrig\S*"  # every path sparkrig owns has "sparkrig" in it
 UNITS_KNOWN = [
     "sparkrig-head", "sparkrig-worker", "sparkrig-pair", "sparkrig-agent", "sparkrig-watchdog",
+    "sparkrig-supervisor",
 ]  # fmt: skip
 
 NODE = re.compile(r"^sh -c '\nd=\S+; while \[ ! -d \"\$d\" \]")
@@ -110,6 +111,8 @@ SMOKE_WORKER = re.compile(r"^docker run --detach --name sparkrig-nccl-smoke ")
 SMOKE_HEAD = re.compile(r"^docker run --rm --name sparkrig-nccl-smoke ")
 SMOKE_CHECK = re.compile(r"^rc=\$\(docker wait sparkrig-nccl-smoke\); ")
 PAIR_WAIT = re.compile(r"^\S+/sparkrig-pair wait --peers [\d.,]+ --port \d+ --timeout \d+$")
+# a worker's deploy without the head asks the head's supervisor for the ordered restart
+PAIR_REQUEST = re.compile(r"^\S+/sparkrig-pair request --head [\d.]+ --port \d+ --agent-port \d+ ")
 BOOT_WAIT = re.compile(r"^python3 \S+/sparkrig_gate\.py wait --url ")
 GATES = re.compile(r"^python3 \S+/sparkrig_gate\.py gates ")
 FAIL_HOST = re.compile(r">&2; exit 1$")  # sparkrig's fail_host: a real shell exits 1 here
@@ -160,7 +163,7 @@ def bare(ip: str) -> dict[Any, Any]:
         r"^rm -rf /opt/sparkrig/image-build && mkdir -p -m 700 /opt/sparkrig/image-build$",
         r"^sh -c 'set -e\ndocker image inspect \S+ >/dev/null 2>&1 \|\| ",  # build
         SMOKE_CLEAN, SMOKE_WORKER, SMOKE_HEAD, SMOKE_CHECK,
-        PAIR_WAIT, BOOT_WAIT, PRUNE,
+        PAIR_WAIT, PAIR_REQUEST, BOOT_WAIT, PRUNE,
     ]  # fmt: skip
     for action in actions:
         matcher = action if isinstance(action, re.Pattern) else re.compile(action)
@@ -232,6 +235,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
         paths,
         rank_unit_context,
         restart_args,
+        supervisor_unit_context,
         watchdog_unit_context,
     )
     from sparkrig.weights import artifacts, token_text
@@ -277,6 +281,10 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
             render("sparkrig-restart-pair.j2", **base_context(s), restart_args=restart_args(s)),
             "755",
         )
+        text[p["supervisor_unit"]] = (
+            render("sparkrig-supervisor.service.j2", **supervisor_unit_context(s)),
+            "644",
+        )
         if k.watchdog:
             text[p["watchdog_unit"]] = (
                 render("sparkrig-watchdog.service.j2", **watchdog_unit_context(s)),
@@ -303,8 +311,10 @@ def running_units(s: Settings) -> list[str]:
     units = [s.unit_name, "sparkrig-pair"]
     if not s.me.is_head:
         units.append("sparkrig-agent")
-    elif s.knobs.watchdog:
-        units.append("sparkrig-watchdog")
+    else:
+        units.append("sparkrig-supervisor")
+        if s.knobs.watchdog:
+            units.append("sparkrig-watchdog")
     return units
 
 

@@ -104,6 +104,29 @@ def test_limit_worker_plans_nothing_for_the_head(monkeypatch):
     assert not any("nccl" in c.lower() for c in r.commands[WORKER])
 
 
+def test_limit_worker_with_a_drifted_fabric_asks_the_heads_supervisor_for_the_restart(monkeypatch):
+    converge_state(**{"spark-b": {"mtu": 1500}})
+    r = apply(monkeypatch, "--limit", "worker")
+    assert r.exit_code == 0, r.output
+    worker = r.commands[WORKER]
+    assert "netplan apply" in worker
+    # never stopped or started alone (the head's stop-together and a restart would race it)
+    assert not any(re.match(r"systemctl (stop|start) sparkrig-worker", c) for c in worker)
+    requests = [i for i, c in enumerate(worker) if "sparkrig-pair request" in c]
+    assert len(requests) == 1 and worker.index("netplan apply") < requests[0]
+    assert r.commands.get(HEAD, []) == []
+    assert "the NCCL smoke test and the serving gates are skipped" in r.output
+
+
+def test_limit_worker_fails_and_says_what_to_run_when_the_head_cannot_restart(monkeypatch):
+    converge_state(**{"spark-b": {"mtu": 1500}})
+    said = "the pair is not restarted: run the deploy with the head in it"
+    fakehosts.inject("spark-b", {fakehosts.PAIR_REQUEST: {"success": False, "stderr": said}})
+    r = apply(monkeypatch, "--limit", "worker")
+    assert r.exit_code != 0
+    assert said in r.output
+
+
 def test_firmware_reset_restores_mtu_and_gid_and_restarts_the_pair_in_order(monkeypatch):
     converge_state(**{"spark-b": {"gid_index": 5, "mtu": 1500}})
     r = apply(monkeypatch)
