@@ -375,19 +375,25 @@ class WatchdogPolicy:
         self.max_restarts, self.window = max_restarts, window
         self.misses = 0
         self.started_at: float | None = None
+        self.healthy = False  # /health answered 200 since this start
         self.restarts: list[float] = []
 
-    def observe(self, now: float, active: bool, probe_ok: bool | None) -> str:
-        """Returns "restart", "give-up" or "" (nothing to do)."""
+    def observe(
+        self, now: float, active: bool, probe_ok: bool | None, health_ok: bool | None = None
+    ) -> str:
+        """Returns "restart", "give-up" or "" (nothing to do). Failed completions count only
+        after the first /health 200 since the start: a cold boot (~25-36 min) is not a failure,
+        and a boot that never gets healthy is the start's (and its ready timeout's) to fail."""
         self.restarts = [t for t in self.restarts if now - t < self.window]
         if self.restarts and now - self.restarts[-1] < self.grace:
             return ""  # a restart is still taking (the unit may not even be activating yet)
         if not active:
-            self.started_at, self.misses = None, 0
+            self.started_at, self.misses, self.healthy = None, 0, False
             return ""  # down: the supervisor's business (and an operator's stop is left alone)
         if self.started_at is None:
             self.started_at = now
-        if now - self.started_at < self.grace or probe_ok is None:
+        self.healthy = self.healthy or bool(health_ok)
+        if now - self.started_at < self.grace or probe_ok is None or not self.healthy:
             return ""
         self.misses = 0 if probe_ok else self.misses + 1
         return self._restart(now, "completions fail") if self.misses >= self.fails else ""
@@ -396,8 +402,17 @@ class WatchdogPolicy:
         if len(self.restarts) >= self.max_restarts:
             return "give-up"
         self.restarts.append(now)
-        self.misses, self.started_at = 0, None
+        self.misses, self.started_at, self.healthy = 0, None, False
         return "restart"
+
+
+def http_ok(url: str, timeout: float = 10.0) -> bool:
+    """True when GET url answers 200 (the watchdog's /health check)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
 
 
 def watchdog(args: argparse.Namespace) -> int:
@@ -409,10 +424,13 @@ def watchdog(args: argparse.Namespace) -> int:
     while True:
         now = time.monotonic()
         active, _ = unit_state(args.head_unit)
-        probe_ok = None
+        probe_ok = health_ok = None
         if active and policy.started_at is not None and now - policy.started_at >= args.grace:
-            probe_ok = subprocess.run(args.probe, shell=True, check=False).returncode == 0
-        verdict = policy.observe(now, active, probe_ok)
+            if not policy.healthy:
+                health_ok = http_ok(args.health_url)
+            if policy.healthy or health_ok:
+                probe_ok = subprocess.run(args.probe, shell=True, check=False).returncode == 0
+        verdict = policy.observe(now, active, probe_ok, health_ok)
         if verdict == "restart":
             gave_up = False
             log("restarting the pair in order")
@@ -611,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--token-file", required=True)
         sp.add_argument("--timeout", type=float, default=300)
     d.add_argument("--probe", required=True, help="shell command: a real completion")
+    d.add_argument("--health-url", default="http://127.0.0.1:8000/health",
+                   help="probing starts after this answers 200 once since the start")  # fmt: skip
     d.add_argument("--interval", type=float, default=60)
     d.add_argument("--fails", type=int, default=3)
     d.add_argument("--grace", type=float, default=1800)

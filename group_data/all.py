@@ -67,7 +67,7 @@ nccl_smoke_timeout_s = 300  # rendezvous + all-reduce limit of the smoke test
 supervisor_max_restarts = 3  # head: ordered restarts of a pair that went down by itself, per window
 supervisor_window_s = 21600  # the supervisor's restart budget window (6 h); then a human decides
 watchdog = False  # opt-in: probe with a real completion and restart both ranks on failure
-watchdog_grace_s = 1800  # no probing this long after a start (a cold boot takes ~25 min)
+watchdog_grace_s = 3600  # no probing this long after a start; >= ready_timeout_s (cold boot)
 watchdog_interval_s = 60  # seconds between probes
 watchdog_fails = 3  # consecutive failed completions before the pair restarts
 watchdog_max_restarts = 3  # restarts allowed per window; then the pair is left down for a human

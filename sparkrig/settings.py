@@ -113,7 +113,7 @@ class Knobs(BaseModel):
     nccl_smoke: bool = True
     nccl_smoke_timeout_s: int = Field(default=300, ge=10)
     watchdog: bool = False
-    watchdog_grace_s: int = Field(default=1800, ge=0)
+    watchdog_grace_s: int = Field(default=3600, ge=0)
     watchdog_interval_s: int = Field(default=60, ge=1)
     watchdog_fails: int = Field(default=3, ge=1)
     watchdog_max_restarts: int = Field(default=3, ge=0)
@@ -389,7 +389,16 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                     f"{name}: base_image: missing; pin the vLLM image by digest "
                     "(repo@sha256:<64 hex>) in group_data/all.py"
                 )
-            elif (why := known_bad_image(k.base_image)) and not k.base_image_known_bad_ok:
+            if k.watchdog and k.watchdog_grace_s < k.ready_timeout_s:
+                problems.append(
+                    f"{name}: watchdog_grace_s: {k.watchdog_grace_s} is below ready_timeout_s "
+                    f"{k.ready_timeout_s}; it must not judge a boot the deploy still waits for"
+                )
+            if (
+                k.base_image is not None
+                and (why := known_bad_image(k.base_image))
+                and not k.base_image_known_bad_ok
+            ):
                 problems.append(
                     f"{name}: base_image: {k.base_image} is known not to work: {why} "
                     "(set base_image_known_bad_ok = True to use it anyway)"

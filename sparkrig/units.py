@@ -206,6 +206,7 @@ def watchdog_unit_context(s: Settings) -> dict[str, Any]:
         **base_context(s),
         "restart_args": restart_args(s),
         "probe": " ".join(probe_command(k.install_dir, k.api_port, k.served_model_name)),
+        "health_url": f"http://127.0.0.1:{k.api_port}/health",
         "interval": k.watchdog_interval_s,
         "fails": k.watchdog_fails,
         "grace": k.watchdog_grace_s,

@@ -50,12 +50,23 @@ def test_watchdog_leaves_a_pair_that_is_down_to_the_supervisor():
 def test_watchdog_waits_out_the_grace_then_restarts_after_consecutive_failed_probes():
     p = pair.WatchdogPolicy(fails=3, grace=60, max_restarts=3, window=3600)
     assert p.observe(0, True, None) == ""  # start seen
-    assert p.observe(30, True, False) == ""  # within grace: ignored
+    assert p.observe(30, True, False, health_ok=True) == ""  # within grace: ignored
     assert p.observe(61, True, False) == ""
     assert p.observe(62, True, True) == ""  # success resets
     assert p.observe(63, True, False) == ""
     assert p.observe(64, True, False) == ""
     assert p.observe(65, True, False) == "restart"
+
+
+def test_watchdog_counts_failures_only_after_the_first_health_200_since_the_start():
+    p = pair.WatchdogPolicy(fails=2, grace=60, max_restarts=3, window=3600)
+    assert p.observe(0, True, None) == ""
+    for t in range(61, 4000, 60):  # a cold boot past the grace: /health not up yet
+        assert p.observe(t, True, False, health_ok=False) == ""
+    assert p.observe(4001, True, False, health_ok=True) == ""  # first 200: count from here
+    assert p.observe(4061, True, False) == "restart"
+    assert not p.healthy  # the next start has to come up again before it is judged
+    assert p.observe(9000, True, False) == ""
 
 
 def test_watchdog_gives_up_after_the_restart_budget():

@@ -102,6 +102,12 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
             "(set base_image_known_bad_ok = True to use it anyway)",
         ),
         (
+            lambda v: [
+                edit(v, g, 0, watchdog=True, watchdog_grace_s=1800) for g in ("head", "worker")
+            ],
+            "spark-0: watchdog_grace_s: 1800 is below ready_timeout_s 3600",
+        ),
+        (
             lambda v: edit(v, "worker", 0, api_port=9000),
             "spark-1: api_port: 9000 differs from spark-0's 8000; it must be equal on every host",
         ),
