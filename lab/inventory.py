@@ -31,7 +31,7 @@ _knobs = {
     "watchdog_grace_s": 180,  # the stand-in boots in about a minute under TCG
     "watchdog_interval_s": 5,
     "watchdog_fails": 3,
-    "ready_timeout_s": 600,
+    "ready_timeout_s": 180,  # <= watchdog_grace_s (settings.py); the stand-in boots in ~1 min
 }
 # model_repo / model_revision / drafter_* etc.: whatever generated the Hub stand-in's repos put in
 # <hub_root>/knobs.json, copied to state["knobs"] by `lab up`
