@@ -72,17 +72,17 @@ def test_watchdog_counts_failures_only_after_the_first_health_200_since_the_star
 def test_watchdog_gives_up_after_the_restart_budget():
     p = pair.WatchdogPolicy(fails=1, grace=5, max_restarts=2, window=1000)
     for t in (0, 10, 20):
-        p.observe(t, True, None)
+        p.observe(t, True, None, health_ok=True)
     assert p.observe(30, True, False) == "restart"
-    p.observe(40, True, None)
+    p.observe(40, True, None, health_ok=True)
     assert p.observe(50, True, False) == "restart"
-    p.observe(60, True, None)
+    p.observe(60, True, None, health_ok=True)
     assert p.observe(70, True, False) == "give-up"
 
 
 def test_watchdog_lets_a_restart_take_before_judging_again():
     p = pair.WatchdogPolicy(fails=1, grace=60, max_restarts=3, window=3600)
-    p.observe(0, True, None)
+    p.observe(0, True, None, health_ok=True)
     assert p.observe(60, True, False) == "restart"
     assert p.observe(100, True, False) == ""  # the restart is still taking
     assert p.observe(119, True, False) == ""
