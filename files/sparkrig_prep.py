@@ -12,14 +12,21 @@
 4. Drop the page cache (it counts as used GPU memory on unified memory) and wait until MemFree,
    not MemAvailable, reaches the floor; otherwise list the top consumers and refuse to start.
 
-Stdlib only. Exit codes: 0 ready, 2 fabric or GID wrong, 3 not enough free memory.
+5. Refuse (exit 4, listing them) while another container or a GPU compute process
+   (`nvidia-smi --query-compute-apps`, when present) runs on this node. The MemFree floor is
+   --memfree-min-gib when given, else ceil(MemTotal x --gpu-memory-utilization) + the margin:
+   vLLM's own start check (docs/vllm.md).
+Stdlib only. Exit codes: 0 ready, 2 fabric or GID wrong, 3 not enough free memory, 4 memory held
+by another container or GPU process.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -187,11 +194,42 @@ def gate_fabric(env: dict[str, str], bound: float, gid_env: str) -> bool:
 # --- memory -----------------------------------------------------------------------------------
 
 
-def memfree() -> int:
+def meminfo(key: str = "MemFree") -> int:
     for line in read(f"{PROC}/meminfo").splitlines():
-        if line.startswith("MemFree:"):
+        if line.startswith(f"{key}:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def memfree() -> int:
+    return meminfo("MemFree")
+
+
+def memory_floor(min_gib: float | None, utilization: float, margin_gib: float) -> int:
+    """The MemFree a start needs. vLLM's worker refuses to start when free device memory is below
+    ceil(total x gpu_memory_utilization) (v1/worker/utils.py request_memory; it ignores
+    --kv-cache-memory-bytes), and on GB10 free device memory tracks MemFree: so, unless the
+    operator pinned a floor, utilization x MemTotal plus a margin (MiaAI: + 1.5 GiB)."""
+    if min_gib is not None:
+        return int(min_gib * GIB)
+    return math.ceil(meminfo("MemTotal") * utilization) + int(margin_gib * GIB)
+
+
+def foreign_holders(own: str | None) -> list[str]:
+    """Other containers and GPU compute processes on this node (REFERENCE §5.3: a stale one
+    holds 30-90 GiB; refuse instead of failing minutes into the boot)."""
+    out: list[str] = []
+    if shutil.which("docker"):
+        ps = subprocess.run(["docker", "ps", "--format", "{{.Names}} ({{.Image}})"],
+                            capture_output=True, text=True, check=False)  # fmt: skip
+        out += [f"container {n}" for n in ps.stdout.split("\n") if n and n.split()[0] != own]
+    if shutil.which("nvidia-smi"):
+        q = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+             "--format=csv,noheader"], capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        out += [f"GPU process {ln.strip()}" for ln in q.stdout.splitlines() if ln.strip()]
+    return out
 
 
 def drop_caches() -> None:
@@ -236,7 +274,10 @@ def gate_memory(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--env", required=True, help="the rank's env file")
-    p.add_argument("--memfree-min-gib", type=float, required=True)
+    p.add_argument("--memfree-min-gib", type=float, default=None, help="pin the floor (GiB)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="the profile's")
+    p.add_argument("--memfree-margin-gib", type=float, default=1.5)
+    p.add_argument("--container", help="this rank's container (not a foreign holder)")
     p.add_argument("--wait", type=float, default=120, help="seconds to keep dropping caches")
     p.add_argument(
         "--fabric-wait", type=float, default=300, help="seconds to wait for carrier and GID"
@@ -248,7 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     if not gate_fabric(env, args.fabric_wait, args.gid_env):
         warn("refusing to start; if the fabric itself is wrong, re-run the deploy to fix it")
         return 2
-    if not gate_memory(int(args.memfree_min_gib * GIB), args.wait):
+    holders = foreign_holders(args.container)
+    if holders:
+        warn("refusing to start: memory on this node is held by:\n  " + "\n  ".join(holders)
+             + "\nstop them (docker rm -f / kill), then start again")  # fmt: skip
+        return 4
+    floor = memory_floor(args.memfree_min_gib, args.gpu_memory_utilization,
+                         args.memfree_margin_gib)  # fmt: skip
+    if not gate_memory(floor, args.wait):
         return 3
     return 0
 

@@ -27,7 +27,8 @@ min_disk_free_gib = 200  # preflight: free space required where weights land (un
 # --- host tuning ------------------------------------------------------------------------------
 swappiness = 0  # vm.swappiness; 0 keeps the engine's pages out of swap
 min_free_kbytes = None  # vm.min_free_kbytes to pin on every node; None: only check they are equal
-memfree_min_gib = 8  # start gate: MemFree (not MemAvailable) after dropping caches, per node
+memfree_min_gib = None  # start gate MemFree floor, GiB; None: util x MemTotal + margin (vLLM)
+memfree_margin_gib = 1.5  # GiB above gpu_memory_utilization x MemTotal when the floor is derived
 memfree_wait_s = 120  # how long the start gate keeps dropping caches before refusing to start
 fabric_wait_s = 300  # start gate: wait this long for fabric carrier, address and RoCE GID (polled)
 

@@ -81,7 +81,8 @@ class Knobs(BaseModel):
 
     swappiness: int = Field(ge=0, le=200)
     min_free_kbytes: int | None = Field(default=None, ge=1024)
-    memfree_min_gib: float = Field(ge=0)
+    memfree_min_gib: float | None = Field(default=None, ge=0)
+    memfree_margin_gib: float = Field(default=1.5, ge=0)
     memfree_wait_s: int = Field(ge=0)
     fabric_wait_s: int = Field(default=300, ge=0)
 

@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from sparkrig.gates import probe_command
-from sparkrig.profiles import serve_args
+from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value, serve_args
 from sparkrig.settings import Settings
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
@@ -137,6 +137,19 @@ def env_context(s: Settings) -> dict[str, Any]:
     }
 
 
+def memory_gate_args(s: Settings) -> str:
+    """sparkrig-prep's memory flags: the floor vLLM's start check implies (the rank's own
+    --gpu-memory-utilization x MemTotal + margin, read on the node) unless memfree_min_gib pins
+    one; and the rank's container, which is not a foreign memory holder."""
+    k = s.knobs
+    util = flag_value(rank_serve_args(s), "--gpu-memory-utilization") or GPU_MEMORY_UTILIZATION
+    args = ["--gpu-memory-utilization", util, "--memfree-margin-gib", f"{k.memfree_margin_gib:g}",
+            "--container", s.container_name]  # fmt: skip
+    if k.memfree_min_gib is not None:
+        args += ["--memfree-min-gib", f"{k.memfree_min_gib:g}"]
+    return " ".join(args)
+
+
 def rank_unit_context(s: Settings, image: str, weights_id: str) -> dict[str, Any]:
     k = s.knobs
     return {
@@ -145,7 +158,7 @@ def rank_unit_context(s: Settings, image: str, weights_id: str) -> dict[str, Any
         "weights_id": weights_id,
         "run_args": flag_lines(docker_run_args(s)),
         "serve_args": flag_lines(rank_serve_args(s)),
-        "memfree_min_gib": k.memfree_min_gib,
+        "memory_gate_args": memory_gate_args(s),
         "memfree_wait_s": k.memfree_wait_s,
         "fabric_wait_s": k.fabric_wait_s,
         "peers": ",".join(r.ip for r in s.peers),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -73,7 +74,17 @@ def tree(tmp_path, monkeypatch) -> Tree:
     monkeypatch.setattr(prep, "SYS", str(t.sys))
     monkeypatch.setattr(prep, "PROC", str(t.proc))
     monkeypatch.setattr(prep.os, "sync", lambda: None)
+    t.bin = tmp_path / "bin"  # fake docker / nvidia-smi: a quiet node unless a test says otherwise
+    t.bin.mkdir()
+    tool(t.bin, "docker", "")
+    monkeypatch.setenv("PATH", f"{t.bin}:{os.environ['PATH']}")
     return t
+
+
+def tool(bindir: Path, name: str, stdout: str) -> None:
+    path = bindir / name
+    path.write_text(f"#!/bin/sh\nprintf '%s' '{stdout}'\n")
+    path.chmod(0o755)
 
 
 def handed_over(tree: Tree) -> str:
@@ -162,3 +173,28 @@ def test_low_memfree_refuses_with_exit_3_and_lists_consumers(tree, capsys):
     assert tree.run("--fabric-wait", "5") == 3
     err = capsys.readouterr().err
     assert "MemFree 2.0 GiB < 8.0 GiB" in err and "top consumers" in err
+
+
+def test_another_container_or_gpu_process_refuses_with_exit_4_and_lists_them(tree, capsys):
+    tree.gid(3, WANT)
+    tool(tree.bin, "docker", "sparkrig-worker (img)\nvllm_glm53 (vllm/vllm-openai)\n")
+    tool(tree.bin, "nvidia-smi", "4242, python3, 61440 MiB\n")
+    assert tree.run("--fabric-wait", "5", "--container", "sparkrig-worker") == 4
+    err = capsys.readouterr().err
+    assert "container vllm_glm53 (vllm/vllm-openai)" in err
+    assert "GPU process 4242, python3, 61440 MiB" in err
+    assert "sparkrig-worker" not in err  # its own (stale) container is not foreign
+    tool(tree.bin, "docker", "sparkrig-worker (img)\n")
+    (tree.bin / "nvidia-smi").unlink()  # no nvidia-smi: containers only
+    assert tree.run("--fabric-wait", "5", "--container", "sparkrig-worker") == 0
+
+
+def test_the_floor_follows_vllms_start_check_unless_pinned(tree, capsys):
+    """No --memfree-min-gib: ceil(MemTotal x utilization) + margin (MemTotal 200 GiB here)."""
+    tree.gid(3, WANT)
+    base = ["--env", str(tree.env), "--wait", "0", "--gid-env", str(tree.gid_env)]
+    assert prep.main([*base, "--gpu-memory-utilization", "0.85"]) == 3  # needs 171.5 GiB
+    assert "MemFree 100.0 GiB < 171.5 GiB" in capsys.readouterr().err
+    assert prep.main([*base, "--gpu-memory-utilization", "0.45", "--memfree-margin-gib", "2"]) == 0
+    assert "MemFree 100.0 GiB >= 92.0 GiB" in capsys.readouterr().out
+    assert prep.main([*base, "--memfree-min-gib", "99"]) == 0  # the knob pins it
