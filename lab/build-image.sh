@@ -6,7 +6,7 @@ OUT=$1
 SUITE=${LAB_SUITE:-trixie}
 MIRROR=http://deb.debian.org/debian
 ROOT=$OUT/rootfs
-PACKAGES="systemd systemd-sysv udev dbus kmod netplan.io openssh-server sudo
+PACKAGES="systemd systemd-sysv udev dbus kmod netplan.io network-manager openssh-server sudo
   docker.io docker-cli rdma-core ibverbs-utils perftest python3 python3-requests busybox-static
   iproute2 iputils-ping curl ca-certificates procps linux-image-amd64 initramfs-tools"
 umask 022
@@ -77,17 +77,27 @@ if [ -n "$KEY" ]; then
   chmod 600 /home/spark/.ssh/authorized_keys
 fi
 if [ -n "$IDX" ] && [ ! -e /etc/netplan/50-lab-uplinks.yaml ]; then
+  # the management/SSH link and both uplinks as NetworkManager connections (netplan-rendered, as
+  # on DGX OS), with NM's own route metrics: wired 100, Wi-Fi 600 (uplink B stands in for Wi-Fi)
   cat >/etc/netplan/50-lab-uplinks.yaml <<NP
 network:
   version: 2
-  renderer: networkd
+  renderer: NetworkManager
   ethernets:
     enP7s7:
       addresses: [172.30.1.$((10 + IDX))/24]
       routes: [{to: default, via: 172.30.1.1, metric: 100}]
+      networkmanager:
+        name: "Wired connection 1"
+        passthrough:
+          ipv4.route-metric: "100"
     enP9s9:
       addresses: [172.30.2.$((10 + IDX))/24]
       routes: [{to: default, via: 172.30.2.1, metric: 600}]
+      networkmanager:
+        name: "Wi-Fi uplink (stand-in)"
+        passthrough:
+          ipv4.route-metric: "600"
 NP
   chmod 600 /etc/netplan/50-lab-uplinks.yaml
 fi
@@ -99,7 +109,7 @@ cat >"$ROOT/etc/systemd/system/lab-firstboot.service" <<'EOF'
 Description=Lab guest identity (hostname, key, uplinks) from the kernel command line
 DefaultDependencies=no
 After=local-fs.target
-Before=systemd-networkd.service network-pre.target ssh.service sysinit.target
+Before=NetworkManager.service network-pre.target ssh.service sysinit.target
 Wants=network-pre.target
 [Service]
 Type=oneshot
@@ -132,8 +142,23 @@ mkdir -p "$ROOT/etc/systemd/system/ssh.service.d"
 printf '[Service]\nExecStartPre=/usr/bin/ssh-keygen -A\n' \
   >"$ROOT/etc/systemd/system/ssh.service.d/lab-hostkeys.conf"
 
-chroot "$ROOT" systemctl enable lab-firstboot.service lab-rxe.service systemd-networkd.service \
+# The DGX OS network stack: NetworkManager renders every interface (netplan's global
+# `renderer: NetworkManager`, as Ubuntu desktop images ship it); systemd-networkd is off.
+cat >"$ROOT/etc/netplan/01-network-manager-all.yaml" <<'EOF'
+# Let NetworkManager manage all devices on this system
+network:
+  version: 2
+  renderer: NetworkManager
+EOF
+chmod 600 "$ROOT/etc/netplan/01-network-manager-all.yaml"
+# Lab choice: no in-memory "Wired connection N" (DHCP) on NICs without a profile, so the fabric NIC
+# stays unconfigured until sparkrig configures it (a stock Ubuntu NM would try DHCP on it first).
+mkdir -p "$ROOT/etc/NetworkManager/conf.d"
+printf '[main]\nno-auto-default=*\n' >"$ROOT/etc/NetworkManager/conf.d/90-lab-no-auto-default.conf"
+
+chroot "$ROOT" systemctl enable lab-firstboot.service lab-rxe.service NetworkManager.service \
   ssh.service docker.service
+chroot "$ROOT" systemctl disable systemd-networkd.service systemd-networkd.socket 2>/dev/null || true
 chroot "$ROOT" systemctl mask systemd-networkd-wait-online.service apt-daily.timer \
   apt-daily-upgrade.timer e2scrub_reap.service
 echo 'root:lab' | chroot "$ROOT" chpasswd   # console login only (serial log)
