@@ -1,12 +1,20 @@
-"""Phase 3, fabric: the QSFP NIC's netplan file (static address, MTU 9000, no IPv6 so GID indices
-stay put), applied only when it or the live link drifted, proved with do-not-fragment pings;
-then the rank's env file with the RoCE v2 GID index read from sysfs."""
+"""Phase 3, fabric: the QSFP NIC's netplan file (static address, MTU 9000, rendered by
+NetworkManager as on DGX OS), applied to the fabric connection alone when it or the live link
+drifted, proved with do-not-fragment pings between every pair of ranks; then the rank's env file
+with the RoCE v2 GID index read from sysfs."""
 
 from pyinfra import host
 from pyinfra.operations import server
 
 from sparkrig.facts import Node
-from sparkrig.operations import fabric_path, note_restart_trigger, put_text, rank_env_file
+from sparkrig.operations import (
+    displace_claims,
+    fabric_path,
+    note_restart_trigger,
+    put_text,
+    rank_env_file,
+)
+from sparkrig.preflight import DISPLACED_DIR, node_args
 from sparkrig.render import render
 from sparkrig.settings import current
 from sparkrig.units import base_context, env_context, paths
@@ -14,8 +22,15 @@ from sparkrig.units import base_context, env_context, paths
 s = current()
 k = s.knobs
 iface, address = s.me.fabric_interface, s.me.fabric_address.with_prefixlen
-node = host.get_fact(Node, weights_dir=k.weights_dir, fabric_interface=iface)
+node = host.get_fact(Node, **node_args(s))
 
+# preflight refused these unless fabric_takeover is set
+takeover = displace_claims(
+    name="Move other configurations of the fabric NIC aside (fabric_takeover)",
+    netplan_files=list(node.netplan_claims) if k.fabric_takeover else [],
+    nm_profiles=[p.path for p in node.nm_claims] if k.fabric_takeover else [],
+    dest_dir=DISPLACED_DIR,
+)
 netplan = put_text(
     name="Persist the fabric address and MTU with netplan",
     text=render("netplan-fabric.yaml.j2", **base_context(s), address=address, mtu=k.fabric_mtu),
@@ -23,20 +38,24 @@ netplan = put_text(
     mode="600",
 )
 link_drift = node.mtu != k.fabric_mtu or address not in node.ipv4
+# Not `netplan apply`: with the NetworkManager renderer it disconnects every netplan-rendered
+# device, flushes their addresses and restarts NetworkManager (docs/fabric.md). Render the
+# profiles, let NM re-read them (active connections are left as they are), and (re)activate the
+# fabric's profile alone.
 applied = server.shell(
-    name="Apply the fabric netplan",
+    name="Apply the fabric netplan to the fabric connection only",
     commands=[
-        "netplan apply",
-        f"ip link set dev {iface} mtu {k.fabric_mtu} up",
-        f"ip addr replace {address} dev {iface}",
+        "netplan generate",
+        "nmcli connection reload",
+        f"nmcli --wait 90 connection up netplan-{iface}",
     ],
-    _if=lambda: netplan.did_change() or link_drift,
+    _if=lambda: takeover.did_change() or netplan.did_change() or link_drift,
 )
 note_restart_trigger(applied)  # a re-applied fabric (MTU reset, address lost) breaks NCCL's links
 fabric_path(
     name="Prove the fabric MTU end to end with do-not-fragment pings",
     interface=iface,
-    peers=[r.ip for r in s.peers],
+    peers=[r.ip for r in s.others],
     mtu=k.fabric_mtu,
 )
 env = rank_env_file(
