@@ -152,8 +152,27 @@ if [ -d "$n" ]; then
 else
   echo "link_present=0"
 fi
+echo "networkmanager=$(systemctl is-active NetworkManager 2>/dev/null)"
+for f in /lib/netplan/*.yaml /etc/netplan/*.yaml /run/netplan/*.yaml; do
+  [ -f "$f" ] && [ "$f" != {ours} ] || continue
+  grep -qE {netplan_re} "$f" && echo "netplan_claim=$f"
+done
+mac=$(cat $n/address 2>/dev/null); mac=${{mac:-none}}
+for f in /etc/NetworkManager/system-connections/* /run/NetworkManager/system-connections/*; do
+  [ -f "$f" ] || continue
+  case ${{f##*/}} in netplan-*) continue ;; esac
+  if grep -qixE "interface-name={iface_re}|mac-address=$mac" "$f"; then
+    echo "nm_claim=$f|$(sed -n 's/^id=//p' "$f" | head -n1)"
+  fi
+done
 echo '{end}'
 """
+
+
+@dataclass(frozen=True)
+class NmProfile:
+    path: str
+    name: str
 
 
 @dataclass(frozen=True)
@@ -171,6 +190,11 @@ class NodeReport:
     carrier: bool = False
     mtu: int = 0
     ipv4: tuple[str, ...] = ()
+    networkmanager: str = ""  # systemctl is-active NetworkManager
+    # other configurations of the fabric NIC: netplan files naming it (not ours), and NM keyfile
+    # profiles bound to it by interface-name or MAC (netplan's own netplan-* profiles excluded)
+    netplan_claims: tuple[str, ...] = ()
+    nm_claims: tuple[NmProfile, ...] = ()
 
     @property
     def driver(self) -> str:
@@ -205,20 +229,39 @@ def parse_node_report(lines: list[str]) -> NodeReport:
     values["link_present"] = raw.get("link_present") == "1"
     values["carrier"] = raw.get("carrier") == "1"
     values["ipv4"] = tuple(a for a in raw.get("ipv4", "").split(",") if a)
+    values["networkmanager"] = raw.get("networkmanager", "")
+    claims = ("netplan_claim=", "nm_claim=")
+    listed = [line.partition("=") for line in lines if line.startswith(claims)]
+    values["netplan_claims"] = tuple(v for k, _, v in listed if k == "netplan_claim")
+    values["nm_claims"] = tuple(
+        NmProfile(*v.partition("|")[::2]) for k, _, v in listed if k == "nm_claim"
+    )
     return NodeReport(**values)
 
 
 class Node(FactBase[NodeReport]):
     """
     One-command report of a node: architecture, GPU and driver, docker, free disk where weights
-    land, MemFree, live vm sysctls, and the fabric NIC's link, MTU and IPv4 addresses.
+    land, MemFree, live vm sysctls, the fabric NIC's link, MTU and IPv4 addresses, whether
+    NetworkManager runs, and which other netplan files or NM profiles claim the fabric NIC.
     """
 
     default = NodeReport
 
-    def command(self, weights_dir: str, fabric_interface: str) -> StringCommand:
+    def command(self, weights_dir: str, fabric_interface: str, netplan_file: str) -> StringCommand:
+        iface_re = fabric_interface.replace(".", "\\.")
+        q = "[\"']?"
+        netplan_re = (
+            rf"^[[:space:]]*({q}{iface_re}{q}:|(set-)?name:[[:space:]]*{q}{iface_re}{q}"
+            r"[[:space:]]*(#.*)?$)"
+        )
         script = _NODE_SCRIPT.format(
-            weights=shlex.quote(weights_dir), iface=shlex.quote(fabric_interface), end=END
+            weights=shlex.quote(weights_dir),
+            iface=shlex.quote(fabric_interface),
+            iface_re=iface_re,
+            ours=shlex.quote(netplan_file),
+            netplan_re=shlex.quote(netplan_re),
+            end=END,
         )
         return StringCommand("sh", "-c", QuoteString(script))
 

@@ -146,6 +146,32 @@ def fabric_path(interface: str, peers: list[str], mtu: int) -> Generator[Any, No
     yield command
 
 
+@operation()
+def displace_claims(
+    netplan_files: list[str], nm_profiles: list[str], dest_dir: str
+) -> Generator[Any, None, None]:
+    """
+    Move other configurations of the fabric NIC aside (kept under ``dest_dir`` at their original
+    path, to be moved back by hand), so the fabric has one owner.
+
+    + netplan_files: other netplan files naming the fabric NIC
+    + nm_profiles: NetworkManager keyfile profiles bound to it (NM forgets them on reload)
+    + dest_dir: where they go; nothing under it is read by netplan or NetworkManager
+    """
+    paths = [*netplan_files, *nm_profiles]
+    if not paths:
+        host.noop("no other netplan file or NetworkManager profile configures the fabric NIC")
+        return
+    moves = []
+    for path in paths:
+        logger.info(f"{host.print_prefix}Will move {path} to {dest_dir}{path}")
+        target = shlex.quote(f"{dest_dir}{path}")
+        moves.append(f"install -d -m 700 $(dirname {target}) && mv -f {shlex.quote(path)} {target}")
+    if nm_profiles:
+        moves.append("nmcli connection reload")
+    yield " && ".join(moves)
+
+
 def ping_command(interface: str, peers: list[str], mtu: int) -> str:
     return " && ".join(
         f"ping -M do -s {mtu - 28} -c 2 -W 2 -I {interface} {peer} >/dev/null" for peer in peers

@@ -3,9 +3,27 @@
 from __future__ import annotations
 
 from sparkrig.facts import NodeReport
-from sparkrig.settings import Settings
+from sparkrig.settings import Rank, Settings
 
 GIB = 1024**3
+# where fabric_takeover moves other claims on the fabric NIC (their original path kept below it)
+DISPLACED_DIR = "/var/lib/sparkrig/displaced"
+
+
+def node_args(s: Settings, rank: Rank | None = None) -> dict[str, str]:
+    """Arguments of the Node fact for ``rank`` (default: this host), the same in every phase so
+    pyinfra reads the node once per run."""
+    rank = rank or s.me
+    return {
+        "weights_dir": s.knobs.weights_dir,
+        "fabric_interface": rank.fabric_interface,
+        "netplan_file": s.knobs.fabric_netplan_file,
+    }
+
+
+def fabric_claims(node: NodeReport) -> list[str]:
+    """Other configurations of the fabric NIC, as paths (netplan files, NM profile files)."""
+    return [*node.netplan_claims, *(p.path for p in node.nm_claims)]
 
 
 def describe(node: NodeReport) -> str:
@@ -52,6 +70,28 @@ def problems(s: Settings, node: NodeReport, peers: dict[str, NodeReport]) -> lis
             f"fabric interface {iface} has no link (operstate {node.operstate}): "
             "check the QSFP cable"
         )
+    if node.networkmanager != "active":
+        out.append(
+            f"NetworkManager is not running (systemctl is-active: {node.networkmanager or '?'}): "
+            "sparkrig's fabric netplan file is written for the NetworkManager renderer, as DGX OS "
+            "uses; start NetworkManager"
+        )
+    if not k.fabric_takeover:
+        how = (
+            f"remove it, or set fabric_takeover = True to let sparkrig move it to "
+            f"{DISPLACED_DIR}{{path}}"
+        )
+        for path in node.netplan_claims:
+            out.append(
+                f"fabric interface {iface} is also configured by the netplan file {path}; netplan "
+                f"would merge it with {k.fabric_netplan_file}: " + how.format(path=path)
+            )
+        for profile in node.nm_claims:
+            out.append(
+                f"fabric interface {iface} is also claimed by the NetworkManager profile "
+                f"'{profile.name}' ({profile.path}), which competes with sparkrig's: "
+                + how.format(path=profile.path)
+            )
     if k.min_free_kbytes is None:
         for name, peer in peers.items():
             if peer.min_free_kbytes != node.min_free_kbytes:

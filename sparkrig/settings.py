@@ -88,6 +88,7 @@ class Knobs(BaseModel):
 
     fabric_mtu: int = Field(ge=1280, le=9216)
     fabric_netplan_file: str
+    fabric_takeover: bool = False
     roce_port: int = Field(ge=1)
     nccl_env: dict[str, str] = {}
 
@@ -229,6 +230,11 @@ class Settings(BaseModel):
     def peers(self) -> tuple[Rank, ...]:
         """Whom this rank reaches over the fabric: the head every worker, a worker the head."""
         return self.workers if self.me.is_head else (self.head,)
+
+    @property
+    def others(self) -> tuple[Rank, ...]:
+        """Every other rank: tensor parallel talks between every pair, so each proves them all."""
+        return tuple(r for r in self.ranks if r.rank != self.me.rank)
 
     @property
     def fabric_network(self) -> ipaddress.IPv4Network:

@@ -6,13 +6,14 @@ from pyinfra.operations import files, server
 
 from sparkrig.facts import Node
 from sparkrig.operations import program, put_text
+from sparkrig.preflight import node_args
 from sparkrig.render import render
 from sparkrig.settings import current
 from sparkrig.units import paths
 
 s = current()
 k = s.knobs
-node = host.get_fact(Node, weights_dir=k.weights_dir, fabric_interface=s.me.fabric_interface)
+node = host.get_fact(Node, **node_args(s))
 sysctl_file = "/etc/sysctl.d/90-sparkrig.conf"
 
 sysctl = put_text(

@@ -6,18 +6,15 @@ from pyinfra import host, inventory, logger
 
 from sparkrig.facts import Node
 from sparkrig.operations import refuse
-from sparkrig.preflight import describe, problems, warnings
+from sparkrig.preflight import describe, node_args, problems, warnings
 from sparkrig.settings import current
 
 s = current()
-node = host.get_fact(Node, weights_dir=s.knobs.weights_dir, fabric_interface=s.me.fabric_interface)
+node = host.get_fact(Node, **node_args(s))
 peers = {}
 if s.me.is_head:  # the head compares itself with every worker (drivers, vm.min_free_kbytes)
     peers = {
-        w.name: inventory.get_host(w.name).get_fact(
-            Node, weights_dir=s.knobs.weights_dir, fabric_interface=w.fabric_interface
-        )
-        for w in s.workers
+        w.name: inventory.get_host(w.name).get_fact(Node, **node_args(s, w)) for w in s.workers
     }
 
 logger.info(f"{host.print_prefix}rank {s.me.rank}: {describe(node)}")
