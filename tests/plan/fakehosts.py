@@ -45,6 +45,7 @@ def node_report(
     docker: str = "/usr/bin/docker",
     disk_free: int = 3000 * 1024**3,
     carrier: int = 1,
+    claims: tuple[str, ...] = (),
 ) -> list[str]:
     return [
         "arch=aarch64",
@@ -60,6 +61,8 @@ def node_report(
         f"carrier={carrier}",
         f"mtu={mtu}",
         f"ipv4={ipv4}",
+        "networkmanager=active",
+        *claims,
         "##SPARKRIG-END##",
     ]
 
@@ -96,9 +99,10 @@ NODE = re.compile(r"^sh -c '\nd=\S+; while \[ ! -d \"\$d\" \]")
 GIDS = re.compile(r"^grep -H \. /sys/class/infiniband/\*/ports/\*/gids/\* ")
 PING_CHECK = re.compile(r"^ping -M do .* 2>&1; echo rc=\$\?$")
 PING = re.compile(r"^ping -M do -s \d+ -c 2 -W 2 -I \S+ [\d.]+ >/dev/null( && ping -M do .*)?$")
-NETPLAN_APPLY = re.compile(r"^netplan apply$")
-LINK_UP = re.compile(r"^ip link set dev \S+ mtu \d+ up$")
-ADDR = re.compile(r"^ip addr replace [\d./]+ dev \S+$")
+NETPLAN_GENERATE = re.compile(r"^netplan generate$")
+NM_RELOAD = re.compile(r"^nmcli connection reload$")
+NM_UP = re.compile(r"^nmcli --wait \d+ connection up netplan-\S+$")
+DISPLACE = re.compile(r"^install -d -m 700 \$\(dirname /var/lib/sparkrig/displaced/")
 SYSCTL = re.compile(r"^sysctl -p /etc/sysctl\.d/90-sparkrig\.conf$")
 WEIGHTS_STATE = re.compile(r"^test -x \S+/sparkrig-fetch && test -f \S+\.lock\.json && ")
 FETCH = re.compile(
@@ -155,7 +159,7 @@ def bare(ip: str) -> dict[Any, Any]:
         rf"^rm -f {OURS}$",
         r"^systemctl (start|stop|enable|disable|restart) sparkrig-[\w-]+(\.service)?$",
         r"^systemctl daemon-reload$",
-        SYSCTL, NETPLAN_APPLY, LINK_UP, ADDR, PING,
+        SYSCTL, NETPLAN_GENERATE, NM_RELOAD, NM_UP, DISPLACE, PING,
         FETCH, WEIGHTS_SERVE,
         r"^sh -c 'docker (pull --quiet|tag) ",  # the head's pull
         r"^sh -c 'set -e\nmkdir -p -m 700 /var/lib/sparkrig/images\n",  # save / load

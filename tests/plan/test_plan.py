@@ -23,6 +23,7 @@ def settings():  # read when a test runs, not at collection (loading the invento
 
 IPS = {HEAD: "192.168.100.10", WORKER: "192.168.100.11"}
 STOP = "Stop every rank for an ordered pair restart"
+UP_FABRIC = "nmcli --wait 90 connection up netplan-enp1s0f1np1"
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +46,8 @@ def converge_state(**overrides) -> None:
 
 # commands that change a node (facts excluded): none may reach a converged pair
 ACTION = re.compile(
-    r"^(systemctl (start|stop|restart|enable|daemon-reload)|netplan apply|ip (link|addr) |"
+    r"^(systemctl (start|stop|restart|enable|daemon-reload)|netplan (apply|generate)|nmcli|"
+    r"install -d|ip (link|addr) |"
     r"docker (run|rm|pull|build)|sysctl -p|install -m|chmod|chown|mkdir|\(systemctl is-active)"
 )
 
@@ -132,10 +134,10 @@ def test_firmware_reset_restores_mtu_and_gid_and_restarts_the_pair_in_order(monk
     r = apply(monkeypatch)
     assert r.exit_code == 0, r.output
     worker = r.commands[WORKER]
-    assert "netplan apply" in worker and "ip link set dev enp1s0f1np1 mtu 9000 up" in worker
+    assert UP_FABRIC in worker
     env = r.uploads[WORKER]["/etc/sparkrig/rank.env"].decode()
     assert "NCCL_IB_GID_INDEX=5\n" in env
-    assert "netplan apply" not in r.commands[HEAD]  # the head's fabric was right
+    assert UP_FABRIC not in r.commands[HEAD]  # the head's fabric was right
     assert position(r, "Stop every rank for an ordered pair restart") < position(
         r, "Start the worker rank"
     )
@@ -205,8 +207,8 @@ def test_a_missing_or_stale_lockfile_stops_the_run_before_any_host_command(
 
 FAILURES = {
     "netplan": (
-        WORKER, fakehosts.NETPLAN_APPLY, "Invalid YAML at /etc/netplan/60-sparkrig-fabric.yaml",
-        "Apply the fabric netplan",
+        WORKER, fakehosts.NETPLAN_GENERATE, "Invalid YAML at /etc/netplan/60-sparkrig-fabric.yaml",
+        "Apply the fabric netplan to the fabric connection only",
     ),
     "df-ping": (
         WORKER, fakehosts.PING, "ping: local error: message too long, mtu=1500",
@@ -395,7 +397,7 @@ def assert_no_restart(r: Run) -> None:
 def test_an_mtu_reset_alone_restarts_the_pair(monkeypatch):
     converge_state(**{"spark-b": {"mtu": 1500}})
     r = apply(monkeypatch)
-    assert "ip link set dev enp1s0f1np1 mtu 9000 up" in r.commands[WORKER]
+    assert UP_FABRIC in r.commands[WORKER]
     assert "/etc/sparkrig/rank.env" not in r.uploads.get(WORKER, {})  # the GID did not move
     assert_ordered_pair_restart(r)
 
@@ -522,3 +524,106 @@ def test_secrets_never_reach_the_output_nor_a_command_line(monkeypatch):
     assert r.uploads[HEAD]["/etc/sparkrig/hf-token"] == (hub_token + "\n").encode()
     assert "/etc/sparkrig/hf-token" not in r.uploads[WORKER]  # the head alone fetches
     assert r.uploads[WORKER]["/etc/sparkrig/pair-token"].decode().strip() == pair_token
+
+
+CX7 = "/etc/netplan/40-cx7.yaml"
+NM_PROFILE = "/etc/NetworkManager/system-connections/cx7-port1.nmconnection"
+
+
+def claimed_worker(*claims: str) -> None:
+    """The worker's node report names other configurations of its fabric NIC."""
+    fakehosts.inject("spark-b", {fakehosts.NODE: fakehosts.node_report(claims=claims)})
+
+
+@pytest.mark.parametrize(
+    ("claim", "message"),
+    [
+        (
+            f"netplan_claim={CX7}",
+            f"fabric interface enp1s0f1np1 is also configured by the netplan file {CX7}",
+        ),
+        (
+            f"nm_claim={NM_PROFILE}|cx7-port1",
+            "fabric interface enp1s0f1np1 is also claimed by the NetworkManager profile "
+            f"'cx7-port1' ({NM_PROFILE})",
+        ),
+    ],
+)
+def test_a_fabric_nic_claimed_by_someone_else_stops_the_run_at_preflight(
+    monkeypatch, claim, message
+):
+    claimed_worker(claim)
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    assert message in r.output
+    assert "set fabric_takeover = True" in r.output
+    for name in (HEAD, WORKER):
+        assert r.uploads.get(name, {}) == {}, f"{name} was changed"
+        assert not any("mv -f" in c or "nmcli" in c for c in r.commands.get(name, []))
+
+
+def test_fabric_takeover_moves_both_claims_aside_visibly_then_applies_the_fabric(monkeypatch):
+    claimed_worker(f"netplan_claim={CX7}", f"nm_claim={NM_PROFILE}|cx7-port1")
+    dry = run(
+        ["--dry", "--diff", "--data", "fabric_takeover=True", "tests/plan/inventory_state.py",
+         "deploy.py"],
+        monkeypatch,
+    )  # fmt: skip
+    assert dry.exit_code == 0, dry.output
+    assert f"Will move {CX7} to /var/lib/sparkrig/displaced{CX7}" in dry.output
+    assert f"Will move {NM_PROFILE} to /var/lib/sparkrig/displaced{NM_PROFILE}" in dry.output
+    takeover = "Move other configurations of the fabric NIC aside (fabric_takeover)"
+    assert any(op.endswith(takeover) for op in dry.changed_ops[WORKER])
+    assert not any(op.endswith(takeover) for op in dry.changed_ops.get(HEAD, []))
+
+    r = apply(monkeypatch, "--data", "fabric_takeover=True")
+    assert r.exit_code == 0, r.output
+    worker = r.commands[WORKER]
+    moves = [i for i, c in enumerate(worker) if f"mv -f {CX7}" in c]
+    assert moves and f"mv -f {NM_PROFILE}" in worker[moves[0]]
+    assert "nmcli connection reload" in worker[moves[0]]
+    assert moves[0] < worker.index(UP_FABRIC)
+
+
+def test_the_fabric_is_applied_without_netplan_apply_and_for_networkmanager(monkeypatch):
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    for name in (HEAD, WORKER):
+        cmds = r.commands[name]
+        assert not any("netplan apply" in c for c in cmds)
+        gen = cmds.index("netplan generate")
+        assert cmds[gen + 1 : gen + 3] == ["nmcli connection reload", UP_FABRIC]
+        netplan = r.uploads[name]["/etc/netplan/60-sparkrig-fabric.yaml"].decode()
+        assert "    enp1s0f1np1:\n      renderer: NetworkManager  #" in netplan
+
+
+def test_networkmanager_not_running_stops_the_run_at_preflight(monkeypatch):
+    report = fakehosts.node_report()
+    fakehosts.inject(
+        "spark-b",
+        {
+            fakehosts.NODE: [
+                "networkmanager=inactive" if line.startswith("networkmanager=") else line
+                for line in report
+            ]
+        },
+    )
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    assert "NetworkManager is not running (systemctl is-active: inactive)" in r.output
+    assert all(r.uploads.get(name, {}) == {} for name in (HEAD, WORKER))
+
+
+def test_four_nodes_prove_the_mtu_between_every_pair_of_ranks(monkeypatch):
+    r = run(["-y", "tests/plan/inventory_4nodes.py", "deploy.py"], monkeypatch)
+    assert r.exit_code == 0, r.output
+    ips = {f"@fake/spark-{n}": f"192.168.100.{10 + i}" for i, n in enumerate("abcd")}
+    pinged: set[tuple[str, str]] = set()
+    for name, ip in ips.items():
+        pings = [c for c in r.commands[name] if c.startswith("ping -M do -s 8972")]
+        assert pings, f"{name} proved no MTU"
+        for other in ips.values():
+            if f" {other} >/dev/null" in pings[-1]:
+                pinged.add((ip, other))
+    want = {(a, b) for a in ips.values() for b in ips.values() if a != b}
+    assert pinged == want, sorted(want - pinged)
