@@ -37,14 +37,17 @@ class Guest:
     def ip(self) -> str:
         return self.fabric_address.split("/")[0]
 
-    def sh(self, command: str, check: bool = True, timeout: float = 120) -> str:
-        """Run ``command`` as root on the guest over SSH; return stdout."""
-        argv = [
+    def ssh_argv(self) -> list[str]:
+        return [
             "ssh", "-p", str(self.port), "-i", self.key,
             "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
             "-o", "BatchMode=yes", "-o", "ConnectTimeout=30",
-            f"{self.user}@127.0.0.1", "sudo sh -c " + shlex.quote(command),
+            f"{self.user}@127.0.0.1",
         ]  # fmt: skip
+
+    def sh(self, command: str, check: bool = True, timeout: float = 120) -> str:
+        """Run ``command`` as root on the guest over SSH; return stdout."""
+        argv = [*self.ssh_argv(), "sudo sh -c " + shlex.quote(command)]
         out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         if check and out.returncode != 0:
             raise AssertionError(

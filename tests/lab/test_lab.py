@@ -104,6 +104,23 @@ def env_value(guest, key: str) -> str:
     return m.group(1)
 
 
+def test_guests_run_the_dgx_os_network_stack(lab: Lab):
+    """NetworkManager renders every interface (networkd off); the uplinks are NM connections with
+    NM's metrics (wired 100, Wi-Fi 600); the fabric NIC has no connection until sparkrig's."""
+    for g in lab.guests:
+        assert g.sh("systemctl is-active NetworkManager").strip() == "active"
+        assert g.sh("systemctl is-active systemd-networkd || true").strip() != "active"
+        assert "renderer: NetworkManager" in g.sh("cat /etc/netplan/01-network-manager-all.yaml")
+        devices = dict(
+            line.split(":", 1) for line in g.sh("nmcli -t -f DEVICE,STATE device").splitlines()
+        )
+        assert devices["enP7s7"] == devices["enP9s9"] == "connected", devices
+        assert devices[g.fabric_interface] == "disconnected", devices
+        routes = g.sh("ip -4 route show default")
+        assert "dev enP7s7 proto static metric 100" in routes, routes
+        assert "dev enP9s9 proto static metric 600" in routes, routes
+
+
 def test_bad_inventory_reaches_no_host(lab: Lab):
     since = int(lab.head.sh("date +%s")) + 1
     time.sleep(1.5)
@@ -222,6 +239,82 @@ def test_limit_worker_fixes_the_worker_and_leaves_the_head_alone(lab: Lab):
         lab.head.unit_started("sparkrig-head"),
         lab.head.sh(f"stat -c %Y {' '.join(OWNED)}"),
     ) == head_state
+
+
+CX7 = "/etc/netplan/40-cx7.yaml"
+NM_PROFILE = "/etc/NetworkManager/system-connections/cx7-port1.nmconnection"
+
+
+def other_links(guest, fabric: str) -> dict[str, str]:
+    """NetworkManager's PID and every non-fabric interface's addresses and routes."""
+    out = guest.sh(
+        "systemctl show -p MainPID --value NetworkManager; echo ---; ip -o addr show; echo ---; "
+        "ip route show table all"
+    )
+    pid, addrs, routes = out.split("---\n")
+    keep = [line for line in (addrs + routes).splitlines() if fabric not in line]
+    return {"nm_pid": pid.strip(), "links": "\n".join(keep)}
+
+
+def test_a_claimed_fabric_nic_is_refused_then_taken_over_touching_only_the_fabric(lab: Lab):
+    worker = lab.workers[0]
+    iface = worker.fabric_interface
+    # NVIDIA's playbook file and a hand-made NM profile, both naming the worker's fabric NIC
+    worker.sh(
+        f"printf 'network:\\n  version: 2\\n  ethernets:\\n    {iface}:\\n"
+        f"      addresses: [192.168.100.11/24]\\n      mtu: 9000\\n' >{CX7}; chmod 600 {CX7}; "
+        f"printf '[connection]\\nid=cx7-port1\\ntype=ethernet\\ninterface-name={iface}\\n"
+        f"autoconnect=false\\n[ipv4]\\nmethod=manual\\naddress1=192.168.101.11/24\\n' "
+        f">{NM_PROFILE}; chmod 600 {NM_PROFILE}; nmcli connection reload"
+    )
+    started = worker.unit_started("sparkrig-worker")
+    r = pyinfra("-y", INV, "deploy.py")
+    assert r.rc != 0
+    assert f"configured by the netplan file {CX7}" in r.output, r.output[-4000:]
+    assert f"NetworkManager profile 'cx7-port1' ({NM_PROFILE})" in r.output
+    assert "set fabric_takeover = True" in r.output
+    assert sorted(worker.sh(f"ls {CX7} {NM_PROFILE}").split()) == sorted([CX7, NM_PROFILE])
+    assert worker.unit_started("sparkrig-worker") == started
+
+    # the takeover re-applies the fabric: nothing else may move, not even an open SSH session
+    before = {g.name: other_links(g, g.fabric_interface) for g in lab.guests}
+    session = subprocess.Popen(
+        [*worker.ssh_argv(), "while :; do cut -d' ' -f1 /proc/uptime; sleep 1; done"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert session.stdout is not None and float(session.stdout.readline()) > 0
+    try:
+        r = pyinfra("-y", "--json", "--data", "fabric_takeover=True", INV, "deploy.py")
+        assert r.rc == 0, r.output[-6000:]
+        changed = changed_ops(r.stdout)
+        assert (
+            "Move other configurations of the fabric NIC aside (fabric_takeover)"
+            in (changed[worker.name])
+        )
+        assert "Apply the fabric netplan to the fabric connection only" in changed[worker.name]
+        assert session.poll() is None, "the SSH session opened before the re-apply died"
+        now = float(worker.sh("cut -d' ' -f1 /proc/uptime"))
+        for _ in range(100_000):  # skip what was buffered during the run, up to a fresh line
+            line = session.stdout.readline()
+            assert line, "the SSH session opened before the re-apply ended"
+            if float(line) >= now:
+                break
+    finally:
+        session.kill()
+    after = {g.name: other_links(g, g.fabric_interface) for g in lab.guests}
+    assert after == before
+    displaced = "/var/lib/sparkrig/displaced"
+    assert (
+        worker.sh(f"ls {displaced}{CX7} {displaced}{NM_PROFILE} {CX7} 2>&1 || true").count(
+            "No such file"
+        )
+        == 1
+    )
+    assert worker.sh(f"nmcli -g GENERAL.CONNECTION device show {iface}").strip() == (
+        f"netplan-{iface}"
+    )
+    assert worker.sh(f"cat /sys/class/net/{iface}/mtu").strip() == "9000"
+    assert f"inet {worker.fabric_address} " in worker.sh(f"ip -4 addr show dev {iface}")
 
 
 def test_firmware_reset_is_refused_at_start_and_restored_by_one_rerun(lab: Lab):

@@ -111,11 +111,11 @@ def test_limit_worker_with_a_drifted_fabric_asks_the_heads_supervisor_for_the_re
     r = apply(monkeypatch, "--limit", "worker")
     assert r.exit_code == 0, r.output
     worker = r.commands[WORKER]
-    assert "netplan apply" in worker
+    assert UP_FABRIC in worker
     # never stopped or started alone (the head's stop-together and a restart would race it)
     assert not any(re.match(r"systemctl (stop|start) sparkrig-worker", c) for c in worker)
     requests = [i for i, c in enumerate(worker) if "sparkrig-pair request" in c]
-    assert len(requests) == 1 and worker.index("netplan apply") < requests[0]
+    assert len(requests) == 1 and worker.index(UP_FABRIC) < requests[0]
     assert r.commands.get(HEAD, []) == []
     assert "the NCCL smoke test and the serving gates are skipped" in r.output
 
