@@ -62,6 +62,7 @@ master_port = 29521  # torch distributed rendezvous port on the head's fabric ad
 pair_port = 29600  # rank liveness beacon on each fabric address (stop-together)
 pair_grace_s = 1800  # a rank's wait for its peers at start (the head's start gate; stop-together)
 copy_port = 29700  # the head serves verified weights to workers here, on its fabric address
+thinking_default = False  # reasoning off unless a request enables it; None: the template decides
 extra_serve_args = []  # appended to the vllm serve command line of every rank
 ready_timeout_s = 3600  # how long the deploy waits for the head's /health
 nccl_smoke = True  # all-reduce in the serving image before each pair (re)start; must use IB/RoCE

@@ -12,7 +12,8 @@ Profiles (knob `profile`):
   drafter directory (profile S; the drafter is CC BY-NC-ND 4.0, so it needs the licence knob).
 - shared (default): 262144 context, 8 sequences, KV 9663676416 B (9 GiB = 1,103,764 tokens), MTP
   k=4 (76.4 tok/s total at 8 parallel; no drafter).
-- guard: no speculation (vLLM refuses custom logits processors with it) and the UTF-8 guard logits
+- guard: no speculation (vLLM's V1 runner and the guard itself refuse custom logits processors
+  with it; the guard loads on the V1 and the V2 runner, docs/vllm.md) and the UTF-8 guard logits
   processor `utf8_guard_lp:Utf8GuardLogitsProcessor` (baked into the patched image on PYTHONPATH).
   Slots and pool as `shared`: without speculation nothing else competes for the pool.
 - long: 262144 context (1M at TP2 starved the KV pool and crashed the recipe fleet three times,
@@ -115,12 +116,15 @@ def serve_args(
     drafter_dir: str | None = None,
     extra_args: Sequence[str] = (),
     host: str = DEFAULT_HOST,
+    thinking: bool | None = False,
 ) -> list[str]:
     """argv of one rank: ``["vllm", "serve", MODEL_DIR, flags...]`` (the image's entrypoint is
     `vllm`, so a container gets ``argv[1:]`` after ``--entrypoint vllm``).
 
-    ``master_addr`` is the head's fabric IPv4 without prefix length. ``extra_args`` are appended
-    last, so they override earlier flags (argparse keeps the last value).
+    ``thinking`` is the chat template's default ``enable_thinking`` (REFERENCE §2.1: off, and a
+    request turns it on with ``chat_template_kwargs: {"enable_thinking": true}``; None leaves the
+    template's own default). ``master_addr`` is the head's fabric IPv4 without prefix length.
+    ``extra_args`` are appended last, so they override earlier flags (argparse keeps the last).
     """
     p = _profile(profile)
     if not isinstance(nnodes, int) or nnodes < 1:
@@ -165,6 +169,9 @@ def serve_args(
         args += ["--speculative-config", spec]
     if p.logits_processors:
         args += ["--logits-processors", *p.logits_processors]
+    if rank == 0 and thinking is not None:
+        kwargs = json.dumps({"enable_thinking": thinking}, separators=(",", ":"))
+        args += ["--default-chat-template-kwargs", kwargs]
     if rank == 0:
         args += ["--host", host, "--port", str(api_port), "--served-model-name", served_name]
     else:

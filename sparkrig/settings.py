@@ -83,6 +83,7 @@ class Knobs(BaseModel):
     min_free_kbytes: int | None = Field(default=None, ge=1024)
     memfree_min_gib: float | None = Field(default=None, ge=0)
     memfree_margin_gib: float = Field(default=1.5, ge=0)
+    thinking_default: bool | None = False
     memfree_wait_s: int = Field(ge=0)
     fabric_wait_s: int = Field(default=300, ge=0)
 

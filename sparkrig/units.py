@@ -108,6 +108,7 @@ def rank_serve_args(s: Settings) -> list[str]:
         served_name=k.served_model_name,
         drafter_dir=p["drafter_dir"] if s.needs_drafter else None,
         extra_args=k.extra_serve_args,
+        thinking=k.thinking_default,
     )
     return argv[1:]  # the entrypoint is `vllm`
 

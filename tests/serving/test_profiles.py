@@ -136,3 +136,14 @@ def test_validation(kw: dict[str, object]) -> None:
 def test_flag_value_forms() -> None:
     assert flag_value(["--a", "1", "--a=2"], "--a") == "2"
     assert flag_value(["--a"], "--a") is None
+
+
+def test_thinking_default_is_a_head_flag() -> None:
+    head, worker = build("shared", 0), build("shared", 1)
+    assert json.loads(flag_value(head, "--default-chat-template-kwargs") or "") == {
+        "enable_thinking": False
+    }
+    assert flag_value(worker, "--default-chat-template-kwargs") is None  # API flag: head only
+    on = build("shared", 0, thinking=True)
+    assert json.loads(flag_value(on, "--default-chat-template-kwargs") or "")["enable_thinking"]
+    assert "--default-chat-template-kwargs" not in build("shared", 0, thinking=None)
