@@ -98,7 +98,6 @@ class Knobs(BaseModel):
     image_repo: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
     container_gpu_args: list[str] = []
     container_memory: str = Field(pattern=r"^[0-9]+[bkmg]?$")
-    container_shm_size: str = Field(pattern=r"^[0-9]+[bkmg]?$")
     image_skip_patches: list[str] = []
     image_copy_port: int = Field(default=29701, ge=1, le=65535)
     image_transfer_dir: str = Field(default="/var/lib/sparkrig/images", pattern=r"^/")

@@ -65,7 +65,8 @@ def docker_run_args(s: Settings) -> list[str]:
         "--ulimit", "memlock=-1:-1",
         "--ulimit", "stack=67108864",
         "--cap-add", "IPC_LOCK",
-        "--shm-size", k.container_shm_size,
+        # no --shm-size: with --ipc host the container uses the host's /dev/shm and Docker does
+        # not mount a sized one (podman's docs call the two options conflicting)
         "--memory", k.container_memory,
         "--memory-swap", k.container_memory,
         "--env-file", p["env_file"],
