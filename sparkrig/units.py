@@ -55,7 +55,15 @@ def paths(s: Settings) -> dict[str, str]:
     }
 
 
-def docker_run_args(s: Settings) -> list[str]:
+def jit_cache_dir(cache_dir: str, image: str | None) -> str:
+    """The JIT cache directory of one image (REFERENCE §6.3: a changed image retriggers JIT
+    tuning; keyed by image as sfxnz does): cache_dir/<image, made a path component>."""
+    if not image:
+        return cache_dir
+    return f"{cache_dir.rstrip('/')}/{re.sub(r'[^A-Za-z0-9._-]+', '_', image)}"
+
+
+def docker_run_args(s: Settings, image: str | None = None) -> list[str]:
     """``docker run`` options of a rank (REFERENCE §3.1), before the image name."""
     k, p = s.knobs, paths(s)
     args = [
@@ -71,7 +79,7 @@ def docker_run_args(s: Settings) -> list[str]:
         "--memory-swap", k.container_memory,
         "--env-file", p["env_file"],
         "--volume", f"{k.weights_dir}:{k.weights_dir}:ro",
-        "--volume", f"{k.cache_dir}:/root/.cache",
+        "--volume", f"{jit_cache_dir(k.cache_dir, image)}:/root/.cache",
         *k.container_gpu_args,
         "--entrypoint", "vllm",
     ]  # fmt: skip
@@ -158,7 +166,7 @@ def rank_unit_context(s: Settings, image: str, weights_id: str) -> dict[str, Any
         **base_context(s),
         "image": image,
         "weights_id": weights_id,
-        "run_args": flag_lines(docker_run_args(s)),
+        "run_args": flag_lines(docker_run_args(s, image)),
         "serve_args": flag_lines(rank_serve_args(s)),
         "memory_gate_args": memory_gate_args(s),
         "memfree_wait_s": k.memfree_wait_s,
