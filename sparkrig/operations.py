@@ -330,8 +330,17 @@ def secret_file(text: str, dest: str) -> Generator[Any, None, None]:
         host.noop(f"{dest} is up to date (content not shown)")
         return
     logger.info(f"{host.print_prefix}Will write {dest} (secret: content not shown)")
-    yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(dest))
-    yield FileUploadCommand(StringIO(text), dest)
+    # Written beside dest, 0600 before a byte lands in it, then renamed over dest in one step:
+    # a failed upload leaves the old secret (or none), never an empty or partial one.
+    tmp = secret_temp(dest)
+    yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(tmp))
+    yield FileUploadCommand(StringIO(text), tmp)
+    yield StringCommand("mv -f", QuoteString(tmp), QuoteString(dest))
+
+
+def secret_temp(dest: str) -> str:
+    """Where ``secret_file`` writes a secret before renaming it over ``dest`` (same directory)."""
+    return f"{dest}.sparkrig-new"
 
 
 @operation()

@@ -33,97 +33,84 @@ KNOWN_BAD_IMAGES = {
 }
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
-# Knobs that must hold one value across every rank (the pair runs one model with one config).
-CLUSTER_KEYS = (
-    "hub_endpoint",
-    "model_repo",
-    "model_revision",
-    "drafter_repo",
-    "drafter_revision",
-    "drafter_license_accepted",
-    "weights_dir",
-    "fabric_mtu",
-    "base_image",
-    "image_repo",
-    "profile",
-    "served_model_name",
-    "api_port",
-    "master_port",
-    "pair_port",
-    "copy_port",
-    "agent_port",
-    "image_copy_port",
-    "image_skip_patches",
-    "nccl_smoke",
-    "min_free_kbytes",
-)
+# Marks a knob that must hold one value across every rank (the pair runs one model with one
+# config, and each rank calls the others' programs, files and ports by the same names).
+CLUSTER = {"cluster": True}
+
+
+def _cluster(**kw: Any) -> Any:
+    """A cluster-wide knob: ``build`` refuses a value that differs between hosts."""
+    return Field(json_schema_extra={"cluster": True}, **kw)
 
 
 class Knobs(BaseModel):
-    """Every knob of group_data/all.py, typed. Unknown keys are ignored (pyinfra adds its own)."""
+    """Every knob of group_data/all.py, typed. Unknown keys are ignored (pyinfra adds its own).
+
+    No knob has a default here: group_data/all.py holds each default once, so a knob missing
+    from it is a validation error, not a silent second default."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    hub_endpoint: str = Field(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
-    model_repo: str = Field(pattern=REPO_RE.pattern)
-    model_revision: str
-    drafter_repo: str = Field(pattern=REPO_RE.pattern)
-    drafter_revision: str
-    drafter_license_accepted: bool = False
-    hf_token_file: str = "~/.cache/huggingface/token"
-    lockfile_dir: str = "locks"
+    hub_endpoint: str = _cluster(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
+    model_repo: str = _cluster(pattern=REPO_RE.pattern)
+    model_revision: str = _cluster()
+    drafter_repo: str = _cluster(pattern=REPO_RE.pattern)
+    drafter_revision: str = _cluster()
+    drafter_license_accepted: bool = _cluster()
+    hf_token_file: str
+    lockfile_dir: str
 
-    install_dir: str = "/opt/sparkrig"
-    config_dir: str = "/etc/sparkrig"
-    weights_dir: str = "/var/lib/sparkrig/models"
-    cache_dir: str = "/var/lib/sparkrig/cache"
+    install_dir: str = _cluster()
+    config_dir: str = _cluster()
+    weights_dir: str = _cluster()
+    cache_dir: str
     min_disk_free_gib: float = Field(ge=0)
 
     swappiness: int = Field(ge=0, le=200)
-    min_free_kbytes: int | None = Field(default=None, ge=1024)
-    memfree_min_gib: float | None = Field(default=None, ge=0)
-    memfree_margin_gib: float = Field(default=1.5, ge=0)
-    thinking_default: bool | None = False
+    min_free_kbytes: int | None = _cluster(ge=1024)
+    memfree_min_gib: float | None = Field(ge=0)
+    memfree_margin_gib: float = Field(ge=0)
+    thinking_default: bool | None
     memfree_wait_s: int = Field(ge=0)
-    fabric_wait_s: int = Field(default=300, ge=0)
+    fabric_wait_s: int = Field(ge=0)
 
-    fabric_mtu: int = Field(ge=1280, le=9216)
+    fabric_mtu: int = _cluster(ge=1280, le=9216)
     fabric_netplan_file: str
-    fabric_takeover: bool = False
+    fabric_takeover: bool
     roce_port: int = Field(ge=1)
-    nccl_env: dict[str, str] = {}
+    nccl_env: dict[str, str] = _cluster()
 
-    base_image: str | None = None
-    base_image_known_bad_ok: bool = False
-    image_repo: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
-    container_gpu_args: list[str] = []
+    base_image: str | None = _cluster()
+    base_image_known_bad_ok: bool
+    image_repo: str = _cluster(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
+    container_gpu_args: list[str]
     container_memory: str = Field(pattern=r"^[0-9]+[bkmg]?$")
-    image_skip_patches: list[str] = []
-    image_copy_port: int = Field(default=29701, ge=1, le=65535)
-    image_transfer_dir: str = Field(default="/var/lib/sparkrig/images", pattern=r"^/")
+    image_skip_patches: list[str] = _cluster()
+    image_copy_port: int = _cluster(ge=1, le=65535)
+    image_transfer_dir: str = _cluster(pattern=r"^/")
 
-    profile: Literal["single", "shared", "guard", "long"]
-    served_model_name: str = Field(pattern=r"^[A-Za-z0-9._/-]+$")
-    api_port: int = Field(ge=1, le=65535)
-    master_port: int = Field(ge=1, le=65535)
-    pair_port: int = Field(ge=1, le=65535)
-    copy_port: int = Field(default=29700, ge=1, le=65535)
-    weights_verify: Literal["quick", "full"] = "quick"
-    pair_grace_s: int = Field(default=1800, ge=10)
-    extra_serve_args: list[str] = []
+    profile: Literal["single", "shared", "guard", "long"] = _cluster()
+    served_model_name: str = _cluster(pattern=r"^[A-Za-z0-9._/-]+$")
+    api_port: int = _cluster(ge=1, le=65535)
+    master_port: int = _cluster(ge=1, le=65535)
+    pair_port: int = _cluster(ge=1, le=65535)
+    copy_port: int = _cluster(ge=1, le=65535)
+    weights_verify: Literal["quick", "full"]
+    pair_grace_s: int = _cluster(ge=10)
+    extra_serve_args: list[str] = _cluster()
     ready_timeout_s: int = Field(ge=1)
-    nccl_smoke: bool = True
-    nccl_smoke_timeout_s: int = Field(default=300, ge=10)
-    watchdog: bool = False
-    watchdog_grace_s: int = Field(default=3600, ge=0)
-    watchdog_interval_s: int = Field(default=60, ge=1)
-    watchdog_fails: int = Field(default=3, ge=1)
-    watchdog_max_restarts: int = Field(default=3, ge=0)
-    watchdog_window_s: int = Field(default=21600, ge=60)
-    supervisor_max_restarts: int = Field(default=3, ge=0)
-    supervisor_window_s: int = Field(default=21600, ge=60)
-    agent_port: int = Field(default=29601, ge=1, le=65535)
-    pair_token_file: str = ".sparkrig/pair-token"
+    nccl_smoke: bool = _cluster()
+    nccl_smoke_timeout_s: int = _cluster(ge=10)
+    watchdog: bool
+    watchdog_grace_s: int = Field(ge=0)
+    watchdog_interval_s: int = Field(ge=1)
+    watchdog_fails: int = Field(ge=1)
+    watchdog_max_restarts: int = Field(ge=0)
+    watchdog_window_s: int = Field(ge=60)
+    supervisor_max_restarts: int = Field(ge=0)
+    supervisor_window_s: int = Field(ge=60)
+    agent_port: int = _cluster(ge=1, le=65535)
+    pair_token_file: str = _cluster()
 
     @field_validator("model_revision", "drafter_revision")
     @classmethod
@@ -374,7 +361,7 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
         first_name = next(iter(knobs))
         first = knobs[first_name]
         for name, k in knobs.items():
-            for key in CLUSTER_KEYS:
+            for key in cluster_keys():
                 if getattr(k, key) != getattr(first, key):
                     problems.append(
                         f"{name}: {key}: {getattr(k, key)!r} differs from {first_name}'s "
@@ -411,6 +398,11 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                     "(set base_image_known_bad_ok = True to use it anyway)"
                 )
     return problems
+
+
+def cluster_keys() -> tuple[str, ...]:
+    """The knobs declared cluster-wide (``_cluster``), in declaration order."""
+    return tuple(n for n, f in Knobs.model_fields.items() if f.json_schema_extra == CLUSTER)
 
 
 def known_bad_image(ref: str) -> str | None:

@@ -156,6 +156,7 @@ def bare(ip: str) -> dict[Any, Any]:
         FAIL_HOST,
         rf"^(chown root:root|chmod [0-7]{{3}}|mkdir -p) {OURS}$",
         rf"^install -m 600 -o root -g root /dev/null {OURS}$",
+        rf"^mv -f {OURS} {OURS}$",  # secret_file: the 0600 temp file renamed over the secret
         rf"^rm -f {OURS}$",
         r"^systemctl (start|stop|enable|disable|restart) sparkrig-[\w-]+(\.service)?$",
         r"^systemctl daemon-reload$",

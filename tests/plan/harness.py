@@ -19,6 +19,7 @@ from pyinfra.context import ctx_state
 
 UNIT_ACTION = re.compile(r"^systemctl (start|stop|restart) (sparkrig-[\w-]+?)(?:\.service)?$")
 UNIT_STATE = re.compile(r"--property SubState (sparkrig-[\w-]+?)\.service \)")
+RENAME = re.compile(r"^mv -f (/\S+) (/\S+)$")
 
 
 @dataclass
@@ -33,13 +34,16 @@ class Run:
     exception: BaseException | None = None
 
 
-def run(args: list[str], monkeypatch: Any) -> Run:
-    """``pyinfra <args>`` as the operator types it; returns commands and uploads per host."""
+def run(args: list[str], monkeypatch: Any, fail_upload: str | None = None) -> Run:
+    """``pyinfra <args>`` as the operator types it; returns commands and uploads per host.
+    ``fail_upload``: an upload to a remote path containing it fails (the connection dropped)."""
     from pyinfra_cli.main import cli  # gevent-patches the process: only once a plan test runs
 
     uploads: dict[str, dict[str, bytes]] = {}
 
     def put_file(self: FakeConnector, filename_or_io: Any, remote_filename: str, *a: Any, **k: Any):
+        if fail_upload is not None and fail_upload in remote_filename:
+            return False
         if hasattr(filename_or_io, "read"):
             filename_or_io.seek(0)
             data = filename_or_io.read()
@@ -63,6 +67,11 @@ def run(args: list[str], monkeypatch: Any) -> Run:
                 acted = UNIT_ACTION.match(command)
                 if ok and acted:
                     units[(self.host.name, acted[2])] = acted[1]
+                # a rename moves what was uploaded (secret_file writes a temp file, then mv)
+                moved = RENAME.match(command)
+                if ok and moved and moved[1] in uploads.get(self.host.name, {}):
+                    files = uploads[self.host.name]
+                    files[moved[2]] = files.pop(moved[1])
                 read = UNIT_STATE.search(command)
                 if read and (self.host.name, read[1]) in units:
                     sub = "dead" if units[(self.host.name, read[1])] == "stop" else "running"

@@ -627,3 +627,32 @@ def test_four_nodes_prove_the_mtu_between_every_pair_of_ranks(monkeypatch):
                 pinged.add((ip, other))
     want = {(a, b) for a in ips.values() for b in ips.values() if a != b}
     assert pinged == want, sorted(want - pinged)
+
+
+PAIR_TOKEN, HUB_TOKEN = "/etc/sparkrig/pair-token", "/etc/sparkrig/hf-token"
+SECRETS = {HEAD: (HUB_TOKEN, PAIR_TOKEN), WORKER: (PAIR_TOKEN,)}
+
+
+def test_secrets_are_written_to_a_0600_temp_file_then_renamed_over_the_old_one(monkeypatch):
+    from sparkrig.operations import secret_temp
+
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "x" * 30)
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    for name, dests in SECRETS.items():
+        cmds = r.commands[name]
+        for dest in dests:
+            tmp = secret_temp(dest)
+            assert tmp.startswith(dest.rsplit("/", 1)[0] + "/")  # same directory: rename is atomic
+            create = cmds.index(f"install -m 600 -o root -g root /dev/null {tmp}")
+            assert create < cmds.index(f"mv -f {tmp} {dest}")
+            assert f"install -m 600 -o root -g root /dev/null {dest}" not in cmds  # never emptied
+            assert dest in r.uploads[name] and tmp not in r.uploads[name]
+
+
+def test_a_failed_secret_upload_leaves_the_old_secret_in_place(monkeypatch):
+    r = run(["-y", INVENTORY, "deploy.py"], monkeypatch, fail_upload="/etc/sparkrig/pair-token")
+    assert r.exit_code != 0
+    for name in (HEAD, WORKER):
+        touched = [c for c in r.commands.get(name, []) if c.endswith(" /etc/sparkrig/pair-token")]
+        assert touched == [], touched  # neither emptied nor renamed over

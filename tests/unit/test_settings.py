@@ -6,7 +6,7 @@ import pytest
 from pyinfra.api.exceptions import DeployError
 
 from sparkrig.settings import InventoryView, build
-from tests.unit.conftest import cluster
+from tests.unit.conftest import ROOT, cluster
 
 STOCK = "vllm/vllm-openai:glm53-flash-arm64-cu130@sha256:" + "ab" * 32
 
@@ -151,3 +151,51 @@ def test_base_image_defaults_to_the_v11_digest_and_a_known_bad_one_needs_the_ove
     for g in ("head", "worker"):
         edit(view, g, 0, base_image=stock, base_image_known_bad_ok=True)
     assert build(view)["spark-1"].knobs.base_image == stock
+
+
+# --- knobs: declared once, cluster-wide ones checked --------------------------------------------
+
+
+def test_every_knob_has_its_default_once_in_all_py_with_a_comment():
+    from sparkrig.settings import Knobs
+
+    text = (ROOT / "group_data/all.py").read_text().splitlines()
+    for name, field in Knobs.model_fields.items():
+        assert field.is_required(), f"{name}: default in settings.py; it belongs in all.py only"
+        lines = [i for i, line in enumerate(text) if line.startswith(f"{name} = ")]
+        assert len(lines) == 1, f"{name}: {len(lines)} assignments in group_data/all.py"
+        # the comment is on the line or, for a wrapped value, on the line after
+        assert "  # " in text[lines[0]] or "  # " in text[lines[0] + 1], f"{name}: no comment"
+
+
+def test_a_knob_missing_from_group_data_is_an_error_not_a_silent_default(defaults):
+    view = cluster(2)
+    for group in ("head", "worker"):
+        name, data = view.groups[group][0]
+        view.groups[group][0] = (name, {k: v for k, v in data.items() if k != "pair_grace_s"})
+    assert "spark-0: pair_grace_s: Field required" in problems(view)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("install_dir", "/opt/elsewhere"),
+        ("config_dir", "/etc/elsewhere"),
+        ("pair_token_file", ".sparkrig/other-token"),
+        ("nccl_smoke_timeout_s", 600),
+        ("image_transfer_dir", "/srv/images"),
+        ("pair_grace_s", 60),
+        ("weights_dir", "/srv/models"),
+    ],
+)
+def test_cluster_wide_knobs_must_be_equal_on_every_host(key, value):
+    from sparkrig.settings import cluster_keys
+
+    assert key in cluster_keys()
+    view = edit(cluster(3), "worker", 1, **{key: value})
+    assert f"spark-2: {key}: {value!r} differs from spark-0's" in problems(view)
+
+
+def test_per_host_knobs_may_differ():
+    view = edit(cluster(2), "worker", 0, container_memory="100g", roce_port=2)
+    assert build(view)["spark-1"].knobs.container_memory == "100g"
