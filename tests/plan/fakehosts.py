@@ -97,6 +97,16 @@ UNITS_KNOWN = [
 
 NODE = re.compile(r"^sh -c '\nd=\S+; while \[ ! -d \"\$d\" \]")
 GIDS = re.compile(r"^grep -H \. /sys/class/infiniband/\*/ports/\*/gids/\* ")
+RANK_STATUS = re.compile(r"echo \"gid_live=\$g\"")  # status.py's one read per rank
+
+
+def rank_status(**values: Any) -> list[str]:
+    """sparkrig.status.RankStatus's output: key=value lines, then the end marker."""
+    from sparkrig.facts import END
+
+    return [f"{key}={value}" for key, value in values.items()] + [END]
+
+
 PING_CHECK = re.compile(r"^ping -M do .* 2>&1; echo rc=\$\?$")
 PING = re.compile(r"^ping -M do -s \d+ -c 2 -W 2 -I \S+ [\d.]+ >/dev/null( && ping -M do .*)?$")
 NETPLAN_GENERATE = re.compile(r"^netplan generate$")
@@ -140,6 +150,7 @@ def bare(ip: str) -> dict[Any, Any]:
     table: dict[Any, Any] = {
         # facts: nothing of sparkrig there yet; the fabric link is up at MTU 1500, no address
         NODE: node_report(),
+        RANK_STATUS: rank_status(unit_ActiveState="inactive", unit_SubState="dead", mtu=1500),
         GIDS: gid_table(HCA, "enp1s0f1np1", ip),  # the GID appears once the address is applied
         re.compile(rf"^! \(test -e {OURS} \|\| test -L "): "",
         re.compile(rf"^test -e {OURS} && \( sha1sum "): "",
@@ -338,6 +349,7 @@ def converged(
     (``files`` overrides some, e.g. an older unit), its units running, the fabric up at ``mtu``,
     the weights verified, the images built, the gates passing. ``gid_index``: where the GID
     table lists the fabric address now; ``env_gid_index``: what the rank's env file says."""
+    from sparkrig.image import serving_image
     from sparkrig.units import paths
     from sparkrig.weights import artifacts
 
@@ -379,4 +391,16 @@ def converged(
             }
         )
     canned.update(converged_image_state(IMAGE, pulled=s.me.is_head))
+    canned[RANK_STATUS] = rank_status(
+        unit_ActiveState="active",
+        unit_SubState="running",
+        unit_StateChangeTimestamp="Mon 2026-11-30 06:00:00 UTC",
+        image=serving_image(s),
+        gid_env=env_gid_index,
+        gid_live=gid_index,
+        mtu=mtu,
+        memfree_kb=3 * 1024 * 1024,
+        weights_commit=k.model_revision,
+        weights_verified=1796000000,
+    )
     return canned

@@ -1,0 +1,186 @@
+"""What ``pyinfra inventory.py status.py`` reads from a rank, in one read-only remote command, and
+how it is judged against what the deploy would install."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import FactBase, StringCommand, operation
+from pyinfra.api.command import QuoteString
+from pyinfra.api.exceptions import FactProcessError
+
+from sparkrig.facts import END, ipv4_mapped_gid, parse_key_values
+from sparkrig.operations import fail_host
+from sparkrig.settings import Settings
+
+# Everything below only reads: systemctl show, docker inspect, cat/sed of files, stat, awk.
+_SCRIPT = """\
+systemctl show --property ActiveState --property SubState --property StateChangeTimestamp \
+{unit}.service 2>/dev/null | sed 's/^/unit_/'
+echo "image=$(docker inspect --format '{{{{.Config.Image}}}}' {container} 2>/dev/null)"
+echo "gid_env=$(sed -n 's/^NCCL_IB_GID_INDEX=//p' {env_file} 2>/dev/null | tail -n 1)"
+if [ -e {gid_file} ]; then
+  echo "gid_handed=$(sed -n 's/^NCCL_IB_GID_INDEX=//p' {gid_file} | tail -n 1)"
+fi
+g=
+for f in /sys/class/infiniband/{dev}/ports/{port}/gids/*; do
+  t="${{f%/gids/*}}/gid_attrs/types/${{f##*/}}"
+  if [ "$(cat "$f" 2>/dev/null)" = {gid} ] && [ "$(cat "$t" 2>/dev/null)" = 'RoCE v2' ]; then
+    g="${{f##*/}}"; break
+  fi
+done
+echo "gid_live=$g"
+echo "mtu=$(cat /sys/class/net/{iface}/mtu 2>/dev/null)"
+echo "memfree_kb=$(awk '/^MemFree:/ {{print $2}}' /proc/meminfo)"
+c=$(sed -n 's/^ *"commit": *"\\([0-9a-f]*\\)".*/\\1/p' {lock} 2>/dev/null)
+echo "weights_commit=${{c%%[!0-9a-f]*}}"
+echo "weights_verified=$(stat -c %Y {stamps} 2>/dev/null)"
+echo '{end}'
+"""
+
+
+@dataclass(frozen=True)
+class RankState:
+    active: str = ""
+    sub: str = ""
+    since: str = ""
+    image: str = ""
+    gid_env: int | None = None
+    gid_live: int | None = None
+    gid_handed: int | None = None
+    mtu: int = 0
+    memfree_kb: int = 0
+    weights_commit: str = ""
+    weights_verified: int = 0  # epoch seconds of the stamp DB's last write, 0 when none
+
+
+def _int(raw: dict[str, str], key: str) -> int | None:
+    text = raw.get(key, "")
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise FactProcessError(f"rank status: {key}={text!r} is not an integer") from None
+
+
+def parse_rank_state(lines: list[str]) -> RankState:
+    raw = parse_key_values(lines, "rank status")
+    return RankState(
+        active=raw.get("unit_ActiveState", ""),
+        sub=raw.get("unit_SubState", ""),
+        since=raw.get("unit_StateChangeTimestamp", ""),
+        image=raw.get("image", ""),
+        gid_env=_int(raw, "gid_env"),
+        gid_live=_int(raw, "gid_live"),
+        gid_handed=_int(raw, "gid_handed"),
+        mtu=_int(raw, "mtu") or 0,
+        memfree_kb=_int(raw, "memfree_kb") or 0,
+        weights_commit=raw.get("weights_commit", ""),
+        weights_verified=_int(raw, "weights_verified") or 0,
+    )
+
+
+class RankStatus(FactBase[RankState]):
+    """One read-only command: a rank's unit, image, GID indexes, MTU, MemFree and weights."""
+
+    default = RankState
+
+    def command(
+        self,
+        unit: str,
+        container: str,
+        env_file: str,
+        gid_file: str,
+        dev: str,
+        port: int,
+        gid: str,
+        iface: str,
+        lock: str,
+        stamps: str,
+    ) -> StringCommand:
+        q = shlex.quote
+        script = _SCRIPT.format(
+            end=END,
+            unit=q(unit),
+            container=q(container),
+            env_file=q(env_file),
+            gid_file=q(gid_file),
+            dev=dev,  # a glob ("*") or a device name (settings: [A-Za-z0-9_.-]+), unquoted
+            port=int(port),
+            gid=q(gid),
+            iface=q(iface),
+            lock=q(lock),
+            stamps=q(stamps),
+        )
+        return StringCommand("sh", "-c", QuoteString(script))
+
+    def process(self, output: list[str]) -> RankState:
+        return parse_rank_state(output)
+
+
+def fact_args(s: Settings, env_file: str, gid_file: str) -> dict[str, Any]:
+    k = s.knobs
+    return {
+        "unit": s.unit_name,
+        "container": s.container_name,
+        "env_file": env_file,
+        "gid_file": gid_file,
+        "dev": s.me.roce_device or "*",
+        "port": k.roce_port,
+        "gid": ipv4_mapped_gid(s.me.ip),
+        "iface": s.me.fabric_interface,
+        "lock": f"{k.config_dir}/model.lock.json",
+        "stamps": f"{k.weights_dir}/model.stamps.json",
+    }
+
+
+def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
+    """What is off on this rank, one phrase each; empty when it serves as deployed."""
+    k = s.knobs
+    out: list[str] = []
+    if st.active != "active" or st.sub != "running":
+        out.append(f"{s.unit_name} is {st.active or 'unknown'}/{st.sub or 'unknown'}")
+    if st.image != want_image:
+        out.append(f"runs image {st.image or 'none'}, the deploy would run {want_image}")
+    if st.gid_env is None or st.gid_env != st.gid_live:
+        out.append(f"GID index: env file {st.gid_env}, live table {st.gid_live}")
+    if st.gid_handed is not None and st.gid_handed != st.gid_live:
+        out.append(f"GID index: start gate handed over {st.gid_handed}, live table {st.gid_live}")
+    if st.mtu != k.fabric_mtu:
+        out.append(f"MTU {st.mtu} on {s.me.fabric_interface}, want {k.fabric_mtu}")
+    if st.weights_commit != k.model_revision:
+        out.append(f"weights {st.weights_commit or 'absent'}, want {k.model_revision}")
+    return out
+
+
+def line(s: Settings, st: RankState, verified: str) -> str:
+    """The rank's one line of the status screen."""
+    gid = f"gid env={st.gid_env} live={st.gid_live}"
+    if st.gid_handed is not None:
+        gid += f" handed={st.gid_handed}"
+    return (
+        f"rank{s.me.rank} {s.unit_name} {st.active}/{st.sub} since {st.since or '-'} | "
+        f"image {st.image.rsplit(':', 1)[-1] or '-'} | {gid} | mtu {st.mtu} | "
+        f"weights {st.weights_commit[:12] or '-'} verified {verified} | "
+        f"MemFree {st.memfree_kb // 1024} MiB"
+    )
+
+
+@operation(is_idempotent=False)
+def nothing_off(problems: list[str]) -> Generator[Any, None, None]:
+    """
+    Fail this host naming what is off (its only command prints and exits 1); nothing when all is.
+
+    + problems: what status found off on this rank, one phrase each
+    """
+    if not problems:
+        host.noop("status: nothing is off")
+        return
+    for problem in problems:
+        logger.error(f"{host.print_prefix}{problem}")
+    yield fail_host("status: off:\n  " + "\n  ".join(problems))

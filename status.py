@@ -1,0 +1,42 @@
+"""`pyinfra inventory.py status.py`: read-only, one line per rank and one for the pair's gates.
+
+Per rank, ONE remote command (sparkrig.status.RankStatus) reads the unit's state and since when,
+the image the rank runs against the one the deploy would run, the GID index (env file, live table,
+and what the start gate handed over), the fabric MTU, the weights' commit and when the stamp DB was
+last written, and MemFree. The head adds the four serving gates (the gate script; a completion
+changes nothing). A rank with anything off fails alone with a message naming it, so the run exits
+non-zero; `--limit worker` reads the workers alone. Nothing on a host changes, ever: the only
+command that is not a read is `printf ... >&2; exit 1`. The watchdog keeps its restart budget in
+memory only, so it is not shown (its journal says each restart)."""
+
+import shlex
+import time
+
+from pyinfra import host, logger
+from pyinfra.facts.server import Command
+
+from sparkrig.gates import gate_command, gates_passed, parse_gate_lines
+from sparkrig.image import serving_image
+from sparkrig.settings import current
+from sparkrig.status import RankStatus, fact_args, line, nothing_off, problems
+from sparkrig.units import paths
+
+s = current()
+p = paths(s)
+state = host.get_fact(RankStatus, **fact_args(s, p["env_file"], p["gid_env"]))
+age = time.time() - state.weights_verified
+verified = f"{age / 3600:.1f} h ago" if state.weights_verified else "never"
+off = problems(s, state, serving_image(s))
+logger.info(f"{host.print_prefix}{line(s, state, verified)}")
+
+if s.me.is_head:
+    k = s.knobs
+    command = gate_command(k.install_dir, k.api_port, k.served_model_name)
+    output = host.get_fact(Command, command=shlex.join(command) + " 2>&1 || true") or ""
+    results = parse_gate_lines(output)
+    report = "; ".join(f"{r.gate} {'ok' if r.ok else 'FAILED'}" for r in results)
+    logger.info(f"{host.print_prefix}pair gates: {report or 'no answer'}")
+    if not (results and gates_passed(results)):
+        off.append(f"serving gates: {report or 'no answer from the gate script'}")
+
+nothing_off(name="Report what is off on this rank", problems=off)
