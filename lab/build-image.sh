@@ -124,12 +124,15 @@ EOF
 cat >"$ROOT/etc/systemd/system/lab-rxe.service" <<'EOF'
 [Unit]
 Description=Lab Soft-RoCE device rxe0 on the fabric NIC
-After=sys-subsystem-net-devices-enp1s0f1np1.device
-BindsTo=sys-subsystem-net-devices-enp1s0f1np1.device
+After=systemd-udevd.service
 Before=network.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
+# Poll for the renamed NIC rather than bind to its device unit: under TCG on a loaded host udev
+# can take longer than the 90 s device-job timeout, which failed this unit for the whole boot.
+TimeoutStartSec=900
+ExecStartPre=/bin/sh -c 'until [ -e /sys/class/net/enp1s0f1np1 ]; do sleep 1; done'
 ExecStart=/sbin/modprobe rdma_rxe
 ExecStart=/sbin/ip link set enp1s0f1np1 up
 ExecStart=/bin/sh -c 'rdma link show rxe0/1 >/dev/null 2>&1 || rdma link add rxe0 type rxe netdev enp1s0f1np1'
