@@ -36,6 +36,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -330,8 +331,10 @@ def _heartbeat(sock: socket.socket, stop: threading.Event) -> None:
             return
 
 
-def _watch(sock: socket.socket, timeout: float = 5.0) -> str:
-    """Block until the peer goes away; returns why."""
+def _watch(sock: socket.socket, timeout: float = 30.0) -> str:
+    """Block until the peer goes away; returns why. A dead peer resets the connection at once;
+    the timeout only catches a frozen one, so it is generous: a 1-vCPU TCG guest busy with a
+    deploy stalled a 5 s heartbeat and both ranks took each other for dead."""
     sock.settimeout(timeout)
     try:
         while True:
@@ -551,8 +554,6 @@ def check_model(opts: Options) -> None:
 def benign_traceback() -> None:
     """Log a caught traceback, as real vLLM/FlashInfer boots do (an autotuner tactic that does not
     fit, an optional kernel missing): the deploy's boot wait must not take it for a failure."""
-    import traceback
-
     try:
         raise RuntimeError("CUDA error: too many resources requested for launch (tactic 3)")
     except RuntimeError:
