@@ -17,8 +17,9 @@ from pyinfra.facts.server import Command
 
 from sparkrig.gates import gate_command, gates_passed, parse_gate_lines
 from sparkrig.image import serving_image
+from sparkrig.operations import refuse
 from sparkrig.settings import current
-from sparkrig.status import RankStatus, fact_args, line, nothing_off, problems
+from sparkrig.status import RankStatus, fact_args, line, problems
 from sparkrig.units import paths
 
 s = current()
@@ -39,4 +40,9 @@ if s.me.is_head:
     if not (results and gates_passed(results)):
         off.append(f"serving gates: {report or 'no answer from the gate script'}")
 
-nothing_off(name="Report what is off on this rank", problems=off)
+refuse(
+    name="Report what is off on this rank",
+    problems=off,
+    heading="status: off",
+    passed="status: nothing is off",
+)

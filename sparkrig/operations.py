@@ -28,18 +28,24 @@ def fail_host(reason: str) -> StringCommand:
 
 
 @operation(is_idempotent=False)
-def refuse(problems: list[str]) -> Generator[Any, None, None]:
+def refuse(
+    problems: list[str],
+    heading: str = "preflight failed",
+    passed: str = "every preflight check passes",
+) -> Generator[Any, None, None]:
     """
     Fail this host with every reason it may not be converged, before anything on it changes.
 
     + problems: human-readable reasons; empty means the host passes
+    + heading: first line of the failure (the reasons follow, one per line)
+    + passed: the no-op reason when there is no problem
     """
     if not problems:
-        host.noop("every preflight check passes")
+        host.noop(passed)
         return
     for problem in problems:
         logger.error(f"{host.print_prefix}{problem}")
-    yield fail_host("preflight failed:\n  " + "\n  ".join(problems))
+    yield fail_host(f"{heading}:\n  " + "\n  ".join(problems))
 
 
 @operation()

@@ -4,17 +4,14 @@ how it is judged against what the deploy would install."""
 from __future__ import annotations
 
 import shlex
-from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
-from pyinfra import host, logger
-from pyinfra.api import FactBase, StringCommand, operation
+from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.facts import END, ipv4_mapped_gid, parse_key_values
-from sparkrig.operations import fail_host
 from sparkrig.settings import Settings
 
 # Everything below only reads: systemctl show, docker inspect, cat/sed of files, stat, awk.
@@ -169,18 +166,3 @@ def line(s: Settings, st: RankState, verified: str) -> str:
         f"weights {st.weights_commit[:12] or '-'} verified {verified} | "
         f"MemFree {st.memfree_kb // 1024} MiB"
     )
-
-
-@operation(is_idempotent=False)
-def nothing_off(problems: list[str]) -> Generator[Any, None, None]:
-    """
-    Fail this host naming what is off (its only command prints and exits 1); nothing when all is.
-
-    + problems: what status found off on this rank, one phrase each
-    """
-    if not problems:
-        host.noop("status: nothing is off")
-        return
-    for problem in problems:
-        logger.error(f"{host.print_prefix}{problem}")
-    yield fail_host("status: off:\n  " + "\n  ".join(problems))
