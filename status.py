@@ -20,7 +20,7 @@ from sparkrig.image import serving_image
 from sparkrig.operations import refuse
 from sparkrig.settings import current
 from sparkrig.status import RankStatus, fact_args, line, problems
-from sparkrig.units import paths
+from sparkrig.units import api_key_file, paths
 
 s = current()
 p = paths(s)
@@ -32,7 +32,7 @@ logger.info(f"{host.print_prefix}{line(s, state, verified)}")
 
 if s.me.is_head:
     k = s.knobs
-    command = gate_command(k.install_dir, k.api_port, k.served_model_name)
+    command = gate_command(k.install_dir, k.api_port, k.served_model_name, key_file=api_key_file(s))
     output = host.get_fact(Command, command=shlex.join(command) + " 2>&1 || true") or ""
     results = parse_gate_lines(output)
     report = "; ".join(f"{r.gate} {'ok' if r.ok else 'FAILED'}" for r in results)

@@ -1,6 +1,7 @@
 """Serving gates and boot-stage reader, run on the head (stdlib only; installed in install_dir).
 
     sparkrig_gate.py gates [--url URL] [--model NAME] [--only health,models,math,tool]
+                           [--api-key-file FILE]
         One JSON line per gate: {"gate": "math", "ok": true, "detail": "...", "ms": 123}.
         Exit 0 when every gate passed, 1 otherwise. Gates (REFERENCE §8.2): /health 200;
         /v1/models lists NAME; "17*23" answers 391; a tool call with tool_choice=required whose
@@ -9,8 +10,11 @@
         Poll /health until 200, printing a JSON progress line whenever the boot stage read from
         `docker logs --tail` of the container changes. Exit 0 ready, 1 container gone or an
         engine-fatal line seen (ERROR_RE; a traceback alone is not fatal), 2 timeout.
-    sparkrig_gate.py probe [--url URL] [--model NAME]
+    sparkrig_gate.py probe [--url URL] [--model NAME] [--api-key-file FILE]
         The watchdog probe: the math gate alone (a real completion; /health lies, §8.2).
+
+--api-key-file: the API key (the file holds the key alone, 0600 root), sent as
+`Authorization: Bearer <key>` on every request; read from the file, never from argv.
     sparkrig_gate.py stage < LOG
         Print the latest recognised boot stage of a log read from stdin.
 
@@ -205,12 +209,17 @@ def parse_tool(status: int, body: str, name: str = TOOL_NAME) -> GateResult:
 
 
 # --- HTTP -----------------------------------------------------------------------------------------
-def http(url: str, payload: dict[str, Any] | None = None, timeout: float = 60.0) -> tuple[int, str]:
-    """(status, body); status 0 when the server could not be reached."""
+def http(
+    url: str, payload: dict[str, Any] | None = None, timeout: float = 60.0, api_key: str = ""
+) -> tuple[int, str]:
+    """(status, body); status 0 when the server could not be reached. ``api_key``: sent as
+    ``Authorization: Bearer`` (vLLM checks it on /v1/*, not on /health)."""
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
     if data is not None:
         req.add_header("Content-Type", "application/json")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read().decode("utf-8", "replace")
@@ -221,6 +230,25 @@ def http(url: str, payload: dict[str, Any] | None = None, timeout: float = 60.0)
 
 
 Fetch = Callable[[str, "dict[str, Any] | None", float], "tuple[int, str]"]
+
+
+def read_api_key(path: str) -> str:
+    """The key from its file (the key alone, surrounding whitespace ignored); an empty file is
+    an error, not an unauthenticated request."""
+    with open(path, encoding="utf-8") as f:
+        key = f.read().strip()
+    if not key:
+        raise ValueError(f"{path} is empty")
+    return key
+
+
+def authed_http(api_key: str) -> Fetch:
+    """``http`` sending ``api_key`` on every request."""
+
+    def fetch(url: str, payload: dict[str, Any] | None, timeout: float) -> tuple[int, str]:
+        return http(url, payload, timeout, api_key)
+
+    return fetch
 
 
 def run_gate(
@@ -330,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--timeout", type=float, default=120.0 if name != "wait" else 3600.0)
         if name == "gates":
             p.add_argument("--only", default=",".join(GATES))
+        if name != "wait":  # /health, all `wait` asks for, is not behind the key in vLLM
+            p.add_argument("--api-key-file", help="file holding the API key (Bearer)")
         if name == "wait":
             p.add_argument("--container")
             p.add_argument("--interval", type=float, default=10.0)
@@ -345,7 +375,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = set(gates) - set(GATES)
     if unknown:
         ap.error(f"unknown gate(s): {', '.join(sorted(unknown))}")
-    results = run_gates(a.url, a.model, gates, timeout=a.timeout)
+    fetch: Fetch = http
+    if a.api_key_file:
+        try:
+            fetch = authed_http(read_api_key(a.api_key_file))
+        except (OSError, ValueError) as err:
+            ap.error(f"cannot read the API key: {err}")
+    results = run_gates(a.url, a.model, gates, fetch=fetch, timeout=a.timeout)
     for r in results:
         print(r.to_json(), flush=True)
     return 0 if all(r.ok for r in results) else 1

@@ -21,6 +21,11 @@ be proven on the lab VMs:
 - During boot the head logs a caught, benign traceback, as real vLLM/FlashInfer boots do.
 - /v1/chat/completions answers arithmetic ("17*23" -> "391"); with tools and tool_choice=required
   (or a named function) it returns one tool call of the first (or named) tool with JSON arguments.
+- API key as vLLM 0.33 enforces it (entrypoints/serve/middleware/register.py and authenticate.py):
+  the keys of --api-key, else $VLLM_API_KEY; with one, every request whose path starts with /v1,
+  /v2, /inference or /cohere (any method but OPTIONS, routed or not) needs `Authorization: Bearer
+  <key>` (scheme case-insensitive) or gets 401 {"error": "Unauthorized"}; /health, /version etc.
+  stay open.
 
 Stand-in only flags: --standin-delay SECONDS (per boot stage, default $STANDIN_DELAY or 0.5),
 --standin-rendezvous-timeout SECONDS (default 600, torch's), --standin-exit-on-peer-loss.
@@ -28,9 +33,11 @@ Stand-in only flags: --standin-delay SECONDS (per boot stage, default $STANDIN_D
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import sys
@@ -443,10 +450,37 @@ def fail(msg: str, code: int = 1) -> None:
 
 
 # --- HTTP ---------------------------------------------------------------------------------------
+# vLLM 0.33 entrypoints/serve/middleware/authenticate.py: the paths its middleware guards.
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+
+
+def api_tokens(opts: Options, environ: Any = os.environ) -> list[str]:
+    """vLLM's keys: --api-key (any number) take precedence over VLLM_API_KEY; empties dropped."""
+    return [key for key in (opts.multi.get("--api-key") or [environ.get("VLLM_API_KEY")]) if key]
+
+
+def authorized(method: str, path: str, authorization: str | None, tokens: list[str]) -> bool:
+    """vLLM's AuthenticationMiddleware decision: OPTIONS and unguarded paths pass; a guarded
+    path needs "Bearer <one of the tokens>" (scheme any case, one space, exact token)."""
+    if not tokens or method == "OPTIONS" or not path.startswith(GUARDED_PREFIX):
+        return True
+    if not authorization:
+        return False
+    scheme, _, param = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    given = hashlib.sha256(param.encode("utf-8")).digest()
+    ok = False
+    for token in tokens:
+        ok |= secrets.compare_digest(given, hashlib.sha256(token.encode("utf-8")).digest())
+    return ok
+
+
 class Api(ThreadingHTTPServer):
     daemon_threads = True
     opts: Options
     peers: Peers
+    tokens: list[str]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -468,9 +502,19 @@ class Handler(BaseHTTPRequestHandler):
     def _error(self, code: int, message: str, kind: str) -> None:
         self._send(code, {"error": {"message": message, "type": kind, "code": code}})
 
+    def _authorized(self, path: str) -> bool:
+        """Answer 401 as vLLM does (before routing) unless the request may pass."""
+        auth = self.headers.get("Authorization")
+        if authorized(self.command, path, auth, self.server.tokens):
+            return True
+        self._send(401, {"error": "Unauthorized"})
+        return False
+
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         opts = self.server.opts
         path = self.path.split("?", 1)[0]
+        if not self._authorized(path):
+            return
         if path == "/health":
             self._send(200)
         elif path == "/v1/models":
@@ -492,8 +536,11 @@ class Handler(BaseHTTPRequestHandler):
         opts = self.server.opts
         path = self.path.split("?", 1)[0]
         length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length)  # read even when refused: the connection is kept alive
+        if not self._authorized(path):
+            return
         try:
-            req = json.loads(self.rfile.read(length) or b"{}")
+            req = json.loads(body or b"{}")
             if not isinstance(req, dict):
                 raise ValueError("body must be a JSON object")
         except ValueError as exc:
@@ -655,7 +702,7 @@ def run_head(opts: Options, timeout: float) -> int:
     host = opts.get("--host") or "0.0.0.0"
     port = opts.num("--port", 8000)
     api = Api((host, port), Handler)
-    api.opts, api.peers = opts, peers
+    api.opts, api.peers, api.tokens = opts, peers, api_tokens(opts)
     log(f"Starting vLLM API server 0 on http://{host}:{port}")
     log(f"Available routes: /health, /v1/models, /v1/chat/completions (model {opts.served_name})")
     print("INFO:     Application startup complete.", flush=True)

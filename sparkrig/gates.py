@@ -82,16 +82,22 @@ def gate_command(
     served_name: str,
     gates: Sequence[str] = GATES,
     timeout: float = 120.0,
+    key_file: str | None = None,
 ) -> list[str]:
-    """argv that runs the gates on the head; stdout is one JSON line per gate, exit 1 on failure."""
+    """argv that runs the gates on the head; stdout is one JSON line per gate, exit 1 on failure.
+    ``key_file``: the API key file the script reads (the key itself never reaches an argv)."""
     bad = set(gates) - set(GATES)
     if bad:
         raise ValueError(f"unknown gate(s): {sorted(bad)}")
     return [
         "python3", script_path(install_dir), "gates",
         "--url", local_url(api_port), "--model", served_name,
-        "--only", ",".join(gates), "--timeout", f"{timeout:g}",
+        "--only", ",".join(gates), "--timeout", f"{timeout:g}", *_key_args(key_file),
     ]  # fmt: skip
+
+
+def _key_args(key_file: str | None) -> list[str]:
+    return ["--api-key-file", key_file] if key_file else []
 
 
 def wait_command(
@@ -111,11 +117,16 @@ def wait_command(
 
 
 def probe_command(
-    install_dir: str, api_port: int, served_name: str, timeout: float = 60
+    install_dir: str,
+    api_port: int,
+    served_name: str,
+    timeout: float = 60,
+    key_file: str | None = None,
 ) -> list[str]:
-    """argv of the watchdog probe: one real completion (the math gate)."""
+    """argv of the watchdog probe: one real completion (the math gate), authenticated with the
+    key read from ``key_file`` when the API has one."""
     return ["python3", script_path(install_dir), "probe", "--url", local_url(api_port),
-            "--model", served_name, "--timeout", f"{timeout:g}"]  # fmt: skip
+            "--model", served_name, "--timeout", f"{timeout:g}", *_key_args(key_file)]  # fmt: skip
 
 
 def shell(argv: Sequence[str]) -> str:
@@ -158,12 +169,22 @@ def gates_passed(results: Iterable[Any], required: Sequence[str] = GATES) -> boo
 
 
 # --- plain curl (when the script is not installed yet) -------------------------------------------
-def curl_command(url: str, payload: dict[str, Any] | None = None, timeout: float = 60) -> list[str]:
-    """curl argv printing the body, then a marker line with the HTTP status (000 = unreachable)."""
+def curl_command(
+    url: str,
+    payload: dict[str, Any] | None = None,
+    timeout: float = 60,
+    key_file: str | None = None,
+) -> list[str]:
+    """curl argv printing the body, then a marker line with the HTTP status (000 = unreachable).
+    With ``key_file``, sh builds the Authorization header from the file and hands it to curl on
+    stdin (``-H @-``), so the key is in no argv."""
     argv = ["curl", "-sS", "-m", f"{timeout:g}", "-o", "-",
             "-w", CURL_STATUS_MARK.replace("\n", "\\n") + "%{http_code}"]  # fmt: skip
     if payload is not None:
         argv += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(payload)]
+    if key_file:
+        header = 'printf "Authorization: Bearer %s\\n" "$(cat "$0")" | exec "$@" -H @-'
+        return ["sh", "-c", header, key_file, *argv, url]
     return argv + [url]
 
 
@@ -179,14 +200,16 @@ def parse_curl_output(stdout: str) -> tuple[int, str]:
     return code, body
 
 
-def curl_gate_commands(api_port: int, served_name: str) -> dict[str, list[str]]:
-    """One curl argv per gate, against the head's loopback."""
-    base = local_url(api_port)
+def curl_gate_commands(
+    api_port: int, served_name: str, key_file: str | None = None
+) -> dict[str, list[str]]:
+    """One curl argv per gate, against the head's loopback (/health needs no key, as in vLLM)."""
+    base, chat = local_url(api_port), local_url(api_port) + "/v1/chat/completions"
     return {
         "health": curl_command(base + "/health", timeout=10),
-        "models": curl_command(base + "/v1/models", timeout=10),
-        "math": curl_command(base + "/v1/chat/completions", math_payload(served_name), 120),
-        "tool": curl_command(base + "/v1/chat/completions", tool_payload(served_name), 120),
+        "models": curl_command(base + "/v1/models", timeout=10, key_file=key_file),
+        "math": curl_command(chat, math_payload(served_name), 120, key_file),
+        "tool": curl_command(chat, tool_payload(served_name), 120, key_file),
     }
 
 

@@ -92,6 +92,8 @@ class Knobs(BaseModel):
     profile: Literal["single", "shared", "guard", "long"] = _cluster()
     served_model_name: str = _cluster(pattern=r"^[A-Za-z0-9._/-]+$")
     api_port: int = _cluster(ge=1, le=65535)
+    api_auth: bool
+    api_key_file: str = Field(min_length=1)
     master_port: int = _cluster(ge=1, le=65535)
     pair_port: int = _cluster(ge=1, le=65535)
     copy_port: int = _cluster(ge=1, le=65535)

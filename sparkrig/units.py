@@ -42,6 +42,8 @@ def paths(s: Settings) -> dict[str, str]:
         "env_file": f"{k.config_dir}/rank.env",
         "token_file": f"{k.config_dir}/hf-token",
         "pair_token": f"{k.config_dir}/pair-token",
+        "api_key": f"{k.config_dir}/api-key",
+        "api_key_env": f"{k.config_dir}/api-key.env",
         "agent_unit": "/etc/systemd/system/sparkrig-agent.service",
         "watchdog_unit": "/etc/systemd/system/sparkrig-watchdog.service",
         "supervisor_unit": "/etc/systemd/system/sparkrig-supervisor.service",
@@ -63,9 +65,24 @@ def jit_cache_dir(cache_dir: str, image: str | None) -> str:
     return f"{cache_dir.rstrip('/')}/{re.sub(r'[^A-Za-z0-9._-]+', '_', image)}"
 
 
-def docker_run_args(s: Settings, image: str | None = None) -> list[str]:
-    """``docker run`` options of a rank (REFERENCE §3.1), before the image name."""
+def api_key_file(s: Settings) -> str | None:
+    """The head's API key file (raw key, 0600 root) for the gates and the watchdog's probe; None
+    when the API is open (``api_auth = False``) or on a worker (no API there)."""
+    return paths(s)["api_key"] if s.knobs.api_auth and s.me.is_head else None
+
+
+def api_key_env(key: str) -> str:
+    """The 0600 docker env file that gives vLLM its key: VLLM_API_KEY, read by vLLM 0.33's
+    ``entrypoints/serve/middleware/register.py`` when no --api-key is given (docs/vllm.md).
+    An env file keeps the key out of the unit, the docker and vllm argv and ``ps``."""
+    return f"VLLM_API_KEY={key}\n"
+
+
+def docker_run_args(s: Settings, image: str | None = None, serving: bool = True) -> list[str]:
+    """``docker run`` options of a rank (REFERENCE §3.1), before the image name. ``serving``:
+    the vLLM container itself (the head's gets the API key env file), not the smoke test."""
     k, p = s.knobs, paths(s)
+    api_env = ["--env-file", p["api_key_env"]] if serving and api_key_file(s) else []
     args = [
         "--network", "host",
         "--ipc", "host",
@@ -78,6 +95,7 @@ def docker_run_args(s: Settings, image: str | None = None) -> list[str]:
         "--memory", k.container_memory,
         "--memory-swap", k.container_memory,
         "--env-file", p["env_file"],
+        *api_env,
         "--volume", f"{k.weights_dir}:{k.weights_dir}:ro",
         "--volume", f"{jit_cache_dir(k.cache_dir, image)}:/root/.cache",
         *k.container_gpu_args,
@@ -93,7 +111,7 @@ def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
     """``docker run`` argv of the NCCL smoke test (baked into the patched image): the rank's own
     flags and env, one all-reduce. Detached (workers) keeps the container for ``docker wait``."""
     k = s.knobs
-    run = docker_run_args(s)
+    run = docker_run_args(s, serving=False)
     run = run[: run.index("--entrypoint")]
     return [
         "docker", "run", "--detach" if detach else "--rm", "--name", SMOKE_CONTAINER, *run,
@@ -189,6 +207,12 @@ def pair_unit_context(s: Settings) -> dict[str, Any]:
     }
 
 
+def api_key(path: str) -> str:
+    """The API key, kept on the control machine beside the pair secret; made once (the same
+    way), then reused, so clients keep working across deploys."""
+    return pair_token(path).strip()
+
+
 def pair_token(path: str) -> str:
     """The agents' shared secret, kept on the control machine; made once, then reused."""
     import secrets
@@ -228,7 +252,9 @@ def watchdog_unit_context(s: Settings) -> dict[str, Any]:
     return {
         **base_context(s),
         "restart_args": restart_args(s),
-        "probe": " ".join(probe_command(k.install_dir, k.api_port, k.served_model_name)),
+        "probe": " ".join(
+            probe_command(k.install_dir, k.api_port, k.served_model_name, key_file=api_key_file(s))
+        ),
         "health_url": f"http://127.0.0.1:{k.api_port}/health",
         "interval": k.watchdog_interval_s,
         "fails": k.watchdog_fails,

@@ -25,6 +25,9 @@ from sparkrig.settings import current
 from sparkrig.units import (
     SMOKE_CONTAINER,
     agent_unit_context,
+    api_key,
+    api_key_env,
+    api_key_file,
     base_context,
     pair_token,
     pair_unit_context,
@@ -54,6 +57,30 @@ program(
     dest=f"{k.install_dir}/sparkrig_gate.py",
 )
 image = serving_image(s)  # the patched image every rank runs (tasks/image.py builds it)
+# The API key (knob api_auth): made once on the control machine, on the head twice 0600 root:
+# the key alone for the gates and the watchdog's probe, and the docker env file that gives it to
+# vLLM as VLLM_API_KEY (in no unit file, no argv, no `ps`). A new key restarts the pair (vLLM
+# reads it at start). Off: both files go and the rank unit loses its --env-file.
+if api_key_file(s):
+    secret_file(
+        name="Install the API key",
+        text=api_key(k.api_key_file) + "\n",
+        dest=p["api_key"],
+    )
+    note_restart_trigger(
+        secret_file(
+            name="Install the API key env file for vLLM",
+            text=api_key_env(api_key(k.api_key_file)),
+            dest=p["api_key_env"],
+        )
+    )
+elif s.me.is_head:
+    for path in (p["api_key"], p["api_key_env"]):
+        files.file(
+            name="Remove the API key while api_auth is off",
+            path=path,
+            present=False,
+        )
 rank_unit = put_text(
     name="Install the rank unit",
     text=render("sparkrig-rank.service.j2", **rank_unit_context(s, image, weights_id)),

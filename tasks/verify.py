@@ -14,6 +14,7 @@ from sparkrig.gates import gate_command, wait_command
 from sparkrig.image import images_to_keep, prune_old_images
 from sparkrig.operations import pair_restart_needed, serving_gates, wait_until_serving
 from sparkrig.settings import current
+from sparkrig.units import api_key_file
 
 s = current()
 k = s.knobs
@@ -31,7 +32,7 @@ wait_until_serving(
 )
 serving_gates(
     name="Pass the four serving gates",
-    command=gate_command(k.install_dir, k.api_port, k.served_model_name),
+    command=gate_command(k.install_dir, k.api_port, k.served_model_name, key_file=api_key_file(s)),
     acting=is_head,
 )
 

@@ -18,6 +18,7 @@ from tests.lab.conftest import STATE, Lab, pyinfra
 pytestmark = pytest.mark.lab
 INV = "lab/inventory.py"
 OWNED = ["/etc/sysctl.d/90-sparkrig.conf", "/etc/sparkrig/rank.env"]
+API_KEY = "/etc/sparkrig/api-key"  # api_auth is on by default: the head's key file
 
 
 def lab_state() -> dict:
@@ -86,7 +87,8 @@ def journal_after(guest, mark: str, *units: str) -> str:
 def serving(head) -> bool:
     out = head.sh(
         "python3 /opt/sparkrig/sparkrig_gate.py probe --url http://127.0.0.1:8000 "
-        "--model glm-5.3-flash --timeout 10 >/dev/null 2>&1 && echo ok || true",
+        f"--model glm-5.3-flash --timeout 10 --api-key-file {API_KEY} >/dev/null 2>&1 "
+        "&& echo ok || true",
         check=False,
     )
     return out.strip() == "ok"
@@ -189,7 +191,7 @@ def test_weights_came_once_over_both_uplinks_then_over_the_fabric(lab: Lab):
 def test_the_four_gates_pass_and_the_head_started_right_after_the_workers(lab: Lab):
     out = lab.head.sh(
         "python3 /opt/sparkrig/sparkrig_gate.py gates --url http://127.0.0.1:8000 "
-        "--model glm-5.3-flash"
+        f"--model glm-5.3-flash --api-key-file {API_KEY}"
     )
     gates = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     print("gates:", gates)
@@ -211,6 +213,45 @@ def test_the_four_gates_pass_and_the_head_started_right_after_the_workers(lab: L
     )
     print(f"worker container running -> head unit started: {head_start - worker_ready:.1f} s")
     assert -5 < head_start - worker_ready < 120
+
+
+def test_the_api_needs_the_key_and_the_key_is_in_no_unit_argv_or_ps(lab: Lab):
+    """vLLM's stand-in reads VLLM_API_KEY from the head's 0600 env file, as vLLM does: /v1 without
+    the key is 401, /health stays open, the gates pass with the key file."""
+    head = lab.head
+    key = head.sh(f"cat {API_KEY}").strip()
+    assert len(key) >= 32
+    for path in (API_KEY, f"{API_KEY}.env"):
+        assert head.sh(f"stat -c '%a %U %G' {path}").split() == ["600", "root", "root"]
+    math = json.dumps(
+        {"model": "glm-5.3-flash", "messages": [{"role": "user", "content": "17*23"}]}
+    )
+    post = (
+        "curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' "
+        f"--data-binary '{math}' http://127.0.0.1:8000/v1/chat/completions"
+    )
+    assert head.sh(post).strip() == "401"
+    wrong = post.replace("curl -s", "curl -s -H 'Authorization: Bearer wrong'")
+    assert head.sh(wrong).strip() == "401"
+    # the README's way for a client on the head: the key from the file, not typed into argv
+    with_key = f"printf 'Authorization: Bearer %s\\n' \"$(cat {API_KEY})\" | " + post.replace(
+        "curl -s", "curl -s -H @-"
+    )
+    assert head.sh(with_key).strip() == "200"
+    health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health"
+    assert head.sh(health).strip() == "200"  # /health is not behind the key, as in vLLM
+    out = head.sh(
+        "python3 /opt/sparkrig/sparkrig_gate.py gates --url http://127.0.0.1:8000 "
+        f"--model glm-5.3-flash --api-key-file {API_KEY}"
+    )
+    gates = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert len(gates) == 4 and all(g["ok"] for g in gates), gates
+    # the key reaches the container's environment and nothing an unprivileged user can read
+    assert head.sh("docker exec sparkrig-rank0 printenv VLLM_API_KEY").strip() == key
+    visible = head.sh(
+        "cat /etc/systemd/system/sparkrig-*.service; systemctl show sparkrig-head; ps -eo args"
+    )
+    assert key not in visible
 
 
 def test_second_run_changes_nothing_and_restarts_nothing(lab: Lab):

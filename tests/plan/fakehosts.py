@@ -214,6 +214,7 @@ def host(
             "base_image": IMAGE,
             "lockfile_dir": "tests/plan/locks",
             "pair_token_file": "tests/plan/pair-token",
+            "api_key_file": "tests/plan/api-key",
             **data,
         },
     )
@@ -244,6 +245,9 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     from sparkrig.render import render
     from sparkrig.units import (
         agent_unit_context,
+        api_key,
+        api_key_env,
+        api_key_file,
         base_context,
         env_context,
         pair_token,
@@ -292,6 +296,9 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     token = token_text(k.hf_token_file) if s.me.is_head else None
     if token is not None:
         text[p["token_file"]] = (token, "600")
+    if api_key_file(s):
+        text[p["api_key"]] = (api_key(k.api_key_file) + "\n", "600")
+        text[p["api_key_env"]] = (api_key_env(api_key(k.api_key_file)), "600")
     if s.me.is_head:
         text[p["restart_script"]] = (
             render("sparkrig-restart-pair.j2", **base_context(s), restart_args=restart_args(s)),

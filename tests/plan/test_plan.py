@@ -526,6 +526,68 @@ def test_secrets_never_reach_the_output_nor_a_command_line(monkeypatch):
     assert r.uploads[WORKER]["/etc/sparkrig/pair-token"].decode().strip() == pair_token
 
 
+API_KEY, API_ENV = "/etc/sparkrig/api-key", "/etc/sparkrig/api-key.env"
+HEAD_UNIT = "/etc/systemd/system/sparkrig-head.service"
+
+
+def test_the_api_key_reaches_vllm_only_through_a_0600_env_file_on_the_head(monkeypatch):
+    from sparkrig.operations import secret_temp
+
+    key = open("tests/plan/api-key").read().strip()
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    head = r.commands[HEAD]
+    assert r.uploads[HEAD][API_ENV] == f"VLLM_API_KEY={key}\n".encode()
+    assert r.uploads[HEAD][API_KEY] == f"{key}\n".encode()
+    for dest in (API_KEY, API_ENV):  # 0600 root before a byte lands, then renamed over
+        tmp = secret_temp(dest)
+        assert head.index(f"install -m 600 -o root -g root /dev/null {tmp}") < head.index(
+            f"mv -f {tmp} {dest}"
+        )
+    unit = r.uploads[HEAD][HEAD_UNIT].decode()
+    assert f"--env-file {API_ENV}" in unit and key not in unit
+    assert not [c for cmds in r.commands.values() for c in cmds if key in c]  # no argv holds it
+    gates = [c for c in head if fakehosts.GATES.search(c)]
+    assert gates and all(f"--api-key-file {API_KEY}" in c for c in gates)
+    # workers serve no API: no key, no env file
+    assert not {API_KEY, API_ENV} & set(r.uploads[WORKER])
+    assert API_ENV not in r.uploads[WORKER]["/etc/systemd/system/sparkrig-worker.service"].decode()
+
+
+def test_the_api_key_never_appears_in_dry_diff_output(monkeypatch):
+    key = open("tests/plan/api-key").read().strip()
+    r = run(["--dry", "--diff", "-v", INVENTORY, "deploy.py"], monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert f"Will write {API_ENV} (secret: content not shown)" in r.output
+    assert key not in r.output
+    assert not [c for cmds in r.commands.values() for c in cmds if key in c]
+
+
+def test_a_new_api_key_restarts_the_pair_in_order(monkeypatch):
+    converge_state()
+    r = apply(monkeypatch, "--data", "api_key_file=tests/plan/api-key-2")
+    assert r.exit_code == 0, r.output
+    new = open("tests/plan/api-key-2").read().strip()
+    assert r.uploads[HEAD][API_ENV] == f"VLLM_API_KEY={new}\n".encode()
+    assert HEAD_UNIT not in r.uploads[HEAD]  # the unit names the file, not the key
+    assert "systemctl stop sparkrig-head.service" in r.commands[HEAD]
+    assert "systemctl start sparkrig-head.service" in r.commands[HEAD]
+
+
+def test_api_auth_off_removes_the_key_the_env_file_and_the_header(monkeypatch):
+    converge_state()  # the head holds both key files
+    r = apply(monkeypatch, "--data", "api_auth=False")
+    assert r.exit_code == 0, r.output
+    head = r.commands[HEAD]
+    assert f"rm -f {API_KEY}" in head and f"rm -f {API_ENV}" in head
+    assert not {API_KEY, API_ENV} & set(r.uploads[HEAD])
+    unit = r.uploads[HEAD][HEAD_UNIT].decode()
+    assert "api-key" not in unit  # no --env-file: vLLM gets no VLLM_API_KEY
+    gates = [c for c in head if fakehosts.GATES.search(c)]
+    assert gates and not [c for c in gates if "--api-key-file" in c]
+    assert "systemctl stop sparkrig-head.service" in head  # the unit changed: ordered restart
+
+
 CX7 = "/etc/netplan/40-cx7.yaml"
 NM_PROFILE = "/etc/NetworkManager/system-connections/cx7-port1.nmconnection"
 

@@ -251,3 +251,101 @@ def test_cli_stage(tmp_path: Any) -> None:
         input=VLLM_LOG, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert json.loads(out.stdout)["stage"] == "ready"
+
+
+# --- the API key: read from its file, sent as a Bearer header -------------------------------------
+class Recorder:
+    """A loopback HTTP server on a free port answering like a healthy vLLM and recording each
+    request's path and Authorization header."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        seen = self.seen = []  # type: list[tuple[str, str | None]]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                seen.append((self.path, self.headers.get("Authorization")))
+                if self.path == "/v1/models":
+                    out = json.dumps({"data": [{"id": "m"}]})
+                elif self.path == "/v1/chat/completions" and body.get("tools"):
+                    out = tool_msg('{"city": "Tokyo"}')
+                elif self.path == "/v1/chat/completions":
+                    out = chat({"role": "assistant", "content": "391"})
+                else:
+                    out = ""
+                data = out.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _answer  # noqa: N815
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def recorder() -> Any:
+    r = Recorder()
+    yield r
+    r.close()
+
+
+def run_cli(argv: list[str]) -> Any:
+    import subprocess
+    import sys
+
+    from serving_helpers import REPO
+
+    assert argv[0] == "python3" and argv[1].endswith("/sparkrig_gate.py")
+    script = str(REPO / "files" / "sparkrig_gate.py")
+    return subprocess.run([sys.executable, script, *argv[2:]], capture_output=True, text=True)
+
+
+def test_the_gates_and_the_watchdog_probe_send_the_key_read_from_its_file(
+    recorder: Recorder, tmp_path: Any
+) -> None:
+    key = "s3cret-" + "f" * 40
+    key_file = tmp_path / "api-key"
+    key_file.write_text(f"{key}\n")
+    argv = gates.gate_command("/opt/sparkrig", recorder.port, "m", key_file=str(key_file))
+    assert argv[-2:] == ["--api-key-file", str(key_file)] and key not in " ".join(argv)
+    out = run_cli(argv)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert [p for p, _ in recorder.seen] == ["/health", "/v1/models", "/v1/chat/completions",
+                                            "/v1/chat/completions"]  # fmt: skip
+    assert {h for p, h in recorder.seen} == {f"Bearer {key}"}
+    recorder.seen.clear()
+    # the watchdog's probe, as its unit runs it (sparkrig_pair.py runs --probe through a shell)
+    probe = gates.probe_command("/opt/sparkrig", recorder.port, "m", key_file=str(key_file))
+    assert run_cli(probe).returncode == 0
+    assert recorder.seen == [("/v1/chat/completions", f"Bearer {key}")]
+    recorder.seen.clear()
+    # without a key file nothing is sent (api_auth = False)
+    assert run_cli(gates.probe_command("/opt/sparkrig", recorder.port, "m")).returncode == 0
+    assert recorder.seen == [("/v1/chat/completions", None)]
+
+
+@pytest.mark.parametrize("content", [None, "", "\n"])
+def test_an_unreadable_or_empty_key_file_fails_before_any_request(
+    recorder: Recorder, tmp_path: Any, content: str | None
+) -> None:
+    key_file = tmp_path / "api-key"
+    if content is not None:
+        key_file.write_text(content)
+    out = run_cli(gates.gate_command("/x", recorder.port, "m", key_file=str(key_file)))
+    assert out.returncode == 2 and "cannot read the API key" in out.stderr
+    assert recorder.seen == []

@@ -34,8 +34,8 @@ def free_port() -> int:
 class Proc:
     """A stand-in process whose output is collected line by line in the background."""
 
-    def __init__(self, argv: list[str]) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.p = subprocess.Popen(
             [sys.executable, STANDIN, *argv],
             stdout=subprocess.PIPE,
@@ -327,3 +327,143 @@ def test_single_node_head(model_dir: Path, procs: list[Proc]) -> None:
     head.wait_for("Application startup complete")
     code = gate_script.wait_ready(f"http://127.0.0.1:{aport}", None, 5, 0.1, emit=lambda s: None)
     assert code == 0
+
+
+# --- the API key, as vLLM enforces it -------------------------------------------------------------
+KEY = "k3y-" + "0123456789abcdef" * 3
+
+
+def vllm_authenticate() -> Any:
+    """The real vLLM's AuthenticationMiddleware module (loaded by path: it needs starlette only,
+    not the whole vllm package)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("vllm (requirements-vllm.txt) is not installed")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    return load_path("vllm_authenticate", root / "entrypoints/serve/middleware/authenticate.py")
+
+
+def vllm_lets_through(
+    middleware: Any, method: str, path: str, header: str | None, tokens: list[str]
+) -> bool:
+    """Drive vLLM's middleware with one ASGI request: True when it reaches the app, False on 401."""
+    import asyncio
+
+    reached: list[bool] = []
+    sent: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(True)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [] if header is None else [(b"authorization", header.encode())]
+    scope = {"type": "http", "method": method, "path": path, "root_path": "", "headers": headers,
+             "query_string": b""}  # fmt: skip
+    asyncio.run(middleware(app, tokens=tokens)(scope, receive, send))
+    if reached:
+        return True
+    assert sent and sent[0]["status"] == 401, sent
+    return False
+
+
+def test_the_standins_key_check_is_vllms_middleware_decision_for_decision() -> None:
+    auth = vllm_authenticate()
+    assert standin.GUARDED_PREFIX == auth.GUARDED_PREFIX
+    paths = ["/health", "/version", "/metrics", "/invocations", "/tokenize", "/v1/models",
+             "/v1/chat/completions", "/v1", "/v1x", "/v2/x", "/inference/v1/generate",
+             "/cohere/v2/chat", "/x/v1/models"]  # fmt: skip
+    headers = [None, "", f"Bearer {KEY}", f"bearer {KEY}", f"BEARER {KEY}", "Bearer wrong",
+               f"Bearer  {KEY}", f"Bearer {KEY} ", f"Basic {KEY}", KEY, f"Token {KEY}"]  # fmt: skip
+    for tokens in ([KEY], ["other", KEY], ["other"]):
+        for method in ("GET", "POST", "OPTIONS"):
+            for path in paths:
+                for header in headers:
+                    want = vllm_lets_through(auth.AuthenticationMiddleware, method, path, header,
+                                             tokens)  # fmt: skip
+                    got = standin.authorized(method, path, header, tokens)
+                    assert got == want, (tokens, method, path, header)
+    assert not standin.authorized("GET", "/v1/models", None, [KEY])  # the matrix is not all-open
+
+
+def test_the_standin_takes_its_keys_where_vllm_does() -> None:
+    opts = standin.parse_args(["serve", "/m"])
+    assert standin.api_tokens(opts, {"VLLM_API_KEY": KEY}) == [KEY]
+    assert (
+        standin.api_tokens(opts, {}) == [] and standin.api_tokens(opts, {"VLLM_API_KEY": ""}) == []
+    )
+    flagged = standin.parse_args(["serve", "/m", "--api-key", "a", "b"])
+    assert standin.api_tokens(flagged, {"VLLM_API_KEY": KEY}) == ["a", "b"]  # the flag wins
+    assert standin.authorized("GET", "/v1/models", None, [])  # no key: an open API
+
+
+def authed(url: str, header: str | None, payload: dict[str, Any] | None = None) -> int:
+    import urllib.error
+    import urllib.request
+
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    if header is not None:
+        req.add_header("Authorization", header)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        assert err.code != 401 or json.loads(err.read()) == {"error": "Unauthorized"}
+        return int(err.code)
+
+
+def test_the_standin_answers_401_without_the_key_and_the_gates_pass_with_its_file(
+    model_dir: Path, procs: list[Proc], tmp_path: Path
+) -> None:
+    mport, aport = free_port(), free_port()
+    head = Proc(serve_argv(model_dir, 0, 1, mport, aport), env={"VLLM_API_KEY": KEY})
+    procs.append(head)
+    head.wait_for("Application startup complete")
+    base = f"http://127.0.0.1:{aport}"
+    chat = base + "/v1/chat/completions"
+    math = gate_script.math_payload("glm-5.3-flash")
+    assert authed(base + "/health", None) == 200  # open, as in vLLM
+    assert authed(base + "/version", None) == 200
+    for header in (None, "Bearer wrong", KEY, f"Basic {KEY}"):
+        assert authed(base + "/v1/models", header) == 401, header
+        assert authed(chat, header, math) == 401, header
+    assert authed(base + "/v1/no-such-route", None) == 401  # refused before routing, as vLLM
+    assert authed(base + "/v1/models", f"Bearer {KEY}") == 200
+    assert authed(chat, f"bearer {KEY}", math) == 200
+
+    key_file = tmp_path / "api-key"
+    key_file.write_text(KEY + "\n")
+    files_dir = str(REPO / "files")
+    without = subprocess.run(
+        [sys.executable, *gates.gate_command(files_dir, aport, "glm-5.3-flash")[1:]],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert without.returncode == 1
+    refused = {r.gate: r for r in gates.parse_gate_lines(without.stdout)}
+    assert refused["health"].ok and "401" in refused["models"].detail
+    argv = gates.gate_command(files_dir, aport, "glm-5.3-flash", key_file=str(key_file))
+    out = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert gates.gates_passed(gates.parse_gate_lines(out.stdout))
+    probe = gates.probe_command(files_dir, aport, "glm-5.3-flash", key_file=str(key_file))
+    bare = gates.probe_command(files_dir, aport, "glm-5.3-flash")
+    run_probe = [sys.executable, *probe[1:]]
+    assert subprocess.run(run_probe, capture_output=True).returncode == 0
+    assert subprocess.run([sys.executable, *bare[1:]], capture_output=True).returncode == 1
+    curl = gates.curl_gate_commands(aport, "glm-5.3-flash", key_file=str(key_file))
+    if subprocess.run(["which", "curl"], capture_output=True).returncode == 0:
+        for gate, cmd in curl.items():
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            assert gates.parse_curl_gate(gate, res.stdout, "glm-5.3-flash").ok, (gate, res)
+        res = subprocess.run(gates.curl_gate_commands(aport, "glm-5.3-flash")["models"],
+                             capture_output=True, text=True)  # fmt: skip
+        assert gates.parse_curl_output(res.stdout)[0] == 401
+    for cmd in (argv, probe, *curl.values()):
+        assert not [a for a in cmd if KEY in a], cmd  # the key is read from the file, never argv

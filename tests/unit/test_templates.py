@@ -79,3 +79,21 @@ def test_json_arguments_are_quoted_for_systemd():
     s = build(cluster(2))["spark-0"]
     unit = owned_files(s)["sparkrig-head.service"]
     assert """--speculative-config '{"method":"mtp","num_speculative_tokens":4}'""" in unit
+
+
+def test_the_head_gives_vllm_its_key_by_env_file_and_the_watchdog_reads_it_from_its_file():
+    from sparkrig.units import api_key_file, smoke_run_args, watchdog_unit_context
+
+    for auth in (True, False):
+        settings = build(cluster(2, api_auth=auth, watchdog=True))
+        head, worker = settings["spark-0"], settings["spark-1"]
+        unit = owned_files(head)["sparkrig-head.service"]
+        assert ("--env-file /etc/sparkrig/api-key.env" in unit) is auth
+        assert "api-key" not in owned_files(worker)["sparkrig-worker.service"]
+        assert "api-key" not in " ".join(smoke_run_args(head, "img"))  # the smoke test: no API
+        watchdog = render("sparkrig-watchdog.service.j2", **watchdog_unit_context(head))
+        probe = "/opt/sparkrig/sparkrig_gate.py probe "
+        assert probe in watchdog
+        assert ("--api-key-file /etc/sparkrig/api-key'" in watchdog) is auth
+        assert api_key_file(head) == ("/etc/sparkrig/api-key" if auth else None)
+        assert api_key_file(worker) is None
