@@ -558,8 +558,8 @@ def test_the_api_key_never_appears_in_dry_diff_output(monkeypatch):
     key = open("tests/plan/api-key").read().strip()
     r = run(["--dry", "--diff", "-v", INVENTORY, "deploy.py"], monkeypatch)
     assert r.exit_code == 0, r.output
-    assert f"Will write {API_ENV} (secret: content not shown)" in r.output
     assert key not in r.output
+    assert f"Will write {API_ENV} (secret: content not shown)" in r.output
     assert not [c for cmds in r.commands.values() for c in cmds if key in c]
 
 
