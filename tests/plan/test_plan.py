@@ -515,10 +515,11 @@ def test_secrets_never_reach_the_output_nor_a_command_line(monkeypatch):
     hub_token = "hf_" + "s3cret" * 6
     monkeypatch.setenv("HF_TOKEN", hub_token)
     pair_token = open("tests/plan/pair-token").read().strip()
+    api_key = open("tests/plan/api-key").read().strip()
     for args in (["--dry", "--diff"], ["-y", "--diff"]):
         r = run([*args, "-v", INVENTORY, "deploy.py"], monkeypatch)
         assert r.exit_code == 0, r.output
-        for secret in (hub_token, pair_token):
+        for secret in (hub_token, pair_token, api_key):
             assert secret not in r.output
             assert not [c for cmds in r.commands.values() for c in cmds if secret in c]
     assert r.uploads[HEAD]["/etc/sparkrig/hf-token"] == (hub_token + "\n").encode()
