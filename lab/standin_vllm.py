@@ -536,11 +536,11 @@ class Handler(BaseHTTPRequestHandler):
         opts = self.server.opts
         path = self.path.split("?", 1)[0]
         length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length)  # read even when refused: the connection is kept alive
+        raw = self.rfile.read(length)  # read even when refused: the connection is kept alive
         if not self._authorized(path):
             return
         try:
-            req = json.loads(body or b"{}")
+            req = json.loads(raw or b"{}")
             if not isinstance(req, dict):
                 raise ValueError("body must be a JSON object")
         except ValueError as exc:
