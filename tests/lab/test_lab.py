@@ -37,12 +37,16 @@ def hub_log() -> list[dict]:
 
 
 def changed_ops(output: str) -> dict[str, list[str]]:
-    """Per host, the operations that changed something, from ``pyinfra -y --json``."""
+    """Per host, the operations that changed something, from ``pyinfra -y --json``.
+
+    pyinfra prefixes the name of an operation from an included file with that file
+    ("tasks/fabric.py | Apply ..."); the prefix is dropped so tests name operations as written.
+    """
     data = json.loads(output)
     changed: dict[str, list[str]] = {}
     for op in data["results"]["operations"]:
         for host in op["success"]:
-            changed.setdefault(host, []).append(op["name"])
+            changed.setdefault(host, []).append(op["name"].rpartition(" | ")[2])
         assert not op["error"], f"{op['name']} failed on {op['error']}"
     return changed
 
