@@ -179,13 +179,14 @@ def gate_fabric(env: dict[str, str], bound: float, gid_env: str) -> bool:
     except OSError:
         pass
     index = wait_for_fabric(env, bound)
+    problem = check_mtu(env)
+    if problem:
+        warn(problem)
     if index is None:
         hca, port = env["NCCL_IB_HCA"], env["SPARKRIG_ROCE_PORT"]
         warn(f"GID table of {hca} port {port}:\n{gid_table(hca, port)}")
         return False
-    problem = check_mtu(env)
     if problem:
-        warn(problem)
         return False
     hand_over_gid(env, index, gid_env)
     return True

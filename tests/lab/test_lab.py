@@ -77,6 +77,14 @@ def gid_index_for(guest, ip: str) -> int:
     return found[0]
 
 
+def has_gid_for(guest, ip: str) -> bool:
+    try:
+        gid_index_for(guest, ip)
+    except AssertionError:
+        return False
+    return True
+
+
 def cursor(guest) -> str:
     """The guest's journal position now: later checks read only what came after it."""
     out = guest.sh("journalctl -n 0 --show-cursor --no-pager")
@@ -376,7 +384,8 @@ def test_firmware_reset_is_refused_at_start_and_restored_by_one_rerun(lab: Lab):
     started = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
     # what a firmware capsule reboot does: MTU back to 1500, the RDMA device re-created, and the
     # GID table filled in another order. A VLAN on the fabric NIC (which netplan does not manage,
-    # so the re-run leaves it alone) takes the low indices before the fabric IPv4 comes back.
+    # so the re-run leaves it alone) takes the low indices before the fabric IPv4 comes back; the
+    # address is back but the MTU is not, so the start gate has nothing to wait for and refuses.
     worker.sh(
         f"ip link set dev {iface} mtu 1500; ip -4 addr flush dev {iface}; "
         f"rdma link delete rxe0; rdma link add rxe0 type rxe netdev {iface}; "
@@ -386,6 +395,12 @@ def test_firmware_reset_is_refused_at_start_and_restored_by_one_rerun(lab: Lab):
     wait_for(
         "the VLAN's GID in the re-created table",
         lambda: any(e.netdev == "fab77" for e in gid_table(worker)),
+        30,
+    )
+    worker.sh(f"ip addr add {worker.fabric_address} dev {iface}")
+    wait_for(
+        "the fabric address's GID after the VLAN's",
+        lambda: has_gid_for(worker, worker.ip),
         30,
     )
     # a rank (re)started without the deploy refuses, and says why
