@@ -77,4 +77,5 @@ watchdog_fails = 3  # consecutive failed completions before the pair restarts
 watchdog_max_restarts = 3  # restarts allowed per window; then the pair is left down for a human
 watchdog_window_s = 21600  # the restart budget's window (6 h)
 agent_port = 29601  # worker agent on the fabric: starts the worker rank when the head asks
-pair_token_file = ".sparkrig/pair-token"  # control side: shared secret of the agents (made once)
+pair_token_file = ".sparkrig/pair-token"  # control side: agents' secret used when no rank holds one
+pair_token_rotate = False  # True for one run: a new agents' secret on every rank, helpers restarted

@@ -333,3 +333,28 @@ class WeightsState(FactBase[WeightsReport]):
         fields = {k: raw[k] for k in WeightsReport.__dataclass_fields__ if k in raw}
         fields["fetch_state"] = str((raw.get("fetch") or {}).get("state") or "")
         return WeightsReport(**fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pair's shared secret, as installed on a rank
+# ---------------------------------------------------------------------------------------------
+
+
+class PairSecretFile(FactBase[str]):
+    """
+    The agents' shared secret installed on this rank (stripped), "" when there is none. Read so
+    the secret lives with the pair: a control machine without it takes the pair's.
+    """
+
+    default = str
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("cat", QuoteString(path), "2>/dev/null;", "echo", QuoteString(END))
+
+    def process(self, output: list[str]) -> str:
+        if END not in output:
+            raise FactProcessError("pair secret read ended early (no end marker)")
+        lines = [line for line in output[: output.index(END)] if line.strip()]
+        if len(lines) > 1:
+            raise FactProcessError("the installed pair secret is not a single line")
+        return lines[0].strip() if lines else ""

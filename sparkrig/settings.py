@@ -113,6 +113,7 @@ class Knobs(BaseModel):
     supervisor_window_s: int = Field(ge=60)
     agent_port: int = _cluster(ge=1, le=65535)
     pair_token_file: str = _cluster()
+    pair_token_rotate: bool = _cluster()
 
     @field_validator("model_revision", "drafter_revision")
     @classmethod

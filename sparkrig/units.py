@@ -208,13 +208,8 @@ def pair_unit_context(s: Settings) -> dict[str, Any]:
 
 
 def api_key(path: str) -> str:
-    """The API key, kept on the control machine beside the pair secret; made once (the same
-    way), then reused, so clients keep working across deploys."""
-    return pair_token(path).strip()
-
-
-def pair_token(path: str) -> str:
-    """The agents' shared secret, kept on the control machine; made once, then reused."""
+    """The API key, kept on the control machine; made once, then reused, so clients keep working
+    across deploys (the agents' secret lives with the pair instead: sparkrig/pairsecret.py)."""
     import secrets
     from pathlib import Path
 
@@ -223,7 +218,7 @@ def pair_token(path: str) -> str:
         file.parent.mkdir(parents=True, exist_ok=True)
         file.write_text(secrets.token_hex(24) + "\n")
         file.chmod(0o600)
-    return file.read_text()
+    return file.read_text().strip()
 
 
 def restart_args(s: Settings) -> str:

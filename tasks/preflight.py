@@ -6,6 +6,7 @@ from pyinfra import host, inventory, logger
 
 from sparkrig.facts import Node
 from sparkrig.operations import refuse
+from sparkrig.pairsecret import pair_secret
 from sparkrig.preflight import describe, node_args, problems, warnings
 from sparkrig.settings import current
 
@@ -21,4 +22,11 @@ logger.info(f"{host.print_prefix}rank {s.me.rank}: {describe(node)}")
 for warning in warnings(s, node, peers):
     logger.warning(f"{host.print_prefix}{warning}")
 
-refuse(name="Refuse a host that fails preflight", problems=problems(s, node, peers))
+# The agents' secret: the pair's own, unless no rank holds one or the operator rotates it.
+secret = pair_secret(s)
+if secret.warning:
+    logger.warning(f"{host.print_prefix}{secret.warning}")
+if secret.source:
+    logger.info(f"{host.print_prefix}agents' secret: {secret.source}")
+found = problems(s, node, peers) + ([secret.problem] if secret.problem else [])
+refuse(name="Refuse a host that fails preflight", problems=found)

@@ -20,6 +20,7 @@ from sparkrig.operations import (
     secret_file,
     wait_for_ranks,
 )
+from sparkrig.pairsecret import pair_secret
 from sparkrig.render import render
 from sparkrig.settings import current
 from sparkrig.units import (
@@ -29,7 +30,6 @@ from sparkrig.units import (
     api_key_env,
     api_key_file,
     base_context,
-    pair_token,
     pair_unit_context,
     paths,
     rank_unit_context,
@@ -101,11 +101,13 @@ systemd.daemon_reload(
 )
 
 # Ordered restarts without the control machine: each worker runs an agent that starts its rank when
-# the head asks (shared secret from the control machine); the head gets `sparkrig-restart-pair`
-# and, when the watchdog knob is on, the watchdog that uses it.
-secret_file(
+# the head asks (a shared secret that lives with the pair: sparkrig/pairsecret.py; preflight refused
+# ranks holding different ones); the head gets `sparkrig-restart-pair` and, when the watchdog knob
+# is on, the watchdog that uses it. The helpers read the secret once at start: a changed secret
+# restarts them.
+secret = secret_file(
     name="Install the agents' shared secret",
-    text=pair_token(k.pair_token_file),
+    text=pair_secret(s).token + "\n",
     dest=p["pair_token"],
 )
 if not s.me.is_head:
@@ -115,7 +117,8 @@ if not s.me.is_head:
         dest=p["agent_unit"],
     )
     keep_helper_running(
-        "sparkrig-agent", lambda: agent_unit.did_change() or pair_program.did_change()
+        "sparkrig-agent",
+        lambda: agent_unit.did_change() or pair_program.did_change() or secret.did_change(),
     )
 else:
     put_text(
@@ -255,9 +258,10 @@ systemd.service(
 if s.me.is_head:
     keep_helper_running(
         "sparkrig-supervisor",
-        lambda: supervisor_unit.did_change() or pair_program.did_change(),
+        lambda: supervisor_unit.did_change() or pair_program.did_change() or secret.did_change(),
     )
 if s.me.is_head and k.watchdog:
     keep_helper_running(
-        "sparkrig-watchdog", lambda: watchdog_unit.did_change() or pair_program.did_change()
+        "sparkrig-watchdog",
+        lambda: watchdog_unit.did_change() or pair_program.did_change() or secret.did_change(),
     )

@@ -275,6 +275,38 @@ def test_second_run_changes_nothing_and_restarts_nothing(lab: Lab):
     assert after == before
 
 
+def test_a_second_operator_keeps_the_pair_secret_and_rotation_restarts_the_agents(
+    lab: Lab, tmp_path
+):
+    """Issue 11 item 1: a control machine without .sparkrig/pair-token (a fresh clone, a second
+    operator) takes the pair's secret: nothing changes, no agent restarts; an explicit rotation
+    installs a new one and restarts the helpers; sparkrig-restart-pair works after both."""
+    head, worker = lab.head, lab.workers[0]
+    secret = "/etc/sparkrig/pair-token"
+    helpers = {head.name: "sparkrig-supervisor", worker.name: "sparkrig-agent"}
+    before = {g.name: g.unit_started(helpers[g.name]) for g in (head, worker)}
+    held = {g.name: g.sh(f"cat {secret}") for g in lab.guests}
+    fresh = f"pair_token_file={tmp_path / 'pair-token'}"  # as in a fresh clone: no such file
+    r = pyinfra("-y", "--json", "--data", fresh, INV, "deploy.py")
+    assert r.rc == 0, r.output[-4000:]
+    assert changed_ops(r.stdout) == {}
+    assert {g.name: g.sh(f"cat {secret}") for g in lab.guests} == held
+    assert {g.name: g.unit_started(helpers[g.name]) for g in (head, worker)} == before
+    assert not (tmp_path / "pair-token").exists()
+
+    r = pyinfra("-y", "--data", fresh, "--data", "pair_token_rotate=True", INV, "deploy.py")
+    assert r.rc == 0, r.output[-4000:]
+    rotated = {g.name: g.sh(f"cat {secret}") for g in lab.guests}
+    assert len(set(rotated.values())) == 1 and set(rotated.values()).isdisjoint(held.values())
+    for g in (head, worker):
+        assert g.unit_started(helpers[g.name]) != before[g.name], f"{helpers[g.name]} kept"
+
+    head_before = head.unit_started("sparkrig-head")
+    head.sh("/opt/sparkrig/bin/sparkrig-restart-pair", timeout=1800)
+    wait_for("the pair answers after sparkrig-restart-pair", lambda: serving(head), 1800)
+    assert head.unit_started("sparkrig-head") != head_before
+
+
 def test_limit_worker_fixes_the_worker_and_leaves_the_head_alone(lab: Lab):
     worker = lab.workers[0]
     worker.sh("rm /etc/sysctl.d/90-sparkrig.conf && sysctl -qw vm.swappiness=60")

@@ -98,6 +98,7 @@ UNITS_KNOWN = [
 NODE = re.compile(r"^sh -c '\nd=\S+; while \[ ! -d \"\$d\" \]")
 GIDS = re.compile(r"^grep -H \. /sys/class/infiniband/\*/ports/\*/gids/\* ")
 RANK_STATUS = re.compile(r"echo \"gid_live=\$g\"")  # status.py's one read per rank
+PAIR_SECRET = re.compile(r"^cat /etc/sparkrig/pair-token 2>/dev/null; echo ")  # installed secret
 
 
 def rank_status(**values: Any) -> list[str]:
@@ -151,6 +152,7 @@ def bare(ip: str) -> dict[Any, Any]:
         # facts: nothing of sparkrig there yet; the fabric link is up at MTU 1500, no address
         NODE: node_report(),
         RANK_STATUS: rank_status(unit_ActiveState="inactive", unit_SubState="dead", mtu=1500),
+        PAIR_SECRET: ["##SPARKRIG-END##"],  # no secret installed
         GIDS: gid_table(HCA, "enp1s0f1np1", ip),  # the GID appears once the address is applied
         re.compile(rf"^! \(test -e {OURS} \|\| test -L "): "",
         re.compile(rf"^test -e {OURS} && \( sha1sum "): "",
@@ -242,6 +244,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     """path -> (content, mode) of every file the deploy owns on this rank, made by the same
     functions the tasks call (render + the context builders, the programs, the lockfiles)."""
     from sparkrig.image import serving_image
+    from sparkrig.pairsecret import control_token
     from sparkrig.render import render
     from sparkrig.units import (
         agent_unit_context,
@@ -250,7 +253,6 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
         api_key_file,
         base_context,
         env_context,
-        pair_token,
         pair_unit_context,
         paths,
         rank_unit_context,
@@ -289,7 +291,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
             "644",
         ),
         p["pair_unit"]: (render("sparkrig-pair.service.j2", **pair_unit_context(s)), "644"),
-        p["pair_token"]: (pair_token(k.pair_token_file), "600"),
+        p["pair_token"]: (control_token(k.pair_token_file) + "\n", "600"),
     }
     for art in artifacts(s):
         text[art.remote_lock] = (art.lock_text, "644")
@@ -379,6 +381,8 @@ def converged(
         canned[unit_fact(unit, "UnitFileState")] = [f"Id={unit}.service", "UnitFileState=enabled"]
     ip = s.me.ip
     canned[GIDS] = gid_table(HCA, s.me.fabric_interface, ip, index=gid_index)
+    secret = owned[paths(s)["pair_token"]][0].decode().strip()
+    canned[PAIR_SECRET] = [secret, "##SPARKRIG-END##"] if secret else ["##SPARKRIG-END##"]
     canned[NODE] = node_report(
         mtu=mtu,
         ipv4=s.me.fabric_address.with_prefixlen,

@@ -1,0 +1,112 @@
+"""The agents' shared secret lives with the pair: a control machine without it takes the pair's,
+rotation is asked for and restarts the helpers that read it, ranks that disagree are refused."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sparkrig.pairsecret import decide
+from tests.plan import fakehosts
+from tests.plan.test_plan import ACTION, HEAD, WORKER, apply, assert_no_restart, converge_state
+
+SECRET = "/etc/sparkrig/pair-token"
+HELPERS = {
+    HEAD: "systemctl restart sparkrig-supervisor.service",
+    WORKER: "systemctl restart sparkrig-agent.service",
+}
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    fakehosts.STATE.clear()
+    yield
+    fakehosts.STATE.clear()
+
+
+def fresh_clone(tmp_path) -> tuple[str, str]:
+    """--data making the control side a fresh clone's: no pair-token file there."""
+    return "--data", f"pair_token_file={tmp_path / 'pair-token'}"
+
+
+def test_a_fresh_control_side_takes_the_pairs_secret_and_restarts_nothing(monkeypatch, tmp_path):
+    converge_state()  # both ranks hold tests/plan/pair-token's secret
+    r = apply(monkeypatch, *fresh_clone(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert r.changed_ops == {}, r.changed_ops
+    assert r.uploads == {}
+    assert not [c for cmds in r.commands.values() for c in cmds if ACTION.search(c)]
+    assert not (tmp_path / "pair-token").exists()  # nothing made on the control side
+    assert "agents' secret: the one the pair holds (@fake/spark-a, @fake/spark-b)" in r.output
+
+
+def test_a_rank_without_the_secret_gets_the_pairs_and_only_its_helper_restarts(
+    monkeypatch, tmp_path
+):
+    converge_state()
+    fakehosts.inject("spark-b", {fakehosts.PAIR_SECRET: ["##SPARKRIG-END##"]})
+    fakehosts.inject("spark-b", {fakehosts.sha1_of(SECRET): ""})
+    r = apply(monkeypatch, *fresh_clone(tmp_path))
+    assert r.exit_code == 0, r.output
+    pair = open("tests/plan/pair-token").read().strip()
+    assert r.uploads[WORKER][SECRET].decode() == pair + "\n"
+    assert HELPERS[WORKER] in r.commands[WORKER]
+    assert HEAD not in r.uploads and HELPERS[HEAD] not in r.commands[HEAD]
+    assert_no_restart(r)
+
+
+def test_rotation_installs_one_new_secret_everywhere_and_restarts_the_helpers(monkeypatch):
+    converge_state()
+    r = apply(monkeypatch, "--data", "pair_token_rotate=True")
+    assert r.exit_code == 0, r.output
+    old = open("tests/plan/pair-token").read().strip()
+    new = {r.uploads[name][SECRET].decode().strip() for name in (HEAD, WORKER)}
+    assert len(new) == 1 and old not in new and re.fullmatch(r"[0-9a-f]{48}", next(iter(new)))
+    for name, restart in HELPERS.items():
+        cmds = r.commands[name]
+        assert cmds.index(f"mv -f {SECRET}.sparkrig-new {SECRET}") < cmds.index(restart)
+    assert_no_restart(r)  # the ranks keep serving: only the helpers read the secret
+
+
+def test_ranks_holding_different_secrets_are_refused_before_any_change(monkeypatch):
+    converge_state()
+    fakehosts.inject("spark-b", {fakehosts.PAIR_SECRET: ["0" * 48, "##SPARKRIG-END##"]})
+    fakehosts.inject("spark-b", {fakehosts.NODE: fakehosts.node_report()})  # and a drifted MTU
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    assert "the ranks hold different pair secrets (@fake/spark-a vs @fake/spark-b)" in r.output
+    assert "pair_token_rotate = True" in r.output
+    assert not [c for cmds in r.commands.values() for c in cmds if ACTION.search(c)]
+    assert r.uploads == {}
+
+
+def test_rotation_with_a_rank_outside_the_run_is_refused(monkeypatch):
+    converge_state()
+    r = apply(monkeypatch, "--limit", "worker", "--data", "pair_token_rotate=True")
+    assert r.exit_code != 0
+    assert "pair_token_rotate needs every rank in the run; @fake/spark-a not in it" in r.output
+    assert r.uploads == {}
+
+
+def made() -> str:
+    return "new"
+
+
+@pytest.mark.parametrize(
+    ("control", "held", "missing", "rotate", "token", "problem"),
+    [
+        ("", {"a": "", "b": ""}, [], False, "new", ""),  # first deploy, fresh clone
+        ("c", {"a": "", "b": ""}, [], False, "c", ""),  # first deploy, seeded
+        ("", {"a": "p", "b": ""}, [], False, "p", ""),  # a rank lacks it: the pair's
+        ("c", {"a": "p", "b": "p"}, [], False, "p", ""),  # stale control copy: the pair's kept
+        ("", {"b": ""}, ["a"], False, "", "no rank in this run holds"),  # never a lone new one
+        ("", {"a": "p", "b": "q"}, [], False, "", "different pair secrets"),
+        ("", {"a": "p", "b": "q"}, [], True, "new", ""),  # rotation settles a disagreement
+        ("", {"b": "p"}, ["a"], True, "", "needs every rank"),
+    ],
+)
+def test_which_secret_the_run_installs(control, held, missing, rotate, token, problem):
+    got = decide(control, held, missing, rotate, ".sparkrig/pair-token", make=made)
+    assert got.token == token
+    assert (problem in got.problem) if problem else not got.problem
