@@ -14,7 +14,7 @@ drafter_repo = "incoai/GLM-5.3-Flash-DFlash2"  # DFlash2 speculative drafter (~2
 drafter_revision = "7d74cdd881ed7e32c31175984a67823127b66cfe"  # drafter commit
 drafter_license_accepted = False  # drafter is CC BY-NC-ND 4.0: set True to fetch/use it
 hf_token_file = "~/.cache/huggingface/token"  # on the control machine; copied 0600 to the head
-weights_verify = "quick"  # re-runs check weights by stamps (quick) or re-hash everything (full)
+weights_verify = "quick"  # stamps (quick) or re-hash everything (full: refused while a rank serves)
 lockfile_dir = "locks"  # control-side directory holding <repo>.lock.json lockfiles
 
 # --- install paths on the nodes ---------------------------------------------------------------

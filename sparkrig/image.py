@@ -521,7 +521,12 @@ def base_image_served(
 
 @operation()
 def base_image_loaded(
-    image_repo: str, base_image: str, tag: str, directory: str, source: str | None
+    image_repo: str,
+    base_image: str,
+    tag: str,
+    directory: str,
+    source: str | None,
+    source_absent: str = "",
 ) -> Generator[Any, None, None]:
     """
     Copy the base image from the head over the fabric, verified by its layers, unless present.
@@ -531,6 +536,7 @@ def base_image_loaded(
     + tag: the patched tag this run wants (read by the same fact)
     + directory: transfer directory for the download
     + source: ``http://<head fabric IP>:<port>`` the head serves on; None on the head (no-op)
+    + source_absent: non-empty when the head is not in this run: fail with it as the reason
     """
     if source is None:
         host.noop("the head pulls the base image itself")
@@ -539,6 +545,10 @@ def base_image_loaded(
     local = local_base(image_repo, base_image)
     if report.base_ok(base_image):
         host.noop(f"{local} is present ({len(report.base.layers) if report.base else 0} layers)")
+        return
+    if source_absent:
+        logger.error(f"{host.print_prefix}base image {local} is not here; {source_absent}")
+        yield fail_host(f"base image {local} is not here; {source_absent}")
         return
     _log(f"base image: will copy it from the head over the fabric ({source})")
     stem, transfer = transfer_name(base_image), transfer_tag(image_repo, base_image)

@@ -261,13 +261,15 @@ def weights_present(
     commit: str,
     total_files: int,
     total_bytes: int,
-    verify: str = "quick",
+    source_absent: str = "",
 ) -> Generator[Any, None, None]:
     """
     Make ``dest`` hold every file of the lockfile, sha256-verified, fetching what is missing.
 
     The fetch runs as a transient systemd unit, so it survives a dropped SSH session or a
     Ctrl-C of pyinfra; the deploy follows its progress lines and a re-run re-attaches to it.
+    Verified files are confirmed by their stamps: a change here is a real fetch (a restart
+    trigger); a full re-hash is ``weights_rehashed``, run before this and never a trigger.
 
     + fetcher: path of sparkrig-fetch on the host
     + lock: lockfile path on the host
@@ -279,11 +281,12 @@ def weights_present(
       uploaded yet, at prepare) is judged as "everything may need fetching"
     + total_files: the lockfile's file count, for that summary
     + total_bytes: the lockfile's size, for that summary
-    + verify: how verified files are re-checked: quick (stamps) or full (re-hash)
+    + source_absent: non-empty when the source is not in this run (the head, under --limit
+      worker): fail with this as the reason instead of fetching from no one
     """
     state = host.get_fact(WeightsState, fetcher=fetcher, lock=lock, dest=dest)
     current = state.ok and state.commit == commit
-    if current and state.complete and verify == "quick":
+    if current and state.complete:
         host.noop(f"{dest}: all {state.total_files} files of {commit[:12]} verified")
         return
     summary = (
@@ -292,14 +295,37 @@ def weights_present(
         else f"lockfile {commit[:12]} not judged on the host yet: up to {total_files} files, "
         f"{total_bytes / 1024**3:.2f} GiB"
     )
+    if source_absent:
+        logger.error(f"{host.print_prefix}{dest}: {summary}; {source_absent}")
+        yield fail_host(f"{dest}: {summary}; {source_absent}")
+        return
     logger.info(f"{host.print_prefix}{dest}: {summary}")
-    fetch = [fetcher, "fetch", "--lock", lock, "--dest", dest, "--verify", verify, *source]
+    fetch = [fetcher, "fetch", "--lock", lock, "--dest", dest, "--verify", "quick", *source]
     yield StringCommand(
         "(systemctl is-active --quiet", QuoteString(unit), "||",
         "systemd-run --quiet --collect --unit", QuoteString(unit),
         *[QuoteString(a) for a in fetch], ") &&",
         QuoteString(fetcher), "follow --unit", QuoteString(unit),
         "--status", QuoteString(f"{dest}.fetch-status.json"),
+    )  # fmt: skip
+
+
+@operation(is_idempotent=False)
+def weights_rehashed(fetcher: str, lock: str, dest: str) -> Generator[Any, None, None]:
+    """
+    Re-hash every file of the lockfile (weights_verify = "full"); a file that fails loses its
+    stamp, so ``weights_present`` fetches it again (that fetch, not this, restarts the pair).
+    Preflight refuses it beside a serving rank (REFERENCE §5.2: never through the page cache of
+    a live pair).
+
+    + fetcher: path of sparkrig-fetch on the host
+    + lock: lockfile path on the host
+    + dest: directory the files are in
+    """
+    yield StringCommand(
+        QuoteString(fetcher), "verify --mode full --lock", QuoteString(lock),
+        "--dest", QuoteString(dest), "||", "echo",
+        QuoteString("files failed the re-hash: they are fetched again next"),
     )  # fmt: skip
 
 

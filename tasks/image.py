@@ -5,7 +5,7 @@ fabric address while the workers copy it (their layers checked against the head'
 `docker load`), so nothing crosses the internet twice. Every node then builds
 `<image_repo>:<content hash>` from files/ without network; a present tag is never rebuilt."""
 
-from pyinfra import host, inventory
+from pyinfra import host, inventory, state
 
 from sparkrig.image import (
     ImageReport,
@@ -79,6 +79,10 @@ base_image_loaded(
     tag=tag,
     directory=k.image_transfer_dir,
     source=None if is_head else f"http://{s.head.ip}:{k.image_copy_port}",
+    source_absent=""
+    if state.is_host_in_limit(inventory.get_host(s.head.name))
+    else f"the head ({s.head.name}) serves it to the workers and is not in this run: run "
+    "`pyinfra inventory.py deploy.py` with the head (no --limit)",
     _if=lambda: not is_head,
 )
 base_image_unserved(

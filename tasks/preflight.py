@@ -3,6 +3,7 @@ command reaches a host), report each node, and refuse a host that cannot be conv
 anything on it changes."""
 
 from pyinfra import host, inventory, logger
+from pyinfra.facts.systemd import SystemdStatus
 
 from sparkrig.facts import Node
 from sparkrig.operations import refuse
@@ -29,4 +30,15 @@ if secret.warning:
 if secret.source:
     logger.info(f"{host.print_prefix}agents' secret: {secret.source}")
 found = problems(s, node, peers) + ([secret.problem] if secret.problem else [])
+
+# weights_verify = "full" re-hashes ~181 GiB through the page cache: never beside a serving rank
+# (REFERENCE §1.3: hard power-offs while sha256sum flooded the page cache; §5.2).
+if s.knobs.weights_verify == "full":
+    unit = f"{s.unit_name}.service"
+    if host.get_fact(SystemdStatus, services=[unit]).get(unit):
+        found.append(
+            f"weights_verify = 'full' re-hashes every weights file through the page cache and "
+            f"{unit} is serving: stop the pair first (on the head: `sudo systemctl stop "
+            f"{s.head_unit_name}`, the workers follow), then run again"
+        )
 refuse(name="Refuse a host that fails preflight", problems=found)

@@ -173,7 +173,8 @@ head_in_run = host.state.is_host_in_limit(inventory.get_host(s.head.name))
 if not head_in_run:
     logger.info(
         f"{host.print_prefix}the head ({s.head.name}) is not in this run: a pair restart is asked "
-        "of its supervisor; the NCCL smoke test and the serving gates are skipped"
+        "of its supervisor; the NCCL smoke test and the serving gates are skipped, and so is "
+        "the image prune: run `pyinfra inventory.py deploy.py` with the head (no --limit) for them"
     )
 systemd.service(
     name="Pause the watchdog during an ordered pair restart",

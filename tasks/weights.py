@@ -5,7 +5,7 @@ The head fetches from the Hub with one lane per uplink interface; every worker t
 the head over the fabric (the head serves its verified directory read-only for the duration), so
 nothing crosses the internet twice. Re-runs confirm the files from stamps in well under a second."""
 
-from pyinfra import host, inventory
+from pyinfra import host, inventory, state
 from pyinfra.operations import files, server
 
 from sparkrig.facts import WeightsState
@@ -16,6 +16,7 @@ from sparkrig.operations import (
     secret_file,
     transient_service,
     weights_present,
+    weights_rehashed,
 )
 from sparkrig.settings import current
 from sparkrig.units import paths
@@ -53,6 +54,20 @@ if token is not None:
 # Every operation below exists on every host (acting only where its condition holds), so all
 # hosts share one sequence: the head fetches, serves, the workers copy, the head stops serving.
 is_head = s.me.is_head
+head_in_run = state.is_host_in_limit(inventory.get_host(s.head.name))
+
+# weights_verify = "full": every rank re-hashes its files first (preflight refused it beside a
+# serving rank); only files that fail are fetched again below, so a healthy pair is not restarted.
+full = k.weights_verify == "full"
+for art in host.loop(wanted):
+    weights_rehashed(
+        name="Re-hash every weights file (weights_verify = full)",
+        fetcher=fetcher,
+        lock=art.remote_lock,
+        dest=art.dest,
+        _if=lambda: full,
+    )
+
 lanes = [f"--uplink={i}" for i in s.me.uplink_interfaces] or ["--uplink=default"]
 if len(s.me.uplink_interfaces) > 1:
     lanes.append("--install-routes")  # per uplink: table 10N + "from <ip> lookup 10N" rule
@@ -67,19 +82,24 @@ for art in host.loop(wanted):
         commit=art.commit,
         total_files=art.total_files,
         total_bytes=art.total_bytes,
-        verify=k.weights_verify,
         _if=lambda: is_head,
     )
     note_restart_trigger(fetched)
 
-# Serve the verified files to the workers only when one of them lacks something.
-worker_needs = is_head and any(
-    not inventory.get_host(w.name)
-    .get_fact(WeightsState, fetcher=fetcher, lock=a.remote_lock, dest=a.dest)
-    .complete
-    for w in s.workers
-    for a in wanted
-)
+
+# Serve the verified files to the workers only when one of them lacks something (judged again
+# when it runs after a full re-hash, which may have found a worker's file bad).
+def workers_lack() -> bool:
+    return any(
+        not inventory.get_host(w.name)
+        .get_fact(WeightsState, fetcher=fetcher, lock=a.remote_lock, dest=a.dest)
+        .complete
+        for w in s.workers
+        for a in wanted
+    )
+
+
+lacking = is_head and workers_lack()
 serving = transient_service(
     name="Serve the verified weights to the workers over the fabric",
     unit="sparkrig-weights-serve",
@@ -88,7 +108,7 @@ serving = transient_service(
         "--listen", f"{s.me.ip}:{k.copy_port}", "--bind-device", s.me.fabric_interface,
         "--max-seconds", "86400",
     ],
-    _if=lambda: worker_needs,
+    _if=lambda: is_head and (workers_lack() if full else lacking),
 )  # fmt: skip
 for art in host.loop(wanted):
     copied = weights_present(
@@ -104,7 +124,10 @@ for art in host.loop(wanted):
         commit=art.commit,
         total_files=art.total_files,
         total_bytes=art.total_bytes,
-        verify=k.weights_verify,
+        source_absent=""
+        if head_in_run
+        else f"the head ({s.head.name}) serves the weights to the workers and is not in this "
+        "run: run `pyinfra inventory.py deploy.py` with the head (no --limit)",
         _if=lambda: not is_head,
     )  # fmt: skip
     note_restart_trigger(copied)

@@ -119,6 +119,7 @@ WEIGHTS_STATE = re.compile(r"^test -x \S+/sparkrig-fetch && test -f \S+\.lock\.j
 FETCH = re.compile(
     r"^\(systemctl is-active --quiet sparkrig-fetch-(model|drafter) \|\| systemd-run"
 )
+REHASH = re.compile(r"^\S+/sparkrig-fetch verify --mode full --lock ")  # weights_verify = full
 WEIGHTS_SERVE = re.compile(r"^systemctl stop sparkrig-weights-serve 2>/dev/null; systemd-run ")
 IMAGE_FACT = re.compile(re.escape(MARKER))
 SMOKE_CLEAN = re.compile(r"^docker rm --force sparkrig-nccl-smoke >/dev/null 2>&1 \|\| true$")
@@ -174,7 +175,7 @@ def bare(ip: str) -> dict[Any, Any]:
         r"^systemctl (start|stop|enable|disable|restart) sparkrig-[\w-]+(\.service)?$",
         r"^systemctl daemon-reload$",
         SYSCTL, NETPLAN_GENERATE, NM_RELOAD, NM_UP, DISPLACE, PING,
-        FETCH, WEIGHTS_SERVE,
+        FETCH, WEIGHTS_SERVE, REHASH,
         r"^sh -c 'docker (pull --quiet|tag) ",  # the head's pull
         r"^sh -c 'set -e\nmkdir -p -m 700 /var/lib/sparkrig/images\n",  # save / load
         r"^sh -c 'systemctl stop sparkrig-image-serve 2>/dev/null; ",  # serve / unserve

@@ -95,6 +95,9 @@ def test_second_run_with_converged_facts_changes_nothing(monkeypatch):
 
 
 def test_limit_worker_plans_nothing_for_the_head(monkeypatch):
+    converge_state()  # the worker's rank is down: it needs the head to start again
+    down = ["Id=sparkrig-worker.service", "SubState=dead"]
+    fakehosts.inject("spark-b", {fakehosts.unit_fact("sparkrig-worker", "SubState"): down})
     r = apply(monkeypatch, "--limit", "worker")
     assert r.exit_code == 0, r.output
     assert r.commands.get(HEAD, []) == []
