@@ -52,12 +52,15 @@ def warnings(s: Settings, node: NodeReport, peers: dict[str, NodeReport]) -> lis
     return out
 
 
-def problems(s: Settings, node: NodeReport, peers: dict[str, NodeReport]) -> list[str]:
-    """Reasons this host must not be converged; each names what to fix."""
+def problems(
+    s: Settings, node: NodeReport, peers: dict[str, NodeReport], weights_complete: bool = False
+) -> list[str]:
+    """Reasons this host must not be converged; each names what to fix. ``weights_complete``:
+    the pinned revisions are already verified here, so no free space is needed for them."""
     k, out = s.knobs, []
     if not node.docker:
         out.append("docker is not installed (DGX OS ships it; install docker.io)")
-    if node.disk_free < k.min_disk_free_gib * GIB:
+    if not weights_complete and node.disk_free < k.min_disk_free_gib * GIB:
         out.append(
             f"{node.disk_free / GIB:.1f} GiB free under {k.weights_dir}, need "
             f"{k.min_disk_free_gib:g} GiB (min_disk_free_gib)"

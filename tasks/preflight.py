@@ -5,11 +5,13 @@ anything on it changes."""
 from pyinfra import host, inventory, logger
 from pyinfra.facts.systemd import SystemdStatus
 
-from sparkrig.facts import Node
+from sparkrig.facts import Node, WeightsState
 from sparkrig.operations import refuse
 from sparkrig.pairsecret import pair_secret
 from sparkrig.preflight import describe, node_args, problems, warnings
 from sparkrig.settings import current
+from sparkrig.units import paths
+from sparkrig.weights import Artifact, artifacts
 
 s = current()
 node = host.get_fact(Node, **node_args(s))
@@ -29,7 +31,18 @@ if secret.warning:
     logger.warning(f"{host.print_prefix}{secret.warning}")
 if secret.source:
     logger.info(f"{host.print_prefix}agents' secret: {secret.source}")
-found = problems(s, node, peers) + ([secret.problem] if secret.problem else [])
+# A checkout already complete at the pinned revisions needs no free space for the weights.
+fetcher = f"{paths(s)['bin_dir']}/sparkrig-fetch"
+
+
+def complete_here(art: Artifact) -> bool:
+    held = host.get_fact(WeightsState, fetcher=fetcher, lock=art.remote_lock, dest=art.dest)
+    return held.complete and held.commit == art.commit
+
+
+complete = all(complete_here(art) for art in artifacts(s))
+found = problems(s, node, peers, weights_complete=complete)
+found += [secret.problem] if secret.problem else []
 
 # weights_verify = "full" re-hashes ~181 GiB through the page cache: never beside a serving rank
 # (REFERENCE §1.3: hard power-offs while sha256sum flooded the page cache; §5.2).
