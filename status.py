@@ -6,8 +6,9 @@ and what the start gate handed over), the fabric MTU, the weights' commit and wh
 last written, and MemFree. The head adds the four serving gates (the gate script; a completion
 changes nothing). A rank with anything off fails alone with a message naming it, so the run exits
 non-zero; `--limit worker` reads the workers alone. Nothing on a host changes, ever: the only
-command that is not a read is `printf ... >&2; exit 1`. The watchdog keeps its restart budget in
-memory only, so it is not shown (its journal says each restart)."""
+command that is not a read is `printf ... >&2; exit 1`. The head adds the restarts its supervisor
+and watchdog used in their windows (they write their budget to /run/sparkrig), and MemFree is
+judged against the start gate's floor when a rank is down."""
 
 import shlex
 import time
@@ -19,13 +20,14 @@ from sparkrig.gates import gate_command, gates_passed, parse_gate_lines
 from sparkrig.image import serving_image
 from sparkrig.operations import refuse
 from sparkrig.settings import current
-from sparkrig.status import RankStatus, fact_args, line, problems
+from sparkrig.status import RankStatus, budget_line, budget_problems, fact_args, line, problems
 from sparkrig.units import api_key_file, paths
 
 s = current()
 p = paths(s)
-state = host.get_fact(RankStatus, **fact_args(s, p["env_file"], p["gid_env"]))
-age = time.time() - state.weights_verified
+state = host.get_fact(RankStatus, **fact_args(s, p["env_file"], p["gid_env"], p["run_dir"]))
+now = time.time()
+age = now - state.weights_verified
 verified = f"{age / 3600:.1f} h ago" if state.weights_verified else "never"
 off = problems(s, state, serving_image(s))
 logger.info(f"{host.print_prefix}{line(s, state, verified)}")
@@ -39,6 +41,8 @@ if s.me.is_head:
     logger.info(f"{host.print_prefix}pair gates: {report or 'no answer'}")
     if not (results and gates_passed(results)):
         off.append(f"serving gates: {report or 'no answer from the gate script'}")
+    logger.info(f"{host.print_prefix}pair helpers: {budget_line(state, k.watchdog, now)}")
+    off += budget_problems(state, now)
 
 refuse(
     name="Report what is off on this rank",

@@ -40,6 +40,7 @@ import argparse
 import fcntl
 import hmac
 import http.server
+import json
 import os
 import subprocess
 import sys
@@ -149,6 +150,31 @@ def read_flag(path: str) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def budget_file(helper: str) -> str:
+    """Where the watchdog or supervisor keeps its restart budget for status.py (in /run, like the
+    budget itself, which lives as long as the helper: a fresh helper starts a fresh budget)."""
+    return f"{RUN}/{helper}-restarts.json"
+
+
+def write_budget(helper: str, restarts: list[float], max_restarts: int, window: float) -> None:
+    """The restarts in the window as wall-clock times (the policies count on the monotonic
+    clock), written whole and renamed into place; a failure only loses the report."""
+    now, wall = time.monotonic(), time.time()
+    data = {
+        "restarts": [round(wall - (now - t)) for t in restarts],
+        "max_restarts": max_restarts,
+        "window_s": window,
+    }
+    path = budget_file(helper)
+    try:
+        os.makedirs(RUN, exist_ok=True)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, sort_keys=True) + "\n")
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
 
 
 def mark_pair_down(reason: str) -> None:
@@ -417,6 +443,7 @@ def http_ok(url: str, timeout: float = 10.0) -> bool:
 
 def watchdog(args: argparse.Namespace) -> int:
     policy = WatchdogPolicy(args.fails, args.grace, args.max_restarts, args.window)
+    write_budget("watchdog", policy.restarts, args.max_restarts, args.window)
     gave_up = False
     log(
         f"watchdog for {args.head_unit}: probe every {args.interval:.0f} s after {args.grace:.0f} s"
@@ -433,6 +460,7 @@ def watchdog(args: argparse.Namespace) -> int:
         verdict = policy.observe(now, active, probe_ok, health_ok)
         if verdict == "restart":
             gave_up = False
+            write_budget("watchdog", policy.restarts, args.max_restarts, args.window)
             log("restarting the pair in order")
             restart_pair(args)
         elif verdict == "give-up" and not gave_up:
@@ -518,6 +546,7 @@ def supervise(args: argparse.Namespace) -> int:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     workers = [p for p in args.workers.split(",") if p]
     policy = SupervisorPolicy(args.max_restarts, args.window, settle=args.timeout)
+    write_budget("supervisor", policy.restarts, args.max_restarts, args.window)
     log(
         f"supervisor for {args.head_unit} on {args.listen}: restarts the pair in order when it "
         f"went down by itself and {', '.join(workers)} answer ready"
@@ -537,6 +566,7 @@ def supervise(args: argparse.Namespace) -> int:
         verdict = policy.observe(now, active, went_down, operator, not waiting)
         reason = down_reason(args.head_unit, failed)
         if verdict == "restart":
+            write_budget("supervisor", policy.restarts, args.max_restarts, args.window)
             log(f"the pair went down by itself ({reason}); every worker is back: restarting it")
             restart_pair(args)
             said = ""

@@ -206,14 +206,18 @@ def memfree() -> int:
     return meminfo("MemFree")
 
 
-def memory_floor(min_gib: float | None, utilization: float, margin_gib: float) -> int:
+def memory_floor(
+    min_gib: float | None, utilization: float, margin_gib: float, total: int | None = None
+) -> int:
     """The MemFree a start needs. vLLM's worker refuses to start when free device memory is below
     ceil(total x gpu_memory_utilization) (v1/worker/utils.py request_memory; it ignores
     --kv-cache-memory-bytes), and on GB10 free device memory tracks MemFree: so, unless the
-    operator pinned a floor, utilization x MemTotal plus a margin (MiaAI: + 1.5 GiB)."""
+    operator pinned a floor, utilization x MemTotal plus a margin (MiaAI: + 1.5 GiB).
+    ``total``: MemTotal in bytes (default: read here; status.py passes the one it read)."""
     if min_gib is not None:
         return int(min_gib * GIB)
-    return math.ceil(meminfo("MemTotal") * utilization) + int(margin_gib * GIB)
+    total = meminfo("MemTotal") if total is None else total
+    return math.ceil(total * utilization) + int(margin_gib * GIB)
 
 
 def foreign_holders(own: str | None) -> list[str]:

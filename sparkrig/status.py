@@ -33,11 +33,30 @@ done
 echo "gid_live=$g"
 echo "mtu=$(cat /sys/class/net/{iface}/mtu 2>/dev/null)"
 echo "memfree_kb=$(awk '/^MemFree:/ {{print $2}}' /proc/meminfo)"
+echo "memtotal_kb=$(awk '/^MemTotal:/ {{print $2}}' /proc/meminfo)"
+for h in watchdog supervisor; do
+  [ -f {run_dir}/$h-restarts.json ] && echo "budget_$h=$(tr -d '\n' < {run_dir}/$h-restarts.json)"
+done
 c=$(sed -n 's/^ *"commit": *"\\([0-9a-f]*\\)".*/\\1/p' {lock} 2>/dev/null)
 echo "weights_commit=${{c%%[!0-9a-f]*}}"
 echo "weights_verified=$(stat -c %Y {stamps} 2>/dev/null)"
 echo '{end}'
 """
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A helper's restart budget as it wrote it (files/sparkrig_pair.py write_budget)."""
+
+    restarts: tuple[float, ...] = ()  # wall-clock times of its ordered restarts
+    max_restarts: int = 0
+    window_s: float = 0
+
+    def used(self, now: float) -> int:
+        return sum(1 for t in self.restarts if now - t < self.window_s)
+
+    def text(self, now: float) -> str:
+        return f"{self.used(now)}/{self.max_restarts} in {self.window_s / 3600:g} h"
 
 
 @dataclass(frozen=True)
@@ -53,6 +72,8 @@ class RankState:
     memfree_kb: int = 0
     weights_commit: str = ""
     weights_verified: int = 0  # epoch seconds of the stamp DB's last write, 0 when none
+    memtotal_kb: int = 0
+    budgets: tuple[tuple[str, Budget], ...] = ()  # (helper, budget) of the head's helpers
 
 
 def _int(raw: dict[str, str], key: str) -> int | None:
@@ -65,8 +86,27 @@ def _int(raw: dict[str, str], key: str) -> int | None:
         raise FactProcessError(f"rank status: {key}={text!r} is not an integer") from None
 
 
+def _budget(helper: str, text: str) -> Budget:
+    import json
+
+    try:
+        raw = json.loads(text)
+        return Budget(
+            restarts=tuple(float(x) for x in raw["restarts"]),
+            max_restarts=int(raw["max_restarts"]),
+            window_s=float(raw["window_s"]),
+        )
+    except (ValueError, KeyError, TypeError) as err:
+        raise FactProcessError(f"rank status: {helper}'s restart budget: {err}") from None
+
+
 def parse_rank_state(lines: list[str]) -> RankState:
     raw = parse_key_values(lines, "rank status")
+    budgets = tuple(
+        (key.removeprefix("budget_"), _budget(key.removeprefix("budget_"), value))
+        for key, value in raw.items()
+        if key.startswith("budget_")
+    )
     return RankState(
         active=raw.get("unit_ActiveState", ""),
         sub=raw.get("unit_SubState", ""),
@@ -77,6 +117,8 @@ def parse_rank_state(lines: list[str]) -> RankState:
         gid_handed=_int(raw, "gid_handed"),
         mtu=_int(raw, "mtu") or 0,
         memfree_kb=_int(raw, "memfree_kb") or 0,
+        memtotal_kb=_int(raw, "memtotal_kb") or 0,
+        budgets=budgets,
         weights_commit=raw.get("weights_commit", ""),
         weights_verified=_int(raw, "weights_verified") or 0,
     )
@@ -99,6 +141,7 @@ class RankStatus(FactBase[RankState]):
         iface: str,
         lock: str,
         stamps: str,
+        run_dir: str,
     ) -> StringCommand:
         q = shlex.quote
         script = _SCRIPT.format(
@@ -113,6 +156,7 @@ class RankStatus(FactBase[RankState]):
             iface=q(iface),
             lock=q(lock),
             stamps=q(stamps),
+            run_dir=q(run_dir),
         )
         return StringCommand("sh", "-c", QuoteString(script))
 
@@ -120,7 +164,7 @@ class RankStatus(FactBase[RankState]):
         return parse_rank_state(output)
 
 
-def fact_args(s: Settings, env_file: str, gid_file: str) -> dict[str, Any]:
+def fact_args(s: Settings, env_file: str, gid_file: str, run_dir: str) -> dict[str, Any]:
     k = s.knobs
     return {
         "unit": s.unit_name,
@@ -133,7 +177,28 @@ def fact_args(s: Settings, env_file: str, gid_file: str) -> dict[str, Any]:
         "iface": s.me.fabric_interface,
         "lock": f"{k.config_dir}/model.lock.json",
         "stamps": f"{k.weights_dir}/model.stamps.json",
+        "run_dir": run_dir,
     }
+
+
+def memfree_floor_kb(s: Settings, memtotal_kb: int) -> int:
+    """The MemFree the start gate requires of this rank, in kB: sparkrig-prep's own
+    memory_floor, fed the flags the rank unit gives it (units.memory_gate_args)."""
+    from pathlib import Path
+
+    from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value
+    from sparkrig.scripts import load_script
+    from sparkrig.units import rank_serve_args
+
+    prep = load_script(
+        "sparkrig_prep", Path(__file__).resolve().parents[1] / "files" / "sparkrig_prep.py"
+    )
+    k = s.knobs
+    util = flag_value(rank_serve_args(s), "--gpu-memory-utilization") or GPU_MEMORY_UTILIZATION
+    floor = prep.memory_floor(
+        k.memfree_min_gib, float(util), k.memfree_margin_gib, total=memtotal_kb * 1024
+    )
+    return int(floor) // 1024
 
 
 def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
@@ -152,7 +217,40 @@ def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
         out.append(f"MTU {st.mtu} on {s.me.fabric_interface}, want {k.fabric_mtu}")
     if st.weights_commit != k.model_revision:
         out.append(f"weights {st.weights_commit or 'absent'}, want {k.model_revision}")
+    # A serving rank holds its memory; a rank that is down must find the start gate's floor free,
+    # or its next start is refused (REFERENCE §5.2).
+    floor = memfree_floor_kb(s, st.memtotal_kb) if st.memtotal_kb else 0
+    if st.active != "active" and st.memfree_kb < floor:
+        out.append(
+            f"MemFree {st.memfree_kb / 1024**2:.1f} GiB is below the start gate's floor "
+            f"{floor / 1024**2:.1f} GiB: the rank would refuse to start (sparkrig-prep lists "
+            "what holds the memory)"
+        )
     return out
+
+
+def budget_problems(st: RankState, now: float) -> list[str]:
+    """A helper whose restart budget is spent leaves the pair down for a human."""
+    return [
+        f"the {helper} spent its restart budget ({budget.text(now)}): it restarts nothing more; "
+        "read its journal, then run sudo sparkrig-restart-pair on the head"
+        for helper, budget in st.budgets
+        if budget.max_restarts and budget.used(now) >= budget.max_restarts
+    ]
+
+
+def budget_line(st: RankState, watchdog_on: bool, now: float) -> str:
+    """The head's helpers' restarts used in their windows, for the pair's line."""
+    held = dict(st.budgets)
+    parts = []
+    for helper in ("supervisor", "watchdog"):
+        if helper == "watchdog" and not watchdog_on:
+            parts.append("watchdog off")
+        elif helper in held:
+            parts.append(f"{helper} restarts {held[helper].text(now)}")
+        else:
+            parts.append(f"{helper} restarts unknown (not running)")
+    return "; ".join(parts)
 
 
 def line(s: Settings, st: RankState, verified: str) -> str:
@@ -165,4 +263,9 @@ def line(s: Settings, st: RankState, verified: str) -> str:
         f"image {st.image.rsplit(':', 1)[-1] or '-'} | {gid} | mtu {st.mtu} | "
         f"weights {st.weights_commit[:12] or '-'} verified {verified} | "
         f"MemFree {st.memfree_kb // 1024} MiB"
+        + (
+            f" (start floor {memfree_floor_kb(s, st.memtotal_kb) // 1024} MiB)"
+            if st.memtotal_kb
+            else ""
+        )
     )

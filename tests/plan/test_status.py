@@ -3,11 +3,14 @@ changes a host, non-zero naming what is off, --limit."""
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from tests.plan import fakehosts
 from tests.plan.harness import Run, run
-from tests.plan.test_plan import ACTION, HEAD, INVENTORY, WORKER, converge_state
+from tests.plan.test_plan import ACTION, HEAD, INVENTORY, WORKER, converge_state, settings
 
 
 @pytest.fixture(autouse=True)
@@ -66,3 +69,58 @@ def test_a_bare_rank_is_off(monkeypatch):
     r = status(monkeypatch, "--limit", "worker")
     assert r.exit_code != 0
     assert "sparkrig-worker is inactive/dead" in r.output
+
+
+def rank_lines(short: str, **extra) -> None:
+    """The converged rank's status read, with ``extra`` key=value lines (replacing its own)."""
+    name = f"@fake/{short}"
+    lines = [x for x in fakehosts.converged(settings()[name])[fakehosts.RANK_STATUS]]
+    end = lines.pop()
+    keys = {f"{k}=" for k in extra}
+    lines = [x for x in lines if not any(x.startswith(k) for k in keys)]
+    lines += [f"{k}={v}" for k, v in extra.items()] + [end]
+    fakehosts.inject(short, {fakehosts.RANK_STATUS: lines})
+
+
+def budget(*ages: float, max_restarts: int = 3, window: int = 21600) -> str:
+    now = time.time()
+    return json.dumps({"restarts": [now - a for a in ages], "max_restarts": max_restarts,
+                       "window_s": window})  # fmt: skip
+
+
+def test_the_head_shows_the_restarts_its_helpers_used_in_their_window(monkeypatch):
+    converge_state()
+    rank_lines("spark-a", budget_supervisor=budget(100, 30000))  # one in the window, one before
+    r = status(monkeypatch, "--data", "watchdog=True")
+    assert r.exit_code == 0, r.output
+    only_reads(r)
+    assert "pair helpers: supervisor restarts 1/3 in 6 h; watchdog restarts unknown" in r.output
+
+
+def test_a_spent_restart_budget_is_off(monkeypatch):
+    converge_state()
+    rank_lines("spark-a", budget_supervisor=budget(100, 200, 300))
+    r = status(monkeypatch)
+    assert r.exit_code != 0
+    assert "the supervisor spent its restart budget (3/3 in 6 h)" in r.output
+    assert "pair helpers: supervisor restarts 3/3 in 6 h; watchdog off" in r.output
+
+
+@pytest.mark.parametrize(
+    ("active", "memfree_gib", "off"),
+    [("inactive", 99, True), ("inactive", 101, False), ("active", 10, False)],
+)
+def test_memfree_of_a_down_rank_is_judged_against_the_start_gates_floor(
+    monkeypatch, active, memfree_gib, off
+):
+    converge_state()
+    rank_lines(
+        "spark-b",
+        unit_ActiveState=active,
+        memfree_kb=memfree_gib * 1024**2,
+        memtotal_kb=128 * 1024**2,
+    )
+    r = status(monkeypatch, "--data", "memfree_min_gib=100")  # the gate's floor, pinned
+    said = f"MemFree {memfree_gib:.1f} GiB is below the start gate's floor 100.0 GiB"
+    assert (said in r.output) == off, r.output
+    assert "(start floor 102400 MiB)" in r.output

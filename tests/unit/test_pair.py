@@ -361,3 +361,18 @@ def test_a_worker_without_its_head_in_the_run_asks_the_heads_supervisor(tmp_path
     finally:
         sup.shutdown()
         beacon.shutdown()
+
+
+def test_the_restart_budget_file_is_what_status_reads(monkeypatch, tmp_path):
+    from sparkrig.status import parse_rank_state
+
+    monkeypatch.setattr(pair, "RUN", str(tmp_path))
+    now = time.monotonic()
+    pair.write_budget("supervisor", [now - 30000, now - 100], 3, 21600)
+    text = Path(pair.budget_file("supervisor")).read_text()
+    assert text.endswith("\n") and text.count("\n") == 1  # one line: the status script's value
+    state = parse_rank_state([f"budget_supervisor={text.strip()}", "##SPARKRIG-END##"])
+    ((helper, budget),) = state.budgets
+    assert helper == "supervisor" and budget.max_restarts == 3
+    assert budget.used(time.time()) == 1  # wall-clock times: the older one left the window
+    assert budget.text(time.time()) == "1/3 in 6 h"
