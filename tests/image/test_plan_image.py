@@ -3,6 +3,7 @@ which order, and that a node holding everything gets no image command."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -153,6 +154,10 @@ def test_dry_run_says_what_would_be_pulled_copied_and_built(monkeypatch):
 
 def test_limit_worker_never_touches_the_head(monkeypatch):
     set_image_state(**{"spark-b": {"pulled": False, "patched": False}})
+    # the worker holds its weights (without the head in the run nothing could copy them)
+    complete = {"ok": True, "commit": fakehosts.COMMIT, "total_files": 2, "verified": 2,
+                "files_to_fetch": 0}  # fmt: skip
+    fakeimage.STATE["spark-b"][fakehosts.WEIGHTS_STATE] = json.dumps(complete)
     r = apply(monkeypatch, "--limit", "worker")
     assert r.exit_code == 0, r.output
     assert r.commands.get(HEAD, []) == []
