@@ -16,6 +16,7 @@ drafter_license_accepted = False  # drafter is CC BY-NC-ND 4.0: set True to fetc
 hf_token_file = "~/.cache/huggingface/token"  # on the control machine; copied 0600 to the head
 weights_verify = "quick"  # stamps (quick) or re-hash everything (full: refused while a rank serves)
 lockfile_dir = "locks"  # control-side directory holding <repo>.lock.json lockfiles
+purge_weights = False  # uninstall.py: True removes weights_dir too (kept by default)
 
 # --- install paths on the nodes ---------------------------------------------------------------
 install_dir = "/opt/sparkrig"  # helper programs and patch files

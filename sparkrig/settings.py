@@ -114,6 +114,7 @@ class Knobs(BaseModel):
     agent_port: int = _cluster(ge=1, le=65535)
     pair_token_file: str = _cluster()
     pair_token_rotate: bool = _cluster()
+    purge_weights: bool = _cluster()
 
     @field_validator("model_revision", "drafter_revision")
     @classmethod

@@ -665,3 +665,30 @@ def test_after_every_reboot_order_a_deploy_changes_nothing_and_restarts_nothing(
     after = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
     assert after == before
     print("times to serving:", {k: round(v) for k, v in TIMES.items()})
+
+
+def test_uninstall_leaves_no_sparkrig_and_a_deploy_converges_again(lab: Lab):
+    """Issue 11 item 4: uninstall stops the pair head first and removes what sparkrig owns (the
+    fabric NIC unconfigured again, the weights kept); a deploy then brings the pair back."""
+    head = lab.head
+    r = pyinfra("-y", INV, "uninstall.py")
+    assert r.rc == 0, r.output[-4000:]
+    for g in lab.guests:
+        left = g.sh(
+            "ls -d /etc/sparkrig /opt/sparkrig /etc/sysctl.d/90-sparkrig.conf "
+            "/etc/netplan/60-sparkrig-fabric.yaml /etc/systemd/system/sparkrig-* 2>/dev/null; "
+            "docker image ls --quiet sparkrig/vllm-glm53; true"
+        )
+        assert left.strip() == "", f"{g.name}: {left}"
+        assert g.sh(f"ip -o -4 addr show dev {g.fabric_interface}").strip() == "", g.name
+        assert g.sh("ls /var/lib/sparkrig/models").strip(), f"{g.name}: the weights went"
+        assert g.sh("systemctl is-active sparkrig-head sparkrig-worker || true").split() == [
+            "inactive",
+            "inactive",
+        ]
+    r = pyinfra("-y", INV, "deploy.py", timeout=5400)
+    assert r.rc == 0, r.output[-4000:]
+    assert serving(head)
+    r = pyinfra("-y", "--json", INV, "deploy.py")
+    assert r.rc == 0, r.output[-4000:]
+    assert changed_ops(r.stdout) == {}

@@ -172,6 +172,7 @@ def bare(ip: str) -> dict[Any, Any]:
         rf"^install -m 600 -o root -g root /dev/null {OURS}$",
         rf"^mv -f {OURS} {OURS}$",  # secret_file: the 0600 temp file renamed over the secret
         rf"^rm -f {OURS}$",
+        rf"^rm -rf {OURS}$",  # uninstall.py removes sparkrig's directories
         r"^systemctl (start|stop|enable|disable|restart) sparkrig-[\w-]+(\.service)?$",
         r"^systemctl daemon-reload$",
         SYSCTL, NETPLAN_GENERATE, NM_RELOAD, NM_UP, DISPLACE, PING,

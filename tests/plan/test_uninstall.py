@@ -1,0 +1,90 @@
+"""uninstall.py through the real CLI against strict @fake hosts: the pair stops head first, every
+file sparkrig owns goes, the fabric connection is dropped the way the deploy applies it, the
+weights stay unless purge_weights, --dry changes nothing, and a bare node is left alone."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.plan import fakehosts
+from tests.plan.harness import Run, run
+from tests.plan.test_plan import HEAD, INVENTORY, WORKER, converge_state, position
+
+WEIGHTS = "/var/lib/sparkrig/models"
+OWNED = [
+    "/etc/systemd/system/sparkrig-head.service",
+    "/etc/systemd/system/sparkrig-pair.service",
+    "/etc/sysctl.d/90-sparkrig.conf",
+    "/etc/netplan/60-sparkrig-fabric.yaml",
+]
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    fakehosts.STATE.clear()
+    yield
+    fakehosts.STATE.clear()
+
+
+def uninstall(monkeypatch, *extra: str) -> Run:
+    return run([*extra, INVENTORY, "uninstall.py"], monkeypatch)
+
+
+def test_uninstall_stops_the_head_first_and_removes_what_sparkrig_owns(monkeypatch):
+    converge_state()
+    r = uninstall(monkeypatch, "-y")
+    assert r.exit_code == 0, r.output
+    head, worker = r.commands[HEAD], r.commands[WORKER]
+    stop_head = position(r, "Stop the head rank (the workers follow)")
+    assert position(r, "Stop the head's supervisor and watchdog") < stop_head
+    assert stop_head < position(r, "Stop the worker ranks")
+    assert head.index("systemctl stop sparkrig-supervisor.service") < head.index(
+        "systemctl stop sparkrig-head.service"
+    )
+    assert "systemctl stop sparkrig-worker.service" in worker
+    for path in OWNED:
+        assert f"rm -f {path}" in head, path
+    assert "rm -f /etc/systemd/system/sparkrig-agent.service" in worker
+    # the fabric as tasks/fabric.py applies it: generate + reload, never `netplan apply`
+    for cmds in (head, worker):
+        netplan = cmds.index("rm -f /etc/netplan/60-sparkrig-fabric.yaml")
+        assert netplan < cmds.index("netplan generate") < cmds.index("nmcli connection reload")
+        assert not any(c.startswith("netplan apply") for c in cmds)
+        for directory in ("/etc/sparkrig", "/opt/sparkrig", "/var/lib/sparkrig/cache"):
+            assert f"rm -rf {directory}" in cmds, directory
+        assert f"rm -rf {WEIGHTS}" not in cmds  # the weights stay
+        assert any(fakehosts.PRUNE.search(c) for c in cmds)  # the sparkrig images go
+    assert f"weights kept in {WEIGHTS}" in r.output
+    base = f"docker image rm {fakehosts.IMAGE} >/dev/null"
+    assert any(c.startswith(base) for c in head)  # the head pulled it by digest
+    assert not any(c.startswith(base) for c in worker)  # the worker's copy had only our tags
+    assert head.index("systemctl stop sparkrig-head.service") < head.index(
+        next(c for c in head if c.startswith(base))
+    )
+
+
+def test_purge_weights_removes_them_too(monkeypatch):
+    converge_state()
+    r = uninstall(monkeypatch, "-y", "--data", "purge_weights=True")
+    assert r.exit_code == 0, r.output
+    for name in (HEAD, WORKER):
+        assert f"rm -rf {WEIGHTS}" in r.commands[name]
+
+
+def test_dry_diff_shows_the_removals_and_changes_nothing(monkeypatch):
+    converge_state()
+    r = uninstall(monkeypatch, "--dry", "--diff")
+    assert r.exit_code == 0, r.output
+    assert "Remove the fabric netplan file" in " ".join(r.changed_ops[HEAD])
+    acting = re.compile(
+        r"^(systemctl (stop|disable|daemon-reload)|rm |netplan|nmcli|docker image rm)"
+    )
+    assert not [c for cmds in r.commands.values() for c in cmds if acting.search(c)]
+
+
+def test_a_bare_node_is_left_alone(monkeypatch):
+    r = uninstall(monkeypatch, "-y")
+    assert r.exit_code == 0, r.output
+    assert r.changed_ops == {}, r.changed_ops

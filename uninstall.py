@@ -1,0 +1,100 @@
+"""`pyinfra inventory.py uninstall.py`: take sparkrig off every rank. `--dry --diff` shows it.
+
+The pair stops in order (the head's supervisor and watchdog first, so nothing restarts it, then
+the head, then the workers, as the README's stop order says). Then everything sparkrig owns goes:
+its units, env and secret files, lockfiles, the sysctl.d file, the fabric netplan file (then the
+fabric profiles are generated and reloaded the way tasks/fabric.py applies them, so
+NetworkManager drops sparkrig's connection and the NIC is unconfigured again), the helper programs
+under install_dir, the JIT caches and the image transfer directory, every image of image_repo and
+the base image the head pulled. The weights stay unless `--data purge_weights=True`. Files that
+fabric_takeover moved aside stay where they are (/var/lib/sparkrig/displaced), for the operator
+to move back. Live sysctl values stay until the next boot. A deploy afterwards converges again."""
+
+from pyinfra import host, logger
+from pyinfra.operations import files, server, systemd
+
+from sparkrig.image import ImageState, patched_tag, prune_commands, prune_old_images
+from sparkrig.preflight import DISPLACED_DIR
+from sparkrig.settings import current
+from sparkrig.units import paths
+
+s = current()
+k = s.knobs
+p = paths(s)
+is_head = s.me.is_head
+
+# Every operation exists on every host (acting only where its condition holds), so the
+# per-operation barrier orders the stop across hosts: helpers, head, workers.
+for helper in host.loop(["sparkrig-supervisor", "sparkrig-watchdog"]):
+    systemd.service(
+        name="Stop the head's supervisor and watchdog",
+        service=helper,
+        running=False,
+        enabled=False,
+        _if=lambda: is_head,
+    )
+systemd.service(
+    name="Stop the head rank (the workers follow)",
+    service=s.unit_name,
+    running=False,
+    enabled=False,
+    _if=lambda: is_head,
+)
+systemd.service(
+    name="Stop the worker ranks",
+    service=s.unit_name,
+    running=False,
+    enabled=False,
+    _if=lambda: not is_head,
+)
+for helper in host.loop(["sparkrig-pair", "sparkrig-agent"]):
+    systemd.service(name="Stop the stop-together watch and the agent", service=helper,
+                    running=False, enabled=False)  # fmt: skip
+
+units = [p[u] for u in ("rank_unit", "pair_unit", "agent_unit", "supervisor_unit", "watchdog_unit")]
+removed = [
+    files.file(name="Remove the sparkrig units", path=unit, present=False)
+    for unit in host.loop(units)
+]
+systemd.daemon_reload(
+    name="Reload systemd after the units went", _if=lambda: any(r.did_change() for r in removed)
+)
+
+files.file(name="Remove the sparkrig sysctl file", path="/etc/sysctl.d/90-sparkrig.conf",
+           present=False)  # fmt: skip
+netplan = files.file(
+    name="Remove the fabric netplan file", path=k.fabric_netplan_file, present=False
+)
+# As tasks/fabric.py applies it (never `netplan apply`): render, let NetworkManager re-read; the
+# fabric's netplan profile is gone, and deleting an active profile takes its device down (an active
+# device must always have a profile: linux-system-roles/network#35), so the NIC is unconfigured.
+server.shell(
+    name="Let NetworkManager drop the fabric connection",
+    commands=["netplan generate", "nmcli connection reload"],
+    _if=netplan.did_change,
+)
+
+prune_old_images(
+    name="Remove every image of the sparkrig image repository", image_repo=k.image_repo, keep=[]
+)
+# The head pulled the base by its digest: that reference keeps it after its local tag is gone.
+assert k.base_image is not None  # settings refuse a missing base_image
+base = k.base_image
+tag = patched_tag(base, k.image_skip_patches)
+pulled = host.get_fact(ImageState, image_repo=k.image_repo, base_image=base, tag=tag).ref
+server.shell(
+    name="Remove the base image pulled by its digest",
+    commands=prune_commands([base], keep=[]),
+    _if=lambda: pulled is not None,
+)
+
+gone = [k.config_dir, k.install_dir, k.cache_dir, k.image_transfer_dir, p["run_dir"]]
+if k.purge_weights:
+    gone.append(k.weights_dir)
+for directory in host.loop(gone):
+    files.directory(name="Remove the sparkrig directories", path=directory, present=False)
+if not k.purge_weights:
+    logger.info(
+        f"{host.print_prefix}weights kept in {k.weights_dir} (purge_weights=True removes them)"
+    )
+logger.info(f"{host.print_prefix}kept: {DISPLACED_DIR}, what fabric_takeover moved aside")
