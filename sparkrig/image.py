@@ -30,6 +30,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError, OperationValueError
 
+from sparkrig import hoststate
 from sparkrig.facts import END, parse_key_values
 from sparkrig.imagehash import base_digest, context_files, image_ref, image_tag
 from sparkrig.operations import fail_host
@@ -461,7 +462,7 @@ def base_image_pulled(
     if not puller:
         host.noop("only the head pulls from the registry; this node copies from the head")
         return
-    report = host.get_fact(ImageState, image_repo=image_repo, base_image=base_image, tag=tag)
+    report = hoststate.mine().image_of(image_repo=image_repo, base_image=base_image, tag=tag)
     local = local_base(image_repo, base_image)
     if report.pulled(base_image):
         host.noop(f"{local} is {base_image} (pulled by digest)")
@@ -541,7 +542,7 @@ def base_image_loaded(
     if source is None:
         host.noop("the head pulls the base image itself")
         return
-    report = host.get_fact(ImageState, image_repo=image_repo, base_image=base_image, tag=tag)
+    report = hoststate.mine().image_of(image_repo=image_repo, base_image=base_image, tag=tag)
     local = local_base(image_repo, base_image)
     if report.base_ok(base_image):
         host.noop(f"{local} is present ({len(report.base.layers) if report.base else 0} layers)")
@@ -591,7 +592,7 @@ def patched_image_built(
     + skip_patches: patch names the build skips on purpose (SPARKRIG_SKIP_PATCHES)
     + files_dir: local files/ holding the Dockerfile and patches
     """
-    report = host.get_fact(ImageState, image_repo=image_repo, base_image=base_image, tag=tag)
+    report = hoststate.mine().image_of(image_repo=image_repo, base_image=base_image, tag=tag)
     ref = image_ref(image_repo, tag)
     if report.patched is not None:
         host.noop(f"{ref} is present")
@@ -616,7 +617,7 @@ def prune_old_images(image_repo: str, keep: list[str]) -> Generator[Any, None, N
     + image_repo: local repository of sparkrig images
     + keep: references to keep (``images_to_keep``: the serving image and its local base)
     """
-    tags = host.get_fact(RepoTags, image_repo=image_repo)
+    tags = hoststate.mine().repo_tags(image_repo)
     commands = prune_commands(tags, keep)
     if not commands:
         host.noop(f"no old {image_repo} image")

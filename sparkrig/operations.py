@@ -3,21 +3,26 @@ says why), diff-aware, and taking explicit arguments (never ``host.data``)."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shlex
 from collections.abc import Callable, Generator, Mapping
-from io import StringIO
+from io import BytesIO
 from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.operation import OperationMeta
+from pyinfra.api.output import format_text
 from pyinfra.context import ctx_state
-from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.files import FileContents
 from pyinfra.facts.server import Command
-from pyinfra.operations import files, systemd
+from pyinfra.operations.util import files as file_utils
+from pyinfra.operations.util.files import generate_color_diff
 
-from sparkrig.facts import GidNotFound, RoceGids, WeightsState, select_gid
+from sparkrig import hoststate
+from sparkrig.facts import GidNotFound, select_gid
 from sparkrig.gates import gates_passed, parse_gate_lines
 from sparkrig.render import render
 
@@ -55,15 +60,158 @@ def put_text(
     """
     Own a whole file with the given content (diffed under ``--diff``, even when new).
 
+    Decided from the host's state read (sha256, mode, owner), never a per-file fact.
+
     + text: the complete file content
     + dest: remote path; its directory must already exist (so the diff is shown on creation)
     + mode: octal permissions
     + user: owner
     + group: group
     """
-    yield from files.put._inner(
-        src=StringIO(text), dest=dest, mode=mode, user=user, group=group, create_remote_dir=False
-    )
+    yield from owned_put(text.encode(), dest, mode, user, group)
+
+
+def owned_put(
+    data: bytes, dest: str, mode: str, user: str, group: str, secret: bool = False
+) -> Generator[Any, None, None]:
+    """What pyinfra's ``files.put`` does for a file in the state read: upload (then chown and
+    chmod) when absent or its sha256 differs, else fix mode and owner; the same ``--diff``
+    output ("Will create"/"Will modify" and a unified diff, mode and chown lines). The current
+    content of a differing file is read (one command) only under ``--diff``. ``secret``: never
+    diffed, written 0600 beside ``dest`` and renamed over it."""
+    have = hoststate.mine().file(dest)
+    want_mode = int(mode)
+    diff = host.state.config.DIFF
+    if have is not None and have.kind == "file" and have.sha256 == hashlib.sha256(data).hexdigest():
+        changed = False
+        if have.mode != want_mode:
+            if diff and not secret:
+                logger.info("mode %s", format_text(str(have.mode), "red"))
+                logger.info("mode %s", format_text(str(want_mode), "green"))
+            yield file_utils.chmod(dest, want_mode)
+            changed = True
+        if have.user != user or have.group != group:
+            if diff and not secret:
+                logger.info("chown %s:%s", have.user, have.group)
+                logger.info("chown %s:%s", user, group)
+            yield file_utils.chown(dest, user, group)
+            changed = True
+        if not changed:
+            host.noop(f"file {dest} is already uploaded" + (" (content not shown)" * secret))
+        return
+    if secret:
+        logger.info(f"{host.print_prefix}Will write {dest} (secret: content not shown)")
+        # Written beside dest, 0600 before a byte lands in it, then renamed over dest in one
+        # step: a failed upload leaves the old secret (or none), never an empty or partial one.
+        tmp = secret_temp(dest)
+        yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(tmp))
+        yield FileUploadCommand(BytesIO(data), tmp)
+        yield StringCommand("mv -f", QuoteString(tmp), QuoteString(dest))
+        return
+    if diff:
+        current: list[str] = []
+        if have is None:
+            host.log(f"Will create {format_text(dest, bold=True)}", logger.info)
+        else:
+            host.log(f"Will modify {format_text(dest, bold=True)}", logger.info)
+            current = [line + "\n" for line in host.get_fact(FileContents, path=dest) or []]
+        try:
+            desired = data.decode().splitlines(keepends=True)
+            for line in generate_color_diff(current, desired):
+                logger.info("  %s", line)
+        except UnicodeDecodeError:
+            logger.info("Binary file uploaded")
+        logger.info("")
+    yield FileUploadCommand(BytesIO(data), dest, remote_temp_filename=host.get_temp_filename(dest))
+    yield file_utils.chown(dest, user, group)
+    yield file_utils.chmod(dest, want_mode)
+
+
+@operation()
+def owned_directory(
+    path: str, mode: str = "755", user: str = "root", group: str = "root"
+) -> Generator[Any, None, None]:
+    """
+    A directory sparkrig creates, decided from the host's state read (``files.directory``'s
+    commands: mkdir, chmod, chown).
+
+    + path: remote path
+    + mode: octal permissions
+    + user: owner
+    + group: group
+    """
+    have = hoststate.mine().dir(path)
+    want_mode = int(mode)
+    if have is None:
+        yield StringCommand("mkdir", "-p", QuoteString(path))
+        yield file_utils.chmod(path, want_mode)
+        yield file_utils.chown(path, user, group)
+        return
+    if have.kind != "dir":
+        yield fail_host(f"{path} exists and is not a directory ({have.kind})")
+        return
+    changed = False
+    if have.mode != want_mode:
+        yield file_utils.chmod(path, want_mode)
+        changed = True
+    if have.user != user or have.group != group:
+        yield file_utils.chown(path, user, group)
+        changed = True
+    if not changed:
+        host.noop(f"directory {path} already exists")
+
+
+@operation()
+def owned_file_absent(path: str) -> Generator[Any, None, None]:
+    """
+    Remove a file sparkrig owned (decided from the host's state read).
+
+    + path: remote path
+    """
+    if hoststate.mine().file(path) is None:
+        host.noop(f"file {path} does not exist")
+        return
+    yield StringCommand("rm", "-f", QuoteString(path))
+
+
+@operation()
+def service(
+    service: str,
+    running: bool | None = None,
+    enabled: bool | None = None,
+    restarted: bool = False,
+    daemon_reload: bool = False,
+) -> Generator[Any, None, None]:
+    """
+    A systemd unit of this deploy, as ``systemd.service`` does it (same commands and no-op
+    reasons), decided from the host's state read instead of two facts per operation.
+
+    + service: unit name (``.service`` added when missing)
+    + running: start (True) or stop (False) it; None leaves it
+    + enabled: enable (True) or disable (False) it; None leaves it
+    + restarted: restart it when it runs
+    + daemon_reload: ``systemctl daemon-reload`` first
+    """
+    name = service if "." in service else f"{service}.service"
+    is_running, is_enabled = hoststate.mine().unit(name)
+    if daemon_reload:
+        yield StringCommand("systemctl", "daemon-reload")
+    if running is False:
+        if is_running:
+            yield StringCommand("systemctl", "stop", QuoteString(name))
+        else:
+            host.noop(f"service {name} is stopped")
+    if running is True:
+        if not is_running:
+            yield StringCommand("systemctl", "start", QuoteString(name))
+        else:
+            host.noop(f"service {name} is running")
+    if restarted and is_running:
+        yield StringCommand("systemctl", "restart", QuoteString(name))
+    if enabled is True and not is_enabled:
+        yield StringCommand("systemctl", "enable", QuoteString(name))
+    elif enabled is False and is_enabled:
+        yield StringCommand("systemctl", "disable", QuoteString(name))
 
 
 @operation()
@@ -91,7 +239,7 @@ def rank_env_file(
     + roce_device: RDMA device to use; ``None`` detects it from the GID table
     + roce_port: HCA port
     """
-    entries = host.get_fact(RoceGids)
+    entries = list(hoststate.mine().gids)
     try:
         entry = select_gid(entries, fabric_ip, fabric_interface, roce_device, roce_port)
         hca, index = entry.device, str(entry.index)
@@ -284,7 +432,7 @@ def weights_present(
     + source_absent: non-empty when the source is not in this run (the head, under --limit
       worker): fail with this as the reason instead of fetching from no one
     """
-    state = host.get_fact(WeightsState, fetcher=fetcher, lock=lock, dest=dest)
+    state = hoststate.mine().weights_of(lock)
     current = state.ok and state.commit == commit
     if current and state.complete:
         host.noop(f"{dest}: all {state.total_files} files of {commit[:12]} verified")
@@ -352,22 +500,7 @@ def secret_file(text: str, dest: str) -> Generator[Any, None, None]:
     + text: the content
     + dest: remote path (directory must exist)
     """
-    import hashlib
-
-    want = hashlib.sha1(text.encode()).hexdigest()
-    have = host.get_fact(Sha1File, path=dest)
-    info = host.get_fact(File, path=dest)
-    mode = info["mode"] if info else None
-    if have == want and mode == 600:
-        host.noop(f"{dest} is up to date (content not shown)")
-        return
-    logger.info(f"{host.print_prefix}Will write {dest} (secret: content not shown)")
-    # Written beside dest, 0600 before a byte lands in it, then renamed over dest in one step:
-    # a failed upload leaves the old secret (or none), never an empty or partial one.
-    tmp = secret_temp(dest)
-    yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(tmp))
-    yield FileUploadCommand(StringIO(text), tmp)
-    yield StringCommand("mv -f", QuoteString(tmp), QuoteString(dest))
+    yield from owned_put(text.encode(), dest, "600", "root", "root", secret=True)
 
 
 def secret_temp(dest: str) -> str:
@@ -383,26 +516,29 @@ def program(src: str, dest: str) -> Generator[Any, None, None]:
     + src: local path under files/
     + dest: remote path
     """
-    yield from files.put._inner(
-        src=src, dest=dest, user="root", group="root", mode="755", create_remote_dir=False
-    )
+    with open(os.path.join(host.state.cwd or "", src), "rb") as f:
+        data = f.read()
+    yield from owned_put(data, dest, "755", "root", "root")
 
 
-def keep_helper_running(service: str, changed: Callable[[], bool]) -> None:
-    """Two operations for a sparkrig helper unit (agent, watchdog): (re)start it after its unit
-    or program changed, and keep it enabled and running otherwise."""
-    systemd.service(
-        name="Restart a sparkrig helper after its unit or program changed",
-        service=service,
+HELPERS = {
+    "sparkrig-agent": "the worker agent",
+    "sparkrig-supervisor": "the pair supervisor",
+    "sparkrig-watchdog": "the watchdog",
+}
+
+
+def keep_helper_running(unit: str, changed: Callable[[], bool]) -> None:
+    """Two operations for a sparkrig helper unit (``HELPERS``), named after it: (re)start it after
+    its unit or program changed, and keep it enabled and running otherwise."""
+    what = HELPERS[unit]
+    service(
+        name=f"Restart {what} after its unit or program changed",
+        service=unit,
         running=True,
         enabled=True,
         restarted=True,
         daemon_reload=True,
         _if=changed,
     )
-    systemd.service(
-        name="Keep a sparkrig helper enabled and running",
-        service=service,
-        running=True,
-        enabled=True,
-    )
+    service(name=f"Keep {what} enabled and running", service=unit, running=True, enabled=True)

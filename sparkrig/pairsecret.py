@@ -103,20 +103,20 @@ def pair_secret(s: Settings) -> PairSecret:
     from pyinfra import host
     from pyinfra.context import ctx_state
 
-    from sparkrig.facts import PairSecretFile
-    from sparkrig.units import paths
+    from sparkrig import hoststate
+    from sparkrig.settings import for_inventory
 
     state = ctx_state.get()
     if _DECIDED and _DECIDED[0][0] is state:
         return _DECIDED[0][1]
     inventory = host.inventory
-    path = paths(s)["pair_token"]
+    everyone = for_inventory(inventory)
     held: dict[str, str] = {}
     missing: list[str] = []
     for rank in s.ranks:
         other = inventory.get_host(rank.name)
         if state.is_host_in_limit(other):
-            held[rank.name] = other.get_fact(PairSecretFile, path=path)
+            held[rank.name] = hoststate.read(everyone[rank.name]).pair_secret
         else:
             missing.append(rank.name)
     k = s.knobs

@@ -3,10 +3,9 @@ NetworkManager as on DGX OS), applied to the fabric connection alone when it or 
 drifted, proved with do-not-fragment pings between every pair of ranks; then the rank's env file
 with the RoCE v2 GID index read from sysfs."""
 
-from pyinfra import host
 from pyinfra.operations import server
 
-from sparkrig.facts import Node
+from sparkrig import hoststate
 from sparkrig.operations import (
     displace_claims,
     fabric_path,
@@ -14,7 +13,7 @@ from sparkrig.operations import (
     put_text,
     rank_env_file,
 )
-from sparkrig.preflight import DISPLACED_DIR, node_args
+from sparkrig.preflight import DISPLACED_DIR
 from sparkrig.render import render
 from sparkrig.settings import current
 from sparkrig.units import base_context, env_context, paths
@@ -22,7 +21,7 @@ from sparkrig.units import base_context, env_context, paths
 s = current()
 k = s.knobs
 iface, address = s.me.fabric_interface, s.me.fabric_address.with_prefixlen
-node = host.get_fact(Node, **node_args(s))
+node = hoststate.read(s).node
 
 # preflight refused these unless fabric_takeover is set
 takeover = displace_claims(

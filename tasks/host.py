@@ -2,18 +2,17 @@
 owns, applied at once; the start gate that drops caches and checks MemFree before every start."""
 
 from pyinfra import host
-from pyinfra.operations import files, server
+from pyinfra.operations import server
 
-from sparkrig.facts import Node
-from sparkrig.operations import program, put_text
-from sparkrig.preflight import node_args
+from sparkrig import hoststate
+from sparkrig.operations import owned_directory, program, put_text
 from sparkrig.render import render
 from sparkrig.settings import current
 from sparkrig.units import paths
 
 s = current()
 k = s.knobs
-node = host.get_fact(Node, **node_args(s))
+node = hoststate.read(s).node
 sysctl_file = "/etc/sysctl.d/90-sparkrig.conf"
 
 sysctl = put_text(
@@ -31,9 +30,7 @@ server.shell(
 )
 
 for directory in host.loop([k.install_dir, paths(s)["bin_dir"], k.config_dir]):
-    files.directory(
-        name="Create sparkrig directories", path=directory, user="root", group="root", mode="755"
-    )
+    owned_directory(name="Create sparkrig directories", path=directory, mode="755")
 program(
     name="Install the start gate (drop caches, MemFree, fabric and GID check)",
     src="files/sparkrig_prep.py",

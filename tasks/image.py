@@ -7,9 +7,9 @@ fabric address while the workers copy it (their layers checked against the head'
 
 from pyinfra import host, inventory, state
 
+from sparkrig import hoststate
 from sparkrig.image import (
     ImageReport,
-    ImageState,
     base_image_loaded,
     base_image_pulled,
     base_image_served,
@@ -19,7 +19,7 @@ from sparkrig.image import (
     patched_image_built,
     patched_tag,
 )
-from sparkrig.settings import current
+from sparkrig.settings import current, for_inventory
 from sparkrig.units import paths
 
 s = current()
@@ -31,8 +31,8 @@ is_head = s.me.is_head
 
 
 def _state(name: str) -> ImageReport:
-    return inventory.get_host(name).get_fact(
-        ImageState, image_repo=k.image_repo, base_image=base, tag=tag
+    return hoststate.read(for_inventory(inventory)[name]).image_of(
+        image_repo=k.image_repo, base_image=base, tag=tag
     )
 
 

@@ -3,23 +3,20 @@ command reaches a host), report each node, and refuse a host that cannot be conv
 anything on it changes."""
 
 from pyinfra import host, inventory, logger
-from pyinfra.facts.systemd import SystemdStatus
 
-from sparkrig.facts import Node, WeightsState
+from sparkrig import hoststate
 from sparkrig.operations import refuse
 from sparkrig.pairsecret import pair_secret
-from sparkrig.preflight import describe, node_args, problems, warnings
-from sparkrig.settings import current
-from sparkrig.units import paths
+from sparkrig.preflight import describe, problems, warnings
+from sparkrig.settings import current, for_inventory
 from sparkrig.weights import Artifact, artifacts
 
 s = current()
-node = host.get_fact(Node, **node_args(s))
+node = hoststate.read(s).node  # this host's one state read, kept for every phase
 peers = {}
 if s.me.is_head:  # the head compares itself with every worker (drivers, vm.min_free_kbytes)
-    peers = {
-        w.name: inventory.get_host(w.name).get_fact(Node, **node_args(s, w)) for w in s.workers
-    }
+    everyone = for_inventory(inventory)
+    peers = {w.name: hoststate.read(everyone[w.name]).node for w in s.workers}
 
 logger.info(f"{host.print_prefix}rank {s.me.rank}: {describe(node)}")
 for warning in warnings(s, node, peers):
@@ -31,12 +28,11 @@ if secret.warning:
     logger.warning(f"{host.print_prefix}{secret.warning}")
 if secret.source:
     logger.info(f"{host.print_prefix}agents' secret: {secret.source}")
+
+
 # A checkout already complete at the pinned revisions needs no free space for the weights.
-fetcher = f"{paths(s)['bin_dir']}/sparkrig-fetch"
-
-
 def complete_here(art: Artifact) -> bool:
-    held = host.get_fact(WeightsState, fetcher=fetcher, lock=art.remote_lock, dest=art.dest)
+    held = hoststate.read(s).weights_of(art.remote_lock)
     return held.complete and held.commit == art.commit
 
 
@@ -48,7 +44,7 @@ found += [secret.problem] if secret.problem else []
 # (REFERENCE §1.3: hard power-offs while sha256sum flooded the page cache; §5.2).
 if s.knobs.weights_verify == "full":
     unit = f"{s.unit_name}.service"
-    if host.get_fact(SystemdStatus, services=[unit]).get(unit):
+    if hoststate.read(s).unit(unit)[0]:
         found.append(
             f"weights_verify = 'full' re-hashes every weights file through the page cache and "
             f"{unit} is serving: stop the pair first (on the head: `sudo systemctl stop "

@@ -7,17 +7,19 @@ head's supervisor for the ordered restart, so the pair serves again at the end o
 import shlex
 
 from pyinfra import host, inventory, logger
-from pyinfra.facts.systemd import SystemdStatus
-from pyinfra.operations import files, server, systemd
+from pyinfra.operations import server, systemd
 
+from sparkrig import hoststate
 from sparkrig.image import serving_image
 from sparkrig.operations import (
     keep_helper_running,
     note_restart_trigger,
+    owned_file_absent,
     pair_restart_needed,
     program,
     put_text,
     secret_file,
+    service,
     wait_for_ranks,
 )
 from sparkrig.pairsecret import pair_secret
@@ -139,20 +141,18 @@ else:
             dest=p["watchdog_unit"],
         )
     else:
-        systemd.service(
+        service(
             name="Stop the watchdog while it is switched off",
             service="sparkrig-watchdog",
             running=False,
             enabled=False,
         )
-        files.file(
-            name="Remove the watchdog unit while it is switched off",
-            path=p["watchdog_unit"],
-            present=False,
+        owned_file_absent(
+            name="Remove the watchdog unit while it is switched off", path=p["watchdog_unit"]
         )
 
 # The stop-together watch runs beside a live rank: a new program restarts the watch, not the rank.
-systemd.service(
+service(
     name="Restart the stop-together watch after its program changed",
     service="sparkrig-pair",
     restarted=True,
@@ -164,8 +164,7 @@ systemd.service(
 # them: stop every rank together, start the workers, wait for their containers, start the head.
 is_head = s.me.is_head
 watchdog_on = k.watchdog
-rank_status = host.get_fact(SystemdStatus, services=[f"{s.unit_name}.service"])
-rank_active = bool(rank_status.get(f"{s.unit_name}.service"))
+rank_active, _ = hoststate.read(s).unit(s.unit_name)
 head_active = is_head and rank_active
 # --limit worker: the head is not in this run. The worker then leaves its rank to the head's
 # supervisor (an authenticated request below); anything needing the head is skipped, and said so.
@@ -176,19 +175,19 @@ if not head_in_run:
         "of its supervisor; the NCCL smoke test and the serving gates are skipped, and so is "
         "the image prune: run `pyinfra inventory.py deploy.py` with the head (no --limit) for them"
     )
-systemd.service(
+service(
     name="Pause the watchdog during an ordered pair restart",
     service="sparkrig-watchdog",
     running=False,
     _if=lambda: is_head and watchdog_on and restart(),
 )
-systemd.service(
+service(
     name="Pause the supervisor during the deploy's pair start",
     service="sparkrig-supervisor",
     running=False,
     _if=lambda: is_head and (restart() or not head_active),
 )
-systemd.service(
+service(
     name="Stop every rank for an ordered pair restart",
     service=s.unit_name,
     running=False,
@@ -220,7 +219,7 @@ server.shell(
     ],
     _if=lambda: smoke and not is_head and (restart() or not rank_active),
 )
-systemd.service(
+service(
     name="Start the worker rank",
     service=s.unit_name,
     running=True,
@@ -248,7 +247,7 @@ wait_for_ranks(
     timeout=k.pair_grace_s,
     _if=lambda: is_head and (restart() or not head_active),
 )
-systemd.service(
+service(
     name="Start the head rank",
     service=s.unit_name,
     running=True,

@@ -7,9 +7,9 @@ pruned only after the gates passed.
 Every operation exists on every host (acting only where its condition holds), so all hosts share
 one sequence and the per-operation barrier keeps the prune behind the gates."""
 
-from pyinfra import host, inventory, state
-from pyinfra.facts.systemd import SystemdStatus
+from pyinfra import inventory, state
 
+from sparkrig import hoststate
 from sparkrig.gates import gate_command, wait_command
 from sparkrig.image import images_to_keep, prune_old_images
 from sparkrig.operations import pair_restart_needed, serving_gates, wait_until_serving
@@ -20,8 +20,7 @@ s = current()
 k = s.knobs
 is_head = s.me.is_head
 
-status = host.get_fact(SystemdStatus, services=[f"{s.unit_name}.service"])
-was_running = bool(status.get(f"{s.unit_name}.service"))
+was_running, _ = hoststate.read(s).unit(s.unit_name)
 restart = pair_restart_needed()
 wait_until_serving(
     name="Wait for the head's API to finish booting",

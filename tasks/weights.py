@@ -6,11 +6,12 @@ the head over the fabric (the head serves its verified directory read-only for t
 nothing crosses the internet twice. Re-runs confirm the files from stamps in well under a second."""
 
 from pyinfra import host, inventory, state
-from pyinfra.operations import files, server
+from pyinfra.operations import server
 
-from sparkrig.facts import WeightsState
+from sparkrig import hoststate
 from sparkrig.operations import (
     note_restart_trigger,
+    owned_directory,
     program,
     put_text,
     secret_file,
@@ -18,7 +19,7 @@ from sparkrig.operations import (
     weights_present,
     weights_rehashed,
 )
-from sparkrig.settings import current
+from sparkrig.settings import current, for_inventory
 from sparkrig.units import paths
 from sparkrig.weights import artifacts, token_text
 
@@ -28,13 +29,7 @@ p = paths(s)
 fetcher = f"{p['bin_dir']}/sparkrig-fetch"
 
 for directory in host.loop([k.weights_dir, k.cache_dir]):
-    files.directory(
-        name="Create the weights and cache directories",
-        path=directory,
-        user="root",
-        group="root",
-        mode="755",
-    )
+    owned_directory(name="Create the weights and cache directories", path=directory, mode="755")
 program(
     name="Install the weights fetcher",
     src="files/sparkrig_fetch.py",
@@ -89,11 +84,12 @@ for art in host.loop(wanted):
 
 # Serve the verified files to the workers only when one of them lacks something (judged again
 # when it runs after a full re-hash, which may have found a worker's file bad).
+everyone = for_inventory(inventory)
+
+
 def workers_lack() -> bool:
     return any(
-        not inventory.get_host(w.name)
-        .get_fact(WeightsState, fetcher=fetcher, lock=a.remote_lock, dest=a.dest)
-        .complete
+        not hoststate.read(everyone[w.name]).weights_of(a.remote_lock).complete
         for w in s.workers
         for a in wanted
     )

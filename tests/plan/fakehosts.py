@@ -135,12 +135,14 @@ FAIL_HOST = re.compile(r">&2; exit 1$")  # sparkrig's fail_host: a real shell ex
 PRUNE = re.compile(r"^docker image rm \S+ >/dev/null \|\| echo 'kept ")
 
 
-def stat_of(path: str) -> re.Pattern[str]:
-    return re.compile(rf"^! \(test -e {re.escape(path)} \|\| test -L ")
+def owned_of(path: str) -> re.Pattern[str]:
+    """sparkrig.hoststate.OwnedFile/OwnedDir's part for ``path`` in the state read."""
+    return re.compile(rf"^p={re.escape(path)}; if \[ -L ")
 
 
-def sha1_of(path: str) -> re.Pattern[str]:
-    return re.compile(rf"^test -e {re.escape(path)} && \( sha1sum ")
+def contents_of(path: str) -> re.Pattern[str]:
+    """pyinfra's FileContents (read only under --diff, for a differing owned file)."""
+    return re.compile(rf"^\( test -e {re.escape(path)} && cat {re.escape(path)} \)")
 
 
 def unit_fact(unit: str, prop: str) -> re.Pattern[str]:
@@ -155,8 +157,7 @@ def bare(ip: str) -> dict[Any, Any]:
         RANK_STATUS: rank_status(unit_ActiveState="inactive", unit_SubState="dead", mtu=1500),
         PAIR_SECRET: ["##SPARKRIG-END##"],  # no secret installed
         GIDS: gid_table(HCA, "enp1s0f1np1", ip),  # the GID appears once the address is applied
-        re.compile(rf"^! \(test -e {OURS} \|\| test -L "): "",
-        re.compile(rf"^test -e {OURS} && \( sha1sum "): "",
+        re.compile(rf"^p={OURS}; if \[ -L "): "",  # nothing sparkrig owns exists yet
         PING_CHECK: "rc=1",
         WEIGHTS_STATE: '{"ok": false, "error": "fetcher or lockfile not installed"}',
         IMAGE_FACT: image_state(IMAGE, pulled=False, base=False, patched=False),
@@ -345,9 +346,6 @@ def running_units(s: Settings) -> list[str]:
     return units
 
 
-MODES = {"644": "-rw-r--r--", "600": "-rw-------", "755": "-rwxr-xr-x"}
-
-
 def converged(
     s: Settings,
     *,
@@ -368,16 +366,11 @@ def converged(
     owned = owned_files(s, env_gid_index) | (files or {})
     canned: dict[Any, Any] = {}
     for path, (data, mode) in owned.items():
-        canned[stat_of(path)] = (
-            f"user=root group=root mode={MODES[mode]} atime=0 mtime=0 ctime=0 "
-            f"size={len(data)} '{path}'"
-        )
-        canned[sha1_of(path)] = f"{hashlib.sha1(data).hexdigest()}  {path}"
+        canned[owned_of(path)] = f"file {mode} root root {hashlib.sha256(data).hexdigest()}"
+        canned[contents_of(path)] = data.decode().splitlines()
     dirs = [k.install_dir, paths(s)["bin_dir"], k.config_dir, k.weights_dir, k.cache_dir]
     for path in dirs:
-        canned[stat_of(path)] = (
-            f"user=root group=root mode=drwxr-xr-x atime=0 mtime=0 ctime=0 size=4096 '{path}'"
-        )
+        canned[owned_of(path)] = "dir 755 root root"
     for unit in running_units(s):
         canned[unit_fact(unit, "SubState")] = [f"Id={unit}.service", "SubState=running"]
         canned[unit_fact(unit, "UnitFileState")] = [f"Id={unit}.service", "UnitFileState=enabled"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,9 @@ from click.testing import CliRunner
 from pyinfra.connectors.fake import FakeConnector
 from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_state
+
+from sparkrig import hoststate
+from sparkrig.facts import END
 
 UNIT_ACTION = re.compile(r"^systemctl (start|stop|restart) (sparkrig-[\w-]+?)(?:\.service)?$")
 UNIT_STATE = re.compile(r"--property SubState (sparkrig-[\w-]+?)\.service \)")
@@ -59,7 +63,7 @@ def run(args: list[str], monkeypatch: Any, fail_upload: str | None = None) -> Ru
     lookup = FakeConnector._lookup_response
     units: dict[tuple[str, str], str] = {}  # (host, unit) -> SubState after a start or stop
 
-    def strict_lookup(self: FakeConnector, command: str) -> tuple[bool, CommandOutput]:
+    def answer(self: FakeConnector, command: str) -> tuple[bool, CommandOutput] | None:
         for matcher in self.data.get("fake_responses") or {}:
             if matcher.search(command) if isinstance(matcher, re.Pattern) else matcher in command:
                 ok, out = lookup(self, command)
@@ -78,6 +82,28 @@ def run(args: list[str], monkeypatch: Any, fail_upload: str | None = None) -> Ru
                     lines = [f"Id={read[1]}.service", f"SubState={sub}"]
                     out = CommandOutput([OutputLine("stdout", x) for x in lines])
                 return ok, out
+        return None
+
+    def state_read(self: FakeConnector, command: str) -> tuple[bool, CommandOutput] | None:
+        """sparkrig's one state read per host: each part answered as if it ran alone."""
+        words = shlex.split(command)
+        if words[:2] != ["sh", "-c"] or hoststate.PART not in words[2]:
+            return None
+        lines: list[str] = []
+        for key, part in hoststate.split_script(words[2]):
+            got = answer(self, part)
+            if got is None:
+                undeclared.append((self.host.name, f"[state read part {key}] {part}"))
+                got = (False, CommandOutput([]))
+            lines += [f"{hoststate.PART} {key}", *got[1].stdout_lines]
+            lines.append(f"{hoststate.RC} {0 if got[0] else 1}")
+        lines.append(END)
+        return True, CommandOutput([OutputLine("stdout", x) for x in lines])
+
+    def strict_lookup(self: FakeConnector, command: str) -> tuple[bool, CommandOutput]:
+        got = state_read(self, command) or answer(self, command)
+        if got is not None:
+            return got
         undeclared.append((self.host.name, command))
         return False, CommandOutput([OutputLine("stderr", "undeclared command (tests/plan)")])
 

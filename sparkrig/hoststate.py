@@ -1,0 +1,434 @@
+"""One state read per host: everything the phases decide from, in one remote command.
+
+pyinfra 3.10 does not cache facts: every ``host.get_fact`` runs its command again, whatever its
+arguments (pyinfra/api/facts.py ``_get_fact``). A deploy of per-file ``File``/``Sha1File`` facts,
+``SystemdStatus`` per operation and the same ``Node`` report in four phases sent 54 commands per
+worker for a ``--dry`` of a converged pair. Here every part of a host's state (the node report, the
+RoCE GID table, the image and weights state, each owned file's mode, owner and sha256, each owned
+directory, each unit's state) is one *part* of a single shell script, read once and kept:
+
+- while pyinfra prepares (``--dry``, and the module-level code of every run) one read per host,
+  whoever asks: the head's look at a worker's image or weights shares the worker's own read;
+- while it executes, read again once anything changed on any host since the last read (an
+  operation that sent commands), so an operation never decides from a state an earlier
+  operation of the run changed (a no-op run reads once more at the start of execution).
+
+Each part is a ``FactBase``: its command runs inside the script, its ``process`` parses its lines.
+A part that exits non-zero fails its host, naming the part. ``read(settings)`` is for task files
+(module level, any host of the inventory); operations call ``mine()`` and take no settings.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyinfra.api import FactBase, StringCommand
+from pyinfra.api.command import QuoteString
+from pyinfra.api.exceptions import FactProcessError
+from pyinfra.context import ctx_state
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+
+from sparkrig.facts import (
+    END,
+    GidEntry,
+    Node,
+    NodeReport,
+    PairSecretFile,
+    RoceGids,
+    WeightsReport,
+    WeightsState,
+)
+from sparkrig.settings import Settings
+
+PART = "##SPARKRIG-PART"
+RC = "##SPARKRIG-RC"
+
+# ---------------------------------------------------------------------------------------------
+# Parts that have no fact of their own elsewhere: an owned file, an owned directory
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PathState:
+    """What ``stat`` says of a path sparkrig owns; ``sha256`` only for regular files."""
+
+    kind: str  # "file", "dir", "link" or "other"
+    mode: int = 0  # octal digits as pyinfra's facts give them: 644, 600, 755
+    user: str = ""
+    group: str = ""
+    sha256: str = ""
+
+
+def _parse_path(output: list[str], what: str) -> PathState | None:
+    line = " ".join(output).strip()
+    if not line:
+        return None
+    parts = line.split()
+    if parts[0] in ("link", "other"):
+        return PathState(kind=parts[0])
+    try:
+        if parts[0] == "file" and len(parts) == 5:
+            return PathState("file", int(parts[1]), parts[2], parts[3], parts[4])
+        if parts[0] == "dir" and len(parts) == 4:
+            return PathState("dir", int(parts[1]), parts[2], parts[3])
+    except ValueError:
+        pass
+    raise FactProcessError(f"{what}: unexpected line {line!r}")
+
+
+class OwnedFile(FactBase["PathState | None"]):
+    """A file sparkrig owns whole: ``file <mode> <user> <group> <sha256>``; None when absent."""
+
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return (
+            f'p={p}; if [ -L "$p" ]; then echo link; elif [ -f "$p" ]; then '
+            f'echo "file $(stat -c \'%a %U %G\' "$p") $(sha256sum < "$p" | cut -c1-64)"; '
+            f'elif [ -e "$p" ]; then echo other; fi'
+        )
+
+    def process(self, output: list[str]) -> PathState | None:
+        return _parse_path(output, "owned file")
+
+    @staticmethod
+    def default() -> PathState | None:
+        return None
+
+
+class OwnedDir(FactBase["PathState | None"]):
+    """A directory sparkrig creates: ``dir <mode> <user> <group>``; None when absent."""
+
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return (
+            f'p={p}; if [ -L "$p" ]; then echo link; elif [ -d "$p" ]; then '
+            f'echo "dir $(stat -c \'%a %U %G\' "$p")"; elif [ -e "$p" ]; then echo other; fi'
+        )
+
+    def process(self, output: list[str]) -> PathState | None:
+        return _parse_path(output, "owned directory")
+
+    @staticmethod
+    def default() -> PathState | None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The batch: parts, one script, one report
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Part:
+    """One fact run inside the state read, under ``key``."""
+
+    key: str
+    fact: type[FactBase[Any]]
+    args: tuple[tuple[str, Any], ...] = ()
+
+    def __repr__(self) -> str:  # pyinfra logs fact arguments
+        return self.key
+
+    def command(self) -> str:
+        fact = self.fact()
+        kwargs = dict(self.args)
+        cmd = fact.command(**kwargs)
+        text = cmd.get_raw_value() if isinstance(cmd, StringCommand) else str(cmd)
+        needs = fact.requires_command(**kwargs)
+        if needs:  # as pyinfra does: no binary, no output, the fact's default
+            text = f"if command -v {needs} >/dev/null 2>&1; then ( {text} ); fi"
+        return text
+
+    def parse(self, lines: list[str]) -> Any:
+        fact = self.fact()
+        return fact.process(lines) if lines else fact.default()
+
+
+def script(parts: tuple[Part, ...]) -> str:
+    """The shell script of a state read: each part between its marker and its exit status."""
+    chunks = [f"echo '{PART} {p.key}'\n( {p.command()}\n)\necho \"{RC} $?\"" for p in parts]
+    return "\n".join([*chunks, f"echo '{END}'"]) + "\n"
+
+
+def split_script(text: str) -> Iterator[tuple[str, str]]:
+    """(key, command) of every part of a state read's script (the fakes answer each part)."""
+    for chunk in text.split(f"echo '{PART} ")[1:]:
+        key, _, rest = chunk.partition("'\n( ")
+        command, _, _ = rest.rpartition(f'\n)\necho "{RC} $?"')
+        yield key, command
+
+
+def split_output(lines: list[str]) -> dict[str, tuple[int, list[str]]]:
+    """key -> (exit status, output lines) of every part, from a state read's output."""
+    if END not in lines:
+        raise FactProcessError("state read ended early (no end marker)")
+    parts: dict[str, tuple[int, list[str]]] = {}
+    key: str | None = None
+    body: list[str] = []
+    for line in lines:
+        if line.startswith(PART + " "):
+            key, body = line[len(PART) + 1 :], []
+        elif line.startswith(RC + " ") and key is not None:
+            try:
+                parts[key] = (int(line[len(RC) + 1 :]), body)
+            except ValueError:
+                raise FactProcessError(f"state read: bad status line {line!r}") from None
+            key = None
+        elif key is not None:
+            body.append(line)
+    return parts
+
+
+@dataclass(frozen=True)
+class HostReport:
+    """A host's state as the phases read it (see the module docstring)."""
+
+    node: NodeReport = field(default_factory=NodeReport)
+    gids: tuple[GidEntry, ...] = ()
+    image: Any = None  # sparkrig.image.ImageReport (imported lazily: image imports operations)
+    image_args: tuple[tuple[str, Any], ...] = ()
+    weights: dict[str, WeightsReport] = field(default_factory=dict)  # by remote lockfile
+    files: dict[str, PathState | None] = field(default_factory=dict)
+    dirs: dict[str, PathState | None] = field(default_factory=dict)
+    running: dict[str, bool] = field(default_factory=dict)  # unit (with .service) -> running
+    enabled: dict[str, bool] = field(default_factory=dict)
+    pair_secret: str = ""  # the agents' secret installed here (sparkrig/pairsecret.py)
+
+    def file(self, path: str) -> PathState | None:
+        if path not in self.files:
+            raise KeyError(f"{path} is not in the state read (sparkrig/hoststate.py owned_files)")
+        return self.files[path]
+
+    def dir(self, path: str) -> PathState | None:
+        if path not in self.dirs:
+            raise KeyError(f"{path} is not in the state read (sparkrig/hoststate.py owned_dirs)")
+        return self.dirs[path]
+
+    def unit(self, service: str) -> tuple[bool, bool]:
+        """(running, enabled) of ``service`` (``.service`` added when missing)."""
+        name = service if "." in service else f"{service}.service"
+        if name not in self.running:
+            raise KeyError(f"{name} is not in the state read (sparkrig/hoststate.py units)")
+        return self.running[name], self.enabled.get(name, False)
+
+    def weights_of(self, lock: str) -> WeightsReport:
+        if lock not in self.weights:
+            raise KeyError(f"{lock} is not in the state read (sparkrig/hoststate.py)")
+        return self.weights[lock]
+
+    def repo_tags(self, image_repo: str) -> list[str]:
+        """Every ``<image_repo>:<tag>`` on the host (the image part lists them)."""
+        if dict(self.image_args).get("image_repo") != image_repo:
+            raise KeyError(f"tags of {image_repo} are not in the state read")
+        return list(self.image.tags)
+
+    def image_of(self, **args: Any) -> Any:
+        if tuple(sorted(args.items())) != self.image_args:
+            raise KeyError(f"image state for {args} is not in the state read")
+        return self.image
+
+
+class HostState(FactBase[HostReport]):
+    """Every part of ``parts`` in one read-only remote command (``sh -c``), each parsed by its
+    own fact; a part that failed or was cut off fails this host only."""
+
+    default = HostReport
+
+    def command(self, parts: tuple[Part, ...]) -> StringCommand:
+        self._parts = parts  # pyinfra processes the output with the instance that made the command
+        return StringCommand("sh", "-c", QuoteString(script(parts)))
+
+    def process(self, output: list[str]) -> HostReport:
+        return assemble(self._parts, output)
+
+
+def assemble(parts: tuple[Part, ...], lines: list[str]) -> HostReport:
+    """The report from a state read's output: each part parsed by its own fact."""
+    raw = split_output(lines)
+    values: dict[str, Any] = {}
+    for part in parts:
+        if part.key not in raw:
+            raise FactProcessError(f"state read: no output for {part.key}")
+        rc, body = raw[part.key]
+        if rc != 0:
+            raise FactProcessError(f"state read: {part.key} failed (exit {rc}): {body[-3:]}")
+        values[part.key] = part.parse(body)
+    report: dict[str, Any] = {"weights": {}, "files": {}, "dirs": {}, "running": {}, "enabled": {}}
+    for part in parts:
+        kind, _, name = part.key.partition(":")
+        value = values[part.key]
+        if kind == "node":
+            report["node"] = value
+        elif kind == "gids":
+            report["gids"] = tuple(value)
+        elif kind == "image":
+            report["image"], report["image_args"] = value, part.args
+        elif kind == "weights":
+            report["weights"][name] = value
+        elif kind == "file":
+            report["files"][name] = value
+        elif kind == "dir":
+            report["dirs"][name] = value
+        elif kind == "running":
+            report["running"][name] = bool(value.get(name))
+        elif kind == "enabled":
+            report["enabled"][name] = bool(value.get(name))
+        elif kind == "pair_secret":
+            report["pair_secret"] = value
+    return HostReport(**report)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a host's read holds
+# ---------------------------------------------------------------------------------------------
+
+
+def owned_files(s: Settings) -> list[str]:
+    """Every file the deploy writes whole on this host (a new owned file goes here)."""
+    from sparkrig.units import paths
+    from sparkrig.weights import artifacts
+
+    k, p = s.knobs, paths(s)
+    files = [
+        "/etc/sysctl.d/90-sparkrig.conf",
+        f"{p['bin_dir']}/sparkrig-prep",
+        k.fabric_netplan_file,
+        p["env_file"],
+        f"{p['bin_dir']}/sparkrig-fetch",
+        *(a.remote_lock for a in artifacts(s)),
+        p["token_file"],
+        f"{p['bin_dir']}/sparkrig-pair",
+        f"{k.install_dir}/sparkrig_gate.py",
+        p["rank_unit"],
+        p["pair_unit"],
+        p["pair_token"],
+    ]
+    if s.me.is_head:
+        files += [p["restart_script"], p["supervisor_unit"], p["watchdog_unit"]]
+    else:
+        files.append(p["agent_unit"])
+    return files
+
+
+def owned_dirs(s: Settings) -> list[str]:
+    from sparkrig.units import paths
+
+    k = s.knobs
+    return [k.install_dir, paths(s)["bin_dir"], k.config_dir, k.weights_dir, k.cache_dir]
+
+
+def units(s: Settings) -> list[str]:
+    """Every unit an operation of any host looks at (each host runs the same operations)."""
+    names = [s.unit_name, "sparkrig-pair", "sparkrig-agent", "sparkrig-supervisor"]
+    return [f"{n}.service" for n in [*names, "sparkrig-watchdog"]]
+
+
+def parts_of(s: Settings) -> tuple[Part, ...]:
+    """The parts of ``s``'s host's state read (the same whoever asks)."""
+    from sparkrig.image import ImageState, patched_tag
+    from sparkrig.preflight import node_args
+    from sparkrig.units import paths
+    from sparkrig.weights import artifacts
+
+    k = s.knobs
+    parts = [
+        Part("node", Node, tuple(sorted(node_args(s).items()))),
+        Part("gids", RoceGids),
+    ]
+    if k.base_image is not None:
+        tag = patched_tag(k.base_image, k.image_skip_patches)
+        image = {"image_repo": k.image_repo, "base_image": k.base_image, "tag": tag}
+        parts.append(Part("image", ImageState, tuple(sorted(image.items()))))
+    fetcher = f"{paths(s)['bin_dir']}/sparkrig-fetch"
+    for a in artifacts(s):
+        args = {"fetcher": fetcher, "lock": a.remote_lock, "dest": a.dest}
+        parts.append(Part(f"weights:{a.remote_lock}", WeightsState, tuple(sorted(args.items()))))
+    parts.append(Part("pair_secret", PairSecretFile, (("path", paths(s)["pair_token"]),)))
+    parts += [Part(f"file:{f}", OwnedFile, (("path", f),)) for f in owned_files(s)]
+    parts += [Part(f"dir:{d}", OwnedDir, (("path", d),)) for d in owned_dirs(s)]
+    for unit in units(s):
+        parts.append(Part(f"running:{unit}", SystemdStatus, (("services", (unit,)),)))
+        parts.append(Part(f"enabled:{unit}", SystemdEnabled, (("services", (unit,)),)))
+    return tuple(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading once: per host, per generation
+# ---------------------------------------------------------------------------------------------
+
+
+class _Reads:
+    """One run's reads: the parts each host was declared with, and the reports read."""
+
+    def __init__(self, state: Any) -> None:
+        import gevent.lock
+
+        self.state = state
+        self.parts: dict[str, tuple[Part, ...]] = {}
+        self.reports: dict[str, tuple[Any, HostReport]] = {}  # host -> (generation, report)
+        self.locks: dict[str, Any] = {}
+        self.count: dict[str, int] = {}  # host -> reads sent (tests, debug)
+        self._lock_type = gevent.lock.Semaphore
+
+
+_READS: list[_Reads] = []  # one run at a time, like sparkrig.settings
+
+
+def _reads() -> _Reads:
+    state = ctx_state.get()
+    if not _READS or _READS[0].state is not state:
+        _READS[:] = [_Reads(state)]
+    return _READS[0]
+
+
+def _generation(state: Any) -> Any:
+    """Preparing: one read for the whole stage. Executing: a new read once any operation on any
+    host sent commands (changed something) since the last one."""
+    if not state.is_executing:
+        return "prepare"
+    changed = 0
+    for ops in state.ops.values():
+        for data in ops.values():
+            meta = data.operation_meta
+            if meta.is_complete() and meta.did_change():
+                changed += 1
+    return ("execute", changed)
+
+
+def _read(target: Any, parts: tuple[Part, ...]) -> HostReport:
+    reads = _reads()
+    name = target.name
+    known = reads.parts.setdefault(name, parts)
+    if known != parts:
+        raise RuntimeError(f"{name}: state read declared with other parts")
+    lock = reads.locks.setdefault(name, reads._lock_type())
+    with lock:
+        generation = _generation(reads.state)
+        cached = reads.reports.get(name)
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        report = target.get_fact(HostState, parts=parts)
+        reads.count[name] = reads.count.get(name, 0) + 1
+        reads.reports[name] = (_generation(reads.state), report)
+        return report
+
+
+def read(s: Settings) -> HostReport:
+    """The state of ``s``'s host (any host of the inventory), read once per generation."""
+    from pyinfra.context import ctx_inventory
+
+    return _read(ctx_inventory.get().get_host(s.me.name), parts_of(s))
+
+
+def mine() -> HostReport:
+    """Inside an operation: the current host's state (declared by its task files' ``read``)."""
+    from pyinfra.context import ctx_host
+
+    target = ctx_host.get()
+    parts = _reads().parts.get(target.name)
+    if parts is None:
+        raise RuntimeError(f"{target.name}: no state read declared (hoststate.read in a task)")
+    return _read(target, parts)

@@ -1,0 +1,99 @@
+"""What a re-check of a converged pair costs, counted as the remote commands each fake host is
+asked (facts and actions), not timed: at most GOAL per host for ``--dry`` (with ``--diff``, as
+reviewers run it) and for the ``-y`` no-op, and no more on four nodes than on two (issue 12).
+
+Before the one state read per host (sparkrig/hoststate.py) a converged pair cost 58 commands on
+the head and 54 on each worker for ``--dry``, 51/47 for ``-y``; after it, 3/2 and 4/3."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.plan import fakehosts
+from tests.plan.harness import Run, run
+
+GOAL = 12  # remote commands per host, whatever the number of nodes
+HEAD = "@fake/spark-a"
+INVENTORIES = {2: "tests/plan/inventory_state.py", 4: "tests/plan/inventory_4state.py"}
+MODES = {"dry": ["--dry", "--diff"], "apply": ["-y"]}
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    fakehosts.STATE.clear()
+    yield
+    fakehosts.STATE.clear()
+
+
+def converged_run(monkeypatch, nodes: int, mode: str) -> Run:
+    inventory = INVENTORIES[nodes]
+    for name, s in fakehosts.settings_of(inventory).items():
+        fakehosts.STATE[name.split("/")[1]] = fakehosts.converged(s)
+    r = run([*MODES[mode], inventory, "deploy.py"], monkeypatch)
+    assert r.exit_code == 0, r.output
+    if mode == "apply":  # (--dry lists _if-gated operations as changes: pyinfra's way)
+        assert r.changed_ops == {}, r.changed_ops  # converged: the count is the no-op's
+    assert len(r.commands) == nodes
+    return r
+
+
+def per_role(r: Run) -> dict[str, int]:
+    """The most commands any head / any worker was asked."""
+    worker = max(len(c) for name, c in r.commands.items() if name != HEAD)
+    return {"head": len(r.commands[HEAD]), "worker": worker}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_converged_pair_is_checked_in_a_dozen_commands_per_host_whatever_the_nodes(
+    monkeypatch, mode
+):
+    counts = {nodes: per_role(converged_run(monkeypatch, nodes, mode)) for nodes in INVENTORIES}
+    for nodes, roles in counts.items():
+        for role, count in roles.items():
+            assert count <= GOAL, f"{mode}, {nodes} nodes: the {role} was asked {count} commands"
+    assert counts[4] == counts[2], f"{mode}: the count grows with the nodes: {counts}"
+
+
+def test_dry_reads_each_hosts_state_once_whoever_asks(monkeypatch):
+    """The head looks at every worker's node, image and weights: those looks share the
+    worker's own read (one state read per host), and nothing else reads a file or a unit."""
+    r = converged_run(monkeypatch, 4, "dry")
+    for name, commands in r.commands.items():
+        reads = [c for c in commands if c.startswith("sh -c ") and "##SPARKRIG-PART" in c]
+        assert len(reads) == 1, f"{name}: {len(reads)} state reads"
+        others = [c[:80] for c in commands if c not in reads]
+        assert all(c.startswith(("ping -M do", "python3 ")) for c in others), others
+
+
+def test_dry_diff_shows_every_file_the_run_would_write(monkeypatch):
+    """New owned files diffed in full, a differing one against its current content (read only
+    then), secrets never; a right file shows nothing."""
+    from sparkrig.hoststate import owned_files
+    from sparkrig.units import paths
+
+    bare = run(["--dry", "--diff", INVENTORIES[2], "deploy.py"], monkeypatch)
+    assert bare.exit_code == 0, bare.output
+    everyone = fakehosts.settings_of(INVENTORIES[2])
+    secrets = {"/etc/sparkrig/pair-token", "/etc/sparkrig/hf-token"}
+    for s in everyone.values():
+        watchdog = paths(s)["watchdog_unit"]  # owned (removed) while the watchdog is off
+        for path in set(owned_files(s)) - secrets - {watchdog}:
+            assert f"Will create {path}" in bare.output, path
+    assert "Will write /etc/sparkrig/pair-token (secret: content not shown)" in bare.output
+
+    worker = "@fake/spark-b"
+    unit = paths(everyone[worker])["rank_unit"]
+    for name, s in everyone.items():
+        older = {unit: (b"[Unit]\nDescription=older\n", "644")} if name == worker else {}
+        fakehosts.STATE[name.split("/")[1]] = fakehosts.converged(s, files=older)
+    r = run(["--dry", "--diff", INVENTORIES[2], "deploy.py"], monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert f"Will modify {unit}" in r.output
+    assert "  - Description=older\n" in r.output
+    assert "  + Description=sparkrig worker: vLLM rank 1 of 2\n" in r.output
+    modified = {
+        line.split("Will modify ")[1] for line in r.output.splitlines() if "Will mod" in line
+    }
+    assert modified == {unit} and "Will create" not in r.output
+    reads = [c for c in r.commands[worker] if c.startswith(f"( test -e {unit} && cat")]
+    assert len(reads) == 1  # the current content, read for the diff alone
