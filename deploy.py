@@ -5,6 +5,9 @@ Usage: pyinfra inventory.py deploy.py [--limit worker] [--dry --diff]
 
 from pyinfra import local
 
+from sparkrig.ordering import refuse_unordered_run
+
+refuse_unordered_run()  # --serial / --no-wait break worker-before-head: refused before any command
 local.include("tasks/preflight.py")
 local.include("tasks/host.py")
 local.include("tasks/fabric.py")

@@ -336,30 +336,53 @@ def ping_command(interface: str, peers: list[str], mtu: int) -> str:
 # Pair restart: one decision for every host of the run
 # ---------------------------------------------------------------------------------------------
 
-_RESTART_TRIGGERS: list[tuple[Any, list[OperationMeta]]] = []  # (state, metas): one run at a time
+RESTART_TRIGGERS = {
+    "fabric": "the fabric connection was re-applied (MTU reset, address lost)",
+    "env": "a rank's env file changed (RoCE GID index, NCCL environment)",
+    "weights": "a rank's weights were fetched or copied",
+    "rank_unit": "a rank's unit changed (image, serve flags)",
+    "pair_unit": "a stop-together unit changed",
+}
 
 
-def _triggers() -> list[OperationMeta]:
+class PairRestart:
+    """The run's one decision whether the whole pair restarts (in order): any declared trigger
+    (``RESTART_TRIGGERS``) changed on any host. Phases hand it the operations that are triggers;
+    the service and verify phases gate on it (``_if=restart``), evaluated when they execute."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.metas: dict[str, list[OperationMeta]] = {name: [] for name in RESTART_TRIGGERS}
+
+    def trigger(self, name: str, meta: OperationMeta) -> OperationMeta:
+        """Declare ``meta`` (on the current host) as trigger ``name``; returns it."""
+        if name not in self.metas:
+            raise KeyError(f"{name!r} is not a declared pair-restart trigger ({RESTART_TRIGGERS})")
+        self.metas[name].append(meta)
+        return meta
+
+    def fired(self) -> list[str]:
+        """The triggers whose operation changed something on some host, so far."""
+        return [
+            name
+            for name, metas in self.metas.items()
+            if any(m.is_complete() and m.did_change() for m in metas)
+        ]
+
+    def __call__(self) -> bool:
+        """For ``_if=``: does the pair restart?"""
+        return bool(self.fired())
+
+
+_RESTART: list[PairRestart] = []  # one run at a time, like sparkrig.settings
+
+
+def pair_restart() -> PairRestart:
+    """The current run's pair-restart decision (one object for every host and phase)."""
     state = ctx_state.get()
-    if not _RESTART_TRIGGERS or _RESTART_TRIGGERS[0][0] is not state:
-        _RESTART_TRIGGERS[:] = [(state, [])]
-    return _RESTART_TRIGGERS[0][1]
-
-
-def note_restart_trigger(meta: OperationMeta) -> OperationMeta:
-    """Record an operation whose change (on any host) means the whole pair restarts."""
-    _triggers().append(meta)
-    return meta
-
-
-def pair_restart_needed() -> Callable[[], bool]:
-    """For ``_if=``: did any rank's unit, env file, image or weights change in this run?"""
-    metas = _triggers()
-
-    def needed() -> bool:
-        return any(m.is_complete() and m.did_change() for m in metas)
-
-    return needed
+    if not _RESTART or _RESTART[0].state is not state:
+        _RESTART[:] = [PairRestart(state)]
+    return _RESTART[0]
 
 
 @operation(is_idempotent=False)
@@ -521,6 +544,47 @@ def program(src: str, dest: str) -> Generator[Any, None, None]:
     yield from owned_put(data, dest, "755", "root", "root")
 
 
+# ---------------------------------------------------------------------------------------------
+# Operations some hosts act on: one idiom (every host has them, so all share one sequence)
+# ---------------------------------------------------------------------------------------------
+
+
+@operation()
+def acting_where(
+    acting: bool, elsewhere: str, op: Any, kwargs: dict[str, Any]
+) -> Generator[Any, None, None]:
+    """
+    ``op`` on the hosts where ``acting`` holds, a no-op elsewhere (saying ``elsewhere``): every
+    host has the operation, so pyinfra's barrier orders it the same way on all of them.
+
+    + acting: whether this host acts
+    + elsewhere: the no-op reason where it does not
+    + op: a sparkrig or pyinfra operation
+    + kwargs: its arguments
+    """
+    if not acting:
+        host.noop(elsewhere)
+        return
+    yield from op._inner(**kwargs)
+
+
+def _role_op(acting: bool, elsewhere: str, op: Any, name: str, **kwargs: Any) -> OperationMeta:
+    global_args = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("_")}
+    return acting_where(
+        name=name, acting=acting, elsewhere=elsewhere, op=op, kwargs=kwargs, **global_args
+    )
+
+
+def on_head(is_head: bool, op: Any, name: str, **kwargs: Any) -> OperationMeta:
+    """The idiom for "only on the head": ``on_head(s.me.is_head, put_text, name=..., ...)``."""
+    return _role_op(is_head, "the head alone acts here", op, name, **kwargs)
+
+
+def on_workers(is_head: bool, op: Any, name: str, **kwargs: Any) -> OperationMeta:
+    """The idiom for "only on the workers": ``on_workers(s.me.is_head, op, name=..., ...)``."""
+    return _role_op(not is_head, "the workers alone act here", op, name, **kwargs)
+
+
 HELPERS = {
     "sparkrig-agent": "the worker agent",
     "sparkrig-supervisor": "the pair supervisor",
@@ -528,11 +592,17 @@ HELPERS = {
 }
 
 
-def keep_helper_running(unit: str, changed: Callable[[], bool]) -> None:
-    """Two operations for a sparkrig helper unit (``HELPERS``), named after it: (re)start it after
-    its unit or program changed, and keep it enabled and running otherwise."""
+def keep_helper_running(
+    unit: str, changed: Callable[[], bool], acting: bool, elsewhere: str
+) -> None:
+    """Two operations for a sparkrig helper unit (``HELPERS``), named after it and present on
+    every host (acting where ``acting`` holds): (re)start it after its unit or program changed,
+    and keep it enabled and running otherwise."""
     what = HELPERS[unit]
-    service(
+    _role_op(
+        acting,
+        elsewhere,
+        service,
         name=f"Restart {what} after its unit or program changed",
         service=unit,
         running=True,
@@ -541,4 +611,12 @@ def keep_helper_running(unit: str, changed: Callable[[], bool]) -> None:
         daemon_reload=True,
         _if=changed,
     )
-    service(name=f"Keep {what} enabled and running", service=unit, running=True, enabled=True)
+    _role_op(
+        acting,
+        elsewhere,
+        service,
+        name=f"Keep {what} enabled and running",
+        service=unit,
+        running=True,
+        enabled=True,
+    )

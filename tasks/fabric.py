@@ -9,7 +9,7 @@ from sparkrig import hoststate
 from sparkrig.operations import (
     displace_claims,
     fabric_path,
-    note_restart_trigger,
+    pair_restart,
     put_text,
     rank_env_file,
 )
@@ -50,7 +50,7 @@ applied = server.shell(
     ],
     _if=lambda: takeover.did_change() or netplan.did_change() or link_drift,
 )
-note_restart_trigger(applied)  # a re-applied fabric (MTU reset, address lost) breaks NCCL's links
+pair_restart().trigger("fabric", applied)  # a re-applied fabric breaks NCCL's links
 fabric_path(
     name="Prove the fabric MTU end to end with do-not-fragment pings",
     interface=iface,
@@ -67,4 +67,4 @@ env = rank_env_file(
     roce_device=s.me.roce_device,
     roce_port=k.roce_port,
 )
-note_restart_trigger(env)
+pair_restart().trigger("env", env)

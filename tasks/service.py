@@ -13,9 +13,10 @@ from sparkrig import hoststate
 from sparkrig.image import serving_image
 from sparkrig.operations import (
     keep_helper_running,
-    note_restart_trigger,
+    on_head,
+    on_workers,
     owned_file_absent,
-    pair_restart_needed,
+    pair_restart,
     program,
     put_text,
     secret_file,
@@ -24,7 +25,7 @@ from sparkrig.operations import (
 )
 from sparkrig.pairsecret import pair_secret
 from sparkrig.render import render
-from sparkrig.settings import current
+from sparkrig.settings import current, for_inventory
 from sparkrig.units import (
     SMOKE_CONTAINER,
     agent_unit_context,
@@ -93,9 +94,9 @@ pair_unit = put_text(
     text=render("sparkrig-pair.service.j2", **pair_unit_context(s)),
     dest=p["pair_unit"],
 )
-note_restart_trigger(rank_unit)
-note_restart_trigger(pair_unit)
-restart = pair_restart_needed()
+restart = pair_restart()
+restart.trigger("rank_unit", rank_unit)
+restart.trigger("pair_unit", pair_unit)
 
 systemd.daemon_reload(
     name="Reload systemd after a unit changed",
@@ -112,44 +113,59 @@ secret = secret_file(
     text=pair_secret(s).token + "\n",
     dest=p["pair_token"],
 )
-if not s.me.is_head:
-    agent_unit = put_text(
-        name="Install the worker agent unit",
-        text=render("sparkrig-agent.service.j2", **agent_unit_context(s)),
-        dest=p["agent_unit"],
-    )
-    keep_helper_running(
-        "sparkrig-agent",
-        lambda: agent_unit.did_change() or pair_program.did_change() or secret.did_change(),
+is_head = s.me.is_head
+agent_unit = on_workers(
+    is_head,
+    put_text,
+    name="Install the worker agent unit",
+    text=render("sparkrig-agent.service.j2", **agent_unit_context(s)),
+    dest=p["agent_unit"],
+)
+keep_helper_running(
+    "sparkrig-agent",
+    lambda: agent_unit.did_change() or pair_program.did_change() or secret.did_change(),
+    acting=not is_head,
+    elsewhere="the workers alone run the agent",
+)
+on_head(
+    is_head,
+    put_text,
+    name="Install the ordered pair restart command",
+    text=render("sparkrig-restart-pair.j2", **base_context(s), restart_args=restart_args(s)),
+    dest=p["restart_script"],
+    mode="755",
+)
+supervisor_unit = on_head(
+    is_head,
+    put_text,
+    name="Install the pair supervisor unit",
+    text=render("sparkrig-supervisor.service.j2", **supervisor_unit_context(s)),
+    dest=p["supervisor_unit"],
+)
+watchdog_on = for_inventory(inventory)[s.head.name].knobs.watchdog  # the head's knob, everywhere
+if watchdog_on:
+    watchdog_unit = on_head(
+        is_head,
+        put_text,
+        name="Install the watchdog unit",
+        text=render("sparkrig-watchdog.service.j2", **watchdog_unit_context(s)),
+        dest=p["watchdog_unit"],
     )
 else:
-    put_text(
-        name="Install the ordered pair restart command",
-        text=render("sparkrig-restart-pair.j2", **base_context(s), restart_args=restart_args(s)),
-        dest=p["restart_script"],
-        mode="755",
+    on_head(
+        is_head,
+        service,
+        name="Stop the watchdog while it is switched off",
+        service="sparkrig-watchdog",
+        running=False,
+        enabled=False,
     )
-    supervisor_unit = put_text(
-        name="Install the pair supervisor unit",
-        text=render("sparkrig-supervisor.service.j2", **supervisor_unit_context(s)),
-        dest=p["supervisor_unit"],
+    on_head(
+        is_head,
+        owned_file_absent,
+        name="Remove the watchdog unit while it is switched off",
+        path=p["watchdog_unit"],
     )
-    if k.watchdog:
-        watchdog_unit = put_text(
-            name="Install the watchdog unit",
-            text=render("sparkrig-watchdog.service.j2", **watchdog_unit_context(s)),
-            dest=p["watchdog_unit"],
-        )
-    else:
-        service(
-            name="Stop the watchdog while it is switched off",
-            service="sparkrig-watchdog",
-            running=False,
-            enabled=False,
-        )
-        owned_file_absent(
-            name="Remove the watchdog unit while it is switched off", path=p["watchdog_unit"]
-        )
 
 # The stop-together watch runs beside a live rank: a new program restarts the watch, not the rank.
 service(
@@ -162,8 +178,6 @@ service(
 # Ordered pair restart and start. Every operation below exists on every host (acting only where
 # its condition holds), so all hosts share one sequence and pyinfra's per-operation barrier orders
 # them: stop every rank together, start the workers, wait for their containers, start the head.
-is_head = s.me.is_head
-watchdog_on = k.watchdog
 rank_active, _ = hoststate.read(s).unit(s.unit_name)
 head_active = is_head and rank_active
 # --limit worker: the head is not in this run. The worker then leaves its rank to the head's
@@ -255,13 +269,16 @@ service(
     _if=lambda: is_head,
 )
 
-if s.me.is_head:
-    keep_helper_running(
-        "sparkrig-supervisor",
-        lambda: supervisor_unit.did_change() or pair_program.did_change() or secret.did_change(),
-    )
-if s.me.is_head and k.watchdog:
+keep_helper_running(
+    "sparkrig-supervisor",
+    lambda: supervisor_unit.did_change() or pair_program.did_change() or secret.did_change(),
+    acting=is_head,
+    elsewhere="the head alone runs the supervisor",
+)
+if watchdog_on:
     keep_helper_running(
         "sparkrig-watchdog",
         lambda: watchdog_unit.did_change() or pair_program.did_change() or secret.did_change(),
+        acting=is_head,
+        elsewhere="the head alone runs the watchdog",
     )

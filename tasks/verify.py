@@ -12,7 +12,7 @@ from pyinfra import inventory, state
 from sparkrig import hoststate
 from sparkrig.gates import gate_command, wait_command
 from sparkrig.image import images_to_keep, prune_old_images
-from sparkrig.operations import pair_restart_needed, serving_gates, wait_until_serving
+from sparkrig.operations import pair_restart, serving_gates, wait_until_serving
 from sparkrig.settings import current
 from sparkrig.units import api_key_file
 
@@ -21,7 +21,7 @@ k = s.knobs
 is_head = s.me.is_head
 
 was_running, _ = hoststate.read(s).unit(s.unit_name)
-restart = pair_restart_needed()
+restart = pair_restart()
 wait_until_serving(
     name="Wait for the head's API to finish booting",
     command=wait_command(

@@ -10,8 +10,9 @@ from pyinfra.operations import server
 
 from sparkrig import hoststate
 from sparkrig.operations import (
-    note_restart_trigger,
+    on_head,
     owned_directory,
+    pair_restart,
     program,
     put_text,
     secret_file,
@@ -42,8 +43,14 @@ for art in host.loop(wanted):
 
 token = token_text(k.hf_token_file) if s.me.is_head else None
 source_token: list[str] = []
+on_head(  # only the head fetches from the Hub (when a token is given)
+    s.me.is_head and token is not None,
+    secret_file,
+    name="Install the Hub token",
+    text=token or "",
+    dest=p["token_file"],
+)
 if token is not None:
-    secret_file(name="Install the Hub token", text=token, dest=p["token_file"])
     source_token = ["--token-file", p["token_file"]]
 
 # Every operation below exists on every host (acting only where its condition holds), so all
@@ -79,7 +86,7 @@ for art in host.loop(wanted):
         total_bytes=art.total_bytes,
         _if=lambda: is_head,
     )
-    note_restart_trigger(fetched)
+    pair_restart().trigger("weights", fetched)
 
 
 # Serve the verified files to the workers only when one of them lacks something (judged again
@@ -126,7 +133,7 @@ for art in host.loop(wanted):
         "run: run `pyinfra inventory.py deploy.py` with the head (no --limit)",
         _if=lambda: not is_head,
     )  # fmt: skip
-    note_restart_trigger(copied)
+    pair_restart().trigger("weights", copied)
 server.shell(
     name="Stop serving the weights",
     commands=["systemctl stop sparkrig-weights-serve"],

@@ -35,6 +35,8 @@ class Run:
     op_order: list[str] = field(default_factory=list)
     # per host: ops that executed commands (apply) or would change (--dry)
     changed_ops: dict[str, list[str]] = field(default_factory=dict)
+    # per host: every operation it has (acting or not), in the run's order
+    host_ops: dict[str, list[str]] = field(default_factory=dict)
     exception: BaseException | None = None
 
 
@@ -116,6 +118,7 @@ def run(args: list[str], monkeypatch: Any, fail_upload: str | None = None) -> Ru
     commands: dict[str, list[str]] = {}
     op_order: list[str] = []
     changed: dict[str, list[str]] = {}
+    host_ops: dict[str, list[str]] = {}
     if state is not None and state.initialised:
         for host in state.inventory:
             conn = host.connector
@@ -126,6 +129,8 @@ def run(args: list[str], monkeypatch: Any, fail_upload: str | None = None) -> Ru
             op_order.append(next(iter(names)) if names else op_hash)
             for host in state.inventory:
                 host_data = state.ops.get(host, {}).get(op_hash)
+                if host_data is not None:
+                    host_ops.setdefault(host.name, []).append(op_order[-1])
                 meta = host_data.operation_meta if host_data is not None else None
                 ran = meta is not None and meta._commands
                 would = meta is not None and meta._commands is None and meta._maybe_is_change
@@ -141,6 +146,7 @@ def run(args: list[str], monkeypatch: Any, fail_upload: str | None = None) -> Ru
         uploads=uploads,
         op_order=op_order,
         changed_ops=changed,
+        host_ops=host_ops,
         exception=result.exception,
     )
 
