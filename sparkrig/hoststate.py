@@ -308,6 +308,7 @@ def owned_files(s: Settings) -> list[str]:
     ]
     if s.me.is_head:
         files += [p["restart_script"], p["supervisor_unit"], p["watchdog_unit"]]
+        files += [p["api_key"], p["api_key_env"]]  # removed again while api_auth is off
     else:
         files.append(p["agent_unit"])
     return files

@@ -342,6 +342,7 @@ RESTART_TRIGGERS = {
     "weights": "a rank's weights were fetched or copied",
     "rank_unit": "a rank's unit changed (image, serve flags)",
     "pair_unit": "a stop-together unit changed",
+    "api_key": "the API key changed (vLLM reads it at start)",
 }
 
 

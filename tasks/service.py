@@ -64,25 +64,32 @@ image = serving_image(s)  # the patched image every rank runs (tasks/image.py bu
 # the key alone for the gates and the watchdog's probe, and the docker env file that gives it to
 # vLLM as VLLM_API_KEY (in no unit file, no argv, no `ps`). A new key restarts the pair (vLLM
 # reads it at start). Off: both files go and the rank unit loses its --env-file.
-if api_key_file(s):
-    secret_file(
+is_head = s.me.is_head
+head_knobs = for_inventory(inventory)[s.head.name].knobs  # head-only knobs, the same everywhere
+key = api_key(k.api_key_file) if api_key_file(s) else ""  # read on the head alone
+if head_knobs.api_auth:
+    on_head(
+        is_head,
+        secret_file,
         name="Install the API key",
-        text=api_key(k.api_key_file) + "\n",
+        text=key + "\n",
         dest=p["api_key"],
     )
-    note_restart_trigger(
-        secret_file(
-            name="Install the API key env file for vLLM",
-            text=api_key_env(api_key(k.api_key_file)),
-            dest=p["api_key_env"],
-        )
+    key_env = on_head(
+        is_head,
+        secret_file,
+        name="Install the API key env file for vLLM",
+        text=api_key_env(key),
+        dest=p["api_key_env"],
     )
-elif s.me.is_head:
-    for path in (p["api_key"], p["api_key_env"]):
-        files.file(
+    pair_restart().trigger("api_key", key_env)
+else:
+    for path in host.loop([p["api_key"], p["api_key_env"]]):
+        on_head(
+            is_head,
+            owned_file_absent,
             name="Remove the API key while api_auth is off",
             path=path,
-            present=False,
         )
 rank_unit = put_text(
     name="Install the rank unit",
@@ -113,7 +120,6 @@ secret = secret_file(
     text=pair_secret(s).token + "\n",
     dest=p["pair_token"],
 )
-is_head = s.me.is_head
 agent_unit = on_workers(
     is_head,
     put_text,
@@ -142,7 +148,7 @@ supervisor_unit = on_head(
     text=render("sparkrig-supervisor.service.j2", **supervisor_unit_context(s)),
     dest=p["supervisor_unit"],
 )
-watchdog_on = for_inventory(inventory)[s.head.name].knobs.watchdog  # the head's knob, everywhere
+watchdog_on = head_knobs.watchdog
 if watchdog_on:
     watchdog_unit = on_head(
         is_head,

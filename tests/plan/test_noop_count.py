@@ -74,7 +74,7 @@ def test_dry_diff_shows_every_file_the_run_would_write(monkeypatch):
     bare = run(["--dry", "--diff", INVENTORIES[2], "deploy.py"], monkeypatch)
     assert bare.exit_code == 0, bare.output
     everyone = fakehosts.settings_of(INVENTORIES[2])
-    secrets = {"/etc/sparkrig/pair-token", "/etc/sparkrig/hf-token"}
+    secrets = {f"/etc/sparkrig/{n}" for n in ("pair-token", "hf-token", "api-key", "api-key.env")}
     for s in everyone.values():
         watchdog = paths(s)["watchdog_unit"]  # owned (removed) while the watchdog is off
         for path in set(owned_files(s)) - secrets - {watchdog}:

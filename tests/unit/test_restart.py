@@ -30,4 +30,11 @@ def test_any_declared_trigger_that_changed_on_any_host_restarts_the_pair():
 def test_an_undeclared_trigger_is_refused():
     with pytest.raises(KeyError, match="not a declared pair-restart trigger"):
         PairRestart(state=None).trigger("rank-unit", Meta(True, True))
-    assert set(RESTART_TRIGGERS) == {"fabric", "env", "weights", "rank_unit", "pair_unit"}
+    assert set(RESTART_TRIGGERS) == {
+        "fabric",
+        "env",
+        "weights",
+        "rank_unit",
+        "pair_unit",
+        "api_key",
+    }
