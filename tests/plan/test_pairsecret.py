@@ -46,7 +46,7 @@ def test_a_rank_without_the_secret_gets_the_pairs_and_only_its_helper_restarts(
 ):
     converge_state()
     fakehosts.inject("spark-b", {fakehosts.PAIR_SECRET: ["##SPARKRIG-END##"]})
-    fakehosts.inject("spark-b", {fakehosts.sha1_of(SECRET): ""})
+    fakehosts.inject("spark-b", {fakehosts.owned_of(SECRET): ""})
     r = apply(monkeypatch, *fresh_clone(tmp_path))
     assert r.exit_code == 0, r.output
     pair = open("tests/plan/pair-token").read().strip()
