@@ -424,6 +424,10 @@ def read(s: Settings) -> HostReport:
     return _read(ctx_inventory.get().get_host(s.me.name), parts_of(s))
 
 
+class NotDeclared(RuntimeError):
+    """An operation asked for the state read in a deploy that declares none (uninstall.py)."""
+
+
 def mine() -> HostReport:
     """Inside an operation: the current host's state (declared by its task files' ``read``)."""
     from pyinfra.context import ctx_host
@@ -431,5 +435,5 @@ def mine() -> HostReport:
     target = ctx_host.get()
     parts = _reads().parts.get(target.name)
     if parts is None:
-        raise RuntimeError(f"{target.name}: no state read declared (hoststate.read in a task)")
+        raise NotDeclared(f"{target.name}: no state read declared (hoststate.read in a task)")
     return _read(target, parts)

@@ -617,7 +617,10 @@ def prune_old_images(image_repo: str, keep: list[str]) -> Generator[Any, None, N
     + image_repo: local repository of sparkrig images
     + keep: references to keep (``images_to_keep``: the serving image and its local base)
     """
-    tags = hoststate.mine().repo_tags(image_repo)
+    try:
+        tags = hoststate.mine().repo_tags(image_repo)
+    except hoststate.NotDeclared:  # a deploy without the state read (uninstall.py)
+        tags = host.get_fact(RepoTags, image_repo=image_repo)
     commands = prune_commands(tags, keep)
     if not commands:
         host.noop(f"no old {image_repo} image")

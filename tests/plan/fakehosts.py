@@ -135,6 +135,11 @@ FAIL_HOST = re.compile(r">&2; exit 1$")  # sparkrig's fail_host: a real shell ex
 PRUNE = re.compile(r"^docker image rm \S+ >/dev/null \|\| echo 'kept ")
 
 
+def stat_of(path: str) -> re.Pattern[str]:
+    """pyinfra's File/Directory fact (uninstall.py uses the built-in files operations)."""
+    return re.compile(rf"^! \(test -e {re.escape(path)} \|\| test -L ")
+
+
 def owned_of(path: str) -> re.Pattern[str]:
     """sparkrig.hoststate.OwnedFile/OwnedDir's part for ``path`` in the state read."""
     return re.compile(rf"^p={re.escape(path)}; if \[ -L ")
@@ -158,6 +163,7 @@ def bare(ip: str) -> dict[Any, Any]:
         PAIR_SECRET: ["##SPARKRIG-END##"],  # no secret installed
         GIDS: gid_table(HCA, "enp1s0f1np1", ip),  # the GID appears once the address is applied
         re.compile(rf"^p={OURS}; if \[ -L "): "",  # nothing sparkrig owns exists yet
+        re.compile(rf"^! \(test -e {OURS} \|\| test -L "): "",
         PING_CHECK: "rc=1",
         WEIGHTS_STATE: '{"ok": false, "error": "fetcher or lockfile not installed"}',
         IMAGE_FACT: image_state(IMAGE, pulled=False, base=False, patched=False),
@@ -346,6 +352,9 @@ def running_units(s: Settings) -> list[str]:
     return units
 
 
+MODES = {"644": "-rw-r--r--", "600": "-rw-------", "755": "-rwxr-xr-x"}
+
+
 def converged(
     s: Settings,
     *,
@@ -367,10 +376,17 @@ def converged(
     canned: dict[Any, Any] = {}
     for path, (data, mode) in owned.items():
         canned[owned_of(path)] = f"file {mode} root root {hashlib.sha256(data).hexdigest()}"
+        canned[stat_of(path)] = (
+            f"user=root group=root mode={MODES[mode]} atime=0 mtime=0 ctime=0 "
+            f"size={len(data)} '{path}'"
+        )
         canned[contents_of(path)] = data.decode().splitlines()
     dirs = [k.install_dir, paths(s)["bin_dir"], k.config_dir, k.weights_dir, k.cache_dir]
     for path in dirs:
         canned[owned_of(path)] = "dir 755 root root"
+        canned[stat_of(path)] = (
+            f"user=root group=root mode=drwxr-xr-x atime=0 mtime=0 ctime=0 size=4096 '{path}'"
+        )
     for unit in running_units(s):
         canned[unit_fact(unit, "SubState")] = [f"Id={unit}.service", "SubState=running"]
         canned[unit_fact(unit, "UnitFileState")] = [f"Id={unit}.service", "UnitFileState=enabled"]
