@@ -540,6 +540,10 @@ def test_limit_worker_repairs_the_workers_fabric_env_and_unit_and_the_pair_serve
     since = int(head.sh("date +%s")) + 1
     time.sleep(1.5)
     r = pyinfra("-y", "--json", "--limit", "worker", INV, "deploy.py")
+    # read before the test's own checks reach the head (they run sudo there too)
+    log = head.sh(f"journalctl _COMM=sudo --since=@{since} --no-pager -o cat || true")
+    assert [line for line in log.splitlines() if "COMMAND=" in line and "journalctl" not in line] \
+        == [], "the control machine reached the head"  # fmt: skip
     assert r.rc == 0, r.output[-6000:]
     assert "is not in this run" in r.output and "smoke test and the serving gates are skipped" in (
         r.output
@@ -552,9 +556,6 @@ def test_limit_worker_repairs_the_workers_fabric_env_and_unit_and_the_pair_serve
     assert worker.sh(f"cat {unit}") == unit_before
     assert head.unit_started("sparkrig-head") != head_before  # restarted, by its supervisor
     wait_for("the pair answers after the worker-only run", lambda: serving(head), 300)
-    log = head.sh(f"journalctl _COMM=sudo --since=@{since} --no-pager -o cat || true")
-    assert [line for line in log.splitlines() if "COMMAND=" in line and "journalctl" not in line] \
-        == [], "the control machine reached the head"  # fmt: skip
 
 
 # --- reboot orders: no deploy in between, the shipped defaults (no watchdog) ---------------------
