@@ -41,6 +41,7 @@ from sparkrig.facts import (
     WeightsReport,
     WeightsState,
 )
+from sparkrig.runscope import once_per_run
 from sparkrig.settings import Settings
 
 PART = "##SPARKRIG-PART"
@@ -375,14 +376,9 @@ class _Reads:
         self._lock_type = gevent.lock.Semaphore
 
 
-_READS: list[_Reads] = []  # one run at a time, like sparkrig.settings
-
-
 def _reads() -> _Reads:
     state = ctx_state.get()
-    if not _READS or _READS[0].state is not state:
-        _READS[:] = [_Reads(state)]
-    return _READS[0]
+    return once_per_run("state reads", state, lambda: _Reads(state))
 
 
 def _generation(state: Any) -> Any:

@@ -25,6 +25,7 @@ from sparkrig import hoststate
 from sparkrig.facts import GidNotFound, select_gid
 from sparkrig.gates import gates_passed, parse_gate_lines
 from sparkrig.render import render
+from sparkrig.runscope import once_per_run
 
 
 def fail_host(reason: str) -> StringCommand:
@@ -375,15 +376,10 @@ class PairRestart:
         return bool(self.fired())
 
 
-_RESTART: list[PairRestart] = []  # one run at a time, like sparkrig.settings
-
-
 def pair_restart() -> PairRestart:
     """The current run's pair-restart decision (one object for every host and phase)."""
     state = ctx_state.get()
-    if not _RESTART or _RESTART[0].state is not state:
-        _RESTART[:] = [PairRestart(state)]
-    return _RESTART[0]
+    return once_per_run("pair restart", state, lambda: PairRestart(state))
 
 
 @operation(is_idempotent=False)

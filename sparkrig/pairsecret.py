@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkrig.runscope import once_per_run
 from sparkrig.settings import Settings
 
 
@@ -95,9 +96,6 @@ def decide(
     return PairSecret(make(), "no rank holds one: a new one made")
 
 
-_DECIDED: list[tuple[object, PairSecret]] = []  # (state, decision): one run at a time
-
-
 def pair_secret(s: Settings) -> PairSecret:
     """The run's decision, made once (every host of the run installs the same secret)."""
     from pyinfra import host
@@ -107,21 +105,21 @@ def pair_secret(s: Settings) -> PairSecret:
     from sparkrig.settings import for_inventory
 
     state = ctx_state.get()
-    if _DECIDED and _DECIDED[0][0] is state:
-        return _DECIDED[0][1]
-    inventory = host.inventory
-    everyone = for_inventory(inventory)
-    held: dict[str, str] = {}
-    missing: list[str] = []
-    for rank in s.ranks:
-        other = inventory.get_host(rank.name)
-        if state.is_host_in_limit(other):
-            held[rank.name] = hoststate.read(everyone[rank.name]).pair_secret
-        else:
-            missing.append(rank.name)
-    k = s.knobs
-    decision = decide(
-        control_token(k.pair_token_file), held, missing, k.pair_token_rotate, k.pair_token_file
-    )
-    _DECIDED[:] = [(state, decision)]
-    return decision
+
+    def make_decision() -> PairSecret:
+        inventory = host.inventory
+        everyone = for_inventory(inventory)
+        held: dict[str, str] = {}
+        missing: list[str] = []
+        for rank in s.ranks:
+            other = inventory.get_host(rank.name)
+            if state.is_host_in_limit(other):
+                held[rank.name] = hoststate.read(everyone[rank.name]).pair_secret
+            else:
+                missing.append(rank.name)
+        k = s.knobs
+        return decide(
+            control_token(k.pair_token_file), held, missing, k.pair_token_rotate, k.pair_token_file
+        )
+
+    return once_per_run("pair secret", state, make_decision)

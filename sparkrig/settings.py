@@ -16,6 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pyinfra.api.exceptions import DeployError
 
+from sparkrig.runscope import once_per_run
+
 HEAD_GROUP = "head"
 WORKER_GROUP = "worker"
 PROFILES = ("single", "shared", "guard", "long")
@@ -426,17 +428,16 @@ def current() -> Settings:
     return for_inventory(ctx_inventory.get())[host.name]  # the real object, not the proxy
 
 
-_CACHE: list[tuple[Any, dict[str, Settings]]] = []  # (inventory, settings): one run at a time
-
-
 def for_inventory(inventory: Any) -> dict[str, Settings]:
     """Validate once per inventory object (the deploy file runs once per host), lockfiles
     included: a missing or stale lockfile stops the run before any command reaches a host."""
-    if not _CACHE or _CACHE[0][0] is not inventory:
+
+    def validate() -> dict[str, Settings]:
         from sparkrig.weights import artifacts  # imports this module
 
         settings = build(view_of(inventory))
         for s in settings.values():
             artifacts(s)  # raises DeployError naming the lockfile and the command to make it
-        _CACHE[:] = [(inventory, settings)]
-    return _CACHE[0][1]
+        return settings
+
+    return once_per_run("settings", inventory, validate)
