@@ -342,8 +342,9 @@ class WeightsState(FactBase[WeightsReport]):
 
 class PairSecretFile(FactBase[str]):
     """
-    The agents' shared secret installed on this rank (stripped), "" when there is none. Read so
-    the secret lives with the pair: a control machine without it takes the pair's.
+    A one-line secret installed on this rank (stripped), "" when there is none: the agents'
+    shared secret, the head's API key. Read so a secret lives with the pair: a control machine
+    without it takes the pair's (sparkrig/pairsecret.py).
     """
 
     default = str
@@ -353,8 +354,8 @@ class PairSecretFile(FactBase[str]):
 
     def process(self, output: list[str]) -> str:
         if END not in output:
-            raise FactProcessError("pair secret read ended early (no end marker)")
+            raise FactProcessError("secret read ended early (no end marker)")
         lines = [line for line in output[: output.index(END)] if line.strip()]
         if len(lines) > 1:
-            raise FactProcessError("the installed pair secret is not a single line")
+            raise FactProcessError("the installed secret is not a single line")
         return lines[0].strip() if lines else ""

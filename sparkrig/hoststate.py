@@ -197,6 +197,7 @@ class HostReport:
     running: dict[str, bool] = field(default_factory=dict)  # unit (with .service) -> running
     enabled: dict[str, bool] = field(default_factory=dict)
     pair_secret: str = ""  # the agents' secret installed here (sparkrig/pairsecret.py)
+    api_key: str = ""  # the head: the API key installed here ("" elsewhere, or none installed)
 
     def file(self, path: str) -> PathState | None:
         if path not in self.files:
@@ -277,8 +278,8 @@ def assemble(parts: tuple[Part, ...], lines: list[str]) -> HostReport:
             report["running"][name] = bool(value.get(name))
         elif kind == "enabled":
             report["enabled"][name] = bool(value.get(name))
-        elif kind == "pair_secret":
-            report["pair_secret"] = value
+        elif kind in ("pair_secret", "api_key"):
+            report[kind] = value
     return HostReport(**report)
 
 
@@ -349,6 +350,8 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
         args = {"fetcher": fetcher, "lock": a.remote_lock, "dest": a.dest}
         parts.append(Part(f"weights:{a.remote_lock}", WeightsState, tuple(sorted(args.items()))))
     parts.append(Part("pair_secret", PairSecretFile, (("path", paths(s)["pair_token"]),)))
+    if s.me.is_head:  # the API key lives with the head (sparkrig/pairsecret.py api_key)
+        parts.append(Part("api_key", PairSecretFile, (("path", paths(s)["api_key"]),)))
     parts += [Part(f"file:{f}", OwnedFile, (("path", f),)) for f in owned_files(s)]
     parts += [Part(f"dir:{d}", OwnedDir, (("path", d),)) for d in owned_dirs(s)]
     for unit in units(s):

@@ -1,13 +1,16 @@
-"""The agents' shared secret lives with the pair, not with a control machine.
+"""Secrets that live with the pair, not with a control machine: the agents' shared secret and
+the API key.
 
 A fresh clone or a second operator's machine has no control-side copy; the deploy then takes the
-secret the ranks already hold, so it never rotates behind the running agents. A new secret is made
-only when no rank holds one (first deploy) or when the operator asks for it (``pair_token_rotate``).
-Ranks holding different secrets are refused before anything changes. The decision needs the ranks'
-installed files (a fact), so it is made in the tasks, once per run (``pair_secret``)."""
+one the ranks already hold, so it never rotates behind the running agents or the API's clients. A
+new one is made only when no rank holds one (first deploy) or when the operator asks for it
+(``pair_token_rotate``, ``api_key_rotate``). Ranks holding different secrets are refused before
+anything changes. The decision needs the ranks' installed files (the state read), so it is made
+in the tasks, once per run (``pair_secret``, ``api_key``)."""
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,16 +21,44 @@ from sparkrig.settings import Settings
 
 
 @dataclass(frozen=True)
-class PairSecret:
+class Secret:
     token: str  # what every rank of the run must hold; "" when refused
     source: str  # said in the run's log
     problem: str = ""  # non-empty: refuse before any change
     warning: str = ""
 
 
+@dataclass(frozen=True)
+class Kind:
+    """What ``decide`` calls a secret and its holders in the run's messages."""
+
+    name: str  # "pair secret"
+    knob: str  # its rotation knob
+    rotate_how: str  # how to rotate it, said in problems and warnings
+    holders: str = "the pair"  # who holds it: "the pair's is kept"
+    scope: str = "every rank"  # who must be in the run to rotate it
+    none_held: str = "no rank holds one"
+    stale_control: str = "ignored (delete it, or {how})"  # a differing control-side copy
+
+
 ROTATE_HOW = (
     "set pair_token_rotate = True for one run (e.g. --data pair_token_rotate=True) with every "
     "rank in it: one new secret on every rank, their agents, supervisor and watchdog restarted"
+)
+PAIR = Kind("pair secret", "pair_token_rotate", ROTATE_HOW)
+API_ROTATE_HOW = (
+    "set api_key_rotate = True for one run (e.g. --data api_key_rotate=True) with the head in "
+    "it: a new key on the head, its serving restarted in order, the key written to api_key_file "
+    "(every client needs the new one)"
+)
+API_KEY = Kind(
+    "API key",
+    "api_key_rotate",
+    API_ROTATE_HOW,
+    holders="the head",
+    scope="the head",
+    none_held="the head holds none",
+    stale_control="overwritten with it: clients must use the head's key ({how} to change it)",
 )
 
 
@@ -48,55 +79,59 @@ def decide(
     rotate: bool,
     control_file: str,
     make: Callable[[], str] = new_token,
-) -> PairSecret:
+    kind: Kind = PAIR,
+) -> Secret:
     """Which secret the run installs.
 
     control: the control side's copy ("" none); held: rank name -> installed secret ("" none) of
-    every rank in the run; missing_ranks: ranks not in the run; rotate: pair_token_rotate."""
+    every holder in the run; missing_ranks: holders not in the run; rotate: the rotation knob;
+    kind: what the messages call it (``PAIR``, ``API_KEY``)."""
+    how = kind.rotate_how
     if rotate:
         if missing_ranks:
-            return PairSecret(
+            return Secret(
                 "",
                 "",
-                problem=f"pair_token_rotate needs every rank in the run; "
+                problem=f"{kind.knob} needs {kind.scope} in the run; "
                 f"{', '.join(missing_ranks)} not in it (run without --limit)",
             )
-        return PairSecret(make(), "rotated on request (pair_token_rotate)")
+        return Secret(make(), f"rotated on request ({kind.knob})")
     found = {name: token for name, token in held.items() if token}
     distinct = sorted(set(found.values()))
     if len(distinct) > 1:
         groups = sorted(
             "/".join(sorted(n for n, t in found.items() if t == token)) for token in distinct
         )
-        return PairSecret(
+        return Secret(
             "",
             "",
-            problem=f"the ranks hold different pair secrets ({' vs '.join(groups)}): their "
-            f"agents refuse each other; {ROTATE_HOW}",
+            problem=f"the ranks hold different {kind.name}s ({' vs '.join(groups)}): their "
+            f"agents refuse each other; {how}",
         )
     if distinct:
         holders = ", ".join(sorted(found))
         warning = ""
         if control and control != distinct[0]:
+            stale = kind.stale_control.format(how=how)
             warning = (
-                f"{control_file} differs from the secret the pair holds ({holders}); the pair's "
-                f"is kept and {control_file} ignored (delete it, or {ROTATE_HOW})"
+                f"{control_file} differs from the {kind.name} {kind.holders} holds ({holders}); "
+                f"{kind.holders}'s is kept and {control_file} {stale}"
             )
-        return PairSecret(distinct[0], f"the one the pair holds ({holders})", warning=warning)
+        return Secret(distinct[0], f"the one {kind.holders} holds ({holders})", warning=warning)
     if control:
-        return PairSecret(control, f"no rank holds one: {control_file} installed")
+        return Secret(control, f"{kind.none_held}: {control_file} installed")
     if missing_ranks:
-        return PairSecret(
+        return Secret(
             "",
             "",
-            problem=f"no rank in this run holds the pair secret, {control_file} does not exist, "
-            f"and {', '.join(missing_ranks)} not in the run: a new secret made now would "
+            problem=f"no rank in this run holds the {kind.name}, {control_file} does not exist, "
+            f"and {', '.join(missing_ranks)} not in the run: a new one made now would "
             "differ from theirs; run the deploy with every rank",
         )
-    return PairSecret(make(), "no rank holds one: a new one made")
+    return Secret(make(), f"{kind.none_held}: a new one made")
 
 
-def pair_secret(s: Settings) -> PairSecret:
+def pair_secret(s: Settings) -> Secret:
     """The run's decision, made once (every host of the run installs the same secret)."""
     from pyinfra import host
     from pyinfra.context import ctx_state
@@ -106,7 +141,7 @@ def pair_secret(s: Settings) -> PairSecret:
 
     state = ctx_state.get()
 
-    def make_decision() -> PairSecret:
+    def make_decision() -> Secret:
         inventory = host.inventory
         everyone = for_inventory(inventory)
         held: dict[str, str] = {}
@@ -123,3 +158,57 @@ def pair_secret(s: Settings) -> PairSecret:
         )
 
     return once_per_run("pair secret", state, make_decision)
+
+
+def api_key(s: Settings) -> Secret | None:
+    """The run's API key, decided once from the head's installed key (its state read); None when
+    nothing about the key is decided: the API is open (``api_auth = False``) or the head is not in
+    the run (``--limit worker``; rotating then is refused)."""
+    from pyinfra import host
+    from pyinfra.context import ctx_state
+
+    from sparkrig import hoststate
+    from sparkrig.settings import for_inventory
+
+    state = ctx_state.get()
+
+    def make_decision() -> Secret | None:
+        inventory = host.inventory
+        head = for_inventory(inventory)[s.head.name]
+        k = head.knobs  # the head's: the key is the head's business
+        if not k.api_auth:
+            return None
+        control = control_token(k.api_key_file)
+        if not state.is_host_in_limit(inventory.get_host(s.head.name)):
+            if k.api_key_rotate:  # refused, never silently skipped
+                return decide(control, {}, [s.head.name], True, k.api_key_file, kind=API_KEY)
+            return None
+        held = {s.head.name: hoststate.read(head).api_key}
+        return decide(control, held, [], k.api_key_rotate, k.api_key_file, kind=API_KEY)
+
+    return once_per_run("api key", state, make_decision)
+
+
+def write_control_copy(path: str, token: str) -> None:
+    """Write ``token`` to the control side's ``path``, 0600 from the first byte, renamed over."""
+    file = Path(path).expanduser()
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(f".{file.name}.sparkrig-new")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.replace(tmp, file)
+
+
+def write_control_copy_later(path: str, token: str) -> Callable[[], None]:
+    """``write_control_copy`` for ``python.call``: runs when the run executes (never in --dry),
+    says so in the log; the token stays in the closure (no operation argument shows it)."""
+
+    def write() -> None:
+        from pyinfra import host, logger
+
+        write_control_copy(path, token)
+        logger.info(f"{host.print_prefix}the head's API key written to {path} (0600) for clients")
+
+    return write

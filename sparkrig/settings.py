@@ -96,6 +96,7 @@ class Knobs(BaseModel):
     api_port: int = _cluster(ge=1, le=65535)
     api_auth: bool
     api_key_file: str = Field(min_length=1)
+    api_key_rotate: bool
     master_port: int = _cluster(ge=1, le=65535)
     pair_port: int = _cluster(ge=1, le=65535)
     copy_port: int = _cluster(ge=1, le=65535)
@@ -388,6 +389,11 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                 problems.append(
                     f"{name}: base_image: missing; pin the vLLM image by digest "
                     "(repo@sha256:<64 hex>) in group_data/all.py"
+                )
+            if k.api_key_rotate and not k.api_auth:
+                problems.append(
+                    f"{name}: api_key_rotate: True with api_auth = False: an open API has no key "
+                    "to rotate (set api_auth = True, or drop api_key_rotate)"
                 )
             if k.watchdog and k.watchdog_grace_s < k.ready_timeout_s:
                 problems.append(

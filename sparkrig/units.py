@@ -207,20 +207,6 @@ def pair_unit_context(s: Settings) -> dict[str, Any]:
     }
 
 
-def api_key(path: str) -> str:
-    """The API key, kept on the control machine; made once, then reused, so clients keep working
-    across deploys (the agents' secret lives with the pair instead: sparkrig/pairsecret.py)."""
-    import secrets
-    from pathlib import Path
-
-    file = Path(path)
-    if not file.exists():
-        file.parent.mkdir(parents=True, exist_ok=True)
-        file.write_text(secrets.token_hex(24) + "\n")
-        file.chmod(0o600)
-    return file.read_text().strip()
-
-
 def restart_args(s: Settings) -> str:
     k = s.knobs
     return " ".join(

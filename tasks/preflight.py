@@ -6,7 +6,7 @@ from pyinfra import host, inventory, logger
 
 from sparkrig import hoststate
 from sparkrig.operations import refuse
-from sparkrig.pairsecret import pair_secret
+from sparkrig.pairsecret import api_key, pair_secret
 from sparkrig.preflight import describe, problems, warnings
 from sparkrig.settings import current, for_inventory
 from sparkrig.weights import Artifact, artifacts
@@ -28,6 +28,12 @@ if secret.warning:
     logger.warning(f"{host.print_prefix}{secret.warning}")
 if secret.source:
     logger.info(f"{host.print_prefix}agents' secret: {secret.source}")
+# The API key: the head's own, decided only when the head is in the run (said on the head).
+api = api_key(s)
+if api is not None and api.warning and s.me.is_head:
+    logger.warning(f"{host.print_prefix}{api.warning}")
+if api is not None and api.source and s.me.is_head:
+    logger.info(f"{host.print_prefix}API key: {api.source}")
 
 
 # A checkout already complete at the pinned revisions needs no free space for the weights.
@@ -39,6 +45,7 @@ def complete_here(art: Artifact) -> bool:
 complete = all(complete_here(art) for art in artifacts(s))
 found = problems(s, node, peers, weights_complete=complete)
 found += [secret.problem] if secret.problem else []
+found += [api.problem] if api is not None and api.problem else []
 
 # weights_verify = "full" re-hashes ~181 GiB through the page cache: never beside a serving rank
 # (REFERENCE §1.3: hard power-offs while sha256sum flooded the page cache; §5.2).

@@ -7,7 +7,7 @@ head's supervisor for the ordered restart, so the pair serves again at the end o
 import shlex
 
 from pyinfra import host, inventory, logger
-from pyinfra.operations import server, systemd
+from pyinfra.operations import python, server, systemd
 
 from sparkrig import hoststate
 from sparkrig.image import serving_image
@@ -23,15 +23,13 @@ from sparkrig.operations import (
     service,
     wait_for_ranks,
 )
-from sparkrig.pairsecret import pair_secret
+from sparkrig.pairsecret import api_key, control_token, pair_secret, write_control_copy_later
 from sparkrig.render import render
 from sparkrig.settings import current, for_inventory
 from sparkrig.units import (
     SMOKE_CONTAINER,
     agent_unit_context,
-    api_key,
     api_key_env,
-    api_key_file,
     base_context,
     pair_unit_context,
     paths,
@@ -60,30 +58,41 @@ program(
     dest=f"{k.install_dir}/sparkrig_gate.py",
 )
 image = serving_image(s)  # the patched image every rank runs (tasks/image.py builds it)
-# The API key (knob api_auth): made once on the control machine, on the head twice 0600 root:
-# the key alone for the gates and the watchdog's probe, and the docker env file that gives it to
-# vLLM as VLLM_API_KEY (in no unit file, no argv, no `ps`). A new key restarts the pair (vLLM
-# reads it at start). Off: both files go and the rank unit loses its --env-file.
+# The API key (knob api_auth) lives with the head, like the agents' secret (sparkrig/pairsecret.py):
+# the head's installed key wins, the control side's copy (api_key_file) is used only when the head
+# has none, a new one is made only when neither has one or on request (api_key_rotate). On the head
+# 0600 root twice: the key alone for the gates and the watchdog's probe, and the docker env file
+# that gives it to vLLM as VLLM_API_KEY (in no unit file, no argv, no `ps`). A new key restarts the
+# pair (vLLM reads it at start). The control side gets a copy of the head's key when it lacks it,
+# for the clients. Without the head in the run (--limit worker) nothing about the key is decided.
+# Off: both files go and the rank unit loses its --env-file.
 is_head = s.me.is_head
 head_knobs = for_inventory(inventory)[s.head.name].knobs  # head-only knobs, the same everywhere
-key = api_key(k.api_key_file) if api_key_file(s) else ""  # read on the head alone
-if head_knobs.api_auth:
+api = api_key(s)
+if head_knobs.api_auth and api is not None and api.token:
     on_head(
         is_head,
         secret_file,
         name="Install the API key",
-        text=key + "\n",
+        text=api.token + "\n",
         dest=p["api_key"],
     )
     key_env = on_head(
         is_head,
         secret_file,
         name="Install the API key env file for vLLM",
-        text=api_key_env(key),
+        text=api_key_env(api.token),
         dest=p["api_key_env"],
     )
     pair_restart().trigger("api_key", key_env)
-else:
+    if control_token(head_knobs.api_key_file) != api.token:
+        on_head(
+            is_head,
+            python.call,
+            name="Keep a copy of the head's API key on the control machine",
+            function=write_control_copy_later(head_knobs.api_key_file, api.token),
+        )
+elif not head_knobs.api_auth:
     for path in host.loop([p["api_key"], p["api_key_env"]]):
         on_head(
             is_head,

@@ -99,6 +99,7 @@ NODE = re.compile(r"^sh -c '\nd=\S+; while \[ ! -d \"\$d\" \]")
 GIDS = re.compile(r"^grep -H \. /sys/class/infiniband/\*/ports/\*/gids/\* ")
 RANK_STATUS = re.compile(r"echo \"gid_live=\$g\"")  # status.py's one read per rank
 PAIR_SECRET = re.compile(r"^cat /etc/sparkrig/pair-token 2>/dev/null; echo ")  # installed secret
+API_KEY = re.compile(r"^cat /etc/sparkrig/api-key 2>/dev/null; echo ")  # the head's installed key
 
 
 def rank_status(**values: Any) -> list[str]:
@@ -161,6 +162,7 @@ def bare(ip: str) -> dict[Any, Any]:
         NODE: node_report(),
         RANK_STATUS: rank_status(unit_ActiveState="inactive", unit_SubState="dead", mtu=1500),
         PAIR_SECRET: ["##SPARKRIG-END##"],  # no secret installed
+        API_KEY: ["##SPARKRIG-END##"],  # no API key installed
         GIDS: gid_table(HCA, "enp1s0f1np1", ip),  # the GID appears once the address is applied
         re.compile(rf"^p={OURS}; if \[ -L "): "",  # nothing sparkrig owns exists yet
         re.compile(rf"^! \(test -e {OURS} \|\| test -L "): "",
@@ -257,7 +259,6 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     from sparkrig.render import render
     from sparkrig.units import (
         agent_unit_context,
-        api_key,
         api_key_env,
         api_key_file,
         base_context,
@@ -308,8 +309,8 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     if token is not None:
         text[p["token_file"]] = (token, "600")
     if api_key_file(s):
-        text[p["api_key"]] = (api_key(k.api_key_file) + "\n", "600")
-        text[p["api_key_env"]] = (api_key_env(api_key(k.api_key_file)), "600")
+        text[p["api_key"]] = (control_token(k.api_key_file) + "\n", "600")
+        text[p["api_key_env"]] = (api_key_env(control_token(k.api_key_file)), "600")
     if s.me.is_head:
         text[p["restart_script"]] = (
             render("sparkrig-restart-pair.j2", **base_context(s), restart_args=restart_args(s)),
@@ -394,6 +395,8 @@ def converged(
     canned[GIDS] = gid_table(HCA, s.me.fabric_interface, ip, index=gid_index)
     secret = owned[paths(s)["pair_token"]][0].decode().strip()
     canned[PAIR_SECRET] = [secret, "##SPARKRIG-END##"] if secret else ["##SPARKRIG-END##"]
+    key = owned.get(paths(s)["api_key"], (b"", ""))[0].decode().strip()
+    canned[API_KEY] = [key, "##SPARKRIG-END##"] if key else ["##SPARKRIG-END##"]
     canned[NODE] = node_report(
         mtu=mtu,
         ipv4=s.me.fabric_address.with_prefixlen,

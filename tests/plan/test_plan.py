@@ -567,17 +567,6 @@ def test_the_api_key_never_appears_in_dry_diff_output(monkeypatch):
     assert not [c for cmds in r.commands.values() for c in cmds if key in c]
 
 
-def test_a_new_api_key_restarts_the_pair_in_order(monkeypatch):
-    converge_state()
-    r = apply(monkeypatch, "--data", "api_key_file=tests/plan/api-key-2")
-    assert r.exit_code == 0, r.output
-    new = open("tests/plan/api-key-2").read().strip()
-    assert r.uploads[HEAD][API_ENV] == f"VLLM_API_KEY={new}\n".encode()
-    assert HEAD_UNIT not in r.uploads[HEAD]  # the unit names the file, not the key
-    assert "systemctl stop sparkrig-head.service" in r.commands[HEAD]
-    assert "systemctl start sparkrig-head.service" in r.commands[HEAD]
-
-
 def test_api_auth_off_removes_the_key_the_env_file_and_the_header(monkeypatch):
     converge_state()  # the head holds both key files
     r = apply(monkeypatch, "--data", "api_auth=False")

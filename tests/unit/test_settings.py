@@ -108,6 +108,10 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
             "spark-0: watchdog_grace_s: 1800 is below ready_timeout_s 3600",
         ),
         (
+            lambda v: edit(v, "head", 0, api_auth=False, api_key_rotate=True),
+            "spark-0: api_key_rotate: True with api_auth = False: an open API has no key",
+        ),
+        (
             lambda v: edit(v, "worker", 0, api_port=9000),
             "spark-1: api_port: 9000 differs from spark-0's 8000; it must be equal on every host",
         ),
