@@ -13,7 +13,7 @@ import time
 import pytest
 
 from sparkrig.facts import RoceGids, parse_gid_lines
-from tests.lab.conftest import STATE, Lab, pyinfra
+from tests.lab.conftest import ROOT, STATE, Lab, pyinfra
 
 pytestmark = pytest.mark.lab
 INV = "lab/inventory.py"
@@ -305,6 +305,36 @@ def test_a_second_operator_keeps_the_pair_secret_and_rotation_restarts_the_agent
     head.sh("/opt/sparkrig/bin/sparkrig-restart-pair", timeout=1800)
     wait_for("the pair answers after sparkrig-restart-pair", lambda: serving(head), 1800)
     assert head.unit_started("sparkrig-head") != head_before
+
+
+def test_a_second_operator_keeps_the_api_key_and_gets_a_copy_for_clients(lab: Lab, tmp_path):
+    """Issue 10 item 6 with issue 11 item 1: a second fresh clone (no .sparkrig/api-key, no
+    pair-token) deploys: the head keeps its key (nothing restarts), the clone gets a 0600 copy of
+    it, and a client holding the first clone's key still gets 200."""
+    head = lab.head
+    first = (ROOT / ".sparkrig" / "api-key").read_text().strip()  # the first clone's copy
+    assert head.sh(f"cat {API_KEY}").strip() == first
+    started = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
+    clone = tmp_path / "second-clone" / ".sparkrig"  # as in a fresh clone: neither file exists
+    r = pyinfra(
+        "-y", "--json", "--data", f"api_key_file={clone / 'api-key'}",
+        "--data", f"pair_token_file={clone / 'pair-token'}", INV, "deploy.py",
+    )  # fmt: skip
+    assert r.rc == 0, r.output[-4000:]
+    copy = "Keep a copy of the head's API key on the control machine"
+    assert changed_ops(r.stdout) == {head.name: [copy]}  # nothing changed on any guest
+    assert head.sh(f"cat {API_KEY}").strip() == first
+    assert {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests} == started
+    assert (clone / "api-key").read_text().strip() == first
+    assert (clone / "api-key").stat().st_mode & 0o777 == 0o600
+    assert not (clone / "pair-token").exists()
+    math = json.dumps({"model": "glm-5.3-flash", "messages": [{"role": "user", "content": "2+2"}]})
+    post = (
+        f"printf 'Authorization: Bearer %s\\n' '{first}' | curl -s -H @- -o /dev/null "
+        "-w '%{http_code}' -H 'Content-Type: application/json' "
+        f"--data-binary '{math}' http://127.0.0.1:8000/v1/chat/completions"
+    )
+    assert head.sh(post).strip() == "200"  # the first clone's clients keep working
 
 
 def test_limit_worker_fixes_the_worker_and_leaves_the_head_alone(lab: Lab):
