@@ -16,12 +16,13 @@ import time
 from pyinfra import host, logger
 from pyinfra.facts.server import Command
 
+from sparkrig.failhost import refuse
 from sparkrig.gates import gate_command, gates_passed, parse_gate_lines
 from sparkrig.image import serving_image
-from sparkrig.operations import refuse
+from sparkrig.paths import paths
+from sparkrig.serving import api_key_file
 from sparkrig.settings import current
 from sparkrig.status import RankStatus, budget_line, budget_problems, fact_args, line, problems
-from sparkrig.units import api_key_file, paths
 
 s = current()
 p = paths(s)

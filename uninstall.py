@@ -13,10 +13,11 @@ to move back. Live sysctl values stay until the next boot. A deploy afterwards c
 from pyinfra import host, logger
 from pyinfra.operations import files, server, systemd
 
+from sparkrig.fabric import DISPLACED_DIR
+from sparkrig.host import SYSCTL_FILE
 from sparkrig.image import ImageState, patched_tag, prune_commands, prune_old_images
-from sparkrig.preflight import DISPLACED_DIR
+from sparkrig.paths import paths
 from sparkrig.settings import current
-from sparkrig.units import paths
 
 s = current()
 k = s.knobs
@@ -60,7 +61,7 @@ systemd.daemon_reload(
     name="Reload systemd after the units went", _if=lambda: any(r.did_change() for r in removed)
 )
 
-files.file(name="Remove the sparkrig sysctl file", path="/etc/sysctl.d/90-sparkrig.conf",
+files.file(name="Remove the sparkrig sysctl file", path=SYSCTL_FILE,
            present=False)  # fmt: skip
 netplan = files.file(
     name="Remove the fabric netplan file", path=k.fabric_netplan_file, present=False

@@ -23,7 +23,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.command import QuoteString
@@ -31,18 +31,14 @@ from pyinfra.api.exceptions import FactProcessError
 from pyinfra.context import ctx_state
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-from sparkrig.facts import (
-    END,
-    GidEntry,
-    Node,
-    NodeReport,
-    PairSecretFile,
-    RoceGids,
-    WeightsReport,
-    WeightsState,
-)
+from sparkrig.factlines import END
+from sparkrig.host import SYSCTL_FILE, Node, NodeReport, node_args
 from sparkrig.runscope import once_per_run
 from sparkrig.settings import Settings
+
+if TYPE_CHECKING:  # the domain modules' operations read this module: imported lazily below
+    from sparkrig.fabric import GidEntry
+    from sparkrig.weights import WeightsReport
 
 PART = "##SPARKRIG-PART"
 RC = "##SPARKRIG-RC"
@@ -189,7 +185,7 @@ class HostReport:
 
     node: NodeReport = field(default_factory=NodeReport)
     gids: tuple[GidEntry, ...] = ()
-    image: Any = None  # sparkrig.image.ImageReport (imported lazily: image imports operations)
+    image: Any = None  # sparkrig.image.ImageReport (imported lazily: image reads this module)
     image_args: tuple[tuple[str, Any], ...] = ()
     weights: dict[str, WeightsReport] = field(default_factory=dict)  # by remote lockfile
     files: dict[str, PathState | None] = field(default_factory=dict)
@@ -290,12 +286,12 @@ def assemble(parts: tuple[Part, ...], lines: list[str]) -> HostReport:
 
 def owned_files(s: Settings) -> list[str]:
     """Every file the deploy writes whole on this host (a new owned file goes here)."""
-    from sparkrig.units import paths
+    from sparkrig.paths import paths
     from sparkrig.weights import artifacts
 
     k, p = s.knobs, paths(s)
     files = [
-        "/etc/sysctl.d/90-sparkrig.conf",
+        SYSCTL_FILE,
         f"{p['bin_dir']}/sparkrig-prep",
         k.fabric_netplan_file,
         p["env_file"],
@@ -317,7 +313,7 @@ def owned_files(s: Settings) -> list[str]:
 
 
 def owned_dirs(s: Settings) -> list[str]:
-    from sparkrig.units import paths
+    from sparkrig.paths import paths
 
     k = s.knobs
     return [k.install_dir, paths(s)["bin_dir"], k.config_dir, k.weights_dir, k.cache_dir]
@@ -331,10 +327,11 @@ def units(s: Settings) -> list[str]:
 
 def parts_of(s: Settings) -> tuple[Part, ...]:
     """The parts of ``s``'s host's state read (the same whoever asks)."""
+    from sparkrig.fabric import RoceGids
     from sparkrig.image import ImageState, patched_tag
-    from sparkrig.preflight import node_args
-    from sparkrig.units import paths
-    from sparkrig.weights import artifacts
+    from sparkrig.pairsecret import PairSecretFile
+    from sparkrig.paths import paths
+    from sparkrig.weights import WeightsState, artifacts
 
     k = s.knobs
     parts = [

@@ -31,9 +31,9 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError, OperationValueError
 
 from sparkrig import hoststate
-from sparkrig.facts import END, parse_key_values
+from sparkrig.factlines import END, parse_key_values
+from sparkrig.failhost import fail_host
 from sparkrig.imagehash import base_digest, context_files, image_ref, image_tag
-from sparkrig.operations import fail_host
 from sparkrig.settings import Settings
 
 FILES_DIR = Path(__file__).resolve().parent.parent / "files"

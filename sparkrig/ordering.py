@@ -7,7 +7,13 @@ them before any command reaches a host."""
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import operation
 from pyinfra.api.exceptions import DeployError
+from pyinfra.api.operation import OperationMeta
 
 ORDER_BREAKING = {
     "serial": "--serial runs the hosts one after the other in an unspecified order",
@@ -33,3 +39,44 @@ def refuse_unordered_run(params: dict[str, object] | None = None) -> None:
             + ". Every host must run the same operations in step so the workers' ranks start "
             "before the head's (worker-before-head); run without --serial and --no-wait."
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Operations some hosts act on: one idiom (every host has them, so all share one sequence)
+# ---------------------------------------------------------------------------------------------
+
+
+@operation()
+def acting_where(
+    acting: bool, elsewhere: str, op: Any, kwargs: dict[str, Any]
+) -> Generator[Any, None, None]:
+    """
+    ``op`` on the hosts where ``acting`` holds, a no-op elsewhere (saying ``elsewhere``): every
+    host has the operation, so pyinfra's barrier orders it the same way on all of them.
+
+    + acting: whether this host acts
+    + elsewhere: the no-op reason where it does not
+    + op: a sparkrig or pyinfra operation
+    + kwargs: its arguments
+    """
+    if not acting:
+        host.noop(elsewhere)
+        return
+    yield from op._inner(**kwargs)
+
+
+def role_op(acting: bool, elsewhere: str, op: Any, name: str, **kwargs: Any) -> OperationMeta:
+    global_args = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("_")}
+    return acting_where(
+        name=name, acting=acting, elsewhere=elsewhere, op=op, kwargs=kwargs, **global_args
+    )
+
+
+def on_head(is_head: bool, op: Any, name: str, **kwargs: Any) -> OperationMeta:
+    """The idiom for "only on the head": ``on_head(s.me.is_head, put_text, name=..., ...)``."""
+    return role_op(is_head, "the head alone acts here", op, name, **kwargs)
+
+
+def on_workers(is_head: bool, op: Any, name: str, **kwargs: Any) -> OperationMeta:
+    """The idiom for "only on the workers": ``on_workers(s.me.is_head, op, name=..., ...)``."""
+    return role_op(not is_head, "the workers alone act here", op, name, **kwargs)

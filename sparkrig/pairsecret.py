@@ -16,8 +16,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api.exceptions import FactProcessError
+
+from sparkrig.factlines import END
 from sparkrig.runscope import once_per_run
 from sparkrig.settings import Settings
+
+
+class PairSecretFile(FactBase[str]):
+    """
+    A one-line secret installed on this rank (stripped), "" when there is none: the agents'
+    shared secret, the head's API key. Read so a secret lives with the pair: a control machine
+    without it takes the pair's (sparkrig/pairsecret.py).
+    """
+
+    default = str
+
+    def command(self, path: str) -> StringCommand:
+        return StringCommand("cat", QuoteString(path), "2>/dev/null;", "echo", QuoteString(END))
+
+    def process(self, output: list[str]) -> str:
+        if END not in output:
+            raise FactProcessError("secret read ended early (no end marker)")
+        lines = [line for line in output[: output.index(END)] if line.strip()]
+        if len(lines) > 1:
+            raise FactProcessError("the installed secret is not a single line")
+        return lines[0].strip() if lines else ""
 
 
 @dataclass(frozen=True)

@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-from sparkrig.facts import NodeReport
-from sparkrig.settings import Rank, Settings
+from sparkrig.fabric import DISPLACED_DIR
+from sparkrig.host import NodeReport
+from sparkrig.settings import Settings
 
 GIB = 1024**3
-# where fabric_takeover moves other claims on the fabric NIC (their original path kept below it)
-DISPLACED_DIR = "/var/lib/sparkrig/displaced"
-
-
-def node_args(s: Settings, rank: Rank | None = None) -> dict[str, str]:
-    """Arguments of the Node fact for ``rank`` (default: this host): a part of its state read
-    (sparkrig/hoststate.py; pyinfra 3.10 caches no fact, so it is read there once per host)."""
-    rank = rank or s.me
-    return {
-        "weights_dir": s.knobs.weights_dir,
-        "fabric_interface": rank.fabric_interface,
-        "netplan_file": s.knobs.fabric_netplan_file,
-    }
 
 
 def fabric_claims(node: NodeReport) -> list[str]:

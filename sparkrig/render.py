@@ -1,4 +1,5 @@
-"""Render the templates/ directory with the same Jinja settings pyinfra's files.template uses."""
+"""Render the templates/ directory with the same Jinja settings pyinfra's files.template uses, and
+the context every template gets (the rank's identity and sparkrig's paths)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from sparkrig.paths import paths
+from sparkrig.settings import Settings
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
@@ -22,3 +26,18 @@ _ENV = Environment(
 def render(name: str, **context: Any) -> str:
     """Render ``templates/<name>``; a missing variable is an error, never an empty string."""
     return _ENV.get_template(name).render(**context)
+
+
+def base_context(s: Settings) -> dict[str, Any]:
+    """What every template of a rank gets: who it is, its unit and container, and the paths."""
+    return {
+        "host": s.me.name,
+        "rank": s.me.rank,
+        "role": s.me.role,
+        "nnodes": s.nnodes,
+        "ip": s.me.ip,
+        "interface": s.me.fabric_interface,
+        "unit": s.unit_name,
+        "container": s.container_name,
+        **paths(s),
+    }

@@ -11,7 +11,8 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import FactProcessError
 
-from sparkrig.facts import END, ipv4_mapped_gid, parse_key_values
+from sparkrig.fabric import ipv4_mapped_gid
+from sparkrig.factlines import END, parse_key_values
 from sparkrig.settings import Settings
 
 # Everything below only reads: systemctl show, docker inspect, cat/sed of files, stat, awk.
@@ -188,7 +189,7 @@ def memfree_floor_kb(s: Settings, memtotal_kb: int) -> int:
 
     from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value
     from sparkrig.scripts import load_script
-    from sparkrig.units import rank_serve_args
+    from sparkrig.serving import rank_serve_args
 
     prep = load_script(
         "sparkrig_prep", Path(__file__).resolve().parents[1] / "files" / "sparkrig_prep.py"

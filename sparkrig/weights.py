@@ -1,14 +1,23 @@
-"""Which artifacts a rank needs and their lockfiles, read and checked on the control machine."""
+"""The weights: which artifacts a rank needs and their lockfiles (read and checked on the control
+machine), what a rank holds of them (``WeightsState``, the fetcher's ``state`` in one command), and
+the operations that fetch, copy, re-hash and serve them (files/sparkrig_fetch.py does the work on
+the host)."""
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from pyinfra.api.exceptions import DeployError
+from pyinfra import host, logger
+from pyinfra.api import FactBase, QuoteString, StringCommand, operation
+from pyinfra.api.exceptions import DeployError, FactProcessError
 
-from sparkrig import lockfile
+from sparkrig import hoststate, lockfile
+from sparkrig.failhost import fail_host
 from sparkrig.settings import Settings
 
 
@@ -71,3 +80,165 @@ def token_text(token_file: str) -> str | None:
         return env.strip() + "\n"
     path = Path(os.path.expanduser(token_file))
     return path.read_text().strip() + "\n" if path.is_file() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The fact: weights on disk, judged against a lockfile
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WeightsReport:
+    ok: bool = False
+    error: str = ""
+    commit: str = ""  # of the lockfile on the host
+    total_files: int = 0
+    total_bytes: int = 0
+    verified: int = 0
+    unverified: int = 0  # right size, no valid stamp: hashed before deciding
+    missing: int = 0
+    partial: int = 0
+    mismatched: int = 0
+    files_to_fetch: int = -1
+    bytes_to_fetch: int = 0
+    fetch_state: str = ""
+
+    @property
+    def complete(self) -> bool:
+        return self.ok and self.files_to_fetch == 0
+
+    def summary(self) -> str:
+        if not self.ok:
+            return f"state unknown ({self.error or 'no answer'})"
+        return (
+            f"fetch {self.files_to_fetch} of {self.total_files} files, "
+            f"{self.bytes_to_fetch / 1024**3:.2f} GiB ({self.verified} verified, "
+            f"{self.unverified} to re-hash, {self.missing} missing, {self.partial} partial, "
+            f"{self.mismatched} mismatched)"
+        )
+
+
+_NO_WEIGHTS_STATE = '{"ok": false, "error": "fetcher or lockfile not installed"}'
+
+
+class WeightsState(FactBase[WeightsReport]):
+    """
+    What is on disk against the lockfile (the fetcher's ``state``: stamps, sizes, partials),
+    in one read-only command; "unknown" before the fetcher and lockfile are installed.
+    """
+
+    default = WeightsReport
+
+    def command(self, fetcher: str, lock: str, dest: str) -> StringCommand:
+        return StringCommand(
+            "test -x", QuoteString(fetcher), "&& test -f", QuoteString(lock), "&&",
+            QuoteString(fetcher), "state --lock", QuoteString(lock), "--dest", QuoteString(dest),
+            "2>/dev/null || echo", QuoteString(_NO_WEIGHTS_STATE),
+        )  # fmt: skip
+
+    def process(self, output: list[str]) -> WeightsReport:
+        try:
+            raw = json.loads("\n".join(output))
+        except json.JSONDecodeError as err:
+            raise FactProcessError(f"weights state is not JSON: {err}") from None
+        fields = {k: raw[k] for k in WeightsReport.__dataclass_fields__ if k in raw}
+        fields["fetch_state"] = str((raw.get("fetch") or {}).get("state") or "")
+        return WeightsReport(**fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# Operations
+# ---------------------------------------------------------------------------------------------
+
+
+@operation()
+def weights_present(
+    fetcher: str,
+    lock: str,
+    dest: str,
+    unit: str,
+    source: list[str],
+    commit: str,
+    total_files: int,
+    total_bytes: int,
+    source_absent: str = "",
+) -> Generator[Any, None, None]:
+    """
+    Make ``dest`` hold every file of the lockfile, sha256-verified, fetching what is missing.
+
+    The fetch runs as a transient systemd unit, so it survives a dropped SSH session or a
+    Ctrl-C of pyinfra; the deploy follows its progress lines and a re-run re-attaches to it.
+    Verified files are confirmed by their stamps: a change here is a real fetch (a restart
+    trigger); a full re-hash is ``weights_rehashed``, run before this and never a trigger.
+
+    + fetcher: path of sparkrig-fetch on the host
+    + lock: lockfile path on the host
+    + dest: directory the files land in
+    + unit: transient unit name for the fetch
+    + source: fetcher arguments naming where bytes come from (``--endpoint``/``--base-url``,
+      ``--uplink`` lanes, ``--token-file``)
+    + commit: the lockfile's commit; a host lockfile of another commit (a revision bump not
+      uploaded yet, at prepare) is judged as "everything may need fetching"
+    + total_files: the lockfile's file count, for that summary
+    + total_bytes: the lockfile's size, for that summary
+    + source_absent: non-empty when the source is not in this run (the head, under --limit
+      worker): fail with this as the reason instead of fetching from no one
+    """
+    state = hoststate.mine().weights_of(lock)
+    current = state.ok and state.commit == commit
+    if current and state.complete:
+        host.noop(f"{dest}: all {state.total_files} files of {commit[:12]} verified")
+        return
+    summary = (
+        state.summary()
+        if current
+        else f"lockfile {commit[:12]} not judged on the host yet: up to {total_files} files, "
+        f"{total_bytes / 1024**3:.2f} GiB"
+    )
+    if source_absent:
+        logger.error(f"{host.print_prefix}{dest}: {summary}; {source_absent}")
+        yield fail_host(f"{dest}: {summary}; {source_absent}")
+        return
+    logger.info(f"{host.print_prefix}{dest}: {summary}")
+    fetch = [fetcher, "fetch", "--lock", lock, "--dest", dest, "--verify", "quick", *source]
+    yield StringCommand(
+        "(systemctl is-active --quiet", QuoteString(unit), "||",
+        "systemd-run --quiet --collect --unit", QuoteString(unit),
+        *[QuoteString(a) for a in fetch], ") &&",
+        QuoteString(fetcher), "follow --unit", QuoteString(unit),
+        "--status", QuoteString(f"{dest}.fetch-status.json"),
+    )  # fmt: skip
+
+
+@operation(is_idempotent=False)
+def weights_rehashed(fetcher: str, lock: str, dest: str) -> Generator[Any, None, None]:
+    """
+    Re-hash every file of the lockfile (weights_verify = "full"); a file that fails loses its
+    stamp, so ``weights_present`` fetches it again (that fetch, not this, restarts the pair).
+    Preflight refuses it beside a serving rank (REFERENCE §5.2: never through the page cache of
+    a live pair).
+
+    + fetcher: path of sparkrig-fetch on the host
+    + lock: lockfile path on the host
+    + dest: directory the files are in
+    """
+    yield StringCommand(
+        QuoteString(fetcher), "verify --mode full --lock", QuoteString(lock),
+        "--dest", QuoteString(dest), "||", "echo",
+        QuoteString("files failed the re-hash: they are fetched again next"),
+    )  # fmt: skip
+
+
+@operation(is_idempotent=False)
+def transient_service(unit: str, command: list[str]) -> Generator[Any, None, None]:
+    """
+    Run ``command`` as a transient systemd unit (replacing one of the same name).
+
+    + unit: unit name
+    + command: argv
+    """
+    yield StringCommand(
+        "systemctl stop", QuoteString(unit), "2>/dev/null;",
+        "systemd-run --quiet --collect --unit", QuoteString(unit),
+        *[QuoteString(a) for a in command],
+    )  # fmt: skip

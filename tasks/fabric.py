@@ -6,17 +6,18 @@ with the RoCE v2 GID index read from sysfs."""
 from pyinfra.operations import server
 
 from sparkrig import hoststate
-from sparkrig.operations import (
+from sparkrig.fabric import (
+    DISPLACED_DIR,
     displace_claims,
+    env_context,
     fabric_path,
-    pair_restart,
-    put_text,
     rank_env_file,
 )
-from sparkrig.preflight import DISPLACED_DIR
-from sparkrig.render import render
+from sparkrig.owned import put_text
+from sparkrig.pairrestart import pair_restart
+from sparkrig.paths import paths
+from sparkrig.render import base_context, render
 from sparkrig.settings import current
-from sparkrig.units import base_context, env_context, paths
 
 s = current()
 k = s.knobs

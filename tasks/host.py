@@ -5,27 +5,27 @@ from pyinfra import host
 from pyinfra.operations import server
 
 from sparkrig import hoststate
-from sparkrig.operations import owned_directory, program, put_text
+from sparkrig.host import SYSCTL_FILE
+from sparkrig.owned import owned_directory, program, put_text
+from sparkrig.paths import paths
 from sparkrig.render import render
 from sparkrig.settings import current
-from sparkrig.units import paths
 
 s = current()
 k = s.knobs
 node = hoststate.read(s).node
-sysctl_file = "/etc/sysctl.d/90-sparkrig.conf"
 
 sysctl = put_text(
     name="Own the sparkrig sysctl file",
     text=render("sysctl.conf.j2", swappiness=k.swappiness, min_free_kbytes=k.min_free_kbytes),
-    dest=sysctl_file,
+    dest=SYSCTL_FILE,
 )
 live_drift = node.swappiness != k.swappiness or (
     k.min_free_kbytes is not None and node.min_free_kbytes != k.min_free_kbytes
 )
 server.shell(
     name="Apply the sparkrig sysctl file",
-    commands=[f"sysctl -p {sysctl_file}"],
+    commands=[f"sysctl -p {SYSCTL_FILE}"],
     _if=lambda: sysctl.did_change() or live_drift,
 )
 

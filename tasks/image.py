@@ -19,8 +19,8 @@ from sparkrig.image import (
     patched_image_built,
     patched_tag,
 )
+from sparkrig.paths import paths
 from sparkrig.settings import current, for_inventory
-from sparkrig.units import paths
 
 s = current()
 k = s.knobs

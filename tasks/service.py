@@ -11,34 +11,26 @@ from pyinfra.operations import python, server, systemd
 
 from sparkrig import hoststate
 from sparkrig.image import serving_image
-from sparkrig.operations import (
-    keep_helper_running,
-    on_head,
-    on_workers,
-    owned_file_absent,
-    pair_restart,
-    program,
-    put_text,
-    secret_file,
-    service,
-    wait_for_ranks,
-)
+from sparkrig.ordering import on_head, on_workers
+from sparkrig.owned import owned_file_absent, program, put_text, secret_file, service
+from sparkrig.pairrestart import pair_restart
 from sparkrig.pairsecret import api_key, control_token, pair_secret, write_control_copy_later
-from sparkrig.render import render
-from sparkrig.settings import current, for_inventory
-from sparkrig.units import (
+from sparkrig.paths import paths
+from sparkrig.render import base_context, render
+from sparkrig.serving import (
     SMOKE_CONTAINER,
     agent_unit_context,
     api_key_env,
-    base_context,
+    keep_helper_running,
     pair_unit_context,
-    paths,
     rank_unit_context,
     restart_args,
     smoke_run_args,
     supervisor_unit_context,
+    wait_for_ranks,
     watchdog_unit_context,
 )
+from sparkrig.settings import current, for_inventory
 
 s = current()
 k = s.knobs

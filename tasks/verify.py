@@ -12,9 +12,9 @@ from pyinfra import inventory, state
 from sparkrig import hoststate
 from sparkrig.gates import gate_command, wait_command
 from sparkrig.image import images_to_keep, prune_old_images
-from sparkrig.operations import pair_restart, serving_gates, wait_until_serving
+from sparkrig.pairrestart import pair_restart
+from sparkrig.serving import api_key_file, serving_gates, wait_until_serving
 from sparkrig.settings import current
-from sparkrig.units import api_key_file
 
 s = current()
 k = s.knobs

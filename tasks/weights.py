@@ -9,20 +9,18 @@ from pyinfra import host, inventory, state
 from pyinfra.operations import server
 
 from sparkrig import hoststate
-from sparkrig.operations import (
-    on_head,
-    owned_directory,
-    pair_restart,
-    program,
-    put_text,
-    secret_file,
+from sparkrig.ordering import on_head
+from sparkrig.owned import owned_directory, program, put_text, secret_file
+from sparkrig.pairrestart import pair_restart
+from sparkrig.paths import paths
+from sparkrig.settings import current, for_inventory
+from sparkrig.weights import (
+    artifacts,
+    token_text,
     transient_service,
     weights_present,
     weights_rehashed,
 )
-from sparkrig.settings import current, for_inventory
-from sparkrig.units import paths
-from sparkrig.weights import artifacts, token_text
 
 s = current()
 k = s.knobs

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from sparkrig.facts import RoceGids, parse_gid_lines
+from sparkrig.fabric import RoceGids, parse_gid_lines
 from tests.lab.conftest import ROOT, STATE, Lab, pyinfra
 
 pytestmark = pytest.mark.lab

@@ -104,7 +104,7 @@ API_KEY = re.compile(r"^cat /etc/sparkrig/api-key 2>/dev/null; echo ")  # the he
 
 def rank_status(**values: Any) -> list[str]:
     """sparkrig.status.RankStatus's output: key=value lines, then the end marker."""
-    from sparkrig.facts import END
+    from sparkrig.factlines import END
 
     return [f"{key}={value}" for key, value in values.items()] + [END]
 
@@ -254,17 +254,16 @@ def settings_of(inventory: str) -> dict[str, Settings]:
 def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]:
     """path -> (content, mode) of every file the deploy owns on this rank, made by the same
     functions the tasks call (render + the context builders, the programs, the lockfiles)."""
+    from sparkrig.fabric import env_context
     from sparkrig.image import serving_image
     from sparkrig.pairsecret import control_token
-    from sparkrig.render import render
-    from sparkrig.units import (
+    from sparkrig.paths import paths
+    from sparkrig.render import base_context, render
+    from sparkrig.serving import (
         agent_unit_context,
         api_key_env,
         api_key_file,
-        base_context,
-        env_context,
         pair_unit_context,
-        paths,
         rank_unit_context,
         restart_args,
         supervisor_unit_context,
@@ -369,7 +368,7 @@ def converged(
     the weights verified, the images built, the gates passing. ``gid_index``: where the GID
     table lists the fabric address now; ``env_gid_index``: what the rank's env file says."""
     from sparkrig.image import serving_image
-    from sparkrig.units import paths
+    from sparkrig.paths import paths
     from sparkrig.weights import artifacts
 
     k = s.knobs

@@ -19,7 +19,7 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_state
 
 from sparkrig import hoststate
-from sparkrig.facts import END
+from sparkrig.factlines import END
 
 UNIT_ACTION = re.compile(r"^systemctl (start|stop|restart) (sparkrig-[\w-]+?)(?:\.service)?$")
 UNIT_STATE = re.compile(r"--property SubState (sparkrig-[\w-]+?)\.service \)")

@@ -69,7 +69,7 @@ def test_dry_diff_shows_every_file_the_run_would_write(monkeypatch):
     """New owned files diffed in full, a differing one against its current content (read only
     then), secrets never; a right file shows nothing."""
     from sparkrig.hoststate import owned_files
-    from sparkrig.units import paths
+    from sparkrig.paths import paths
 
     bare = run(["--dry", "--diff", INVENTORIES[2], "deploy.py"], monkeypatch)
     assert bare.exit_code == 0, bare.output

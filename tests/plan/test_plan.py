@@ -8,8 +8,9 @@ import re
 
 import pytest
 
+from sparkrig.paths import paths
 from sparkrig.render import render
-from sparkrig.units import paths, rank_unit_context
+from sparkrig.serving import rank_unit_context
 from tests.plan import fakehosts
 from tests.plan.harness import Run, run
 
@@ -535,7 +536,7 @@ HEAD_UNIT = "/etc/systemd/system/sparkrig-head.service"
 
 
 def test_the_api_key_reaches_vllm_only_through_a_0600_env_file_on_the_head(monkeypatch):
-    from sparkrig.operations import secret_temp
+    from sparkrig.owned import secret_temp
 
     key = open("tests/plan/api-key").read().strip()
     r = apply(monkeypatch)
@@ -689,7 +690,7 @@ SECRETS = {HEAD: (HUB_TOKEN, PAIR_TOKEN), WORKER: (PAIR_TOKEN,)}
 
 
 def test_secrets_are_written_to_a_0600_temp_file_then_renamed_over_the_old_one(monkeypatch):
-    from sparkrig.operations import secret_temp
+    from sparkrig.owned import secret_temp
 
     monkeypatch.setenv("HF_TOKEN", "hf_" + "x" * 30)
     r = apply(monkeypatch)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
-from sparkrig.facts import GidNotFound, RoceGids, ipv4_mapped_gid, select_gid
+from sparkrig.fabric import GidNotFound, RoceGids, ipv4_mapped_gid, select_gid
 
 DATA = Path(__file__).parent / "data"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkrig.operations import RESTART_TRIGGERS, PairRestart
+from sparkrig.pairrestart import RESTART_TRIGGERS, PairRestart
 
 
 class Meta:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
-from sparkrig.facts import END
+from sparkrig.factlines import END
 from sparkrig.settings import build
 from sparkrig.status import RankState, parse_rank_state, problems
 from tests.unit.conftest import cluster

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkrig.render import render
+from sparkrig.fabric import env_context
+from sparkrig.render import base_context, render
+from sparkrig.serving import pair_unit_context, rank_unit_context
 from sparkrig.settings import Settings, build
-from sparkrig.units import base_context, env_context, pair_unit_context, rank_unit_context
 from tests.unit.conftest import cluster
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -82,7 +83,7 @@ def test_json_arguments_are_quoted_for_systemd():
 
 
 def test_the_head_gives_vllm_its_key_by_env_file_and_the_watchdog_reads_it_from_its_file():
-    from sparkrig.units import api_key_file, smoke_run_args, watchdog_unit_context
+    from sparkrig.serving import api_key_file, smoke_run_args, watchdog_unit_context
 
     for auth in (True, False):
         settings = build(cluster(2, api_auth=auth, watchdog=True))

@@ -1,12 +1,28 @@
-"""What goes into a rank's systemd units: container run arguments and template contexts."""
+"""Serving: the rank units and what goes into them (container run arguments, vllm serve flags,
+template contexts), the stop-together and restart helpers, and the operations that start the
+pair in order and prove it serves (beacon wait, boot wait, the four gates).
+
+The gate logic is files/sparkrig_gate.py (its command lines: sparkrig/gates.py); the serve flags
+per profile are sparkrig/profiles.py."""
 
 from __future__ import annotations
 
 import re
+import shlex
+from collections.abc import Callable, Generator
 from typing import Any
 
-from sparkrig.gates import probe_command
+from pyinfra import host, logger
+from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.facts.server import Command
+
+from sparkrig.failhost import fail_host
+from sparkrig.gates import gates_passed, parse_gate_lines, probe_command
+from sparkrig.ordering import role_op
+from sparkrig.owned import service
+from sparkrig.paths import paths
 from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value, serve_args
+from sparkrig.render import base_context
 from sparkrig.settings import Settings
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
@@ -33,28 +49,6 @@ def flag_lines(args: list[str]) -> list[str]:
         lines.append(word)
         i += 1
     return lines
-
-
-def paths(s: Settings) -> dict[str, str]:
-    k = s.knobs
-    return {
-        "bin_dir": f"{k.install_dir}/bin",
-        "env_file": f"{k.config_dir}/rank.env",
-        "token_file": f"{k.config_dir}/hf-token",
-        "pair_token": f"{k.config_dir}/pair-token",
-        "api_key": f"{k.config_dir}/api-key",
-        "api_key_env": f"{k.config_dir}/api-key.env",
-        "agent_unit": "/etc/systemd/system/sparkrig-agent.service",
-        "watchdog_unit": "/etc/systemd/system/sparkrig-watchdog.service",
-        "supervisor_unit": "/etc/systemd/system/sparkrig-supervisor.service",
-        "run_dir": "/run/sparkrig",
-        "gid_env": "/run/sparkrig/gid.env",
-        "restart_script": f"{k.install_dir}/bin/sparkrig-restart-pair",
-        "model_dir": f"{k.weights_dir}/model",
-        "drafter_dir": f"{k.weights_dir}/drafter",
-        "rank_unit": f"/etc/systemd/system/{s.unit_name}.service",
-        "pair_unit": "/etc/systemd/system/sparkrig-pair.service",
-    }
 
 
 def jit_cache_dir(cache_dir: str, image: str | None) -> str:
@@ -138,31 +132,6 @@ def rank_serve_args(s: Settings) -> list[str]:
         thinking=k.thinking_default,
     )
     return argv[1:]  # the entrypoint is `vllm`
-
-
-def base_context(s: Settings) -> dict[str, Any]:
-    return {
-        "host": s.me.name,
-        "rank": s.me.rank,
-        "role": s.me.role,
-        "nnodes": s.nnodes,
-        "ip": s.me.ip,
-        "interface": s.me.fabric_interface,
-        "unit": s.unit_name,
-        "container": s.container_name,
-        **paths(s),
-    }
-
-
-def env_context(s: Settings) -> dict[str, Any]:
-    k = s.knobs
-    return {
-        **base_context(s),
-        "mtu": k.fabric_mtu,
-        "port": k.roce_port,
-        "subnet": str(s.fabric_network),
-        "extra": sorted(k.nccl_env.items()),
-    }
 
 
 def memory_gate_args(s: Settings) -> str:
@@ -254,3 +223,108 @@ def supervisor_unit_context(s: Settings) -> dict[str, Any]:
         "max_restarts": k.supervisor_max_restarts,
         "window": k.supervisor_window_s,
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Operations
+# ---------------------------------------------------------------------------------------------
+
+
+@operation(is_idempotent=False)
+def wait_for_ranks(
+    bin_dir: str, peers: list[str], port: int, timeout: int
+) -> Generator[Any, None, None]:
+    """
+    Wait until every peer rank's container runs, as its stop-together beacon on the fabric says.
+
+    Gated on real state, not a sleep: the head starts as soon as the workers answer.
+
+    + bin_dir: where sparkrig-pair is installed
+    + peers: fabric IPv4 addresses of the ranks to wait for
+    + port: beacon port
+    + timeout: seconds before giving up (fails this host)
+    """
+    yield StringCommand(
+        f"{bin_dir}/sparkrig-pair",
+        "wait",
+        "--peers",
+        QuoteString(",".join(peers)),
+        "--port",
+        str(port),
+        "--timeout",
+        str(timeout),
+    )
+
+
+@operation(is_idempotent=False)
+def wait_until_serving(command: list[str]) -> Generator[Any, None, None]:
+    """
+    Wait for the head's API to boot, failing early when the container dies or logs an error.
+
+    + command: the gate script's ``wait`` argv (prints one JSON line per boot stage)
+    """
+    yield StringCommand(*[QuoteString(a) for a in command])
+
+
+@operation()
+def serving_gates(command: list[str], acting: bool = True) -> Generator[Any, None, None]:
+    """
+    Prove the endpoint answers: /health, /v1/models, a math completion and a forced tool call.
+
+    The gates are read like a fact (a completion changes nothing), so a healthy endpoint makes
+    this a no-op and a re-run reports no changes; a failing gate fails the head with its detail.
+
+    + command: the gate script's ``gates`` argv (prints one JSON line per gate)
+    + acting: False on hosts that only share the operation's place in the order (workers)
+    """
+    if not acting:
+        host.noop("the gates run on the head")
+        return
+    output = host.get_fact(Command, command=shlex.join(command) + " 2>&1 || true") or ""
+    results = parse_gate_lines(output)
+    report = "; ".join(f"{r.gate} {'ok' if r.ok else 'FAILED'} ({r.detail})" for r in results)
+    if results and gates_passed(results):
+        host.noop(f"every gate passes: {report}")
+        return
+    if not host.state.is_executing:
+        logger.info(f"{host.print_prefix}gates before this run: {report or 'no answer'}")
+        yield StringCommand(*[QuoteString(a) for a in command])
+        return
+    yield fail_host(f"serving gates failed: {report or output or 'no answer from the gate script'}")
+
+
+HELPERS = {
+    "sparkrig-agent": "the worker agent",
+    "sparkrig-supervisor": "the pair supervisor",
+    "sparkrig-watchdog": "the watchdog",
+}
+
+
+def keep_helper_running(
+    unit: str, changed: Callable[[], bool], acting: bool, elsewhere: str
+) -> None:
+    """Two operations for a sparkrig helper unit (``HELPERS``), named after it and present on
+    every host (acting where ``acting`` holds): (re)start it after its unit or program changed,
+    and keep it enabled and running otherwise."""
+    what = HELPERS[unit]
+    role_op(
+        acting,
+        elsewhere,
+        service,
+        name=f"Restart {what} after its unit or program changed",
+        service=unit,
+        running=True,
+        enabled=True,
+        restarted=True,
+        daemon_reload=True,
+        _if=changed,
+    )
+    role_op(
+        acting,
+        elsewhere,
+        service,
+        name=f"Keep {what} enabled and running",
+        service=unit,
+        running=True,
+        enabled=True,
+    )

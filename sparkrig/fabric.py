@@ -1,0 +1,252 @@
+"""The fabric: the QSFP NIC's address and MTU, its RoCE v2 GID, and the proof that every pair of
+ranks reaches each other at full MTU.
+
+Facts: the RoCE GID table (``RoceGids``, one command). Operations: move other configurations of
+the fabric NIC aside (``displace_claims``), prove the MTU end to end (``fabric_path``), write the
+rank's env file with the GID index read at that moment (``rank_env_file``). The netplan file is an
+owned file (sparkrig/owned.py) applied by tasks/fabric.py."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import FactBase, operation
+from pyinfra.api.exceptions import FactProcessError
+from pyinfra.facts.server import Command
+
+from sparkrig import hoststate
+from sparkrig.factlines import END
+from sparkrig.failhost import fail_host
+from sparkrig.owned import put_text
+from sparkrig.render import base_context, render
+from sparkrig.settings import Settings
+
+# where fabric_takeover moves other claims on the fabric NIC (their original path kept below it)
+DISPLACED_DIR = "/var/lib/sparkrig/displaced"
+
+# ---------------------------------------------------------------------------------------------
+# RoCE GID table
+# ---------------------------------------------------------------------------------------------
+
+_GID_LINE = re.compile(
+    r"^/sys/class/infiniband/(?P<dev>[^/]+)/ports/(?P<port>\d+)/"
+    r"(?P<kind>gids|gid_attrs/types|gid_attrs/ndevs)/(?P<idx>\d+):(?P<value>.*)$"
+)
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+@dataclass(frozen=True)
+class GidEntry:
+    device: str
+    port: int
+    index: int
+    gid: str
+    type: str
+    netdev: str
+
+    def row(self) -> str:
+        return (
+            f"{self.device:<14} {self.port:>4} {self.index:>5}  {self.gid}  "
+            f"{self.type:<11} {self.netdev}"
+        )
+
+
+def parse_gid_lines(lines: list[str]) -> list[GidEntry]:
+    """Parse ``grep -H . gids/* gid_attrs/{types,ndevs}/*`` output into populated GID entries."""
+    table: dict[tuple[str, int, int], dict[str, str]] = {}
+    for line in lines:
+        if not line or line == END:
+            continue
+        m = _GID_LINE.match(line)
+        if not m:
+            raise FactProcessError(f"unexpected line in the RoCE GID table: {line!r}")
+        key = (m["dev"], int(m["port"]), int(m["idx"]))
+        table.setdefault(key, {})[m["kind"]] = m["value"].strip()
+    entries = []
+    for (dev, port, idx), attrs in sorted(table.items()):
+        gid = attrs.get("gids", "").lower()
+        if not gid or gid == ZERO_GID:
+            continue
+        entries.append(
+            GidEntry(
+                device=dev,
+                port=port,
+                index=idx,
+                gid=gid,
+                type=attrs.get("gid_attrs/types", ""),
+                netdev=attrs.get("gid_attrs/ndevs", ""),
+            )
+        )
+    return entries
+
+
+class RoceGids(FactBase[list[GidEntry]]):
+    """
+    Every populated RoCE GID of every RDMA device and port, from sysfs
+    (``/sys/class/infiniband/<dev>/ports/<p>/{gids,gid_attrs/types,gid_attrs/ndevs}/<i>``),
+    in one remote command. Empty when the host has no RDMA device.
+    """
+
+    default = list
+
+    def command(self) -> str:
+        base = "/sys/class/infiniband/*/ports/*"
+        return (
+            f"grep -H . {base}/gids/* {base}/gid_attrs/types/* {base}/gid_attrs/ndevs/* "
+            f"2>/dev/null; echo '{END}'"
+        )
+
+    def process(self, output: list[str]) -> list[GidEntry]:
+        return parse_gid_lines(output)
+
+
+def ipv4_mapped_gid(ip: str) -> str:
+    """``::ffff:a.b.c.d`` spelled the way sysfs prints GIDs."""
+    a, b, c, d = (int(x) for x in ip.split("."))
+    return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+
+
+class GidNotFound(Exception):
+    pass
+
+
+def select_gid(
+    entries: list[GidEntry], ip: str, netdev: str, device: str | None = None, port: int = 1
+) -> GidEntry:
+    """The RoCE v2 entry whose GID is ::ffff:<ip> on ``netdev`` (and ``device``, when given).
+
+    Never picks by number: rxe lists IPv4 at index 1, a ConnectX-7 usually at 3, and the index
+    moves after reboots and firmware updates. Raises GidNotFound with the table when nothing fits.
+    """
+    want = ipv4_mapped_gid(ip)
+    for e in entries:
+        if (
+            e.gid == want
+            and e.port == port
+            and e.type.lower() == "roce v2"
+            and e.netdev in (netdev, "")
+            and (device is None or e.device == device)
+        ):
+            return e
+    scope = f"device {device}" if device else f"netdev {netdev}"
+    table = "\n".join(e.row() for e in entries) or "(no RDMA device or no populated GID)"
+    raise GidNotFound(
+        f"no RoCE v2 GID {want} (::ffff:{ip}) on {scope} port {port}; GID table:\n"
+        f"device         port index  gid                                      type        netdev\n"
+        f"{table}"
+    )
+
+
+def env_context(s: Settings) -> dict[str, Any]:
+    """The rank env file's template context (rank.env.j2): fabric MTU, RoCE port, subnet and
+    the NCCL environment; ``rank_env_file`` adds the HCA and GID index read on the host."""
+    k = s.knobs
+    return {
+        **base_context(s),
+        "mtu": k.fabric_mtu,
+        "port": k.roce_port,
+        "subnet": str(s.fabric_network),
+        "extra": sorted(k.nccl_env.items()),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Operations
+# ---------------------------------------------------------------------------------------------
+
+
+@operation()
+def displace_claims(
+    netplan_files: list[str], nm_profiles: list[str], dest_dir: str
+) -> Generator[Any, None, None]:
+    """
+    Move other configurations of the fabric NIC aside (kept under ``dest_dir`` at their original
+    path, to be moved back by hand), so the fabric has one owner.
+
+    + netplan_files: other netplan files naming the fabric NIC
+    + nm_profiles: NetworkManager keyfile profiles bound to it (NM forgets them on reload)
+    + dest_dir: where they go; nothing under it is read by netplan or NetworkManager
+    """
+    paths = [*netplan_files, *nm_profiles]
+    if not paths:
+        host.noop("no other netplan file or NetworkManager profile configures the fabric NIC")
+        return
+    moves = []
+    for path in paths:
+        logger.info(f"{host.print_prefix}Will move {path} to {dest_dir}{path}")
+        target = shlex.quote(f"{dest_dir}{path}")
+        moves.append(f"install -d -m 700 $(dirname {target}) && mv -f {shlex.quote(path)} {target}")
+    if nm_profiles:
+        moves.append("nmcli connection reload")
+    yield " && ".join(moves)
+
+
+def ping_command(interface: str, peers: list[str], mtu: int) -> str:
+    return " && ".join(
+        f"ping -M do -s {mtu - 28} -c 2 -W 2 -I {interface} {peer} >/dev/null" for peer in peers
+    )
+
+
+@operation()
+def fabric_path(interface: str, peers: list[str], mtu: int) -> Generator[Any, None, None]:
+    """
+    Prove every peer answers full-size do-not-fragment pings over the fabric (MTU end to end).
+
+    + interface: the fabric netdev to ping from
+    + peers: fabric IPv4 addresses to reach
+    + mtu: the fabric MTU; the payload is MTU - 28
+    """
+    command = ping_command(interface, peers, mtu)
+    output = host.get_fact(Command, command=f"{command} 2>&1; echo rc=$?")
+    if output and output.rstrip().endswith("rc=0"):
+        host.noop(f"{', '.join(peers)} answer {mtu - 28}-byte do-not-fragment pings")
+        return
+    yield command
+
+
+@operation()
+def rank_env_file(
+    dest: str,
+    template: str,
+    context: Mapping[str, Any],
+    fabric_ip: str,
+    fabric_interface: str,
+    roce_device: str | None = None,
+    roce_port: int = 1,
+) -> Generator[Any, None, None]:
+    """
+    Write the rank's env file with the RoCE v2 GID index read from sysfs at this moment.
+
+    On a first run the fabric address is only applied earlier in the same run, so at prepare the
+    GID may not exist yet: the diff then shows a placeholder, and the real index is read again
+    when the operation executes. No matching GID at execution fails this host with the table.
+
+    + dest: env file path (its directory must exist)
+    + template: template under templates/ rendered with ``context`` plus hca and gid_index
+    + context: template variables
+    + fabric_ip: the rank's fabric IPv4 address
+    + fabric_interface: the fabric netdev the GID must belong to
+    + roce_device: RDMA device to use; ``None`` detects it from the GID table
+    + roce_port: HCA port
+    """
+    entries = list(hoststate.mine().gids)
+    try:
+        entry = select_gid(entries, fabric_ip, fabric_interface, roce_device, roce_port)
+        hca, index = entry.device, str(entry.index)
+    except GidNotFound as err:
+        if host.state.is_executing:
+            yield fail_host(str(err))
+            return
+        logger.warning(
+            f"{host.print_prefix}no RoCE v2 GID for ::ffff:{fabric_ip} yet; it is read again "
+            "after the fabric address is applied"
+        )
+        hca = roce_device or "<detected after the fabric address is applied>"
+        index = "<detected after the fabric address is applied>"
+    text = render(template, **context, hca=hca, gid_index=index)
+    yield from put_text._inner(text=text, dest=dest, mode="644")

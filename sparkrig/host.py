@@ -1,0 +1,156 @@
+"""The host itself: what a node is and has (architecture, GPU and driver, docker, free disk,
+MemFree, the live vm sysctls, the fabric NIC's link and who else configures it), read in one
+command (``Node``), and the sysctl.d file sparkrig owns. Preflight judges the report
+(sparkrig/preflight.py); the host phase (tasks/host.py) writes the file and applies it."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api.exceptions import FactProcessError
+
+from sparkrig.factlines import END, parse_key_values
+from sparkrig.settings import Rank, Settings
+
+SYSCTL_FILE = "/etc/sysctl.d/90-sparkrig.conf"  # owned whole: vm.swappiness, vm.min_free_kbytes
+
+_NODE_SCRIPT = r"""
+d={weights}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done
+echo "arch=$(uname -m)"
+echo "kernel=$(uname -r)"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  q=name,compute_cap,driver_version
+  echo "gpu=$(nvidia-smi --query-gpu=$q --format=csv,noheader 2>/dev/null | head -n1)"
+fi
+echo "docker=$(command -v docker || true)"
+echo "disk_free=$(df -P -B1 "$d" 2>/dev/null | awk 'NR==2 {{print $4}}')"
+echo "memfree_kb=$(awk '/^MemFree:/ {{print $2}}' /proc/meminfo)"
+echo "swappiness=$(cat /proc/sys/vm/swappiness)"
+echo "min_free_kbytes=$(cat /proc/sys/vm/min_free_kbytes)"
+n=/sys/class/net/{iface}
+if [ -d "$n" ]; then
+  echo "link_present=1"
+  echo "operstate=$(cat $n/operstate 2>/dev/null)"
+  echo "carrier=$(cat $n/carrier 2>/dev/null || echo 0)"
+  echo "mtu=$(cat $n/mtu)"
+  echo "ipv4=$(ip -o -4 addr show dev {iface} 2>/dev/null | awk '{{print $4}}' | paste -sd, -)"
+else
+  echo "link_present=0"
+fi
+echo "networkmanager=$(systemctl is-active NetworkManager 2>/dev/null)"
+for f in /lib/netplan/*.yaml /etc/netplan/*.yaml /run/netplan/*.yaml; do
+  [ -f "$f" ] && [ "$f" != {ours} ] || continue
+  grep -qE {netplan_re} "$f" && echo "netplan_claim=$f"
+done
+mac=$(cat $n/address 2>/dev/null); mac=${{mac:-none}}
+for f in /etc/NetworkManager/system-connections/* /run/NetworkManager/system-connections/*; do
+  [ -f "$f" ] || continue
+  case ${{f##*/}} in netplan-*) continue ;; esac
+  if grep -qixE "interface-name={iface_re}|mac-address=$mac" "$f"; then
+    echo "nm_claim=$f|$(sed -n 's/^id=//p' "$f" | head -n1)"
+  fi
+done
+echo '{end}'
+"""
+
+
+@dataclass(frozen=True)
+class NmProfile:
+    path: str
+    name: str
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    arch: str = ""
+    kernel: str = ""
+    gpu: str = ""
+    docker: str = ""
+    disk_free: int = 0
+    memfree_kb: int = 0
+    swappiness: int = -1
+    min_free_kbytes: int = -1
+    link_present: bool = False
+    operstate: str = ""
+    carrier: bool = False
+    mtu: int = 0
+    ipv4: tuple[str, ...] = ()
+    networkmanager: str = ""  # systemctl is-active NetworkManager
+    # other configurations of the fabric NIC: netplan files naming it (not ours), and NM keyfile
+    # profiles bound to it by interface-name or MAC (netplan's own netplan-* profiles excluded)
+    netplan_claims: tuple[str, ...] = ()
+    nm_claims: tuple[NmProfile, ...] = ()
+
+    @property
+    def driver(self) -> str:
+        parts = [p.strip() for p in self.gpu.split(",")]
+        return parts[2] if len(parts) >= 3 else ""
+
+
+def parse_node_report(lines: list[str]) -> NodeReport:
+    raw = parse_key_values(lines, "node report")
+    ints = ("disk_free", "memfree_kb", "swappiness", "min_free_kbytes", "mtu")
+    values: dict[str, Any] = {}
+    try:
+        for key in ints:
+            if raw.get(key):
+                values[key] = int(raw[key])
+    except ValueError as err:
+        raise FactProcessError(f"node report: {err}") from None
+    for key in ("arch", "kernel", "gpu", "docker", "operstate"):
+        values[key] = raw.get(key, "")
+    values["link_present"] = raw.get("link_present") == "1"
+    values["carrier"] = raw.get("carrier") == "1"
+    values["ipv4"] = tuple(a for a in raw.get("ipv4", "").split(",") if a)
+    values["networkmanager"] = raw.get("networkmanager", "")
+    claims = ("netplan_claim=", "nm_claim=")
+    listed = [line.partition("=") for line in lines if line.startswith(claims)]
+    values["netplan_claims"] = tuple(v for k, _, v in listed if k == "netplan_claim")
+    values["nm_claims"] = tuple(
+        NmProfile(*v.partition("|")[::2]) for k, _, v in listed if k == "nm_claim"
+    )
+    return NodeReport(**values)
+
+
+class Node(FactBase[NodeReport]):
+    """
+    One-command report of a node: architecture, GPU and driver, docker, free disk where weights
+    land, MemFree, live vm sysctls, the fabric NIC's link, MTU and IPv4 addresses, whether
+    NetworkManager runs, and which other netplan files or NM profiles claim the fabric NIC.
+    """
+
+    default = NodeReport
+
+    def command(self, weights_dir: str, fabric_interface: str, netplan_file: str) -> StringCommand:
+        iface_re = fabric_interface.replace(".", "\\.")
+        q = "[\"']?"
+        netplan_re = (
+            rf"^[[:space:]]*({q}{iface_re}{q}:|(set-)?name:[[:space:]]*{q}{iface_re}{q}"
+            r"[[:space:]]*(#.*)?$)"
+        )
+        script = _NODE_SCRIPT.format(
+            weights=shlex.quote(weights_dir),
+            iface=shlex.quote(fabric_interface),
+            iface_re=iface_re,
+            ours=shlex.quote(netplan_file),
+            netplan_re=shlex.quote(netplan_re),
+            end=END,
+        )
+        return StringCommand("sh", "-c", QuoteString(script))
+
+    def process(self, output: list[str]) -> NodeReport:
+        return parse_node_report(output)
+
+
+def node_args(s: Settings, rank: Rank | None = None) -> dict[str, str]:
+    """Arguments of the Node fact for ``rank`` (default: this host): a part of its state read
+    (sparkrig/hoststate.py; pyinfra 3.10 caches no fact, so it is read there once per host)."""
+    rank = rank or s.me
+    return {
+        "weights_dir": s.knobs.weights_dir,
+        "fabric_interface": rank.fabric_interface,
+        "netplan_file": s.knobs.fabric_netplan_file,
+    }

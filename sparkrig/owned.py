@@ -1,0 +1,213 @@
+"""What sparkrig owns on a host, as pyinfra's ``files.put``, ``files.directory``, ``files.file``
+and ``systemd.service`` do it (same commands, same ``--diff`` output, same no-op reasons), but
+decided from the host's one state read (sparkrig/hoststate.py) instead of facts per operation:
+whole files (text, secrets, programs), directories, and the deploy's systemd units."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Generator
+from io import BytesIO
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api.command import FileUploadCommand
+from pyinfra.api.output import format_text
+from pyinfra.facts.files import FileContents
+from pyinfra.operations.util import files as file_utils
+from pyinfra.operations.util.files import generate_color_diff
+
+from sparkrig import hoststate
+from sparkrig.failhost import fail_host
+
+
+@operation()
+def put_text(
+    text: str, dest: str, mode: str = "644", user: str = "root", group: str = "root"
+) -> Generator[Any, None, None]:
+    """
+    Own a whole file with the given content (diffed under ``--diff``, even when new).
+
+    Decided from the host's state read (sha256, mode, owner), never a per-file fact.
+
+    + text: the complete file content
+    + dest: remote path; its directory must already exist (so the diff is shown on creation)
+    + mode: octal permissions
+    + user: owner
+    + group: group
+    """
+    yield from owned_put(text.encode(), dest, mode, user, group)
+
+
+def owned_put(
+    data: bytes, dest: str, mode: str, user: str, group: str, secret: bool = False
+) -> Generator[Any, None, None]:
+    """What pyinfra's ``files.put`` does for a file in the state read: upload (then chown and
+    chmod) when absent or its sha256 differs, else fix mode and owner; the same ``--diff``
+    output ("Will create"/"Will modify" and a unified diff, mode and chown lines). The current
+    content of a differing file is read (one command) only under ``--diff``. ``secret``: never
+    diffed, written 0600 beside ``dest`` and renamed over it."""
+    have = hoststate.mine().file(dest)
+    want_mode = int(mode)
+    diff = host.state.config.DIFF
+    if have is not None and have.kind == "file" and have.sha256 == hashlib.sha256(data).hexdigest():
+        changed = False
+        if have.mode != want_mode:
+            if diff and not secret:
+                logger.info("mode %s", format_text(str(have.mode), "red"))
+                logger.info("mode %s", format_text(str(want_mode), "green"))
+            yield file_utils.chmod(dest, want_mode)
+            changed = True
+        if have.user != user or have.group != group:
+            if diff and not secret:
+                logger.info("chown %s:%s", have.user, have.group)
+                logger.info("chown %s:%s", user, group)
+            yield file_utils.chown(dest, user, group)
+            changed = True
+        if not changed:
+            host.noop(f"file {dest} is already uploaded" + (" (content not shown)" * secret))
+        return
+    if secret:
+        logger.info(f"{host.print_prefix}Will write {dest} (secret: content not shown)")
+        # Written beside dest, 0600 before a byte lands in it, then renamed over dest in one
+        # step: a failed upload leaves the old secret (or none), never an empty or partial one.
+        tmp = secret_temp(dest)
+        yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(tmp))
+        yield FileUploadCommand(BytesIO(data), tmp)
+        yield StringCommand("mv -f", QuoteString(tmp), QuoteString(dest))
+        return
+    if diff:
+        current: list[str] = []
+        if have is None:
+            host.log(f"Will create {format_text(dest, bold=True)}", logger.info)
+        else:
+            host.log(f"Will modify {format_text(dest, bold=True)}", logger.info)
+            current = [line + "\n" for line in host.get_fact(FileContents, path=dest) or []]
+        try:
+            desired = data.decode().splitlines(keepends=True)
+            for line in generate_color_diff(current, desired):
+                logger.info("  %s", line)
+        except UnicodeDecodeError:
+            logger.info("Binary file uploaded")
+        logger.info("")
+    yield FileUploadCommand(BytesIO(data), dest, remote_temp_filename=host.get_temp_filename(dest))
+    yield file_utils.chown(dest, user, group)
+    yield file_utils.chmod(dest, want_mode)
+
+
+@operation()
+def owned_directory(
+    path: str, mode: str = "755", user: str = "root", group: str = "root"
+) -> Generator[Any, None, None]:
+    """
+    A directory sparkrig creates, decided from the host's state read (``files.directory``'s
+    commands: mkdir, chmod, chown).
+
+    + path: remote path
+    + mode: octal permissions
+    + user: owner
+    + group: group
+    """
+    have = hoststate.mine().dir(path)
+    want_mode = int(mode)
+    if have is None:
+        yield StringCommand("mkdir", "-p", QuoteString(path))
+        yield file_utils.chmod(path, want_mode)
+        yield file_utils.chown(path, user, group)
+        return
+    if have.kind != "dir":
+        yield fail_host(f"{path} exists and is not a directory ({have.kind})")
+        return
+    changed = False
+    if have.mode != want_mode:
+        yield file_utils.chmod(path, want_mode)
+        changed = True
+    if have.user != user or have.group != group:
+        yield file_utils.chown(path, user, group)
+        changed = True
+    if not changed:
+        host.noop(f"directory {path} already exists")
+
+
+@operation()
+def owned_file_absent(path: str) -> Generator[Any, None, None]:
+    """
+    Remove a file sparkrig owned (decided from the host's state read).
+
+    + path: remote path
+    """
+    if hoststate.mine().file(path) is None:
+        host.noop(f"file {path} does not exist")
+        return
+    yield StringCommand("rm", "-f", QuoteString(path))
+
+
+@operation()
+def service(
+    service: str,
+    running: bool | None = None,
+    enabled: bool | None = None,
+    restarted: bool = False,
+    daemon_reload: bool = False,
+) -> Generator[Any, None, None]:
+    """
+    A systemd unit of this deploy, as ``systemd.service`` does it (same commands and no-op
+    reasons), decided from the host's state read instead of two facts per operation.
+
+    + service: unit name (``.service`` added when missing)
+    + running: start (True) or stop (False) it; None leaves it
+    + enabled: enable (True) or disable (False) it; None leaves it
+    + restarted: restart it when it runs
+    + daemon_reload: ``systemctl daemon-reload`` first
+    """
+    name = service if "." in service else f"{service}.service"
+    is_running, is_enabled = hoststate.mine().unit(name)
+    if daemon_reload:
+        yield StringCommand("systemctl", "daemon-reload")
+    if running is False:
+        if is_running:
+            yield StringCommand("systemctl", "stop", QuoteString(name))
+        else:
+            host.noop(f"service {name} is stopped")
+    if running is True:
+        if not is_running:
+            yield StringCommand("systemctl", "start", QuoteString(name))
+        else:
+            host.noop(f"service {name} is running")
+    if restarted and is_running:
+        yield StringCommand("systemctl", "restart", QuoteString(name))
+    if enabled is True and not is_enabled:
+        yield StringCommand("systemctl", "enable", QuoteString(name))
+    elif enabled is False and is_enabled:
+        yield StringCommand("systemctl", "disable", QuoteString(name))
+
+
+@operation()
+def secret_file(text: str, dest: str) -> Generator[Any, None, None]:
+    """
+    Own a 0600 root file whose content is never printed (no diff, not in any command line).
+
+    + text: the content
+    + dest: remote path (directory must exist)
+    """
+    yield from owned_put(text.encode(), dest, "600", "root", "root", secret=True)
+
+
+def secret_temp(dest: str) -> str:
+    """Where ``secret_file`` writes a secret before renaming it over ``dest`` (same directory)."""
+    return f"{dest}.sparkrig-new"
+
+
+@operation()
+def program(src: str, dest: str) -> Generator[Any, None, None]:
+    """
+    Install a host-side program from files/ as root, mode 0755 (its directory must exist).
+
+    + src: local path under files/
+    + dest: remote path
+    """
+    with open(os.path.join(host.state.cwd or "", src), "rb") as f:
+        data = f.read()
+    yield from owned_put(data, dest, "755", "root", "root")

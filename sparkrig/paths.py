@@ -1,0 +1,27 @@
+"""Where sparkrig puts things on a host: every path the phases, units and templates share."""
+
+from __future__ import annotations
+
+from sparkrig.settings import Settings
+
+
+def paths(s: Settings) -> dict[str, str]:
+    k = s.knobs
+    return {
+        "bin_dir": f"{k.install_dir}/bin",
+        "env_file": f"{k.config_dir}/rank.env",
+        "token_file": f"{k.config_dir}/hf-token",
+        "pair_token": f"{k.config_dir}/pair-token",
+        "api_key": f"{k.config_dir}/api-key",
+        "api_key_env": f"{k.config_dir}/api-key.env",
+        "agent_unit": "/etc/systemd/system/sparkrig-agent.service",
+        "watchdog_unit": "/etc/systemd/system/sparkrig-watchdog.service",
+        "supervisor_unit": "/etc/systemd/system/sparkrig-supervisor.service",
+        "run_dir": "/run/sparkrig",
+        "gid_env": "/run/sparkrig/gid.env",
+        "restart_script": f"{k.install_dir}/bin/sparkrig-restart-pair",
+        "model_dir": f"{k.weights_dir}/model",
+        "drafter_dir": f"{k.weights_dir}/drafter",
+        "rank_unit": f"/etc/systemd/system/{s.unit_name}.service",
+        "pair_unit": "/etc/systemd/system/sparkrig-pair.service",
+    }
