@@ -9,6 +9,7 @@ from sparkrig.ordering import refuse_unordered_run
 
 refuse_unordered_run()  # --serial / --no-wait break worker-before-head: refused before any command
 local.include("tasks/preflight.py")
+local.include("tasks/release.py")
 local.include("tasks/host.py")
 local.include("tasks/fabric.py")
 local.include("tasks/weights.py")

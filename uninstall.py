@@ -17,6 +17,7 @@ from sparkrig.fabric import DISPLACED_DIR
 from sparkrig.host import SYSCTL_FILE
 from sparkrig.image import ImageState, patched_tag, prune_commands, prune_old_images
 from sparkrig.paths import paths
+from sparkrig.release import PREV
 from sparkrig.settings import current
 
 s = current()
@@ -53,6 +54,7 @@ for helper in host.loop(["sparkrig-pair", "sparkrig-agent"]):
                     running=False, enabled=False)  # fmt: skip
 
 units = [p[u] for u in ("rank_unit", "pair_unit", "agent_unit", "supervisor_unit", "watchdog_unit")]
+units.append(p["rank_unit"] + PREV)  # the previous release's unit, kept by an upgrade
 removed = [
     files.file(name="Remove the sparkrig units", path=unit, present=False)
     for unit in host.loop(units)

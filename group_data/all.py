@@ -17,6 +17,7 @@ hf_token_file = "~/.cache/huggingface/token"  # on the control machine; copied 0
 weights_verify = "quick"  # stamps (quick) or re-hash everything (full: refused while a rank serves)
 lockfile_dir = "locks"  # control-side directory holding <repo>.lock.json lockfiles
 purge_weights = False  # uninstall.py: True removes weights_dir too (kept by default)
+keep_releases = 2  # releases (image, weights) kept after an upgrade passed its gates; 1: the new
 
 # --- install paths on the nodes ---------------------------------------------------------------
 install_dir = "/opt/sparkrig"  # helper programs and patch files

@@ -194,6 +194,7 @@ class HostReport:
     enabled: dict[str, bool] = field(default_factory=dict)
     pair_secret: str = ""  # the agents' secret installed here (sparkrig/pairsecret.py)
     api_key: str = ""  # the head: the API key installed here ("" elsewhere, or none installed)
+    release: Any = None  # sparkrig.release.ReleaseReport: the release record, weights_dir entries
 
     def file(self, path: str) -> PathState | None:
         if path not in self.files:
@@ -276,6 +277,8 @@ def assemble(parts: tuple[Part, ...], lines: list[str]) -> HostReport:
             report["enabled"][name] = bool(value.get(name))
         elif kind in ("pair_secret", "api_key"):
             report[kind] = value
+        elif kind == "release":
+            report["release"] = value
     return HostReport(**report)
 
 
@@ -331,6 +334,7 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
     from sparkrig.image import ImageState, patched_tag
     from sparkrig.pairsecret import PairSecretFile
     from sparkrig.paths import paths
+    from sparkrig.release import part as release_part
     from sparkrig.weights import WeightsState, artifacts
 
     k = s.knobs
@@ -349,6 +353,7 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
     parts.append(Part("pair_secret", PairSecretFile, (("path", paths(s)["pair_token"]),)))
     if s.me.is_head:  # the API key lives with the head (sparkrig/pairsecret.py api_key)
         parts.append(Part("api_key", PairSecretFile, (("path", paths(s)["api_key"]),)))
+    parts.append(release_part(s))
     parts += [Part(f"file:{f}", OwnedFile, (("path", f),)) for f in owned_files(s)]
     parts += [Part(f"dir:{d}", OwnedDir, (("path", d),)) for d in owned_dirs(s)]
     for unit in units(s):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sparkrig.release import revision_dir
 from sparkrig.settings import Settings
 
 
@@ -20,8 +21,8 @@ def paths(s: Settings) -> dict[str, str]:
         "run_dir": "/run/sparkrig",
         "gid_env": "/run/sparkrig/gid.env",
         "restart_script": f"{k.install_dir}/bin/sparkrig-restart-pair",
-        "model_dir": f"{k.weights_dir}/model",
-        "drafter_dir": f"{k.weights_dir}/drafter",
+        "model_dir": revision_dir(k.weights_dir, "model", k.model_revision),
+        "drafter_dir": revision_dir(k.weights_dir, "drafter", k.drafter_revision),
         "rank_unit": f"/etc/systemd/system/{s.unit_name}.service",
         "pair_unit": "/etc/systemd/system/sparkrig-pair.service",
     }

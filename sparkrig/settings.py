@@ -118,6 +118,7 @@ class Knobs(BaseModel):
     pair_token_file: str = _cluster()
     pair_token_rotate: bool = _cluster()
     purge_weights: bool = _cluster()
+    keep_releases: int = _cluster(ge=1, le=10)
 
     @field_validator("model_revision", "drafter_revision")
     @classmethod

@@ -13,6 +13,7 @@ from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.fabric import ipv4_mapped_gid
 from sparkrig.factlines import END, parse_key_values
+from sparkrig.release import revision_dir
 from sparkrig.settings import Settings
 
 # Everything below only reads: systemctl show, docker inspect, cat/sed of files, stat, awk.
@@ -177,7 +178,7 @@ def fact_args(s: Settings, env_file: str, gid_file: str, run_dir: str) -> dict[s
         "gid": ipv4_mapped_gid(s.me.ip),
         "iface": s.me.fabric_interface,
         "lock": f"{k.config_dir}/model.lock.json",
-        "stamps": f"{k.weights_dir}/model.stamps.json",
+        "stamps": revision_dir(k.weights_dir, "model", k.model_revision) + ".stamps.json",
         "run_dir": run_dir,
     }
 

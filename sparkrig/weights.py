@@ -18,13 +18,14 @@ from pyinfra.api.exceptions import DeployError, FactProcessError
 
 from sparkrig import hoststate, lockfile
 from sparkrig.failhost import fail_host
+from sparkrig.release import revision_dir
 from sparkrig.settings import Settings
 
 
 @dataclass(frozen=True)
 class Artifact:
     name: str  # model | drafter
-    subdir: str  # under weights_dir
+    subdir: str  # under weights_dir: <name>-<commit>, one directory per revision
     lock_text: str
     remote_lock: str
     dest: str
@@ -61,10 +62,10 @@ def artifacts(s: Settings) -> list[Artifact]:
         out.append(
             Artifact(
                 name=name,
-                subdir=name,
+                subdir=f"{name}-{revision}",
                 lock_text=path.read_text(),
                 remote_lock=f"{k.config_dir}/{name}.lock.json",
-                dest=f"{k.weights_dir}/{name}",
+                dest=revision_dir(k.weights_dir, name, revision),
                 commit=revision,
                 total_files=totals["files"],
                 total_bytes=totals["bytes"],

@@ -8,6 +8,7 @@ from sparkrig import hoststate
 from sparkrig.failhost import refuse
 from sparkrig.pairsecret import api_key, pair_secret
 from sparkrig.preflight import describe, problems, warnings
+from sparkrig.release import adoptable
 from sparkrig.settings import current, for_inventory
 from sparkrig.weights import Artifact, artifacts
 
@@ -36,10 +37,12 @@ if api is not None and api.source and s.me.is_head:
     logger.info(f"{host.print_prefix}API key: {api.source}")
 
 
-# A checkout already complete at the pinned revisions needs no free space for the weights.
+# A checkout already complete at the pinned revisions needs no free space for the weights; nor
+# does one of the old layout the weights phase renames (its lockfile is the pinned one).
 def complete_here(art: Artifact) -> bool:
-    held = hoststate.read(s).weights_of(art.remote_lock)
-    return held.complete and held.commit == art.commit
+    state = hoststate.read(s)
+    held = state.weights_of(art.remote_lock)
+    return (held.complete and held.commit == art.commit) or adoptable(art, state)
 
 
 complete = all(complete_here(art) for art in artifacts(s))

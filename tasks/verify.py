@@ -13,6 +13,20 @@ from sparkrig import hoststate
 from sparkrig.gates import gate_command, wait_command
 from sparkrig.image import images_to_keep, prune_old_images
 from sparkrig.pairrestart import pair_restart
+from sparkrig.release import (
+    change,
+    history,
+    images_kept,
+    old_weights_pruned,
+    record_path,
+    record_stamped,
+    release_files,
+    report_of,
+    rollback,
+    rollback_operations,
+    wanted,
+    weights_kept,
+)
 from sparkrig.serving import api_key_file, serving_gates, wait_until_serving
 from sparkrig.settings import current
 
@@ -22,24 +36,56 @@ is_head = s.me.is_head
 
 was_running, _ = hoststate.read(s).unit(s.unit_name)
 restart = pair_restart()
-wait_until_serving(
-    name="Wait for the head's API to finish booting",
-    command=wait_command(
-        k.install_dir, k.api_port, s.container_name, timeout=k.ready_timeout_s, interval=5
+# During an upgrade (sparkrig/release.py) a failed boot or gate does not stop the run: it decides
+# the rollback below, which puts the previous release back and fails the run naming both.
+record = report_of(hoststate.read(s))
+moving = change(s, record)
+back = rollback()
+boot = wait_command(
+    k.install_dir, k.api_port, s.container_name, timeout=k.ready_timeout_s, interval=5
+)
+gates = gate_command(k.install_dir, k.api_port, k.served_model_name, key_file=api_key_file(s))
+back.watch(
+    "boot",
+    wait_until_serving(
+        name="Wait for the head's API to finish booting",
+        command=boot,
+        _if=lambda: is_head and (restart() or not was_running),
+        _ignore_errors=bool(moving),
     ),
-    _if=lambda: is_head and (restart() or not was_running),
 )
-serving_gates(
-    name="Pass the four serving gates",
-    command=gate_command(k.install_dir, k.api_port, k.served_model_name, key_file=api_key_file(s)),
-    acting=is_head,
+back.watch(
+    "gates",
+    serving_gates(
+        name="Pass the four serving gates",
+        command=gates,
+        acting=is_head,
+        _if=lambda: not back(),
+        _ignore_errors=bool(moving),
+    ),
 )
+rollback_operations(s, moving, record, boot, gates)
 
-# Under --limit worker nothing proves the pair healthy, so nothing is pruned.
+# Under --limit worker nothing proves the pair healthy, so nothing is recorded or pruned.
 head_in_run = inventory.get_host(s.head.name) in state.activated_hosts
+kept = history(wanted(s), record.releases, k.keep_releases)
+record_stamped(
+    name="Record the release that passed the gates",
+    path=record_path(k.config_dir),
+    release=wanted(s),
+    files=release_files(s),
+    keep=k.keep_releases,
+    _if=lambda: head_in_run,
+)
 prune_old_images(
     name="Prune old sparkrig images once the pair is healthy",
     image_repo=k.image_repo,
-    keep=images_to_keep(s),
+    keep=sorted({*images_to_keep(s), *images_kept(kept)}),
+    _if=lambda: head_in_run,
+)
+old_weights_pruned(
+    name="Prune weights revisions no kept release uses",
+    weights_dir=k.weights_dir,
+    keep=weights_kept(kept),
     _if=lambda: head_in_run,
 )

@@ -13,6 +13,7 @@ from sparkrig.ordering import on_head
 from sparkrig.owned import owned_directory, program, put_text, secret_file
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
+from sparkrig.release import LEGACY_DIRS, weights_adopted
 from sparkrig.settings import current, for_inventory
 from sparkrig.weights import (
     artifacts,
@@ -35,6 +36,16 @@ program(
     dest=fetcher,
 )
 
+# Weights live per revision (<weights_dir>/<name>-<commit>) so an upgrade keeps the previous
+# revision for a rollback; a checkout of the old layout is renamed in place (nothing fetched),
+# before a new lockfile replaces the one that names its revision.
+for legacy in host.loop(LEGACY_DIRS):
+    weights_adopted(
+        name="Adopt a weights checkout of the old layout as its revision's directory",
+        weights_dir=k.weights_dir,
+        artifact=legacy,
+        lock=f"{k.config_dir}/{legacy}.lock.json",
+    )
 wanted = artifacts(s)  # lockfiles read and checked on the control machine
 for art in host.loop(wanted):
     put_text(name="Install the weights lockfiles", text=art.lock_text, dest=art.remote_lock)

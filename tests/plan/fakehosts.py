@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkrig.image import MARKER
+from sparkrig.release import LISTING
 from sparkrig.settings import Settings
 from tests.image.fakeimage import converged_image_state, image_state
 
@@ -100,6 +101,13 @@ GIDS = re.compile(r"^grep -H \. /sys/class/infiniband/\*/ports/\*/gids/\* ")
 RANK_STATUS = re.compile(r"echo \"gid_live=\$g\"")  # status.py's one read per rank
 PAIR_SECRET = re.compile(r"^cat /etc/sparkrig/pair-token 2>/dev/null; echo ")  # installed secret
 API_KEY = re.compile(r"^cat /etc/sparkrig/api-key 2>/dev/null; echo ")  # the head's installed key
+RELEASE = re.compile(re.escape(LISTING))  # the release record and weights_dir's entries
+
+
+def release_state(record: str = "", entries: tuple[str, ...] = ()) -> list[str]:
+    """sparkrig.release.ReleaseState's output: release.json (if any), then weights_dir's entries
+    as "<kind> <name>" lines."""
+    return [*record.splitlines(), "", LISTING, *entries, "##SPARKRIG-END##"]
 
 
 def rank_status(**values: Any) -> list[str]:
@@ -134,6 +142,12 @@ BOOT_WAIT = re.compile(r"^python3 \S+/sparkrig_gate\.py wait --url ")
 GATES = re.compile(r"^python3 \S+/sparkrig_gate\.py gates ")
 FAIL_HOST = re.compile(r">&2; exit 1$")  # sparkrig's fail_host: a real shell exits 1 here
 PRUNE = re.compile(r"^docker image rm \S+ >/dev/null \|\| echo 'kept ")
+# sparkrig/release.py: keep the serving release's files, put them back, record, adopt, prune
+KEEP = re.compile(r"^sh -c 'set -e\nsha\(\) \{.*\nif sha ", re.S)
+RESTORE = re.compile(r"^sh -c 'set -e\nsha\(\) \{.*cannot roll back", re.S)
+ADOPT = re.compile(r"^sh -c 'set -e\nold=")
+PRUNE_WEIGHTS = re.compile(rf"^rm -rf {OURS}/(model|drafter)-[0-9a-f]{{40}} ")
+ROLLBACK_GATES = re.compile(r"^python3 \S+/sparkrig_gate\.py gates ")
 
 
 def stat_of(path: str) -> re.Pattern[str]:
@@ -163,6 +177,7 @@ def bare(ip: str) -> dict[Any, Any]:
         RANK_STATUS: rank_status(unit_ActiveState="inactive", unit_SubState="dead", mtu=1500),
         PAIR_SECRET: ["##SPARKRIG-END##"],  # no secret installed
         API_KEY: ["##SPARKRIG-END##"],  # no API key installed
+        RELEASE: release_state(),  # no release record, weights_dir empty
         GIDS: gid_table(HCA, "enp1s0f1np1", ip),  # the GID appears once the address is applied
         re.compile(rf"^p={OURS}; if \[ -L "): "",  # nothing sparkrig owns exists yet
         re.compile(rf"^! \(test -e {OURS} \|\| test -L "): "",
@@ -193,6 +208,7 @@ def bare(ip: str) -> dict[Any, Any]:
         r"^sh -c 'set -e\ndocker image inspect \S+ >/dev/null 2>&1 \|\| ",  # build
         SMOKE_CLEAN, SMOKE_WORKER, SMOKE_HEAD, SMOKE_CHECK,
         PAIR_WAIT, PAIR_REQUEST, BOOT_WAIT, PRUNE,
+        KEEP, RESTORE, ADOPT, PRUNE_WEIGHTS,
     ]  # fmt: skip
     for action in actions:
         matcher = action if isinstance(action, re.Pattern) else re.compile(action)
@@ -415,6 +431,7 @@ def converged(
             }
         )
     canned.update(converged_image_state(IMAGE, pulled=s.me.is_head))
+    canned[RELEASE] = converged_release(s, owned)
     canned[RANK_STATUS] = rank_status(
         unit_ActiveState="active",
         unit_SubState="running",
@@ -428,3 +445,21 @@ def converged(
         weights_verified=1796000000,
     )
     return canned
+
+
+def release_shas(s: Settings, owned: dict[str, tuple[bytes, str]]) -> dict[str, str]:
+    from sparkrig.release import release_files
+
+    return {p: hashlib.sha256(owned[p][0]).hexdigest() for p in release_files(s) if p in owned}
+
+
+def converged_release(
+    s: Settings, owned: dict[str, tuple[bytes, str]], older: tuple[Any, ...] = ()
+) -> list[str]:
+    """A rank whose record holds the release it runs (its files' digests), then ``older``
+    releases; weights_dir holds every recorded release's revision directories."""
+    from sparkrig.release import record_text, wanted
+
+    releases = (wanted(s, release_shas(s, owned)), *older)
+    dirs = sorted({f"dir {name}" for r in releases for name in r.weights})
+    return release_state(record_text(releases), tuple(dirs))

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from sparkrig.paths import paths
+from sparkrig.release import parse_record, record_path, wanted
 from sparkrig.render import render
 from sparkrig.serving import rank_unit_context
 from tests.plan import fakehosts
@@ -81,6 +82,8 @@ def test_first_run_uploads_exactly_the_rendered_files(monkeypatch):
         want = {path: data for path, (data, _) in fakehosts.owned_files(s).items()}
         got = dict(r.uploads[name])
         assert got.pop("/opt/sparkrig/image-build/context.tar")  # the image phase's build context
+        record = parse_record(got.pop(record_path(s.knobs.config_dir)).decode())  # after the gates
+        assert [r.identity for r in record] == [wanted(s).identity]
         assert got.keys() == want.keys()
         for path, data in want.items():
             assert got[path] == data, f"{name}: {path} differs from its render"

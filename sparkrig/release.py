@@ -1,0 +1,646 @@
+"""Releases: what a pair serves, kept until its successor passes the gates, and rolled back to.
+
+A *release* is what an upgrade changes: the serving image (its tag hashes the base image digest
+and every patch), the model and drafter revisions, and the serve profile. Each rank keeps a record
+of the releases that passed the four gates, newest first (``<config_dir>/release.json``, written
+after the gates pass, like Entrpi's stamp file, REFERENCE §8.6), with the sha256 of the files that
+make the release on that rank (the rank unit and the weights lockfiles).
+
+When the wanted release differs from the recorded one, the deploy first copies those files to
+``<file>.prev`` (only when they are the recorded release's: a file left by an unfinished upgrade
+is never taken for the previous release). The previous image stays (pruning keeps every recorded
+release's image) and so do its weights: they live per revision, ``<weights_dir>/<name>-<commit>``,
+so a rollback downloads nothing. If the new pair fails to boot or fails a gate, every rank puts
+the ``.prev`` files back and the pair restarts in order (worker(s), then the head), is verified by
+the gates, and the run fails naming what failed and that the previous release serves again.
+
+The env file (``rank.env``) is not part of a release: it holds no release field (the RoCE GID
+index, the fabric and NCCL environment), and an older copy could only bring back a stale index.
+
+After a success the record gains the new release and keeps ``keep_releases`` of them; images and
+weights revisions of releases that fell out of it are pruned. A run whose release does not change
+copies nothing, restarts nothing and rolls nothing back.
+
+Everything here is read in the host's one state read (``ReleaseState``, a part of
+sparkrig/hoststate.py): the record and the entries of ``weights_dir``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import time
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass, replace
+from io import BytesIO
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api import FactBase, QuoteString, StringCommand, operation
+from pyinfra.api.command import FileUploadCommand
+from pyinfra.api.exceptions import FactProcessError
+from pyinfra.context import ctx_state
+
+from sparkrig import hoststate
+from sparkrig.factlines import END
+from sparkrig.failhost import fail_host
+from sparkrig.runscope import once_per_run
+from sparkrig.settings import Settings
+
+RECORD = "release.json"
+PREV = ".prev"
+LISTING = "##SPARKRIG-WEIGHTS-DIR"
+REVISION_DIR = re.compile(r"^(?P<name>model|drafter)-(?P<commit>[0-9a-f]{40})$")
+LEGACY_DIRS = ("model", "drafter")  # the layout before per-revision directories
+
+
+def revision_dir(weights_dir: str, name: str, commit: str) -> str:
+    """Where one revision of an artifact lives: ``<weights_dir>/<name>-<commit>``."""
+    return f"{weights_dir.rstrip('/')}/{name}-{commit}"
+
+
+def record_path(config_dir: str) -> str:
+    return f"{config_dir.rstrip('/')}/{RECORD}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The release and its record (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Release:
+    """One release as a rank runs it. ``files``: (path, sha256) of the files that make it on the
+    rank (``release_files``), known once it is installed; they do not take part in identity."""
+
+    image: str
+    base: str  # the local base tag the image was built from (kept with the image)
+    model_revision: str
+    drafter_revision: str  # "" when the profile needs no drafter
+    profile: str
+    files: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def identity(self) -> tuple[str, str, str, str]:
+        return (self.image, self.model_revision, self.drafter_revision, self.profile)
+
+    @property
+    def weights(self) -> tuple[str, ...]:
+        """Its revision directories' names under weights_dir."""
+        names = [f"model-{self.model_revision}"]
+        if self.drafter_revision:
+            names.append(f"drafter-{self.drafter_revision}")
+        return tuple(names)
+
+    def label(self) -> str:
+        tag = self.image.rpartition(":")[2]
+        drafter = f", drafter {self.drafter_revision[:12]}" if self.drafter_revision else ""
+        return (
+            f"image {tag[:12]}, model {self.model_revision[:12]}{drafter}, profile {self.profile}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "image": self.image,
+            "base": self.base,
+            "model_revision": self.model_revision,
+            "drafter_revision": self.drafter_revision,
+            "profile": self.profile,
+            "files": {path: sha for path, sha in self.files},
+        }
+
+
+def release_from(raw: Any) -> Release:
+    if not isinstance(raw, dict):
+        raise ValueError(f"a release is not an object: {raw!r}")
+    files = raw.get("files") or {}
+    if not isinstance(files, dict):
+        raise ValueError("a release's files are not an object")
+    return Release(
+        image=str(raw["image"]),
+        base=str(raw.get("base", "")),
+        model_revision=str(raw["model_revision"]),
+        drafter_revision=str(raw.get("drafter_revision") or ""),
+        profile=str(raw["profile"]),
+        files=tuple(sorted((str(p), str(h)) for p, h in files.items())),
+    )
+
+
+def record_text(releases: Sequence[Release]) -> str:
+    """release.json as the deploy writes it (stable: equal records are equal bytes)."""
+    data = {"version": 1, "releases": [r.to_json() for r in releases]}
+    return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+
+def parse_record(text: str) -> tuple[Release, ...]:
+    """The releases of a release.json, newest first; ValueError when it is not one."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not JSON: {err}") from None
+    if not isinstance(data, dict) or data.get("version") != 1:
+        raise ValueError("not a version 1 release record")
+    try:
+        return tuple(release_from(r) for r in data.get("releases") or [])
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"a release lacks {err}") from None
+
+
+def history(wanted: Release, recorded: Sequence[Release], keep: int) -> tuple[Release, ...]:
+    """The record once ``wanted`` passed the gates: it first, then the older releases (one per
+    identity), ``keep`` in all."""
+    older = [r for r in recorded if r.identity != wanted.identity]
+    unique: list[Release] = []
+    for r in older:
+        if all(u.identity != r.identity for u in unique):
+            unique.append(r)
+    return (wanted, *unique)[: max(keep, 1)]
+
+
+def weights_kept(kept: Sequence[Release]) -> list[str]:
+    """Revision directory names of the kept releases."""
+    return sorted({name for r in kept for name in r.weights})
+
+
+def weights_to_prune(entries: Iterable[tuple[str, str]], keep: Iterable[str]) -> list[str]:
+    """Revision directories under weights_dir (``<name>-<commit>``, nothing else) not in
+    ``keep`` (sorted)."""
+    kept = set(keep)
+    return sorted(
+        name
+        for kind, name in entries
+        if kind == "dir" and REVISION_DIR.match(name) and name not in kept
+    )
+
+
+def images_kept(kept: Sequence[Release]) -> list[str]:
+    """Images (and their local bases) of the kept releases: pruning leaves them."""
+    return sorted({ref for r in kept for ref in (r.image, r.base) if ref})
+
+
+# ---------------------------------------------------------------------------------------------
+# The state read's part: the record and what weights_dir holds
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReleaseReport:
+    """What a rank holds: its record (empty: none) and the entries of weights_dir (kind, name)."""
+
+    releases: tuple[Release, ...] = ()
+    entries: tuple[tuple[str, str], ...] = ()
+    error: str = ""  # the record exists but cannot be read
+
+    @property
+    def serving(self) -> Release | None:
+        """The release that last passed the gates here."""
+        return self.releases[0] if self.releases else None
+
+    def has_dir(self, name: str) -> bool:
+        return ("dir", name) in self.entries
+
+
+class ReleaseState(FactBase[ReleaseReport]):
+    """The rank's release record and the entries of weights_dir (dir, link or file, by name)."""
+
+    default = ReleaseReport
+
+    def command(self, record: str, weights_dir: str) -> StringCommand:
+        r, w = shlex.quote(record), shlex.quote(weights_dir)
+        script = (
+            f"cat {r} 2>/dev/null; echo; echo '{LISTING}'; "
+            f'for p in {w}/*; do if [ -L "$p" ]; then t=link; elif [ -d "$p" ]; then t=dir; '
+            f'elif [ -e "$p" ]; then t=file; else continue; fi; echo "$t ${{p##*/}}"; done; '
+            f"echo '{END}'"
+        )
+        return StringCommand("sh", "-c", QuoteString(script))
+
+    def process(self, output: list[str]) -> ReleaseReport:
+        return parse_release_state(output)
+
+
+def parse_release_state(lines: list[str]) -> ReleaseReport:
+    if LISTING not in lines or END not in lines:
+        raise FactProcessError("release state ended early (no marker)")
+    cut = lines.index(LISTING)
+    text = "\n".join(lines[:cut]).strip()
+    entries = []
+    for line in lines[cut + 1 : lines.index(END)]:
+        kind, _, name = line.partition(" ")
+        if kind not in ("dir", "link", "file") or not name:
+            raise FactProcessError(f"release state: unexpected line {line!r}")
+        entries.append((kind, name))
+    releases: tuple[Release, ...] = ()
+    error = ""
+    if text:
+        try:
+            releases = parse_record(text)
+        except ValueError as err:
+            error = f"{RECORD} is unreadable ({err})"
+    return ReleaseReport(releases=releases, entries=tuple(sorted(entries)), error=error)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a rank wants, and what changes
+# ---------------------------------------------------------------------------------------------
+
+
+def release_files(s: Settings) -> list[str]:
+    """The files that make a release on a rank: its unit (image, weights directories, serve
+    flags) and the weights lockfiles. Kept as ``.prev`` during an upgrade."""
+    from sparkrig.paths import paths
+
+    k = s.knobs
+    files = [paths(s)["rank_unit"], f"{k.config_dir}/model.lock.json"]
+    if s.needs_drafter:
+        files.append(f"{k.config_dir}/drafter.lock.json")
+    return files
+
+
+def wanted(s: Settings, shas: dict[str, str] | None = None) -> Release:
+    """The release this run installs; with ``shas`` (path -> sha256) its files' digests."""
+    from sparkrig.image import local_base, serving_image
+
+    k = s.knobs
+    assert k.base_image is not None  # settings refuse a missing base_image
+    files: tuple[tuple[str, str], ...] = ()
+    if shas is not None:
+        files = tuple(sorted((p, shas.get(p, "")) for p in release_files(s)))
+    return Release(
+        image=serving_image(s),
+        base=local_base(k.image_repo, k.base_image),
+        model_revision=k.model_revision,
+        drafter_revision=k.drafter_revision if s.needs_drafter else "",
+        profile=k.profile,
+        files=files,
+    )
+
+
+def change(s: Settings, report: ReleaseReport) -> str:
+    """'<recorded> -> <wanted>' when this rank's recorded release is not the wanted one, else ''
+    (no record: a first install, nothing to roll back to)."""
+    serving = report.serving
+    want = wanted(s)
+    if serving is None or serving.identity == want.identity:
+        return ""
+    return f"{serving.label()} -> {want.label()}"
+
+
+def stamped(s: Settings, report: ReleaseReport, shas: dict[str, str]) -> tuple[Release, ...]:
+    """The record once the wanted release passed the gates, its files' digests from ``shas``."""
+    return history(wanted(s, shas), report.releases, s.knobs.keep_releases)
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands (pure): keep, restore, adopt, prune
+# ---------------------------------------------------------------------------------------------
+
+_SHA = 'sha() { [ -f "$1" ] && [ "$(sha256sum < "$1" | cut -c1-64)" = "$2" ]; }'
+
+
+def keep_command(files: Sequence[tuple[str, str]]) -> str:
+    """Copy each file of the serving release to ``<file>.prev`` unless that already holds it.
+    A file that is neither (an earlier upgrade's, unfinished) fails: no rollback would be right."""
+    lines = ["set -e", _SHA]
+    for path, digest in files:
+        p, prev, d = shlex.quote(path), shlex.quote(path + PREV), shlex.quote(digest)
+        lines.append(
+            f"if sha {prev} {d}; then :; elif sha {p} {d}; then cp -p {p} {prev}; else "
+            f"echo {shlex.quote(f'{path} is not the recorded release and no {PREV} copy is')} "
+            ">&2; exit 1; fi"
+        )
+    return "\n".join(lines)
+
+
+def restore_command(files: Sequence[tuple[str, str]]) -> str:
+    """Put every ``<file>.prev`` back (each checked against the record first), reload systemd."""
+    lines = ["set -e", _SHA]
+    for path, digest in files:
+        prev, d = shlex.quote(path + PREV), shlex.quote(digest)
+        lines.append(
+            f"sha {prev} {d} || {{ echo {shlex.quote(f'cannot roll back: {path}{PREV} is not the previous release')} >&2; exit 1; }}"  # noqa: E501
+        )
+    lines += [f"cp -p {shlex.quote(p + PREV)} {shlex.quote(p)}" for p, _ in files]
+    lines.append("systemctl daemon-reload")
+    return "\n".join(lines)
+
+
+def adopt_command(weights_dir: str, name: str, lock: str) -> str:
+    """Rename a checkout of the old layout (``<weights_dir>/<name>``) to its revision's
+    directory, read from the lockfile installed beside it; its stamps and status follow, so
+    nothing is hashed or downloaded again (stamps key on relative paths, inode, mtime and ctime,
+    which renaming the parent leaves alone)."""
+    w, n, q = shlex.quote(weights_dir.rstrip("/")), shlex.quote(name), shlex.quote(lock)
+    read = "import json,sys; print(json.load(open(sys.argv[1]))['commit'])"
+    return "\n".join(
+        [
+            "set -e",
+            f"old={w}/{n}",
+            '[ -d "$old" ] && [ ! -L "$old" ] || exit 0',
+            f"c=$(python3 -c {shlex.quote(read)} {q} 2>/dev/null || true)",
+            'if ! printf %s "$c" | grep -qxE "[0-9a-f]{40}"; then',
+            f'  echo "$old: no lockfile names its revision ({lock}); left in place" >&2; exit 0',
+            "fi",
+            f'new={w}/{n}-"$c"',
+            'if [ -e "$new" ]; then echo "$old and $new both exist; left in place" >&2; exit 0; fi',
+            'mv "$old" "$new"',
+            'for x in stamps.json fetch-status.json; do [ ! -e "$old.$x" ] || mv "$old.$x" "$new.$x"; done',  # noqa: E501
+            'echo "adopted $old as $new"',
+        ]
+    )
+
+
+def prune_weights_command(weights_dir: str, names: Sequence[str]) -> str:
+    w = weights_dir.rstrip("/")
+    paths = []
+    for name in names:
+        base = shlex.quote(f"{w}/{name}")
+        paths += [base, f"{base}.stamps.json", f"{base}.fetch-status.json"]
+    return "rm -rf " + " ".join(paths)
+
+
+def part(s: Settings) -> Any:
+    """The release part of the host's state read (sparkrig/hoststate.py)."""
+    from sparkrig.hoststate import Part
+
+    args = {"record": record_path(s.knobs.config_dir), "weights_dir": s.knobs.weights_dir}
+    return Part("release", ReleaseState, tuple(sorted(args.items())))
+
+
+def report_of(host_report: Any) -> ReleaseReport:
+    """The release part of a host's state read (the default when it was not read)."""
+    got = getattr(host_report, "release", None)
+    return got if isinstance(got, ReleaseReport) else ReleaseReport()
+
+
+# ---------------------------------------------------------------------------------------------
+# Operations
+# ---------------------------------------------------------------------------------------------
+
+
+def _sh(script: str) -> StringCommand:
+    return StringCommand("sh", "-c", QuoteString(script))
+
+
+@operation()
+def weights_adopted(weights_dir: str, artifact: str, lock: str) -> Generator[Any, None, None]:
+    """
+    Rename a checkout of the layout before per-revision directories to its revision's name.
+
+    + weights_dir: where the weights live
+    + artifact: model | drafter (the old directory's name)
+    + lock: that artifact's lockfile on the host (names the checkout's revision; read before
+      this run installs a new one)
+    """
+    if not report_of(hoststate.mine()).has_dir(artifact):
+        host.noop(f"no {weights_dir}/{artifact} of the old layout")
+        return
+    yield _sh(adopt_command(weights_dir, artifact, lock))
+
+
+def adoptable(art: Any, state: Any) -> bool:
+    """A checkout of the old layout (``<weights_dir>/<name>``) that the weights phase adopts as
+    ``art``'s revision: the lockfile installed beside it is ``art``'s (a sparkrig.weights
+    Artifact; ``state`` the host's state read)."""
+    lock = state.file(art.remote_lock)
+    return bool(
+        report_of(state).has_dir(art.name)
+        and lock is not None
+        and lock.sha256 == sha256_text(art.lock_text)
+    )
+
+
+@operation()
+def previous_kept(files: list[tuple[str, str]]) -> Generator[Any, None, None]:
+    """
+    Copy the serving release's files to ``<file>.prev`` while the release changes.
+
+    + files: (path, sha256) of the recorded (serving) release's files; empty: the release does
+      not change (or there is no record), nothing is kept
+    """
+    if not files:
+        host.noop("the release does not change: nothing to keep")
+        return
+    yield _sh(keep_command(files))
+
+
+@operation(is_idempotent=False)
+def previous_restored(files: list[tuple[str, str]]) -> Generator[Any, None, None]:
+    """
+    Put the previous release's files back from ``<file>.prev`` (checked against the record).
+
+    + files: (path, sha256) of the previous release's files; empty fails this host (nothing to
+      roll back to)
+    """
+    if not files:
+        yield fail_host("cannot roll back: this rank has no previous release recorded")
+        return
+    yield _sh(restore_command(files))
+
+
+@operation(is_idempotent=False)
+def gates_passed_again(command: list[str]) -> Generator[Any, None, None]:
+    """
+    Run the four serving gates (exit 1 when one fails). Unlike ``serving_gates`` it reads
+    nothing while the run is prepared: it only ever runs after a failed upgrade.
+
+    + command: the gate script's ``gates`` argv
+    """
+    yield StringCommand(*[QuoteString(a) for a in command])
+
+
+@operation()
+def record_stamped(
+    path: str, release: Release, files: list[str], keep: int
+) -> Generator[Any, None, None]:
+    """
+    Record ``release`` (run only after the gates passed) first in the rank's release record,
+    with its files' sha256 as they are now, keeping ``keep`` releases; a no-op when the record
+    already says so.
+
+    + path: release.json on the rank
+    + release: the release the rank runs (its files unset)
+    + files: the files that make it on the rank (``release_files``)
+    + keep: releases the record keeps (knob keep_releases)
+    """
+    state = hoststate.mine()
+    have = report_of(state)
+    digests = []
+    for f in files:
+        got = state.file(f)
+        if got is not None and got.sha256:
+            digests.append((f, got.sha256))
+    now = replace(release, files=tuple(sorted(digests)))
+    text = record_text(history(now, have.releases, keep))
+    if not have.error and record_text(have.releases) == text:
+        host.noop(f"{path} already records this release")
+        return
+    tmp = f"{path}.sparkrig-new"
+    yield FileUploadCommand(BytesIO(text.encode()), tmp)
+    yield StringCommand("chmod 644", QuoteString(tmp))
+    yield StringCommand("mv -f", QuoteString(tmp), QuoteString(path))
+
+
+@operation()
+def old_weights_pruned(weights_dir: str, keep: list[str]) -> Generator[Any, None, None]:
+    """
+    Remove weights revisions no kept release uses (call it only once the new pair is healthy).
+
+    + weights_dir: where the revisions live
+    + keep: revision directory names to keep (every kept release's)
+    """
+    names = weights_to_prune(report_of(hoststate.mine()).entries, keep)
+    if not names:
+        host.noop("no weights revision to prune")
+        return
+    logger.info(f"{host.print_prefix}weights: will remove {', '.join(names)}")
+    yield prune_weights_command(weights_dir, names)
+
+
+# ---------------------------------------------------------------------------------------------
+# The rollback decision: one for every host of the run
+# ---------------------------------------------------------------------------------------------
+
+
+class Rollback:
+    """The run's one decision whether the pair rolls back: an operation watched on the head
+    (the new release's boot wait, its gates) failed. Those run with ``_ignore_errors`` during an
+    upgrade, so the run goes on to the rollback operations (``_if=rollback()``)."""
+
+    def __init__(self) -> None:
+        self.watched: list[tuple[str, Any]] = []
+        self.decided_at: float | None = None  # monotonic time the failure was first seen
+
+    def watch(self, what: str, meta: Any) -> Any:
+        self.watched.append((what, meta))
+        return meta
+
+    def failures(self) -> list[str]:
+        """'<what>: <last lines of its output>' of every watched operation that failed."""
+        out = []
+        for what, meta in self.watched:
+            if meta.is_complete() and meta.did_error():
+                lines = [x for x in meta.stderr_lines if x.strip()] or meta.stdout_lines
+                out.append(f"{what}: {' / '.join(x.strip() for x in lines[-3:]) or 'failed'}")
+        return out
+
+    def __call__(self) -> bool:
+        failed = bool(self.failures())
+        if failed and self.decided_at is None:
+            self.decided_at = time.monotonic()
+        return failed
+
+
+def rollback() -> Rollback:
+    """The current run's rollback decision (one object for every host and phase)."""
+    state = ctx_state.get()
+    return once_per_run("rollback", state, Rollback)
+
+
+@operation(is_idempotent=False)
+def upgrade_failed(moving: str, previous: str) -> Generator[Any, None, None]:
+    """
+    Fail this rank after a rollback, naming what failed and that the previous release serves.
+
+    + moving: the release change that was attempted ('<old> -> <new>')
+    + previous: the previous release's label
+    """
+    back = rollback()
+    failed = "; ".join(back.failures()) or "a gate failed"
+    took = (
+        f" {time.monotonic() - back.decided_at:.0f} s after the failure" if back.decided_at else ""
+    )
+    reason = (
+        f"upgrade failed ({moving}): {failed}. Rolled back: the previous release ({previous}) "
+        f"passed the four gates and serves again{took}"
+    )
+    logger.error(f"{host.print_prefix}{reason}")
+    yield fail_host(reason)
+
+
+def rollback_operations(
+    s: Settings, moving: str, record: ReleaseReport, boot: list[str], gates: list[str]
+) -> None:
+    """The rollback path, present on every host (acting only once ``rollback()`` decided it):
+    the previous release's files back on every rank, the helpers paused, every rank stopped,
+    the workers started, their containers awaited, the head started, its boot awaited, the four
+    gates, the helpers resumed, and the run failed naming what failed and what serves now. The
+    same worker-then-head order as the deploy's ordered pair restart (tasks/service.py)."""
+    from sparkrig.owned import service
+    from sparkrig.paths import paths
+    from sparkrig.serving import wait_for_ranks, wait_until_serving
+
+    k, p = s.knobs, paths(s)
+    is_head = s.me.is_head
+    back = rollback()
+    serving = record.serving
+    files = list(serving.files) if moving and serving is not None else []
+    previous = serving.label() if serving is not None else "none recorded"
+    helpers = ["sparkrig-supervisor", "sparkrig-watchdog"]  # the watchdog's stop is a no-op if off
+
+    previous_restored(
+        name="Put the previous release's unit and lockfiles back",
+        files=files,
+        _if=lambda: bool(moving) and back(),
+    )
+    for unit in host.loop(helpers):
+        service(
+            name="Pause the head's supervisor and watchdog during the rollback",
+            service=unit,
+            running=False,
+            _if=lambda: is_head and back(),
+        )
+    service(
+        name="Stop every rank to roll back",
+        service=s.unit_name,
+        running=False,
+        _if=back,
+    )
+    service(
+        name="Start the worker rank of the previous release",
+        service=s.unit_name,
+        running=True,
+        _if=lambda: not is_head and back(),
+    )
+    wait_for_ranks(
+        name="Wait until every worker of the previous release runs",
+        bin_dir=p["bin_dir"],
+        peers=[w.ip for w in s.workers],
+        port=k.pair_port,
+        timeout=k.pair_grace_s,
+        _if=lambda: is_head and back(),
+    )
+    service(
+        name="Start the head rank of the previous release",
+        service=s.unit_name,
+        running=True,
+        _if=lambda: is_head and back(),
+    )
+    wait_until_serving(
+        name="Wait for the previous release's API to finish booting",
+        command=boot,
+        _if=lambda: is_head and back(),
+    )
+    gates_passed_again(
+        name="Pass the four serving gates on the previous release",
+        command=gates,
+        _if=lambda: is_head and back(),
+    )
+    service(
+        name="Resume the head's supervisor after the rollback",
+        service="sparkrig-supervisor",
+        running=True,
+        _if=lambda: is_head and back(),
+    )
+    upgrade_failed(
+        name="Fail the run: the upgrade failed and the previous release serves again",
+        moving=moving or "the release",
+        previous=previous,
+        _if=back,
+    )

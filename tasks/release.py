@@ -1,0 +1,41 @@
+"""Phase 1b, release: when the release (image, model/drafter revision, profile) changes, keep the
+serving release's files as ``*.prev`` before any phase rewrites them, so a failed upgrade can be
+rolled back (tasks/verify.py); its image and weights revision stay until the new release passes
+the gates. An upgrade needs the whole pair: refused, before anything changes, without the head."""
+
+from pyinfra import host, inventory, logger, state
+
+from sparkrig import hoststate
+from sparkrig.failhost import refuse
+from sparkrig.release import change, previous_kept, report_of
+from sparkrig.settings import current
+
+s = current()
+record = report_of(hoststate.read(s))
+moving = change(s, record)
+head_in_run = state.is_host_in_limit(inventory.get_host(s.head.name))
+
+found = []
+if record.error:
+    logger.warning(f"{host.print_prefix}{record.error}: no rollback until a run passes the gates")
+if moving:
+    logger.info(
+        f"{host.print_prefix}release changes ({moving}): the previous release is kept and "
+        "rolled back to if the new one fails to boot or fails a gate"
+    )
+    if not head_in_run:
+        found.append(
+            f"the release changes ({moving}): an upgrade restarts the whole pair and rolls it "
+            "back if it fails; run `pyinfra inventory.py deploy.py` with the head (no --limit)"
+        )
+refuse(
+    name="Refuse an upgrade of half a pair",
+    problems=found,
+    heading="release",
+    passed="no upgrade without the head",
+)
+serving = record.serving
+previous_kept(
+    name="Keep the serving release's unit and lockfiles until the new release passes the gates",
+    files=list(serving.files) if moving and serving is not None else [],
+)

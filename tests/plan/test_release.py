@@ -1,0 +1,187 @@
+"""Upgrades that roll back (sparkrig/release.py), planned through the real CLI on @fake hosts: a
+release change keeps the serving release's files before anything rewrites them; a failed gate
+puts them back and restarts the pair worker(s) first, then the head, and the run fails naming
+both; a run without a release change keeps and rolls back nothing; --limit worker refuses an
+upgrade; a success records the new release and prunes what fell out of the record."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from sparkrig.release import Release, parse_record, record_path, release_files
+from tests.plan import fakehosts
+from tests.plan.test_plan import ACTION, HEAD, WORKER, apply, converge_state, position, settings
+
+UPGRADE = ("--data", "profile=long")  # a release change the lockfiles in tests/plan allow
+KEEP_OP = "Keep the serving release's unit and lockfiles until the new release passes the gates"
+FAILING = re.compile(r"sparkrig_gate\.py gates .* \|\| true$")  # the gates as the deploy reads them
+OLD = "9" * 40
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    fakehosts.STATE.clear()
+    yield
+    fakehosts.STATE.clear()
+
+
+def failing_gates() -> None:
+    """The new release boots but fails the math gate; the previous one (after the rollback,
+    the gate script run plainly) passes."""
+    lines = [
+        json.dumps({"gate": "health", "ok": True, "detail": "ok", "ms": 5}),
+        json.dumps({"gate": "math", "ok": False, "detail": "no 391 in the answer", "ms": 5}),
+    ]
+    fakehosts.inject("spark-a", {FAILING: lines})
+
+
+def uploaded_record(r, name: str) -> tuple[Release, ...]:
+    s = settings()[name]
+    data = r.uploads.get(name, {}).get(record_path(s.knobs.config_dir))
+    return parse_record(data.decode()) if data else ()
+
+
+def test_a_release_change_keeps_the_serving_release_before_any_phase_rewrites_it(monkeypatch):
+    converge_state()
+    r = apply(monkeypatch, *UPGRADE)
+    assert r.exit_code == 0, r.output
+    keep = position(r, KEEP_OP)
+    assert keep < position(r, "Install the weights lockfiles")
+    assert keep < position(r, "Install the rank unit")
+    for name, s in settings().items():
+        kept = [c for c in r.commands[name] if fakehosts.KEEP.search(c)]
+        assert len(kept) == 1, name
+        for path in release_files(s):  # each file with the digest the record holds
+            assert f"cp -p {path} {path}.prev" in kept[0]
+        # the gates passed: the record now holds the new release, then the previous one
+        record = uploaded_record(r, name)
+        assert [x.profile for x in record] == ["long", "shared"]
+        assert not any(fakehosts.RESTORE.search(c) for c in r.commands[name])
+    assert "release changes (image" in r.output and "profile long)" in r.output
+
+
+def test_a_run_without_a_release_change_keeps_records_and_rolls_back_nothing(monkeypatch):
+    converge_state()
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    for name, cmds in r.commands.items():
+        assert not [c for c in cmds if ".prev" in c or fakehosts.KEEP.search(c)], name
+        assert uploaded_record(r, name) == ()
+        assert not [c for c in cmds if ACTION.search(c)], name
+
+
+def test_failed_gates_roll_back_worker_then_head_and_fail_naming_both(monkeypatch):
+    converge_state()
+    failing_gates()
+    r = apply(monkeypatch, *UPGRADE)
+    assert r.exit_code != 0
+    # what failed is named (the fakes answer a failing command with "failed" on stderr; a real
+    # shell prints the gate report there: tests/lab)
+    said = r"upgrade failed \(image \w+, model \w+, profile shared -> image \w+, model \w+, "
+    assert re.search(said + r"profile long\): gates: failed\. ", r.output), r.output[-3000:]
+    assert "Rolled back: the previous release (image" in r.output
+    assert "profile shared) passed the four gates and serves again" in r.output
+    # the rollback's operations, in the ordered restart's order
+    order = [
+        "Put the previous release's unit and lockfiles back",
+        "Stop every rank to roll back",
+        "Start the worker rank of the previous release",
+        "Wait until every worker of the previous release runs",
+        "Start the head rank of the previous release",
+        "Wait for the previous release's API to finish booting",
+        "Pass the four serving gates on the previous release",
+        "Fail the run: the upgrade failed and the previous release serves again",
+    ]
+    at = [position(r, op) for op in order]
+    assert at == sorted(at)
+    head, worker = r.commands[HEAD], r.commands[WORKER]
+    for cmds in (head, worker):
+        restored = [i for i, c in enumerate(cmds) if fakehosts.RESTORE.search(c)]
+        assert len(restored) == 1
+    # after the restore: the worker starts its rank, the head waits for it, then starts
+    w_start = len(worker) - 1 - worker[::-1].index("systemctl start sparkrig-worker.service")
+    h_start = len(head) - 1 - head[::-1].index("systemctl start sparkrig-head.service")
+    h_restore = next(i for i, c in enumerate(head) if fakehosts.RESTORE.search(c))
+    h_wait = [i for i, c in enumerate(head) if fakehosts.PAIR_WAIT.match(c)][-1]
+    assert h_restore < h_wait < h_start
+    assert w_start > next(i for i, c in enumerate(worker) if fakehosts.RESTORE.search(c))
+    assert any(fakehosts.GATES.match(c) and "|| true" not in c for c in head[h_start:])
+    # nothing recorded, nothing pruned: the previous release stays whole
+    for name, cmds in r.commands.items():
+        assert uploaded_record(r, name) == ()
+        assert not any(fakehosts.PRUNE.match(c) or fakehosts.PRUNE_WEIGHTS.match(c) for c in cmds)
+
+
+def test_failed_gates_without_a_release_change_fail_as_before_with_no_rollback(monkeypatch):
+    converge_state()
+    failing_gates()
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    assert r.changed_ops[HEAD][-1].endswith("Pass the four serving gates")  # it stopped there
+    assert "Rolled back" not in r.output and "upgrade failed" not in r.output
+    for cmds in r.commands.values():
+        assert not any(fakehosts.RESTORE.search(c) for c in cmds)
+        assert "systemctl stop sparkrig-worker.service" not in cmds
+
+
+def test_limit_worker_refuses_an_upgrade_of_half_a_pair(monkeypatch):
+    converge_state()
+    r = apply(monkeypatch, "--limit", "worker", *UPGRADE)
+    assert r.exit_code != 0
+    assert "the release changes (" in r.output
+    assert "run `pyinfra inventory.py deploy.py` with the head (no --limit)" in r.output
+    assert r.commands.get(HEAD, []) == []
+    assert not [c for c in r.commands[WORKER] if ACTION.search(c) or "sparkrig-pair request" in c]
+
+
+older = Release(
+    "sparkrig/vllm-glm53:0123456789abcdef", "sparkrig/vllm-glm53:base-0", OLD, "", "shared"
+)  # a release recorded before the serving one (another model revision)
+
+
+@pytest.mark.parametrize("keep", [1, 2])
+def test_a_success_keeps_the_knobs_worth_of_releases_and_prunes_the_rest(monkeypatch, keep):
+    for name, s in settings().items():
+        state = fakehosts.converged(s)
+        owned = fakehosts.owned_files(s)
+        state[fakehosts.RELEASE] = fakehosts.converged_release(s, owned, older=(older,))
+        state.update(
+            fakehosts.converged_image_state(
+                fakehosts.IMAGE, pulled=s.me.is_head, extra_tags=(older.image,)
+            )
+        )
+        fakehosts.STATE[name.split("/")[1]] = state
+    r = apply(monkeypatch, "--data", f"keep_releases={keep}")
+    assert r.exit_code == 0, r.output
+    for name, cmds in r.commands.items():
+        pruned_weights = [c for c in cmds if fakehosts.PRUNE_WEIGHTS.match(c)]
+        pruned_images = [c for c in cmds if fakehosts.PRUNE.match(c)]
+        if keep == 1:
+            assert pruned_weights == [
+                f"rm -rf /var/lib/sparkrig/models/model-{OLD} "
+                f"/var/lib/sparkrig/models/model-{OLD}.stamps.json "
+                f"/var/lib/sparkrig/models/model-{OLD}.fetch-status.json"
+            ]
+            assert any(older.image in c for c in pruned_images)
+            assert [x.model_revision for x in uploaded_record(r, name)] == [fakehosts.COMMIT]
+        else:
+            assert pruned_weights == [] and pruned_images == []
+            assert uploaded_record(r, name) == ()  # the record already says this
+
+
+def test_a_checkout_of_the_old_layout_is_adopted_before_a_lockfile_replaces_its_own(monkeypatch):
+    converge_state()
+    s = settings()[WORKER]
+    entries = tuple(f"dir {n}" for n in ("model",))
+    fakehosts.inject("spark-b", {fakehosts.RELEASE: fakehosts.release_state("", entries)})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    adopted = [c for c in r.commands[WORKER] if fakehosts.ADOPT.match(c)]
+    assert len(adopted) == 1 and f"{s.knobs.config_dir}/model.lock.json" in adopted[0]
+    assert position(r, "Adopt a weights checkout of the old layout as its revision's directory") < (
+        position(r, "Install the weights lockfiles")
+    )
+    assert not any(fakehosts.ADOPT.match(c) for c in r.commands[HEAD])
