@@ -237,3 +237,13 @@ def test_prune_removes_the_revision_its_stamps_and_status_only(tmp_path):
     assert sorted(p.name for p in weights.iterdir()) == [
         f"model-{C2}", f"model-{C2}.fetch-status.json", f"model-{C2}.stamps.json"
     ]  # fmt: skip
+
+
+def test_adopt_leaves_a_symlink_alone(tmp_path):
+    weights, config = tmp_path / "models", tmp_path / "etc"
+    (weights / "elsewhere").mkdir(parents=True)
+    (weights / "model").symlink_to("elsewhere")  # not a checkout sparkrig made
+    config.mkdir()
+    (config / "model.lock.json").write_text(json.dumps({"commit": C1}))
+    assert sh(adopt_command(str(weights), "model", str(config / "model.lock.json"))).returncode == 0
+    assert (weights / "model").is_symlink() and not (weights / f"model-{C1}").exists()
