@@ -247,6 +247,8 @@ def up(n_hosts: int, smp: int) -> None:
     digest = image.build_standin(base, STATE_DIR / "registry")
     state["image_digest"] = digest
     state["image"] = f"{state['registry']}/{image.IMAGE_NAME}@{digest}"
+    failing = image.failing_digest(STATE_DIR / "registry")
+    state["image_failing"] = f"{state['registry']}/{image.IMAGE_NAME}@{failing}"
     start_server(
         state,
         "registry",

@@ -21,6 +21,8 @@ STANDIN_SRC = LAB_DIR / "standin_vllm.py"
 STANDIN_FLAGS = LAB_DIR / "vllm-flags.txt"  # pinned vLLM's serve flags; the stand-in refuses others
 IMAGE_NAME = "glm53-standin"
 IMAGE_TAG = "lab"
+FAILING_TAG = "lab-failing"  # the same stand-in whose math gate fails (an upgrade that rolls back)
+FAILING_ENV = "STANDIN_FAIL_GATES=math"
 # what the stand-in image holds: python3 and what it needs at run time, plus a shell
 STANDIN_ROOTS = [
     "python3",
@@ -187,6 +189,12 @@ def build_standin(base: Path, registry_root: Path) -> str:
     return digest
 
 
+def failing_digest(registry_root: Path) -> str:
+    """The failing variant's manifest digest, in the registry build_standin wrote."""
+    ref = registry_root / "manifests" / IMAGE_NAME / f"{FAILING_TAG}.digest"
+    return ref.read_text().strip()
+
+
 def _build_layer(rootfs: Path, src: bytes, cache: Path, flags: bytes) -> None:
     tmp = cache.with_name(cache.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -211,13 +219,41 @@ def _build_layer(rootfs: Path, src: bytes, cache: Path, flags: bytes) -> None:
         g.write(layer_tar)
     layer = gz.getvalue()
     layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    (blobs / layer_digest).write_bytes(layer)
+    mdir = tmp / "registry" / "manifests" / IMAGE_NAME
+    mdir.mkdir(parents=True)
+    # the stand-in, and its failing variant (same layer; STANDIN_FAIL_GATES=math in its config,
+    # so its math gate fails: an upgrade to it must roll back, tests/lab test_an_upgrade_...)
+    for tag, env, out in (
+        (IMAGE_TAG, [], "digest"),
+        (FAILING_TAG, [FAILING_ENV], "digest-failing"),
+    ):
+        digest = _write_image(blobs, mdir, tag, diff_id, layer_digest, len(layer), env)
+        (tmp / out).write_text(digest + "\n")
+    mib = f"layer {len(layer_tar) >> 20} MiB, gzip {len(layer) >> 20} MiB"
+    print(f"stand-in image: {mib}", flush=True)
+    shutil.rmtree(cache, ignore_errors=True)
+    tmp.rename(cache)
+
+
+def _write_image(
+    blobs: Path,
+    mdir: Path,
+    tag: str,
+    diff_id: str,
+    layer_digest: str,
+    layer_size: int,
+    env: list[str],
+) -> str:
+    """Write one image's config and manifest (the layer is already in ``blobs``) under ``tag``
+    and its digest; return the manifest digest."""
     config = json.dumps(
         {
             "architecture": "amd64",
             "os": "linux",
             "created": "1970-01-01T00:00:00Z",
             "config": {
-                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", *env],
                 "Entrypoint": [],
                 "Cmd": ["vllm", "--help"],
                 "Labels": {"org.sparkrig.lab": "glm53-standin"},
@@ -240,7 +276,7 @@ def _build_layer(rootfs: Path, src: bytes, cache: Path, flags: bytes) -> None:
             "layers": [
                 {
                     "mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
-                    "size": len(layer),
+                    "size": layer_size,
                     "digest": layer_digest,
                 }
             ],
@@ -248,15 +284,8 @@ def _build_layer(rootfs: Path, src: bytes, cache: Path, flags: bytes) -> None:
         indent=2,
     ).encode()
     digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
-    (blobs / layer_digest).write_bytes(layer)
     (blobs / config_digest).write_bytes(config)
-    mdir = tmp / "registry" / "manifests" / IMAGE_NAME
-    mdir.mkdir(parents=True)
-    for ref in (IMAGE_TAG, digest):
+    for ref in (tag, digest):
         (mdir / ref).write_bytes(manifest)
         (mdir / f"{ref}.digest").write_text(digest + "\n")
-    (tmp / "digest").write_text(digest + "\n")
-    mib = f"layer {len(layer_tar) >> 20} MiB, gzip {len(layer) >> 20} MiB"
-    print(f"stand-in image: {mib}", flush=True)
-    shutil.rmtree(cache, ignore_errors=True)
-    tmp.rename(cache)
+    return digest

@@ -27,6 +27,9 @@ be proven on the lab VMs:
   <key>` (scheme case-insensitive) or gets 401 {"error": "Unauthorized"}; /health, /version etc.
   stay open.
 
+Env STANDIN_FAIL_GATES=math (set in the lab's failing image variant): arithmetic answers are
+wrong, so the math gate fails.
+
 Stand-in only flags: --standin-delay SECONDS (per boot stage, default $STANDIN_DELAY or 0.5),
 --standin-rendezvous-timeout SECONDS (default 600, torch's), --standin-exit-on-peer-loss.
 """
@@ -185,10 +188,14 @@ _ARITH = re.compile(r"(-?\d+(?:\.\d+)?)\s*([*x×+\-/])\s*(-?\d+(?:\.\d+)?)")
 
 
 def arithmetic_answer(text: str) -> str | None:
-    """Deterministic answer to the first "a op b" in the text, or None."""
+    """Deterministic answer to the first "a op b" in the text, or None. In the lab's failing
+    image variant (STANDIN_FAIL_GATES=math in its config, lab/image.py) it answers nothing
+    useful, so the math gate fails while /health and /v1/models pass (an upgrade to test)."""
     m = _ARITH.search(text)
     if not m:
         return None
+    if os.environ.get("STANDIN_FAIL_GATES") == "math":
+        return "I cannot compute that."
     a, op, b = float(m.group(1)), m.group(2), float(m.group(3))
     if op in "*x×":
         r = a * b

@@ -698,6 +698,55 @@ def test_after_every_reboot_order_a_deploy_changes_nothing_and_restarts_nothing(
     print("times to serving:", {k: round(v) for k, v in TIMES.items()})
 
 
+def rank_image(guest) -> str:
+    rank = "sparkrig-rank0" if guest.role == "head" else "sparkrig-rank1"
+    return guest.sh(f"docker inspect --format '{{{{.Config.Image}}}}' {rank}").strip()
+
+
+def test_an_upgrade_that_fails_its_gates_rolls_back_and_the_old_endpoint_answers_again(lab: Lab):
+    """Issue 11 item 2: an upgrade to the stand-in's failing variant (same stand-in, its math
+    gate fails: STANDIN_FAIL_GATES=math in the image, lab/image.py) boots, fails the gates, and
+    the deploy puts the previous units back, restarts the pair in order, verifies it and exits
+    non-zero naming both. Measured: failed gate to the old endpoint answering (the run says it)."""
+    head = lab.head
+    assert serving(head)
+    before = {g.name: (rank_image(g), g.sh(f"cat /etc/systemd/system/{unit(g)}.service"))
+              for g in lab.guests}  # fmt: skip
+    record = head.sh("cat /etc/sparkrig/release.json")
+    r = pyinfra("-y", INV, "deploy.py", "--data", f"base_image={lab_state()['image_failing']}")
+    assert r.rc != 0, r.output[-4000:]
+    assert "upgrade failed (" in r.output, r.output[-4000:]
+    assert "gates: serving gates failed" in r.output and "math FAILED" in r.output
+    m = re.search(r"passed the four gates and serves again (\d+) s after the failure", r.output)
+    assert m, r.output[-4000:]
+    print(f"rollback: failed gate to the old endpoint passing its gates: {m[1]} s")
+    # the old endpoint answers, the previous release's image and units are back on every rank
+    assert serving(head)
+    for g in lab.guests:
+        assert (rank_image(g), g.sh(f"cat /etc/systemd/system/{unit(g)}.service")) == before[
+            g.name
+        ], g.name
+        assert (
+            g.sh("systemctl is-active sparkrig-head sparkrig-worker || true")
+            .split()
+            .count("active")
+            == 1
+        ), g.name
+    assert head.sh("cat /etc/sparkrig/release.json") == record  # nothing recorded
+    # the next plain run (the release it wants is the recorded one) changes only the prune of
+    # the failed release's images, and restarts nothing
+    started = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
+    r = pyinfra("-y", "--json", INV, "deploy.py")
+    assert r.rc == 0, r.output[-4000:]
+    for name, ops in changed_ops(r.stdout).items():
+        assert set(ops) <= {"Prune old sparkrig images once the pair is healthy"}, (name, ops)
+    assert {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests} == started
+
+
+def unit(guest) -> str:
+    return "sparkrig-head" if guest.role == "head" else "sparkrig-worker"
+
+
 def test_uninstall_leaves_no_sparkrig_and_a_deploy_converges_again(lab: Lab):
     """Issue 11 item 4: uninstall stops the pair head first and removes what sparkrig owns (the
     fabric NIC unconfigured again, the weights kept); a deploy then brings the pair back."""

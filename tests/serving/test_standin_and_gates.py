@@ -329,6 +329,23 @@ def test_single_node_head(model_dir: Path, procs: list[Proc]) -> None:
     assert code == 0
 
 
+def test_the_failing_variant_fails_the_math_gate_alone(model_dir: Path, procs: list[Proc]) -> None:
+    """The lab's failing image variant (STANDIN_FAIL_GATES=math, lab/image.py) boots and passes
+    /health and /v1/models, and fails the math gate: an upgrade to it must roll back."""
+    aport = free_port()
+    head = Proc(
+        ["serve", str(model_dir), "--port", str(aport), "--host", "127.0.0.1",
+         "--standin-delay", "0", "--served-model-name", "glm-5.3-flash"],
+        env={"STANDIN_FAIL_GATES": "math"},
+    )  # fmt: skip
+    procs.append(head)
+    head.wait_for("Application startup complete")
+    results = {
+        r.gate: r.ok for r in gate_script.run_gates(f"http://127.0.0.1:{aport}", "glm-5.3-flash")
+    }
+    assert results == {"health": True, "models": True, "math": False, "tool": True}
+
+
 # --- the API key, as vLLM enforces it -------------------------------------------------------------
 KEY = "k3y-" + "0123456789abcdef" * 3
 
