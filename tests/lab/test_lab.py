@@ -713,7 +713,9 @@ def test_an_upgrade_that_fails_its_gates_rolls_back_and_the_old_endpoint_answers
     before = {g.name: (rank_image(g), g.sh(f"cat /etc/systemd/system/{unit(g)}.service"))
               for g in lab.guests}  # fmt: skip
     record = head.sh("cat /etc/sparkrig/release.json")
-    r = pyinfra("-y", INV, "deploy.py", "--data", f"base_image={lab_state()['image_failing']}")
+    failing = lab_state().get("image_failing")
+    assert failing, "a lab built before the failing image variant: python3 -m lab down && up"
+    r = pyinfra("-y", INV, "deploy.py", "--data", f"base_image={failing}")
     assert r.rc != 0, r.output[-4000:]
     assert "upgrade failed (" in r.output, r.output[-4000:]
     assert "gates: serving gates failed" in r.output and "math FAILED" in r.output
