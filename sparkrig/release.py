@@ -10,8 +10,10 @@ When the wanted release differs from the recorded one, the deploy first copies t
 ``<file>.prev`` (only when they are the recorded release's: a file left by an unfinished upgrade
 is never taken for the previous release). The previous image stays (pruning keeps every recorded
 release's image) and so do its weights: they live per revision, ``<weights_dir>/<name>-<commit>``,
-so a rollback downloads nothing. If the new pair fails to boot or fails a gate, every rank puts
-the ``.prev`` files back and the pair restarts in order (worker(s), then the head), is verified by
+so a rollback downloads nothing. If the new release fails its NCCL smoke test, a rank fails to
+start (tasks/service.py), the head fails to boot or a gate fails (tasks/verify.py), nothing more
+of it starts (those operations run with ``_ignore_errors`` during an upgrade and are watched by
+``rollback()``), every rank puts the ``.prev`` files back and the pair restarts in order (worker(s), then the head), is verified by
 the gates, and the run fails naming what failed and that the previous release serves again.
 
 The env file (``rank.env``) is not part of a release: it holds no release field (the RoCE GID
@@ -509,9 +511,10 @@ def old_weights_pruned(weights_dir: str, keep: list[str]) -> Generator[Any, None
 
 
 class Rollback:
-    """The run's one decision whether the pair rolls back: an operation watched on the head
-    (the new release's boot wait, its gates) failed. Those run with ``_ignore_errors`` during an
-    upgrade, so the run goes on to the rollback operations (``_if=rollback()``)."""
+    """The run's one decision whether the pair rolls back: a watched operation of the new
+    release failed on some rank (its NCCL smoke test, a rank's start, the head's boot wait, the
+    gates). Those run with ``_ignore_errors`` during an upgrade, so the run goes on to the
+    rollback operations (``_if=rollback()``)."""
 
     def __init__(self) -> None:
         self.watched: list[tuple[str, Any]] = []

@@ -16,6 +16,7 @@ from sparkrig.owned import owned_file_absent, program, put_text, secret_file, se
 from sparkrig.pairrestart import pair_restart
 from sparkrig.pairsecret import api_key, control_token, pair_secret, write_control_copy_later
 from sparkrig.paths import paths
+from sparkrig.release import change, report_of, rollback
 from sparkrig.render import base_context, render
 from sparkrig.serving import (
     SMOKE_CONTAINER,
@@ -186,6 +187,10 @@ service(
 # its condition holds), so all hosts share one sequence and pyinfra's per-operation barrier orders
 # them: stop every rank together, start the workers, wait for their containers, start the head.
 rank_active, _ = hoststate.read(s).unit(s.unit_name)
+# During an upgrade a failed smoke test or start does not stop the run: it decides the rollback
+# (sparkrig/release.py, tasks/verify.py), and what would start the new release is skipped.
+upgrading = bool(change(s, report_of(hoststate.read(s))))
+back = rollback()
 head_active = is_head and rank_active
 # --limit worker: the head is not in this run. The worker then leaves its rank to the head's
 # supervisor (an authenticated request below); anything needing the head is skipped, and said so.
@@ -227,26 +232,32 @@ server.shell(
     ],
     _if=lambda: smoke and not is_head and (restart() or not rank_active),
 )
-server.shell(
+smoke_head = server.shell(
     name="Run the NCCL smoke test on the head",
     commands=[shlex.join(smoke_run_args(s, image))],
     _if=lambda: smoke and is_head and (restart() or not rank_active),
+    _ignore_errors=upgrading,
 )
-server.shell(
+back.watch("NCCL smoke test", smoke_head)
+smoke_workers = server.shell(
     name="Check the NCCL smoke test on the workers",
     commands=[
         f"rc=$(docker wait {SMOKE_CONTAINER}); docker logs --tail 1 {SMOKE_CONTAINER}; "
         f"docker rm {SMOKE_CONTAINER} >/dev/null; exit $rc"
     ],
     _if=lambda: smoke and not is_head and (restart() or not rank_active),
+    _ignore_errors=upgrading,
 )
-service(
+back.watch("NCCL smoke test", smoke_workers)
+worker_start = service(
     name="Start the worker rank",
     service=s.unit_name,
     running=True,
     enabled=True,
-    _if=lambda: not is_head and (head_in_run or not (restart() or not rank_active)),
+    _if=lambda: not is_head and (head_in_run or not (restart() or not rank_active)) and not back(),
+    _ignore_errors=upgrading,
 )
+back.watch("worker start", worker_start)
 server.shell(
     name="Ask the head's supervisor to restart the pair in order",
     commands=[
@@ -260,21 +271,25 @@ server.shell(
     ],
     _if=lambda: not is_head and not head_in_run and (restart() or not rank_active),
 )  # fmt: skip
-wait_for_ranks(
+workers_up = wait_for_ranks(
     name="Wait until every worker's container runs",
     bin_dir=p["bin_dir"],
     peers=[w.ip for w in s.workers],
     port=k.pair_port,
     timeout=k.pair_grace_s,
-    _if=lambda: is_head and (restart() or not head_active),
+    _if=lambda: is_head and (restart() or not head_active) and not back(),
+    _ignore_errors=upgrading,
 )
-service(
+back.watch("workers' containers", workers_up)
+head_start = service(
     name="Start the head rank",
     service=s.unit_name,
     running=True,
     enabled=True,
-    _if=lambda: is_head,
+    _if=lambda: is_head and not back(),
+    _ignore_errors=upgrading,
 )
+back.watch("head start", head_start)
 
 keep_helper_running(
     "sparkrig-supervisor",

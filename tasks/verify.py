@@ -50,7 +50,7 @@ back.watch(
     wait_until_serving(
         name="Wait for the head's API to finish booting",
         command=boot,
-        _if=lambda: is_head and (restart() or not was_running),
+        _if=lambda: is_head and (restart() or not was_running) and not back(),
         _ignore_errors=bool(moving),
     ),
 )

@@ -185,3 +185,22 @@ def test_a_checkout_of_the_old_layout_is_adopted_before_a_lockfile_replaces_its_
         position(r, "Install the weights lockfiles")
     )
     assert not any(fakehosts.ADOPT.match(c) for c in r.commands[HEAD])
+
+
+def test_a_failed_smoke_test_during_an_upgrade_starts_nothing_new_and_rolls_back(monkeypatch):
+    """A boot failure before the gates: the new release's NCCL smoke test fails on the head.
+    Nothing of the new release starts; the previous one is put back and started in order."""
+    converge_state()
+    fakehosts.inject("spark-a", {fakehosts.SMOKE_HEAD: fakehosts.FAILED})
+    r = apply(monkeypatch, *UPGRADE)
+    assert r.exit_code != 0
+    assert re.search(r"upgrade failed \([^)]*profile long\): NCCL smoke test: failed\. ", r.output)
+    head, worker = r.commands[HEAD], r.commands[WORKER]
+    # one start per rank: the previous release's, after its files were put back
+    assert head.count("systemctl start sparkrig-head.service") == 1
+    assert worker.count("systemctl start sparkrig-worker.service") == 1
+    for cmds, unit in ((head, "sparkrig-head"), (worker, "sparkrig-worker")):
+        restored = next(i for i, c in enumerate(cmds) if fakehosts.RESTORE.search(c))
+        assert cmds.index(f"systemctl start {unit}.service") > restored
+    assert not any(fakehosts.BOOT_WAIT.match(c) for c in head[: head.index(
+        "systemctl start sparkrig-head.service")])  # fmt: skip
