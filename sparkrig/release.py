@@ -13,8 +13,9 @@ release's image) and so do its weights: they live per revision, ``<weights_dir>/
 so a rollback downloads nothing. If the new release fails its NCCL smoke test, a rank fails to
 start (tasks/service.py), the head fails to boot or a gate fails (tasks/verify.py), nothing more
 of it starts (those operations run with ``_ignore_errors`` during an upgrade and are watched by
-``rollback()``), every rank puts the ``.prev`` files back and the pair restarts in order (worker(s), then the head), is verified by
-the gates, and the run fails naming what failed and that the previous release serves again.
+``rollback()``), every rank puts the ``.prev`` files back and the pair restarts in order
+(worker(s), then the head), is verified by the gates, and the run fails naming what failed and
+that the previous release serves again.
 
 The env file (``rank.env``) is not part of a release: it holds no release field (the RoCE GID
 index, the fabric and NCCL environment), and an older copy could only bring back a stale index.
