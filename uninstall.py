@@ -16,6 +16,7 @@ from pyinfra.operations import files, server, systemd
 from sparkrig.fabric import DISPLACED_DIR
 from sparkrig.host import SYSCTL_FILE
 from sparkrig.image import ImageState, patched_tag, prune_commands, prune_old_images
+from sparkrig.ordering import on_head, on_workers
 from sparkrig.paths import paths
 from sparkrig.release import PREV
 from sparkrig.settings import current
@@ -28,26 +29,29 @@ is_head = s.me.is_head
 # Every operation exists on every host (acting only where its condition holds), so the
 # per-operation barrier orders the stop across hosts: helpers, head, workers.
 for helper in host.loop(["sparkrig-supervisor", "sparkrig-watchdog"]):
-    systemd.service(
+    on_head(
+        is_head,
+        systemd.service,
         name="Stop the head's supervisor and watchdog",
         service=helper,
         running=False,
         enabled=False,
-        _if=lambda: is_head,
     )
-systemd.service(
+on_head(
+    is_head,
+    systemd.service,
     name="Stop the head rank (the workers follow)",
     service=s.unit_name,
     running=False,
     enabled=False,
-    _if=lambda: is_head,
 )
-systemd.service(
+on_workers(
+    is_head,
+    systemd.service,
     name="Stop the worker ranks",
     service=s.unit_name,
     running=False,
     enabled=False,
-    _if=lambda: not is_head,
 )
 for helper in host.loop(["sparkrig-pair", "sparkrig-agent"]):
     systemd.service(name="Stop the stop-together watch and the agent", service=helper,

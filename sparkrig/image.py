@@ -448,20 +448,15 @@ def _log(message: str) -> None:
 
 
 @operation()
-def base_image_pulled(
-    image_repo: str, base_image: str, tag: str, puller: bool
-) -> Generator[Any, None, None]:
+def base_image_pulled(image_repo: str, base_image: str, tag: str) -> Generator[Any, None, None]:
     """
-    Pull the base image by its pinned digest from its registry and name it the local base.
+    Pull the base image by its pinned digest from its registry and name it the local base (the
+    head's job: ``on_head``; the workers copy it from the head).
 
     + image_repo: local repository of sparkrig images
     + base_image: ``repo@sha256:<digest>``
     + tag: the patched tag this run wants (read by the same fact)
-    + puller: whether this node pulls from the registry (the head); elsewhere a no-op
     """
-    if not puller:
-        host.noop("only the head pulls from the registry; this node copies from the head")
-        return
     report = hoststate.mine().image_of(image_repo=image_repo, base_image=base_image, tag=tag)
     local = local_base(image_repo, base_image)
     if report.pulled(base_image):
@@ -526,22 +521,20 @@ def base_image_loaded(
     base_image: str,
     tag: str,
     directory: str,
-    source: str | None,
+    source: str,
     source_absent: str = "",
 ) -> Generator[Any, None, None]:
     """
-    Copy the base image from the head over the fabric, verified by its layers, unless present.
+    Copy the base image from the head over the fabric, verified by its layers, unless present
+    (the workers' job: ``on_workers``).
 
     + image_repo: local repository of sparkrig images
     + base_image: ``repo@sha256:<digest>``
     + tag: the patched tag this run wants (read by the same fact)
     + directory: transfer directory for the download
-    + source: ``http://<head fabric IP>:<port>`` the head serves on; None on the head (no-op)
+    + source: ``http://<head fabric IP>:<port>`` the head serves on
     + source_absent: non-empty when the head is not in this run: fail with it as the reason
     """
-    if source is None:
-        host.noop("the head pulls the base image itself")
-        return
     report = hoststate.mine().image_of(image_repo=image_repo, base_image=base_image, tag=tag)
     local = local_base(image_repo, base_image)
     if report.base_ok(base_image):
@@ -562,7 +555,7 @@ def base_image_unserved(directory: str, served: bool) -> Generator[Any, None, No
     Stop serving the base image and delete the tar.
 
     + directory: transfer directory
-    + served: whether this node serves it in this run (False: no-op)
+    + served: whether this node serves it in this run (False: no-op, even under ``--dry``)
     """
     if not served:
         host.noop("this node does not serve the base image")

@@ -65,7 +65,7 @@ def acting_where(
     yield from op._inner(**kwargs)
 
 
-def role_op(acting: bool, elsewhere: str, op: Any, name: str, **kwargs: Any) -> OperationMeta:
+def _role_op(acting: bool, elsewhere: str, op: Any, name: str, **kwargs: Any) -> OperationMeta:
     global_args = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("_")}
     return acting_where(
         name=name, acting=acting, elsewhere=elsewhere, op=op, kwargs=kwargs, **global_args
@@ -74,9 +74,9 @@ def role_op(acting: bool, elsewhere: str, op: Any, name: str, **kwargs: Any) -> 
 
 def on_head(is_head: bool, op: Any, name: str, **kwargs: Any) -> OperationMeta:
     """The idiom for "only on the head": ``on_head(s.me.is_head, put_text, name=..., ...)``."""
-    return role_op(is_head, "the head alone acts here", op, name, **kwargs)
+    return _role_op(is_head, "the head alone acts here", op, name, **kwargs)
 
 
 def on_workers(is_head: bool, op: Any, name: str, **kwargs: Any) -> OperationMeta:
     """The idiom for "only on the workers": ``on_workers(s.me.is_head, op, name=..., ...)``."""
-    return role_op(not is_head, "the workers alone act here", op, name, **kwargs)
+    return _role_op(not is_head, "the workers alone act here", op, name, **kwargs)

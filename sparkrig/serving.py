@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.server import Command
 
 from sparkrig.failhost import fail_host
 from sparkrig.gates import gates_passed, parse_gate_lines, probe_command
-from sparkrig.ordering import role_op
-from sparkrig.owned import service
+from sparkrig.owned import put_text, service
 from sparkrig.paths import paths
 from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value, serve_args
-from sparkrig.render import base_context
+from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
@@ -267,7 +267,7 @@ def wait_until_serving(command: list[str]) -> Generator[Any, None, None]:
 
 
 @operation()
-def serving_gates(command: list[str], acting: bool = True) -> Generator[Any, None, None]:
+def serving_gates(command: list[str]) -> Generator[Any, None, None]:
     """
     Prove the endpoint answers: /health, /v1/models, a math completion and a forced tool call.
 
@@ -275,11 +275,7 @@ def serving_gates(command: list[str], acting: bool = True) -> Generator[Any, Non
     this a no-op and a re-run reports no changes; a failing gate fails the head with its detail.
 
     + command: the gate script's ``gates`` argv (prints one JSON line per gate)
-    + acting: False on hosts that only share the operation's place in the order (workers)
     """
-    if not acting:
-        host.noop("the gates run on the head")
-        return
     output = host.get_fact(Command, command=shlex.join(command) + " 2>&1 || true") or ""
     results = parse_gate_lines(output)
     report = "; ".join(f"{r.gate} {'ok' if r.ok else 'FAILED'} ({r.detail})" for r in results)
@@ -293,6 +289,30 @@ def serving_gates(command: list[str], acting: bool = True) -> Generator[Any, Non
     yield fail_host(f"serving gates failed: {report or output or 'no answer from the gate script'}")
 
 
+def role_template(
+    on_role: Callable[..., OperationMeta],
+    is_head: bool,
+    name: str,
+    template: str,
+    context: Mapping[str, Any],
+    dest: str,
+    mode: str = "644",
+) -> OperationMeta:
+    """A file rendered from ``templates/<template>`` and owned whole on the head or on the workers
+    alone (``on_role``: ``on_head`` or ``on_workers``), an operation on every host.
+
+    + on_role: sparkrig.ordering's on_head or on_workers
+    + is_head: whether this host is the head
+    + name: the operation's name
+    + template: template under templates/
+    + context: its variables
+    + dest: remote path (its directory must exist)
+    + mode: octal permissions
+    """
+    text = render(template, **context)
+    return on_role(is_head, put_text, name=name, text=text, dest=dest, mode=mode)
+
+
 HELPERS = {
     "sparkrig-agent": "the worker agent",
     "sparkrig-supervisor": "the pair supervisor",
@@ -301,15 +321,15 @@ HELPERS = {
 
 
 def keep_helper_running(
-    unit: str, changed: Callable[[], bool], acting: bool, elsewhere: str
+    on_role: Callable[..., OperationMeta], is_head: bool, unit: str, changed: Callable[[], bool]
 ) -> None:
-    """Two operations for a sparkrig helper unit (``HELPERS``), named after it and present on
-    every host (acting where ``acting`` holds): (re)start it after its unit or program changed,
+    """Two operations for a sparkrig helper unit (``HELPERS``), named after it (so the log tells
+    the helpers apart) and present on every host, acting on the head or the workers alone
+    (``on_role``: ``on_head`` or ``on_workers``): (re)start it after its unit or program changed,
     and keep it enabled and running otherwise."""
     what = HELPERS[unit]
-    role_op(
-        acting,
-        elsewhere,
+    on_role(
+        is_head,
         service,
         name=f"Restart {what} after its unit or program changed",
         service=unit,
@@ -319,9 +339,8 @@ def keep_helper_running(
         daemon_reload=True,
         _if=changed,
     )
-    role_op(
-        acting,
-        elsewhere,
+    on_role(
+        is_head,
         service,
         name=f"Keep {what} enabled and running",
         service=unit,

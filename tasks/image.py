@@ -19,6 +19,7 @@ from sparkrig.image import (
     patched_image_built,
     patched_tag,
 )
+from sparkrig.ordering import on_head, on_workers
 from sparkrig.paths import paths
 from sparkrig.settings import current, for_inventory
 
@@ -52,15 +53,17 @@ if is_head:
 # Every operation below exists on every host (acting only where its condition holds), so all
 # hosts share one sequence: the head pulls, saves and serves, the workers copy, the head stops
 # serving, then every node builds the patched image.
-base_image_pulled(
+on_head(
+    is_head,
+    base_image_pulled,
     name="Pull the pinned base image on the head",
     image_repo=k.image_repo,
     base_image=base,
     tag=tag,
-    puller=is_head,
-    _if=lambda: is_head,
 )
-served = base_image_served(
+served = on_head(
+    is_head,
+    base_image_served,
     name="Serve the base image to the workers over the fabric",
     image_repo=k.image_repo,
     base_image=base,
@@ -70,26 +73,28 @@ served = base_image_served(
     workers=missing,
     mismatched=mismatched,
     bind_device=s.me.fabric_interface,
-    _if=lambda: is_head,
 )
-base_image_loaded(
+on_workers(
+    is_head,
+    base_image_loaded,
     name="Copy the base image from the head over the fabric",
     image_repo=k.image_repo,
     base_image=base,
     tag=tag,
     directory=k.image_transfer_dir,
-    source=None if is_head else f"http://{s.head.ip}:{k.image_copy_port}",
+    source=f"http://{s.head.ip}:{k.image_copy_port}",
     source_absent=""
     if state.is_host_in_limit(inventory.get_host(s.head.name))
     else f"the head ({s.head.name}) serves it to the workers and is not in this run: run "
     "`pyinfra inventory.py deploy.py` with the head (no --limit)",
-    _if=lambda: not is_head,
 )
-base_image_unserved(
+on_head(
+    is_head,
+    base_image_unserved,
     name="Stop serving the base image",
     directory=k.image_transfer_dir,
-    served=is_head and bool(missing),
-    _if=lambda: is_head and served.did_change(),
+    served=bool(missing),
+    _if=served.did_change,
 )
 patched_image_built(
     name="Build the patched serving image",

@@ -26,6 +26,7 @@ from sparkrig.serving import (
     pair_unit_context,
     rank_unit_context,
     restart_args,
+    role_template,
     smoke_run_args,
     supervisor_unit_context,
     wait_for_ranks,
@@ -122,41 +123,45 @@ secret = secret_file(
     text=pair_secret(s).token + "\n",
     dest=p["pair_token"],
 )
-agent_unit = on_workers(
+agent_unit = role_template(
+    on_workers,
     is_head,
-    put_text,
     name="Install the worker agent unit",
-    text=render("sparkrig-agent.service.j2", **agent_unit_context(s)),
+    template="sparkrig-agent.service.j2",
+    context=agent_unit_context(s),
     dest=p["agent_unit"],
 )
 keep_helper_running(
+    on_workers,
+    is_head,
     "sparkrig-agent",
     lambda: agent_unit.did_change() or pair_program.did_change() or secret.did_change(),
-    acting=not is_head,
-    elsewhere="the workers alone run the agent",
 )
-on_head(
+role_template(
+    on_head,
     is_head,
-    put_text,
     name="Install the ordered pair restart command",
-    text=render("sparkrig-restart-pair.j2", **base_context(s), restart_args=restart_args(s)),
+    template="sparkrig-restart-pair.j2",
+    context={**base_context(s), "restart_args": restart_args(s)},
     dest=p["restart_script"],
     mode="755",
 )
-supervisor_unit = on_head(
+supervisor_unit = role_template(
+    on_head,
     is_head,
-    put_text,
     name="Install the pair supervisor unit",
-    text=render("sparkrig-supervisor.service.j2", **supervisor_unit_context(s)),
+    template="sparkrig-supervisor.service.j2",
+    context=supervisor_unit_context(s),
     dest=p["supervisor_unit"],
 )
 watchdog_on = head_knobs.watchdog
 if watchdog_on:
-    watchdog_unit = on_head(
+    watchdog_unit = role_template(
+        on_head,
         is_head,
-        put_text,
         name="Install the watchdog unit",
-        text=render("sparkrig-watchdog.service.j2", **watchdog_unit_context(s)),
+        template="sparkrig-watchdog.service.j2",
+        context=watchdog_unit_context(s),
         dest=p["watchdog_unit"],
     )
 else:
@@ -191,7 +196,6 @@ rank_active, _ = hoststate.read(s).unit(s.unit_name)
 # (sparkrig/release.py, tasks/verify.py), and what would start the new release is skipped.
 upgrading = bool(change(s, report_of(hoststate.read(s))))
 back = rollback()
-head_active = is_head and rank_active
 # --limit worker: the head is not in this run. The worker then leaves its rank to the head's
 # supervisor (an authenticated request below); anything needing the head is skipped, and said so.
 head_in_run = host.state.is_host_in_limit(inventory.get_host(s.head.name))
@@ -201,17 +205,21 @@ if not head_in_run:
         "of its supervisor; the NCCL smoke test and the serving gates are skipped, and so is "
         "the image prune: run `pyinfra inventory.py deploy.py` with the head (no --limit) for them"
     )
-service(
+on_head(
+    is_head,
+    service,
     name="Pause the watchdog during an ordered pair restart",
     service="sparkrig-watchdog",
     running=False,
-    _if=lambda: is_head and watchdog_on and restart(),
+    _if=lambda: watchdog_on and restart(),
 )
-service(
+on_head(
+    is_head,
+    service,
     name="Pause the supervisor during the deploy's pair start",
     service="sparkrig-supervisor",
     running=False,
-    _if=lambda: is_head and (restart() or not head_active),
+    _if=lambda: restart() or not rank_active,
 )
 service(
     name="Stop every rank for an ordered pair restart",
@@ -224,41 +232,51 @@ service(
 # workers' verdicts. It fails the deploy, naming the transport, when NCCL did not use IB/RoCE.
 # Without the head in the run there is no one to all-reduce with: skipped (logged above).
 smoke = k.nccl_smoke and head_in_run
-server.shell(
+on_workers(
+    is_head,
+    server.shell,
     name="Launch the NCCL smoke test on the workers",
     commands=[
         f"docker rm --force {SMOKE_CONTAINER} >/dev/null 2>&1 || true",
         shlex.join(smoke_run_args(s, image, detach=True)),
     ],
-    _if=lambda: smoke and not is_head and (restart() or not rank_active),
+    _if=lambda: smoke and (restart() or not rank_active),
 )
-smoke_head = server.shell(
+smoke_head = on_head(
+    is_head,
+    server.shell,
     name="Run the NCCL smoke test on the head",
     commands=[shlex.join(smoke_run_args(s, image))],
-    _if=lambda: smoke and is_head and (restart() or not rank_active),
+    _if=lambda: smoke and (restart() or not rank_active),
     _ignore_errors=upgrading,
 )
 back.watch("NCCL smoke test", smoke_head)
-smoke_workers = server.shell(
+smoke_workers = on_workers(
+    is_head,
+    server.shell,
     name="Check the NCCL smoke test on the workers",
     commands=[
         f"rc=$(docker wait {SMOKE_CONTAINER}); docker logs --tail 1 {SMOKE_CONTAINER}; "
         f"docker rm {SMOKE_CONTAINER} >/dev/null; exit $rc"
     ],
-    _if=lambda: smoke and not is_head and (restart() or not rank_active),
+    _if=lambda: smoke and (restart() or not rank_active),
     _ignore_errors=upgrading,
 )
 back.watch("NCCL smoke test", smoke_workers)
-worker_start = service(
+worker_start = on_workers(
+    is_head,
+    service,
     name="Start the worker rank",
     service=s.unit_name,
     running=True,
     enabled=True,
-    _if=lambda: not is_head and (head_in_run or not (restart() or not rank_active)) and not back(),
+    _if=lambda: (head_in_run or not (restart() or not rank_active)) and not back(),
     _ignore_errors=upgrading,
 )
 back.watch("worker start", worker_start)
-server.shell(
+on_workers(
+    is_head,
+    server.shell,
     name="Ask the head's supervisor to restart the pair in order",
     commands=[
         shlex.join(
@@ -269,38 +287,42 @@ server.shell(
             ]
         )
     ],
-    _if=lambda: not is_head and not head_in_run and (restart() or not rank_active),
+    _if=lambda: not head_in_run and (restart() or not rank_active),
 )  # fmt: skip
-workers_up = wait_for_ranks(
+workers_up = on_head(
+    is_head,
+    wait_for_ranks,
     name="Wait until every worker's container runs",
     bin_dir=p["bin_dir"],
     peers=[w.ip for w in s.workers],
     port=k.pair_port,
     timeout=k.pair_grace_s,
-    _if=lambda: is_head and (restart() or not head_active) and not back(),
+    _if=lambda: (restart() or not rank_active) and not back(),
     _ignore_errors=upgrading,
 )
 back.watch("workers' containers", workers_up)
-head_start = service(
+head_start = on_head(
+    is_head,
+    service,
     name="Start the head rank",
     service=s.unit_name,
     running=True,
     enabled=True,
-    _if=lambda: is_head and not back(),
+    _if=lambda: not back(),
     _ignore_errors=upgrading,
 )
 back.watch("head start", head_start)
 
 keep_helper_running(
+    on_head,
+    is_head,
     "sparkrig-supervisor",
     lambda: supervisor_unit.did_change() or pair_program.did_change() or secret.did_change(),
-    acting=is_head,
-    elsewhere="the head alone runs the supervisor",
 )
 if watchdog_on:
     keep_helper_running(
+        on_head,
+        is_head,
         "sparkrig-watchdog",
         lambda: watchdog_unit.did_change() or pair_program.did_change() or secret.did_change(),
-        acting=is_head,
-        elsewhere="the head alone runs the watchdog",
     )

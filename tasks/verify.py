@@ -12,6 +12,7 @@ from pyinfra import inventory, state
 from sparkrig import hoststate
 from sparkrig.gates import gate_command, wait_command
 from sparkrig.image import images_to_keep, prune_old_images
+from sparkrig.ordering import on_head
 from sparkrig.pairrestart import pair_restart
 from sparkrig.release import (
     change,
@@ -47,19 +48,22 @@ boot = wait_command(
 gates = gate_command(k.install_dir, k.api_port, k.served_model_name, key_file=api_key_file(s))
 back.watch(
     "boot",
-    wait_until_serving(
+    on_head(
+        is_head,
+        wait_until_serving,
         name="Wait for the head's API to finish booting",
         command=boot,
-        _if=lambda: is_head and (restart() or not was_running) and not back(),
+        _if=lambda: (restart() or not was_running) and not back(),
         _ignore_errors=bool(moving),
     ),
 )
 back.watch(
     "gates",
-    serving_gates(
+    on_head(
+        is_head,
+        serving_gates,
         name="Pass the four serving gates",
         command=gates,
-        acting=is_head,
         _if=lambda: not back(),
         _ignore_errors=bool(moving),
     ),

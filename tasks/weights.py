@@ -9,7 +9,7 @@ from pyinfra import host, inventory, state
 from pyinfra.operations import server
 
 from sparkrig import hoststate
-from sparkrig.ordering import on_head
+from sparkrig.ordering import on_head, on_workers
 from sparkrig.owned import owned_directory, program, put_text, secret_file
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
@@ -83,7 +83,9 @@ lanes = [f"--uplink={i}" for i in s.me.uplink_interfaces] or ["--uplink=default"
 if len(s.me.uplink_interfaces) > 1:
     lanes.append("--install-routes")  # per uplink: table 10N + "from <ip> lookup 10N" rule
 for art in host.loop(wanted):
-    fetched = weights_present(
+    fetched = on_head(
+        is_head,
+        weights_present,
         name="Fetch and verify the weights on the head",
         fetcher=fetcher,
         lock=art.remote_lock,
@@ -93,7 +95,6 @@ for art in host.loop(wanted):
         commit=art.commit,
         total_files=art.total_files,
         total_bytes=art.total_bytes,
-        _if=lambda: is_head,
     )
     pair_restart().trigger("weights", fetched)
 
@@ -112,7 +113,9 @@ def workers_lack() -> bool:
 
 
 lacking = is_head and workers_lack()
-serving = transient_service(
+serving = on_head(
+    is_head,
+    transient_service,
     name="Serve the verified weights to the workers over the fabric",
     unit="sparkrig-weights-serve",
     command=[
@@ -120,10 +123,12 @@ serving = transient_service(
         "--listen", f"{s.me.ip}:{k.copy_port}", "--bind-device", s.me.fabric_interface,
         "--max-seconds", "86400",
     ],
-    _if=lambda: is_head and (workers_lack() if full else lacking),
+    _if=lambda: workers_lack() if full else lacking,
 )  # fmt: skip
 for art in host.loop(wanted):
-    copied = weights_present(
+    copied = on_workers(
+        is_head,
+        weights_present,
         name="Copy and verify the weights from the head over the fabric",
         fetcher=fetcher,
         lock=art.remote_lock,
@@ -140,11 +145,12 @@ for art in host.loop(wanted):
         if head_in_run
         else f"the head ({s.head.name}) serves the weights to the workers and is not in this "
         "run: run `pyinfra inventory.py deploy.py` with the head (no --limit)",
-        _if=lambda: not is_head,
     )  # fmt: skip
     pair_restart().trigger("weights", copied)
-server.shell(
+on_head(
+    is_head,
+    server.shell,
     name="Stop serving the weights",
     commands=["systemctl stop sparkrig-weights-serve"],
-    _if=lambda: is_head and serving.did_change(),
+    _if=serving.did_change,
 )

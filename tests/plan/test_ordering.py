@@ -52,3 +52,15 @@ def test_every_host_runs_the_same_operation_sequence(monkeypatch, nodes, state):
     assert head == r.op_order  # the head has every operation of the run
     for name, ops in r.host_ops.items():
         assert ops == head, f"{name}: only there {set(ops) - set(head)}, not {set(head) - set(ops)}"
+
+
+def test_each_helper_has_operations_of_its_own(monkeypatch):
+    """keep_helper_running names its two operations after the helper, so the log tells the
+    worker agent, the pair supervisor and the watchdog apart."""
+    r = run(["--dry", "--data", "watchdog=True", INVENTORY, "deploy.py"], monkeypatch)
+    assert r.exit_code == 0, r.output
+    kept = [op for op in r.op_order if op.endswith("enabled and running")]
+    restarted = [op for op in r.op_order if op.endswith("after its unit or program changed")]
+    for ops in (kept, restarted):
+        assert len(ops) == len(set(ops)) == 3, ops
+        assert [o for o in ops if "agent" in o] and [o for o in ops if "watchdog" in o], ops
