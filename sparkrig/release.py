@@ -49,6 +49,7 @@ from pyinfra.context import ctx_state
 from sparkrig import hoststate
 from sparkrig.factlines import END
 from sparkrig.failhost import fail_host
+from sparkrig.ordering import on_head, on_workers
 from sparkrig.runscope import once_per_run
 from sparkrig.settings import Settings
 
@@ -594,11 +595,13 @@ def rollback_operations(
         _if=lambda: bool(moving) and back(),
     )
     for unit in host.loop(helpers):
-        service(
+        on_head(
+            is_head,
+            service,
             name="Pause the head's supervisor and watchdog during the rollback",
             service=unit,
             running=False,
-            _if=lambda: is_head and back(),
+            _if=back,
         )
     service(
         name="Stop every rank to roll back",
@@ -606,41 +609,53 @@ def rollback_operations(
         running=False,
         _if=back,
     )
-    service(
+    on_workers(
+        is_head,
+        service,
         name="Start the worker rank of the previous release",
         service=s.unit_name,
         running=True,
-        _if=lambda: not is_head and back(),
+        _if=back,
     )
-    wait_for_ranks(
+    on_head(
+        is_head,
+        wait_for_ranks,
         name="Wait until every worker of the previous release runs",
         bin_dir=p["bin_dir"],
         peers=[w.ip for w in s.workers],
         port=k.pair_port,
         timeout=k.pair_grace_s,
-        _if=lambda: is_head and back(),
+        _if=back,
     )
-    service(
+    on_head(
+        is_head,
+        service,
         name="Start the head rank of the previous release",
         service=s.unit_name,
         running=True,
-        _if=lambda: is_head and back(),
+        _if=back,
     )
-    wait_until_serving(
+    on_head(
+        is_head,
+        wait_until_serving,
         name="Wait for the previous release's API to finish booting",
         command=boot,
-        _if=lambda: is_head and back(),
+        _if=back,
     )
-    gates_passed_again(
+    on_head(
+        is_head,
+        gates_passed_again,
         name="Pass the four serving gates on the previous release",
         command=gates,
-        _if=lambda: is_head and back(),
+        _if=back,
     )
-    service(
+    on_head(
+        is_head,
+        service,
         name="Resume the head's supervisor after the rollback",
         service="sparkrig-supervisor",
         running=True,
-        _if=lambda: is_head and back(),
+        _if=back,
     )
     upgrade_failed(
         name="Fail the run: the upgrade failed and the previous release serves again",

@@ -50,21 +50,17 @@ wanted = artifacts(s)  # lockfiles read and checked on the control machine
 for art in host.loop(wanted):
     put_text(name="Install the weights lockfiles", text=art.lock_text, dest=art.remote_lock)
 
-token = token_text(k.hf_token_file) if s.me.is_head else None
+is_head = s.me.is_head
+# The Hub token is the control machine's (HF_TOKEN or hf_token_file): the same for every host, so
+# every host has the operation when there is one; only the head fetches from the Hub.
+token = token_text(k.hf_token_file)
 source_token: list[str] = []
-on_head(  # only the head fetches from the Hub (when a token is given)
-    s.me.is_head and token is not None,
-    secret_file,
-    name="Install the Hub token",
-    text=token or "",
-    dest=p["token_file"],
-)
 if token is not None:
+    on_head(is_head, secret_file, name="Install the Hub token", text=token, dest=p["token_file"])
     source_token = ["--token-file", p["token_file"]]
 
 # Every operation below exists on every host (acting only where its condition holds), so all
 # hosts share one sequence: the head fetches, serves, the workers copy, the head stops serving.
-is_head = s.me.is_head
 head_in_run = state.is_host_in_limit(inventory.get_host(s.head.name))
 
 # weights_verify = "full": every rank re-hashes its files first (preflight refused it beside a

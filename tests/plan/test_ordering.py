@@ -40,7 +40,9 @@ INVENTORIES = {2: INVENTORY, 4: "tests/plan/inventory_4state.py"}
 @pytest.mark.parametrize("state", ["first-run", "converged"])
 def test_every_host_runs_the_same_operation_sequence(monkeypatch, nodes, state):
     """Operations that act on the head (or the workers) alone still exist on every host, so
-    pyinfra's barrier orders them the same way everywhere (what keeps worker-before-head)."""
+    pyinfra's barrier orders them the same way everywhere (what keeps worker-before-head).
+    With a Hub token, so the head-only token file is among them."""
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "t" * 30)
     inventory = INVENTORIES[nodes]
     if state == "converged":
         for name, s in fakehosts.settings_of(inventory).items():
@@ -50,6 +52,7 @@ def test_every_host_runs_the_same_operation_sequence(monkeypatch, nodes, state):
     assert len(r.host_ops) == nodes
     head = r.host_ops["@fake/spark-a"]
     assert head == r.op_order  # the head has every operation of the run
+    assert any(op.endswith("Install the Hub token") for op in head)
     for name, ops in r.host_ops.items():
         assert ops == head, f"{name}: only there {set(ops) - set(head)}, not {set(head) - set(ops)}"
 
@@ -64,3 +67,36 @@ def test_each_helper_has_operations_of_its_own(monkeypatch):
     for ops in (kept, restarted):
         assert len(ops) == len(set(ops)) == 3, ops
         assert [o for o in ops if "agent" in o] and [o for o in ops if "watchdog" in o], ops
+
+
+# the rollback's operations that act on one role alone, and where they act
+ROLLBACK_ROLE_OPS = {
+    "Pause the head's supervisor and watchdog during the rollback": "head",
+    "Start the worker rank of the previous release": "worker",
+    "Wait until every worker of the previous release runs": "head",
+    "Start the head rank of the previous release": "head",
+    "Wait for the previous release's API to finish booting": "head",
+    "Pass the four serving gates on the previous release": "head",
+    "Resume the head's supervisor after the rollback": "head",
+}
+
+
+def test_a_rollback_keeps_one_sequence_and_acts_on_each_role_alone(monkeypatch):
+    """The upgrade that fails its gates and rolls back (sparkrig/release.py) runs on the same
+    operation sequence on every host, and its head-only and worker-only operations act there
+    alone (the one idiom, on_head/on_workers)."""
+    from tests.plan.test_plan import HEAD, WORKER, apply, converge_state
+    from tests.plan.test_release import UPGRADE, failing_gates
+
+    converge_state()
+    failing_gates()
+    r = apply(monkeypatch, *UPGRADE)
+    assert r.exit_code != 0 and "Rolled back: the previous release" in r.output, r.output[-2000:]
+    assert r.host_ops[HEAD] == r.host_ops[WORKER] == r.op_order
+    for op, role in ROLLBACK_ROLE_OPS.items():
+        acting, other = (HEAD, WORKER) if role == "head" else (WORKER, HEAD)
+        ran = {
+            name: [o for o in r.changed_ops.get(name, []) if o.endswith(op)] for name in r.host_ops
+        }
+        assert ran[acting], f"{op}: not run on the {role}"
+        assert not ran[other], f"{op}: run beside the {role}"
