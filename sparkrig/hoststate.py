@@ -20,7 +20,6 @@ A part that exits non-zero fails its host, naming the part. ``read(settings)`` i
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,80 +37,11 @@ from sparkrig.settings import Settings
 
 if TYPE_CHECKING:  # the domain modules' operations read this module: imported lazily below
     from sparkrig.fabric import GidEntry
+    from sparkrig.owned import PathState
     from sparkrig.weights import WeightsReport
 
 PART = "##SPARKRIG-PART"
 RC = "##SPARKRIG-RC"
-
-# ---------------------------------------------------------------------------------------------
-# Parts that have no fact of their own elsewhere: an owned file, an owned directory
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PathState:
-    """What ``stat`` says of a path sparkrig owns; ``sha256`` only for regular files."""
-
-    kind: str  # "file", "dir", "link" or "other"
-    mode: int = 0  # octal digits as pyinfra's facts give them: 644, 600, 755
-    user: str = ""
-    group: str = ""
-    sha256: str = ""
-
-
-def _parse_path(output: list[str], what: str) -> PathState | None:
-    line = " ".join(output).strip()
-    if not line:
-        return None
-    parts = line.split()
-    if parts[0] in ("link", "other"):
-        return PathState(kind=parts[0])
-    try:
-        if parts[0] == "file" and len(parts) == 5:
-            return PathState("file", int(parts[1]), parts[2], parts[3], parts[4])
-        if parts[0] == "dir" and len(parts) == 4:
-            return PathState("dir", int(parts[1]), parts[2], parts[3])
-    except ValueError:
-        pass
-    raise FactProcessError(f"{what}: unexpected line {line!r}")
-
-
-class OwnedFile(FactBase["PathState | None"]):
-    """A file sparkrig owns whole: ``file <mode> <user> <group> <sha256>``; None when absent."""
-
-    def command(self, path: str) -> str:
-        p = shlex.quote(path)
-        return (
-            f'p={p}; if [ -L "$p" ]; then echo link; elif [ -f "$p" ]; then '
-            f'echo "file $(stat -c \'%a %U %G\' "$p") $(sha256sum < "$p" | cut -c1-64)"; '
-            f'elif [ -e "$p" ]; then echo other; fi'
-        )
-
-    def process(self, output: list[str]) -> PathState | None:
-        return _parse_path(output, "owned file")
-
-    @staticmethod
-    def default() -> PathState | None:
-        return None
-
-
-class OwnedDir(FactBase["PathState | None"]):
-    """A directory sparkrig creates: ``dir <mode> <user> <group>``; None when absent."""
-
-    def command(self, path: str) -> str:
-        p = shlex.quote(path)
-        return (
-            f'p={p}; if [ -L "$p" ]; then echo link; elif [ -d "$p" ]; then '
-            f'echo "dir $(stat -c \'%a %U %G\' "$p")"; elif [ -e "$p" ]; then echo other; fi'
-        )
-
-    def process(self, output: list[str]) -> PathState | None:
-        return _parse_path(output, "owned directory")
-
-    @staticmethod
-    def default() -> PathState | None:
-        return None
-
 
 # ---------------------------------------------------------------------------------------------
 # The batch: parts, one script, one report
@@ -332,6 +262,7 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
     """The parts of ``s``'s host's state read (the same whoever asks)."""
     from sparkrig.fabric import RoceGids
     from sparkrig.image import ImageState, patched_tag
+    from sparkrig.owned import OwnedDir, OwnedFile
     from sparkrig.pairsecret import PairSecretFile
     from sparkrig.paths import paths
     from sparkrig.release import part as release_part

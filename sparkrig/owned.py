@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 from collections.abc import Generator
+from dataclasses import dataclass
 from io import BytesIO
 from typing import Any
 
 from pyinfra import host, logger
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
+from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.output import format_text
 from pyinfra.facts.files import FileContents
 from pyinfra.operations.util import files as file_utils
@@ -21,6 +24,80 @@ from pyinfra.operations.util.files import generate_color_diff
 
 from sparkrig import hoststate
 from sparkrig.failhost import fail_host
+
+# ---------------------------------------------------------------------------------------------
+# The facts: an owned file, an owned directory (parts of the state read, sparkrig/hoststate.py)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PathState:
+    """What ``stat`` says of a path sparkrig owns; ``sha256`` only for regular files."""
+
+    kind: str  # "file", "dir", "link" or "other"
+    mode: int = 0  # octal digits as pyinfra's facts give them: 644, 600, 755
+    user: str = ""
+    group: str = ""
+    sha256: str = ""
+
+
+def _parse_path(output: list[str], what: str) -> PathState | None:
+    line = " ".join(output).strip()
+    if not line:
+        return None
+    parts = line.split()
+    if parts[0] in ("link", "other"):
+        return PathState(kind=parts[0])
+    try:
+        if parts[0] == "file" and len(parts) == 5:
+            return PathState("file", int(parts[1]), parts[2], parts[3], parts[4])
+        if parts[0] == "dir" and len(parts) == 4:
+            return PathState("dir", int(parts[1]), parts[2], parts[3])
+    except ValueError:
+        pass
+    raise FactProcessError(f"{what}: unexpected line {line!r}")
+
+
+class OwnedFile(FactBase["PathState | None"]):
+    """A file sparkrig owns whole: ``file <mode> <user> <group> <sha256>``; None when absent."""
+
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return (
+            f'p={p}; if [ -L "$p" ]; then echo link; elif [ -f "$p" ]; then '
+            f'echo "file $(stat -c \'%a %U %G\' "$p") $(sha256sum < "$p" | cut -c1-64)"; '
+            f'elif [ -e "$p" ]; then echo other; fi'
+        )
+
+    def process(self, output: list[str]) -> PathState | None:
+        return _parse_path(output, "owned file")
+
+    @staticmethod
+    def default() -> PathState | None:
+        return None
+
+
+class OwnedDir(FactBase["PathState | None"]):
+    """A directory sparkrig creates: ``dir <mode> <user> <group>``; None when absent."""
+
+    def command(self, path: str) -> str:
+        p = shlex.quote(path)
+        return (
+            f'p={p}; if [ -L "$p" ]; then echo link; elif [ -d "$p" ]; then '
+            f'echo "dir $(stat -c \'%a %U %G\' "$p")"; elif [ -e "$p" ]; then echo other; fi'
+        )
+
+    def process(self, output: list[str]) -> PathState | None:
+        return _parse_path(output, "owned directory")
+
+    @staticmethod
+    def default() -> PathState | None:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The operations
+# ---------------------------------------------------------------------------------------------
 
 
 @operation()

@@ -156,7 +156,7 @@ def stat_of(path: str) -> re.Pattern[str]:
 
 
 def owned_of(path: str) -> re.Pattern[str]:
-    """sparkrig.hoststate.OwnedFile/OwnedDir's part for ``path`` in the state read."""
+    """sparkrig.owned.OwnedFile/OwnedDir's part for ``path`` in the state read."""
     return re.compile(rf"^p={re.escape(path)}; if \[ -L ")
 
 

@@ -13,7 +13,8 @@ import pytest
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.facts.systemd import SystemdStatus
 
-from sparkrig.hoststate import OwnedDir, OwnedFile, Part, PathState, assemble, script, split_script
+from sparkrig.hoststate import Part, assemble, script, split_script
+from sparkrig.owned import OwnedDir, OwnedFile, PathState
 
 
 def run_script(parts: tuple[Part, ...]) -> list[str]:
