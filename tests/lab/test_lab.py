@@ -191,10 +191,12 @@ def test_converged_hosts_verify(lab: Lab):
 def test_weights_came_once_over_both_uplinks_then_over_the_fabric(lab: Lab):
     fetcher = "/opt/sparkrig/bin/sparkrig-fetch"
     for g in lab.guests:  # every rank holds the checkpoint, re-hashed in full here
-        g.sh(
-            f"{fetcher} verify --mode full --lock /etc/sparkrig/model.lock.json "
-            "--dest /var/lib/sparkrig/models/model"
-        )
+        # the weights live per revision (issue 11): the one checkout of a first converge
+        dests = g.sh(
+            "for d in /var/lib/sparkrig/models/model-*; do [ -d $d ] && echo $d; done; true"
+        ).split()
+        assert len(dests) == 1, f"{g.name}: {dests}"
+        g.sh(f"{fetcher} verify --mode full --lock /etc/sparkrig/model.lock.json --dest {dests[0]}")
     clients = {entry["client"] for entry in hub_log() if "/resolve/" in entry["path"]}
     head_uplinks = set(lab_state()["hosts"][0]["uplink_addresses"].values())
     assert clients == head_uplinks, f"hub saw {clients}, head uplinks are {head_uplinks}"
