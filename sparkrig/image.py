@@ -122,18 +122,30 @@ _INSPECT = (
     "|{{range .RepoDigests}}{{.}},{{end}}"
 )
 
+# One ``docker image inspect`` of all three references (each docker CLI start costs seconds
+# under TCG): docker prints a line per image found, in order, and names the missing ones on
+# stderr. Each line carries its RepoTags last, so a reference is told by its tag or, for the
+# pinned ref, by its digest in RepoDigests (a ref resolves only when the digest is recorded
+# there: pulled by digest), then printed without that field, as one inspect of it alone would.
 _STATE_SCRIPT = """: {marker}
-f={fmt}
-i() {{ o=$(docker image inspect --format "$f" "$1" 2>/dev/null) && echo "$o" | head -n 1; }}
-echo "server=$(docker version --format '{{{{.Server.Version}}}}' 2>/dev/null)"
-echo "ref=$(i {ref})"
-echo "base=$(i {base})"
-echo "patched=$(i {patched})"
+all=$(docker image inspect --format {fmt} {ref} {base} {patched} 2>/dev/null)
+pick() {{ printf '%s\\n' "$all" | while IFS= read -r l; do case "$l" in
+  *"$1"*|*"$2"*) echo "${{l%|*}}"; break ;; esac; done; }}
+echo "ref=$(pick {ref_keys})"
+echo "base=$(pick {base_keys})"
+echo "patched=$(pick {patched_keys})"
 echo "tags=$(docker image ls --format '{{{{.Repository}}}}:{{{{.Tag}}}}' {repo} 2>/dev/null \
 | sort | paste -sd, -)"
-echo "buildx=$(docker buildx version >/dev/null 2>&1 && echo 1 || echo 0)"
 echo '{end}'
 """
+
+
+def _tag_keys(ref: str) -> str:
+    """How a local tag shows in the inspect line's RepoTags field (docker's familiar name:
+    no ``docker.io/`` or ``library/`` prefix): first in the field or after another tag."""
+    familiar = ref.removeprefix("docker.io/").removeprefix("library/")
+    return f"{shlex.quote('|' + familiar + ',')} {shlex.quote(',' + familiar + ',')}"
+
 
 _TAGS_SCRIPT = """: {marker}
 echo "tags=$(docker image ls --format '{{{{.Repository}}}}:{{{{.Tag}}}}' {repo} 2>/dev/null \
@@ -160,12 +172,10 @@ class ImageReport:
     """What a node holds. The default (no answer yet) holds nothing."""
 
     answered: bool = False
-    server: str = ""  # docker daemon version; empty: no docker or the daemon does not answer
     ref: LocalImage | None = None  # the pinned ref, resolvable only after a pull by digest
     base: LocalImage | None = None  # the local base tag
     patched: LocalImage | None = None  # the patched tag this run wants
     tags: tuple[str, ...] = ()  # every <image_repo>:<tag> on the node
-    buildx: bool = False
 
     def base_ok(self, base_image: str, head_layers: tuple[str, ...] | None = None) -> bool:
         """The local base tag holds the pinned content: pulled by that digest, or (after a
@@ -208,33 +218,35 @@ def parse_image_report(lines: list[str]) -> ImageReport:
     raw = parse_key_values(lines, "image state")
     return ImageReport(
         answered=True,
-        server=raw.get("server", ""),
         ref=_image(raw.get("ref", "")),
         base=_image(raw.get("base", "")),
         patched=_image(raw.get("patched", "")),
         tags=tuple(t for t in raw.get("tags", "").split(",") if t),
-        buildx=raw.get("buildx") == "1",
     )
 
 
 class ImageState(FactBase[ImageReport]):
     """
-    What a node holds of the serving image, in one read-only command: the pinned base ref (if it
-    was pulled by digest here), the local base tag, the wanted patched tag (id, platform,
-    ``RootFS.Layers``, ``RepoDigests`` each), every tag of ``image_repo``, and whether buildx is
-    there.
+    What a node holds of the serving image, in one read-only command of two docker calls: the
+    pinned base ref (if it was pulled by digest here), the local base tag, the wanted patched tag
+    (id, platform, ``RootFS.Layers``, ``RepoDigests`` each), and every tag of ``image_repo``.
     """
 
     default = ImageReport
 
     def command(self, image_repo: str, base_image: str, tag: str) -> StringCommand:
         q = shlex.quote
+        base, patched = local_base(image_repo, base_image), image_ref(image_repo, tag)
+        digest = q(f"@{base_digest(base_image)},")
         script = _STATE_SCRIPT.format(
             marker=MARKER,
-            fmt=q(_INSPECT),
+            fmt=q(_INSPECT + "|{{range .RepoTags}}{{.}},{{end}}"),
             ref=q(base_image),
-            base=q(local_base(image_repo, base_image)),
-            patched=q(image_ref(image_repo, tag)),
+            base=q(base),
+            patched=q(patched),
+            ref_keys=f"{digest} {digest}",
+            base_keys=_tag_keys(base),
+            patched_keys=_tag_keys(patched),
             repo=q(image_repo),
             end=END,
         )

@@ -45,7 +45,7 @@ def resolve(state: dict[str, Any], ref: str) -> str | None:
     return None
 
 
-def render(fmt: str, ident: str, img: dict[str, Any]) -> str:
+def render(fmt: str, ident: str, img: dict[str, Any], tags: list[str]) -> str:
     out = fmt.replace("{{.Id}}", ident).replace("{{.Os}}", img["os"])
     out = out.replace("{{.Architecture}}", img["arch"])
     # what docker 26 accepts: range, not join (it hands templates []interface{})
@@ -53,7 +53,8 @@ def render(fmt: str, ident: str, img: dict[str, Any]) -> str:
         "{{range .RootFS.Layers}}{{.}},{{end}}", "".join(f"{x}," for x in img["layers"])
     )
     digests = img.get("digests", [])
-    return out.replace("{{range .RepoDigests}}{{.}},{{end}}", "".join(f"{x}," for x in digests))
+    out = out.replace("{{range .RepoDigests}}{{.}},{{end}}", "".join(f"{x}," for x in digests))
+    return out.replace("{{range .RepoTags}}{{.}},{{end}}", "".join(f"{x}," for x in tags))
 
 
 def opt(args: list[str], name: str) -> str | None:
@@ -70,15 +71,19 @@ def main(argv: list[str]) -> int:
         return 0
     if cmd[0] == "buildx":
         return 1
-    if cmd == ["image", "inspect"]:
-        fmt, ref = opt(argv, "--format") or "{{.Id}}", argv[-1]
-        ident = resolve(state, ref)
-        if ident is None:
-            print("[]")
-            print(f"Error: No such image: {ref}", file=sys.stderr)
-            return 1
-        print(render(fmt, ident, state["images"][ident]))
-        return 0
+    if cmd == ["image", "inspect"]:  # as docker 26: a line per image found, in order
+        fmt = opt(argv, "--format")
+        refs = argv[4:] if fmt is not None else argv[2:]
+        missing = 0
+        for ref in refs:
+            ident = resolve(state, ref)
+            if ident is None:
+                print(f"Error response from daemon: No such image: {ref}", file=sys.stderr)
+                missing += 1
+                continue
+            tags = sorted(t for t, i in state["tags"].items() if i == ident)
+            print(render(fmt or "{{.Id}}", ident, state["images"][ident], tags))
+        return 1 if missing else 0
     if cmd == ["image", "ls"]:
         repo = argv[-1]
         for ref in sorted(state["tags"]):

@@ -35,8 +35,7 @@ def image_state(
     digests = (f"{repo_name}@{base_digest(base_image)}",) if pulled else ()
     tag = patched_tag(base_image, skip_patches)
     tags = list(extra_tags)
-    lines = ["server=26.1.5"]
-    lines.append("ref=" + (inspect_line("b0", layers, digests) if pulled and base else ""))
+    lines = ["ref=" + (inspect_line("b0", layers, digests) if pulled and base else "")]
     if base:
         lines.append("base=" + inspect_line("b0" if pulled else "b1", layers, digests))
         tags.append(local_base(repo, base_image))
@@ -47,7 +46,7 @@ def image_state(
         tags.append(image_ref(repo, tag))
     else:
         lines.append("patched=")
-    lines += [f"tags={','.join(sorted(tags))}", "buildx=0", END]
+    lines += [f"tags={','.join(sorted(tags))}", END]
     return lines
 
 

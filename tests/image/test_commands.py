@@ -222,3 +222,19 @@ def test_build_fails_closed_when_the_required_patch_is_missing(pair):
     r = head.sh(image.build_command(head.build_dir, local, f"{REPO}:{tag}", tag, {}))
     assert r.returncode == 1
     assert "sm121-topk" in r.stderr and "refusing to build" in r.stderr
+
+
+def test_the_state_read_is_two_docker_calls_and_tells_images_apart_by_their_whole_tag(pair):
+    """One inspect of the three references and one image ls (each docker start costs seconds
+    under TCG); an image whose tag only begins with the wanted one is not the wanted one."""
+    head, _ = pair
+    tag = image.patched_tag(BASE, SKIP)
+    local = image.local_base(REPO, BASE)
+    assert head.sh(image.pull_command(BASE, local, have_ref=False)).returncode == 0
+    assert head.sh(f"docker tag {local} {REPO}:{tag}0").returncode == 0  # a longer tag
+    calls = len(head.docker_calls())
+    report = head.report(tag)
+    assert len(head.docker_calls()) - calls == 2, head.docker_calls()[calls:]
+    assert report.patched is None and report.pulled(BASE)
+    assert head.sh(f"docker tag {local} {REPO}:{tag}").returncode == 0
+    assert head.report(tag).patched is not None
