@@ -1,9 +1,9 @@
 """Control side of the serving gates: remote command lines to run on the head, and their parsers.
 
-The gate logic itself lives in files/sparkrig_gate.py (stdlib, installed in install_dir on the head,
-so systemd's ExecStartPost and the watchdog can use it without the control machine). This module
-loads that file and adds what a pyinfra op needs: argv builders (the script, or plain curl) and
-parsers of their stdout. Everything here is pure: nothing runs a command.
+The gate logic itself lives in the host package (files/sparkhost/gate.py, stdlib, shipped to every
+rank, so the watchdog can use it without the control machine). This module imports it and adds
+what a pyinfra op needs: argv builders (the ``gate`` job, or plain curl) and parsers of their
+stdout. Everything here is pure: nothing runs a command.
 """
 
 from __future__ import annotations
@@ -11,17 +11,14 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
-from sparkrig.scripts import load_script
+from sparkhost import gate as _impl
 
-SCRIPT_NAME = "sparkrig_gate.py"
-SCRIPT_PATH = Path(__file__).resolve().parents[1] / "files" / SCRIPT_NAME
+from sparkrig import hostpkg
+
 CURL_STATUS_MARK = "\n__sparkrig_http_status__="
 
-
-_impl = load_script("sparkrig._gate_impl", SCRIPT_PATH)
 GateResult = _impl.GateResult
 GATES: tuple[str, ...] = _impl.GATES
 STAGE_ORDER: tuple[str, ...] = _impl.STAGE_ORDER
@@ -68,10 +65,6 @@ def parse_tool(status: int, body: str, name: str = TOOL_NAME) -> Any:
 
 
 # --- the script on the head -----------------------------------------------------------------------
-def script_path(install_dir: str) -> str:
-    return f"{install_dir.rstrip('/')}/{SCRIPT_NAME}"
-
-
 def local_url(api_port: int) -> str:
     return f"http://127.0.0.1:{api_port}"
 
@@ -89,11 +82,11 @@ def gate_command(
     bad = set(gates) - set(GATES)
     if bad:
         raise ValueError(f"unknown gate(s): {sorted(bad)}")
-    return [
-        "python3", script_path(install_dir), "gates",
+    return hostpkg.command(
+        install_dir, "gate", "gates",
         "--url", local_url(api_port), "--model", served_name,
         "--only", ",".join(gates), "--timeout", f"{timeout:g}", *_key_args(key_file),
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
 def _key_args(key_file: str | None) -> list[str]:
@@ -109,8 +102,8 @@ def wait_command(
 ) -> list[str]:
     """argv that waits for /health on the head, printing JSON stage lines as the boot moves on.
     Exit 0 ready, 1 container gone / error line in its log, 2 timeout."""
-    argv = ["python3", script_path(install_dir), "wait", "--url", local_url(api_port),
-            "--timeout", f"{timeout:g}", "--interval", f"{interval:g}"]  # fmt: skip
+    argv = hostpkg.command(install_dir, "gate", "wait", "--url", local_url(api_port),
+                           "--timeout", f"{timeout:g}", "--interval", f"{interval:g}")  # fmt: skip
     if container:
         argv += ["--container", container]
     return argv
@@ -125,8 +118,9 @@ def probe_command(
 ) -> list[str]:
     """argv of the watchdog probe: one real completion (the math gate), authenticated with the
     key read from ``key_file`` when the API has one."""
-    return ["python3", script_path(install_dir), "probe", "--url", local_url(api_port),
-            "--model", served_name, "--timeout", f"{timeout:g}", *_key_args(key_file)]  # fmt: skip
+    return hostpkg.command(install_dir, "gate", "probe", "--url", local_url(api_port),
+                           "--model", served_name, "--timeout", f"{timeout:g}",
+                           *_key_args(key_file))  # fmt: skip
 
 
 def shell(argv: Sequence[str]) -> str:

@@ -30,6 +30,7 @@ from pyinfra.api.exceptions import FactProcessError
 from pyinfra.context import ctx_state
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
+from sparkrig import hostpkg
 from sparkrig.factlines import END
 from sparkrig.host import SYSCTL_FILE, Node, NodeReport, node_args
 from sparkrig.runscope import once_per_run
@@ -225,17 +226,15 @@ def owned_files(s: Settings) -> list[str]:
     k, p = s.knobs, paths(s)
     files = [
         SYSCTL_FILE,
-        f"{p['bin_dir']}/sparkrig-prep",
+        *hostpkg.remote_files(k.install_dir),
         k.fabric_netplan_file,
         p["env_file"],
-        f"{p['bin_dir']}/sparkrig-fetch",
         *(a.remote_lock for a in artifacts(s)),
         p["token_file"],
-        f"{p['bin_dir']}/sparkrig-pair",
-        f"{k.install_dir}/sparkrig_gate.py",
         p["rank_unit"],
         p["pair_unit"],
         p["pair_token"],
+        *hostpkg.legacy_files(k.install_dir),  # removed once the units use the package
     ]
     if s.me.is_head:
         files += [p["restart_script"], p["supervisor_unit"], p["watchdog_unit"]]
@@ -249,7 +248,14 @@ def owned_dirs(s: Settings) -> list[str]:
     from sparkrig.paths import paths
 
     k = s.knobs
-    return [k.install_dir, paths(s)["bin_dir"], k.config_dir, k.weights_dir, k.cache_dir]
+    return [
+        k.install_dir,
+        paths(s)["bin_dir"],
+        *hostpkg.remote_dirs(k.install_dir),
+        k.config_dir,
+        k.weights_dir,
+        k.cache_dir,
+    ]
 
 
 def units(s: Settings) -> list[str]:
@@ -277,9 +283,9 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
         tag = patched_tag(k.base_image, k.image_skip_patches)
         image = {"image_repo": k.image_repo, "base_image": k.base_image, "tag": tag}
         parts.append(Part("image", ImageState, tuple(sorted(image.items()))))
-    fetcher = f"{paths(s)['bin_dir']}/sparkrig-fetch"
+    sparkhost = hostpkg.remote_dir(k.install_dir)
     for a in artifacts(s):
-        args = {"fetcher": fetcher, "lock": a.remote_lock, "dest": a.dest}
+        args = {"sparkhost": sparkhost, "lock": a.remote_lock, "dest": a.dest}
         parts.append(Part(f"weights:{a.remote_lock}", WeightsState, tuple(sorted(args.items()))))
     parts.append(Part("pair_secret", PairSecretFile, (("path", paths(s)["pair_token"]),)))
     if s.me.is_head:  # the API key lives with the head (sparkrig/pairsecret.py api_key)

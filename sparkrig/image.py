@@ -346,18 +346,18 @@ def save_command(local: str, transfer: str, directory: str, stem: str) -> str:
 
 
 def serve_command(
-    fetcher: str,
+    fetcher: list[str],
     directory: str,
     listen: str,
     bind_device: str | None = None,
     unit: str = SERVE_UNIT,
 ) -> str:
-    """sparkrig-fetch's read-only server as a transient unit (replacing one of the same name)."""
+    """The host package's read-only server as a transient unit (replacing one of that name)."""
     q = shlex.quote
     bind = f" --bind-device {q(bind_device)}" if bind_device else ""
     return (
         f"systemctl stop {q(unit)} 2>/dev/null; systemd-run --quiet --collect --unit {q(unit)} "
-        f"{q(fetcher)} serve --dir {q(directory)} --listen {q(listen)}{bind} "
+        f"{shlex.join(fetcher)} serve --dir {q(directory)} --listen {q(listen)}{bind} "
         f"--max-seconds {SERVE_MAX_SECONDS}"
     )
 
@@ -485,7 +485,7 @@ def base_image_pulled(image_repo: str, base_image: str, tag: str) -> Generator[A
 def base_image_served(
     image_repo: str,
     base_image: str,
-    fetcher: str,
+    fetcher: list[str],
     directory: str,
     listen: str,
     workers: list[str],
@@ -497,7 +497,7 @@ def base_image_served(
 
     + image_repo: local repository of sparkrig images
     + base_image: ``repo@sha256:<digest>``
-    + fetcher: path of sparkrig-fetch (its ``serve`` mode) on this node
+    + fetcher: argv of the host package (its ``serve`` job: sparkrig/hostpkg.py) on this node
     + directory: transfer directory holding the tar and its layer list
     + listen: ``<fabric IP>:<port>`` to serve on
     + workers: workers that lack the base image (empty: nothing to serve)

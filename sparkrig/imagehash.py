@@ -1,7 +1,7 @@
 """Content hash of the patched image: base image digest + build context files + build args.
 
 The deploy builds `<image_repo>:<image_tag(...)>` on the node from files/ (Dockerfile, patches/,
-utf8_guard_lp.py, nccl_smoke.py). Same inputs -> same tag -> no rebuild and no restart; any changed
+utf8_guard_lp.py). Same inputs -> same tag -> no rebuild and no restart; any changed
 byte -> new tag. Pure functions; `context_files` only reads the local checkout.
 """
 
@@ -16,7 +16,7 @@ HASH_VERSION = "sparkrig-image-v1"
 TAG_HEX = 20
 DIGEST_RE = re.compile(r"^(?:(?P<repo>[^@\s]+)@)?(?P<digest>sha256:[0-9a-f]{64})$")
 # what the Dockerfile COPYs (relative to files/): keep in step with files/Dockerfile
-CONTEXT_TOP = ("Dockerfile", "utf8_guard_lp.py", "nccl_smoke.py")
+CONTEXT_TOP = ("Dockerfile", "utf8_guard_lp.py")
 CONTEXT_DIRS = ("patches",)
 _SKIP_PARTS = {"__pycache__", "APPLIED.json"}
 

@@ -280,11 +280,12 @@ def secret_temp(dest: str) -> str:
 @operation()
 def program(src: str, dest: str) -> Generator[Any, None, None]:
     """
-    Install a host-side program from files/ as root, mode 0755 (its directory must exist).
+    Install a module of the host package (files/sparkhost) as root, mode 0644: python3 runs it
+    (sparkrig/hostpkg.py); its directory must exist.
 
     + src: local path under files/
     + dest: remote path
     """
     with open(os.path.join(host.state.cwd or "", src), "rb") as f:
         data = f.read()
-    yield from owned_put(data, dest, "755", "root", "root")
+    yield from owned_put(data, dest, "644", "root", "root")

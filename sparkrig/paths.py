@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sparkrig import hostpkg
 from sparkrig.release import revision_dir
 from sparkrig.settings import Settings
 
@@ -10,6 +11,7 @@ def paths(s: Settings) -> dict[str, str]:
     k = s.knobs
     return {
         "bin_dir": f"{k.install_dir}/bin",
+        "host_package": hostpkg.remote_dir(k.install_dir),
         "env_file": f"{k.config_dir}/rank.env",
         "token_file": f"{k.config_dir}/hf-token",
         "pair_token": f"{k.config_dir}/pair-token",

@@ -46,7 +46,7 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.context import ctx_state
 
-from sparkrig import hoststate
+from sparkrig import hostpkg, hoststate
 from sparkrig.factlines import END
 from sparkrig.failhost import fail_host
 from sparkrig.ordering import on_head, on_workers
@@ -621,7 +621,7 @@ def rollback_operations(
         is_head,
         wait_for_ranks,
         name="Wait until every worker of the previous release runs",
-        bin_dir=p["bin_dir"],
+        sparkhost=hostpkg.invocation(k.install_dir),
         peers=[w.ip for w in s.workers],
         port=k.pair_port,
         timeout=k.pair_grace_s,

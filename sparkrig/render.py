@@ -8,6 +8,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from sparkrig import hostpkg
 from sparkrig.paths import paths
 from sparkrig.settings import Settings
 
@@ -39,5 +40,6 @@ def base_context(s: Settings) -> dict[str, Any]:
         "interface": s.me.fabric_interface,
         "unit": s.unit_name,
         "container": s.container_name,
+        "sparkhost": " ".join(hostpkg.invocation(s.knobs.install_dir)),  # + JOB ARGS
         **paths(s),
     }

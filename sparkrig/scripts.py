@@ -1,4 +1,4 @@
-"""Import a stand-alone program (files/*.py, lab/*.py: stdlib scripts shipped to hosts) as a module,
+"""Import a stand-alone program (lab/*.py, scripts/*.py: stdlib scripts run by path) as a module,
 so the control side and the tests use the very code the hosts run."""
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.server import Command
 
+from sparkrig import hostpkg
 from sparkrig.failhost import fail_host
 from sparkrig.gates import gates_passed, parse_gate_lines, probe_command
 from sparkrig.owned import put_text, service
@@ -102,17 +103,20 @@ SMOKE_CONTAINER = "sparkrig-nccl-smoke"
 
 
 def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
-    """``docker run`` argv of the NCCL smoke test (baked into the patched image): the rank's own
-    flags and env, one all-reduce. Detached (workers) keeps the container for ``docker wait``."""
+    """``docker run`` argv of the NCCL smoke test: the rank's own flags and env, one all-reduce,
+    run by the image's python3 from the host package mounted read-only at its own path (the image
+    does not carry it). Detached (workers) keeps the container for ``docker wait``."""
     k = s.knobs
+    package = hostpkg.remote_dir(k.install_dir)
     run = docker_run_args(s, serving=False)
     run = run[: run.index("--entrypoint")]
     return [
         "docker", "run", "--detach" if detach else "--rm", "--name", SMOKE_CONTAINER, *run,
         "--env", f"RANK={s.me.rank}", "--env", f"WORLD_SIZE={s.nnodes}",
         "--env", f"MASTER_ADDR={s.head.ip}", "--env", f"MASTER_PORT={k.master_port + 1}",
+        "--volume", f"{package}:{package}:ro",
         "--entrypoint", "python3", image,
-        "/opt/sparkrig/python/nccl_smoke.py", "--timeout", str(k.nccl_smoke_timeout_s),
+        package, "nccl-smoke", "--timeout", str(k.nccl_smoke_timeout_s),
     ]  # fmt: skip
 
 
@@ -232,20 +236,21 @@ def supervisor_unit_context(s: Settings) -> dict[str, Any]:
 
 @operation(is_idempotent=False)
 def wait_for_ranks(
-    bin_dir: str, peers: list[str], port: int, timeout: int
+    sparkhost: list[str], peers: list[str], port: int, timeout: int
 ) -> Generator[Any, None, None]:
     """
     Wait until every peer rank's container runs, as its stop-together beacon on the fabric says.
 
     Gated on real state, not a sleep: the head starts as soon as the workers answer.
 
-    + bin_dir: where sparkrig-pair is installed
+    + sparkhost: argv of the host package (sparkrig/hostpkg.py invocation)
     + peers: fabric IPv4 addresses of the ranks to wait for
     + port: beacon port
     + timeout: seconds before giving up (fails this host)
     """
     yield StringCommand(
-        f"{bin_dir}/sparkrig-pair",
+        *[QuoteString(a) for a in sparkhost],
+        "pair",
         "wait",
         "--peers",
         QuoteString(",".join(peers)),

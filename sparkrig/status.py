@@ -186,15 +186,11 @@ def fact_args(s: Settings, env_file: str, gid_file: str, run_dir: str) -> dict[s
 def memfree_floor_kb(s: Settings, memtotal_kb: int) -> int:
     """The MemFree the start gate requires of this rank, in kB: sparkrig-prep's own
     memory_floor, fed the flags the rank unit gives it (units.memory_gate_args)."""
-    from pathlib import Path
+    from sparkhost import prep
 
     from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value
-    from sparkrig.scripts import load_script
     from sparkrig.serving import rank_serve_args
 
-    prep = load_script(
-        "sparkrig_prep", Path(__file__).resolve().parents[1] / "files" / "sparkrig_prep.py"
-    )
     k = s.knobs
     util = flag_value(rank_serve_args(s), "--gpu-memory-utilization") or GPU_MEMORY_UTILIZATION
     floor = prep.memory_floor(

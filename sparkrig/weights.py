@@ -124,17 +124,19 @@ _NO_WEIGHTS_STATE = '{"ok": false, "error": "fetcher or lockfile not installed"}
 
 class WeightsState(FactBase[WeightsReport]):
     """
-    What is on disk against the lockfile (the fetcher's ``state``: stamps, sizes, partials),
-    in one read-only command; "unknown" before the fetcher and lockfile are installed.
+    What is on disk against the lockfile (the host package's ``state`` job: stamps, sizes,
+    partials), in one read-only command; "unknown" before the package and lockfile are installed.
     """
 
     default = WeightsReport
 
-    def command(self, fetcher: str, lock: str, dest: str) -> StringCommand:
+    def command(self, sparkhost: str, lock: str, dest: str) -> StringCommand:
+        from sparkrig.hostpkg import PYTHON
+
         return StringCommand(
-            "test -x", QuoteString(fetcher), "&& test -f", QuoteString(lock), "&&",
-            QuoteString(fetcher), "state --lock", QuoteString(lock), "--dest", QuoteString(dest),
-            "2>/dev/null || echo", QuoteString(_NO_WEIGHTS_STATE),
+            "test -f", QuoteString(f"{sparkhost}/state.py"), "&& test -f", QuoteString(lock),
+            "&&", PYTHON, QuoteString(sparkhost), "state --lock", QuoteString(lock),
+            "--dest", QuoteString(dest), "2>/dev/null || echo", QuoteString(_NO_WEIGHTS_STATE),
         )  # fmt: skip
 
     def process(self, output: list[str]) -> WeightsReport:
@@ -154,7 +156,7 @@ class WeightsState(FactBase[WeightsReport]):
 
 @operation()
 def weights_present(
-    fetcher: str,
+    fetcher: list[str],
     lock: str,
     dest: str,
     unit: str,
@@ -172,7 +174,7 @@ def weights_present(
     Verified files are confirmed by their stamps: a change here is a real fetch (a restart
     trigger); a full re-hash is ``weights_rehashed``, run before this and never a trigger.
 
-    + fetcher: path of sparkrig-fetch on the host
+    + fetcher: argv of the host package (its fetch and follow jobs: sparkrig/hostpkg.py)
     + lock: lockfile path on the host
     + dest: directory the files land in
     + unit: transient unit name for the fetch
@@ -201,30 +203,30 @@ def weights_present(
         yield fail_host(f"{dest}: {summary}; {source_absent}")
         return
     logger.info(f"{host.print_prefix}{dest}: {summary}")
-    fetch = [fetcher, "fetch", "--lock", lock, "--dest", dest, "--verify", "quick", *source]
+    fetch = [*fetcher, "fetch", "--lock", lock, "--dest", dest, "--verify", "quick", *source]
     yield StringCommand(
         "(systemctl is-active --quiet", QuoteString(unit), "||",
         "systemd-run --quiet --collect --unit", QuoteString(unit),
         *[QuoteString(a) for a in fetch], ") &&",
-        QuoteString(fetcher), "follow --unit", QuoteString(unit),
+        *[QuoteString(a) for a in fetcher], "follow --unit", QuoteString(unit),
         "--status", QuoteString(f"{dest}.fetch-status.json"),
     )  # fmt: skip
 
 
 @operation(is_idempotent=False)
-def weights_rehashed(fetcher: str, lock: str, dest: str) -> Generator[Any, None, None]:
+def weights_rehashed(fetcher: list[str], lock: str, dest: str) -> Generator[Any, None, None]:
     """
     Re-hash every file of the lockfile (weights_verify = "full"); a file that fails loses its
     stamp, so ``weights_present`` fetches it again (that fetch, not this, restarts the pair).
     Preflight refuses it beside a serving rank (REFERENCE §5.2: never through the page cache of
     a live pair).
 
-    + fetcher: path of sparkrig-fetch on the host
+    + fetcher: argv of the host package (its verify job: sparkrig/hostpkg.py)
     + lock: lockfile path on the host
     + dest: directory the files are in
     """
     yield StringCommand(
-        QuoteString(fetcher), "verify --mode full --lock", QuoteString(lock),
+        *[QuoteString(a) for a in fetcher], "verify --mode full --lock", QuoteString(lock),
         "--dest", QuoteString(dest), "||", "echo",
         QuoteString("files failed the re-hash: they are fetched again next"),
     )  # fmt: skip

@@ -1,10 +1,11 @@
 """Phase 2, host: vm.swappiness=0 (and an equal vm.min_free_kbytes) in a sysctl.d file this tool
-owns, applied at once; the start gate that drops caches and checks MemFree before every start."""
+owns, applied at once; the host package (files/sparkhost: the start gate, the fetcher, the
+stop-together helpers, the gates), one owned file per module (sparkrig/hostpkg.py)."""
 
 from pyinfra import host
 from pyinfra.operations import server
 
-from sparkrig import hoststate
+from sparkrig import hostpkg, hoststate
 from sparkrig.host import SYSCTL_FILE
 from sparkrig.owned import owned_directory, program, put_text
 from sparkrig.paths import paths
@@ -29,10 +30,16 @@ server.shell(
     _if=lambda: sysctl.did_change() or live_drift,
 )
 
-for directory in host.loop([k.install_dir, paths(s)["bin_dir"], k.config_dir]):
+directories = [k.install_dir, paths(s)["bin_dir"], *hostpkg.remote_dirs(k.install_dir)]
+for directory in host.loop([*directories, k.config_dir]):
     owned_directory(name="Create sparkrig directories", path=directory, mode="755")
-program(
-    name="Install the start gate (drop caches, MemFree, fabric and GID check)",
-    src="files/sparkrig_prep.py",
-    dest=f"{paths(s)['bin_dir']}/sparkrig-prep",
-)
+package = hostpkg.remote_dir(k.install_dir)
+shipped = {
+    module: program(
+        name="Install the host package (files/sparkhost)",
+        src=f"files/sparkhost/{module}",
+        dest=f"{package}/{module}",
+    )
+    for module in host.loop(hostpkg.modules())
+}
+hostpkg.shipped(shipped)  # the service phase restarts the helpers whose modules changed

@@ -7,7 +7,7 @@ fabric address while the workers copy it (their layers checked against the head'
 
 from pyinfra import host, inventory, state
 
-from sparkrig import hoststate
+from sparkrig import hostpkg, hoststate
 from sparkrig.image import (
     ImageReport,
     base_image_loaded,
@@ -67,7 +67,7 @@ served = on_head(
     name="Serve the base image to the workers over the fabric",
     image_repo=k.image_repo,
     base_image=base,
-    fetcher=f"{paths(s)['bin_dir']}/sparkrig-fetch",
+    fetcher=hostpkg.invocation(k.install_dir),
     directory=k.image_transfer_dir,
     listen=f"{s.me.ip}:{k.image_copy_port}",
     workers=missing,

@@ -9,10 +9,10 @@ import shlex
 from pyinfra import host, inventory, logger
 from pyinfra.operations import python, server, systemd
 
-from sparkrig import hoststate
+from sparkrig import hostpkg, hoststate
 from sparkrig.image import serving_image
 from sparkrig.ordering import on_head, on_workers
-from sparkrig.owned import owned_file_absent, program, put_text, secret_file, service
+from sparkrig.owned import owned_file_absent, put_text, secret_file, service
 from sparkrig.pairrestart import pair_restart
 from sparkrig.pairsecret import api_key, control_token, pair_secret, write_control_copy_later
 from sparkrig.paths import paths
@@ -41,16 +41,9 @@ weights_id = f"{k.model_repo}@{k.model_revision}"
 if s.needs_drafter:
     weights_id += f" + {k.drafter_repo}@{k.drafter_revision}"
 
-pair_program = program(
-    name="Install the stop-together watch",
-    src="files/sparkrig_pair.py",
-    dest=f"{p['bin_dir']}/sparkrig-pair",
-)
-program(
-    name="Install the serving gate script",
-    src="files/sparkrig_gate.py",
-    dest=f"{k.install_dir}/sparkrig_gate.py",
-)
+# The stop-together watch and the helpers run the host package's pair job (shipped by the host
+# phase): a change to any module that job loads restarts them, a change elsewhere does not.
+pair_program = hostpkg.changed("pair")
 image = serving_image(s)  # the patched image every rank runs (tasks/image.py builds it)
 # The API key (knob api_auth) lives with the head, like the agents' secret (sparkrig/pairsecret.py):
 # the head's installed key wins, the control side's copy (api_key_file) is used only when the head
@@ -135,7 +128,7 @@ keep_helper_running(
     on_workers,
     is_head,
     "sparkrig-agent",
-    lambda: agent_unit.did_change() or pair_program.did_change() or secret.did_change(),
+    lambda: agent_unit.did_change() or pair_program() or secret.did_change(),
 )
 role_template(
     on_head,
@@ -185,7 +178,7 @@ service(
     name="Restart the stop-together watch after its program changed",
     service="sparkrig-pair",
     restarted=True,
-    _if=lambda: pair_program.did_change() and not restart(),
+    _if=lambda: pair_program() and not restart(),
 )
 
 # Ordered pair restart and start. Every operation below exists on every host (acting only where
@@ -281,7 +274,7 @@ on_workers(
     commands=[
         shlex.join(
             [
-                f"{p['bin_dir']}/sparkrig-pair", "request", "--head", s.head.ip,
+                *hostpkg.command(k.install_dir, "pair"), "request", "--head", s.head.ip,
                 "--port", str(k.pair_port), "--agent-port", str(k.agent_port),
                 "--token-file", p["pair_token"], "--timeout", "900",
             ]
@@ -293,7 +286,7 @@ workers_up = on_head(
     is_head,
     wait_for_ranks,
     name="Wait until every worker's container runs",
-    bin_dir=p["bin_dir"],
+    sparkhost=hostpkg.invocation(k.install_dir),
     peers=[w.ip for w in s.workers],
     port=k.pair_port,
     timeout=k.pair_grace_s,
@@ -317,12 +310,17 @@ keep_helper_running(
     on_head,
     is_head,
     "sparkrig-supervisor",
-    lambda: supervisor_unit.did_change() or pair_program.did_change() or secret.did_change(),
+    lambda: supervisor_unit.did_change() or pair_program() or secret.did_change(),
 )
 if watchdog_on:
     keep_helper_running(
         on_head,
         is_head,
         "sparkrig-watchdog",
-        lambda: watchdog_unit.did_change() or pair_program.did_change() or secret.did_change(),
+        lambda: watchdog_unit.did_change() or pair_program() or secret.did_change(),
     )
+
+# The programs of an earlier sparkrig, before the host package: every unit above now runs the
+# package, so nothing starts them any more.
+for legacy in host.loop(hostpkg.legacy_files(k.install_dir)):
+    owned_file_absent(name="Remove the programs the host package replaced", path=legacy)

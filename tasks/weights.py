@@ -8,9 +8,9 @@ nothing crosses the internet twice. Re-runs confirm the files from stamps in wel
 from pyinfra import host, inventory, state
 from pyinfra.operations import server
 
-from sparkrig import hoststate
+from sparkrig import hostpkg, hoststate
 from sparkrig.ordering import on_head, on_workers
-from sparkrig.owned import owned_directory, program, put_text, secret_file
+from sparkrig.owned import owned_directory, put_text, secret_file
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
 from sparkrig.release import LEGACY_DIRS, weights_adopted
@@ -26,15 +26,10 @@ from sparkrig.weights import (
 s = current()
 k = s.knobs
 p = paths(s)
-fetcher = f"{p['bin_dir']}/sparkrig-fetch"
+fetcher = hostpkg.invocation(k.install_dir)  # + fetch, verify, serve, follow (tasks/host.py)
 
 for directory in host.loop([k.weights_dir, k.cache_dir]):
     owned_directory(name="Create the weights and cache directories", path=directory, mode="755")
-program(
-    name="Install the weights fetcher",
-    src="files/sparkrig_fetch.py",
-    dest=fetcher,
-)
 
 # Weights live per revision (<weights_dir>/<name>-<commit>) so an upgrade keeps the previous
 # revision for a rollback; a checkout of the old layout is renamed in place (nothing fetched),
@@ -115,7 +110,7 @@ serving = on_head(
     name="Serve the verified weights to the workers over the fabric",
     unit="sparkrig-weights-serve",
     command=[
-        fetcher, "serve", "--dir", k.weights_dir,
+        *fetcher, "serve", "--dir", k.weights_dir,
         "--listen", f"{s.me.ip}:{k.copy_port}", "--bind-device", s.me.fabric_interface,
         "--max-seconds", "86400",
     ],

@@ -28,7 +28,7 @@ from lab import fakehub  # noqa: E402
 from sparkrig import lockfile  # noqa: E402
 from tests.weights.topo import SERVER_IP, Topo  # noqa: E402
 
-FETCH = str(ROOT / "files" / "sparkrig_fetch.py")
+FETCH = str(ROOT / "files" / "sparkhost")  # the host package
 MB = 1e6
 
 RAW_SERVER = r"""

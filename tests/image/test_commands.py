@@ -85,8 +85,8 @@ def pair(tmp_path):
 
 
 def serve(head: Node, port: int) -> subprocess.Popen[bytes]:
-    fetcher = ROOT / "files" / "sparkrig_fetch.py"
-    argv = [sys.executable, str(fetcher), "serve", "--dir", head.transfer]
+    package = ROOT / "files" / "sparkhost"
+    argv = [sys.executable, str(package), "serve", "--dir", head.transfer]
     argv += ["--listen", f"127.0.0.1:{port}", "--max-seconds", "60"]
     proc = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60  # generous: a loaded CI machine starts Python slowly
@@ -96,7 +96,7 @@ def serve(head: Node, port: int) -> subprocess.Popen[bytes]:
                 return proc
         time.sleep(0.05)
     proc.kill()
-    raise AssertionError("sparkrig-fetch serve did not come up")
+    raise AssertionError("sparkhost serve did not come up")
 
 
 def copy_to_worker(head: Node, worker: Node) -> subprocess.CompletedProcess[str]:

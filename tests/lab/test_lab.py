@@ -19,6 +19,7 @@ pytestmark = pytest.mark.lab
 INV = "lab/inventory.py"
 OWNED = ["/etc/sysctl.d/90-sparkrig.conf", "/etc/sparkrig/rank.env"]
 API_KEY = "/etc/sparkrig/api-key"  # api_auth is on by default: the head's key file
+SPARKHOST = "/usr/bin/python3 /opt/sparkrig/lib/sparkhost"  # runs each job (sparkrig/hostpkg.py)
 
 
 def lab_state() -> dict:
@@ -98,7 +99,7 @@ def journal_after(guest, mark: str, *units: str) -> str:
 
 def serving(head) -> bool:
     out = head.sh(
-        "python3 /opt/sparkrig/sparkrig_gate.py probe --url http://127.0.0.1:8000 "
+        f"{SPARKHOST} gate probe --url http://127.0.0.1:8000 "
         f"--model glm-5.3-flash --timeout 10 --api-key-file {API_KEY} >/dev/null 2>&1 "
         "&& echo ok || true",
         check=False,
@@ -189,14 +190,14 @@ def test_converged_hosts_verify(lab: Lab):
 
 
 def test_weights_came_once_over_both_uplinks_then_over_the_fabric(lab: Lab):
-    fetcher = "/opt/sparkrig/bin/sparkrig-fetch"
     for g in lab.guests:  # every rank holds the checkpoint, re-hashed in full here
         # the weights live per revision (issue 11): the one checkout of a first converge
         dests = g.sh(
             "for d in /var/lib/sparkrig/models/model-*; do [ -d $d ] && echo $d; done; true"
         ).split()
         assert len(dests) == 1, f"{g.name}: {dests}"
-        g.sh(f"{fetcher} verify --mode full --lock /etc/sparkrig/model.lock.json --dest {dests[0]}")
+        lock = "/etc/sparkrig/model.lock.json"
+        g.sh(f"{SPARKHOST} verify --mode full --lock {lock} --dest {dests[0]}")
     clients = {entry["client"] for entry in hub_log() if "/resolve/" in entry["path"]}
     head_uplinks = set(lab_state()["hosts"][0]["uplink_addresses"].values())
     assert clients == head_uplinks, f"hub saw {clients}, head uplinks are {head_uplinks}"
@@ -204,7 +205,7 @@ def test_weights_came_once_over_both_uplinks_then_over_the_fabric(lab: Lab):
 
 def test_the_four_gates_pass_and_the_head_started_right_after_the_workers(lab: Lab):
     out = lab.head.sh(
-        "python3 /opt/sparkrig/sparkrig_gate.py gates --url http://127.0.0.1:8000 "
+        f"{SPARKHOST} gate gates --url http://127.0.0.1:8000 "
         f"--model glm-5.3-flash --api-key-file {API_KEY}"
     )
     gates = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
@@ -255,7 +256,7 @@ def test_the_api_needs_the_key_and_the_key_is_in_no_unit_argv_or_ps(lab: Lab):
     health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health"
     assert head.sh(health).strip() == "200"  # /health is not behind the key, as in vLLM
     out = head.sh(
-        "python3 /opt/sparkrig/sparkrig_gate.py gates --url http://127.0.0.1:8000 "
+        f"{SPARKHOST} gate gates --url http://127.0.0.1:8000 "
         f"--model glm-5.3-flash --api-key-file {API_KEY}"
     )
     gates = [json.loads(line) for line in out.splitlines() if line.startswith("{")]

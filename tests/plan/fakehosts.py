@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from sparkrig import hostpkg
 from sparkrig.image import MARKER
 from sparkrig.release import LISTING
 from sparkrig.settings import Settings
@@ -124,22 +125,23 @@ NM_RELOAD = re.compile(r"^nmcli connection reload$")
 NM_UP = re.compile(r"^nmcli --wait \d+ connection up netplan-\S+$")
 DISPLACE = re.compile(r"^install -d -m 700 \$\(dirname /var/lib/sparkrig/displaced/")
 SYSCTL = re.compile(r"^sysctl -p /etc/sysctl\.d/90-sparkrig\.conf$")
-WEIGHTS_STATE = re.compile(r"^test -x \S+/sparkrig-fetch && test -f \S+\.lock\.json && ")
+WEIGHTS_STATE = re.compile(r"^test -f \S+/lib/sparkhost/state\.py && test -f \S+\.lock\.json && ")
 FETCH = re.compile(
     r"^\(systemctl is-active --quiet sparkrig-fetch-(model|drafter) \|\| systemd-run"
 )
-REHASH = re.compile(r"^\S+/sparkrig-fetch verify --mode full --lock ")  # weights_verify = full
+PACKAGE = r"/usr/bin/python3 \S+/lib/sparkhost"  # every host program (sparkrig/hostpkg.py)
+REHASH = re.compile(rf"^{PACKAGE} verify --mode full --lock ")  # weights_verify = full
 WEIGHTS_SERVE = re.compile(r"^systemctl stop sparkrig-weights-serve 2>/dev/null; systemd-run ")
 IMAGE_FACT = re.compile(re.escape(MARKER))
 SMOKE_CLEAN = re.compile(r"^docker rm --force sparkrig-nccl-smoke >/dev/null 2>&1 \|\| true$")
 SMOKE_WORKER = re.compile(r"^docker run --detach --name sparkrig-nccl-smoke ")
 SMOKE_HEAD = re.compile(r"^docker run --rm --name sparkrig-nccl-smoke ")
 SMOKE_CHECK = re.compile(r"^rc=\$\(docker wait sparkrig-nccl-smoke\); ")
-PAIR_WAIT = re.compile(r"^\S+/sparkrig-pair wait --peers [\d.,]+ --port \d+ --timeout \d+$")
+PAIR_WAIT = re.compile(rf"^{PACKAGE} pair wait --peers [\d.,]+ --port \d+ --timeout \d+$")
 # a worker's deploy without the head asks the head's supervisor for the ordered restart
-PAIR_REQUEST = re.compile(r"^\S+/sparkrig-pair request --head [\d.]+ --port \d+ --agent-port \d+ ")
-BOOT_WAIT = re.compile(r"^python3 \S+/sparkrig_gate\.py wait --url ")
-GATES = re.compile(r"^python3 \S+/sparkrig_gate\.py gates ")
+PAIR_REQUEST = re.compile(rf"^{PACKAGE} pair request --head [\d.]+ --port \d+ --agent-port \d+ ")
+BOOT_WAIT = re.compile(rf"^{PACKAGE} gate wait --url ")
+GATES = re.compile(rf"^{PACKAGE} gate gates ")
 FAIL_HOST = re.compile(r">&2; exit 1$")  # sparkrig's fail_host: a real shell exits 1 here
 PRUNE = re.compile(r"^docker image rm \S+ >/dev/null \|\| echo 'kept ")
 # sparkrig/release.py: keep the serving release's files, put them back, record, adopt, prune
@@ -147,7 +149,7 @@ KEEP = re.compile(r"^sh -c 'set -e\nsha\(\) \{.*\nif sha ", re.S)
 RESTORE = re.compile(r"^sh -c 'set -e\nsha\(\) \{.*cannot roll back", re.S)
 ADOPT = re.compile(r"^sh -c 'set -e\nold=")
 PRUNE_WEIGHTS = re.compile(rf"^rm -rf {OURS}/(model|drafter)-[0-9a-f]{{40}} ")
-ROLLBACK_GATES = re.compile(r"^python3 \S+/sparkrig_gate\.py gates ")
+ROLLBACK_GATES = re.compile(rf"^{PACKAGE} gate gates ")
 
 
 def stat_of(path: str) -> re.Pattern[str]:
@@ -346,14 +348,9 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
             "644",
         )
     files = {path: (body.encode(), mode) for path, (body, mode) in text.items()}
-    programs = {
-        f"{p['bin_dir']}/sparkrig-prep": "sparkrig_prep.py",
-        f"{p['bin_dir']}/sparkrig-fetch": "sparkrig_fetch.py",
-        f"{p['bin_dir']}/sparkrig-pair": "sparkrig_pair.py",
-        f"{k.install_dir}/sparkrig_gate.py": "sparkrig_gate.py",
-    }
-    for path, src in programs.items():
-        files[path] = ((ROOT / "files" / src).read_bytes(), "755")
+    package = hostpkg.remote_dir(k.install_dir)
+    for module in hostpkg.modules():
+        files[f"{package}/{module}"] = (hostpkg.source(module).read_bytes(), "644")
     return files
 
 
@@ -398,7 +395,7 @@ def converged(
         )
         canned[contents_of(path)] = data.decode().splitlines()
     dirs = [k.install_dir, paths(s)["bin_dir"], k.config_dir, k.weights_dir, k.cache_dir]
-    for path in dirs:
+    for path in [*dirs, *hostpkg.remote_dirs(k.install_dir)]:
         canned[owned_of(path)] = "dir 755 root root"
         canned[stat_of(path)] = (
             f"user=root group=root mode=drwxr-xr-x atime=0 mtime=0 ctime=0 size=4096 '{path}'"

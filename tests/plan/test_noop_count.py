@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from sparkrig import hostpkg
 from tests.plan import fakehosts
 from tests.plan.harness import Run, run
 
@@ -62,7 +63,7 @@ def test_dry_reads_each_hosts_state_once_whoever_asks(monkeypatch):
         reads = [c for c in commands if c.startswith("sh -c ") and "##SPARKRIG-PART" in c]
         assert len(reads) == 1, f"{name}: {len(reads)} state reads"
         others = [c[:80] for c in commands if c not in reads]
-        assert all(c.startswith(("ping -M do", "python3 ")) for c in others), others
+        assert all(c.startswith(("ping -M do", f"{hostpkg.PYTHON} ")) for c in others), others
 
 
 def test_dry_diff_shows_every_file_the_run_would_write(monkeypatch):
@@ -77,7 +78,8 @@ def test_dry_diff_shows_every_file_the_run_would_write(monkeypatch):
     secrets = {f"/etc/sparkrig/{n}" for n in ("pair-token", "hf-token", "api-key", "api-key.env")}
     for s in everyone.values():
         watchdog = paths(s)["watchdog_unit"]  # owned (removed) while the watchdog is off
-        for path in set(owned_files(s)) - secrets - {watchdog}:
+        legacy = set(hostpkg.legacy_files(s.knobs.install_dir))  # owned to be removed
+        for path in set(owned_files(s)) - secrets - {watchdog} - legacy:
             assert f"Will create {path}" in bare.output, path
     assert "Will write /etc/sparkrig/pair-token (secret: content not shown)" in bare.output
 

@@ -31,7 +31,7 @@ def test_limit_worker_without_its_weights_fails_naming_the_run_that_copies_them(
     assert r.commands.get(HEAD, []) == []
     worker = r.commands[WORKER]
     assert not any(fakehosts.FETCH.search(c) for c in worker)  # no copy from no one
-    assert not any(RANK.match(c) or "sparkrig-pair request" in c for c in worker)
+    assert not any(RANK.match(c) or "sparkhost pair request" in c for c in worker)
 
 
 def test_limit_worker_without_the_base_image_fails_naming_the_run_that_copies_it(monkeypatch):

@@ -69,7 +69,7 @@ def test_first_run_starts_worker_then_head_gated_on_state(monkeypatch):
     assert start_worker < wait < start_head
     assert "systemctl start sparkrig-worker.service" in r.commands[WORKER]
     head = r.commands[HEAD]
-    waits = [i for i, c in enumerate(head) if "sparkrig-pair wait" in c]
+    waits = [i for i, c in enumerate(head) if "sparkhost pair wait" in c]
     assert waits and "192.168.100.11" in head[waits[0]]
     assert waits[0] < head.index("systemctl start sparkrig-head.service")
     assert not any("sparkrig-head" in c for c in r.commands[WORKER])
@@ -108,7 +108,7 @@ def test_limit_worker_plans_nothing_for_the_head(monkeypatch):
     assert HEAD not in r.changed_ops
     # the worker never starts or stops its rank alone: it asks the head's supervisor
     assert "systemctl start sparkrig-worker.service" not in r.commands[WORKER]
-    requests = [c for c in r.commands[WORKER] if "sparkrig-pair request" in c]
+    requests = [c for c in r.commands[WORKER] if "sparkhost pair request" in c]
     assert len(requests) == 1 and "--head 192.168.100.10" in requests[0]
     assert not any("nccl" in c.lower() for c in r.commands[WORKER])
 
@@ -121,7 +121,7 @@ def test_limit_worker_with_a_drifted_fabric_asks_the_heads_supervisor_for_the_re
     assert UP_FABRIC in worker
     # never stopped or started alone (the head's stop-together and a restart would race it)
     assert not any(re.match(r"systemctl (stop|start) sparkrig-worker", c) for c in worker)
-    requests = [i for i, c in enumerate(worker) if "sparkrig-pair request" in c]
+    requests = [i for i, c in enumerate(worker) if "sparkhost pair request" in c]
     assert len(requests) == 1 and worker.index(UP_FABRIC) < requests[0]
     assert r.commands.get(HEAD, []) == []
     assert "the NCCL smoke test and the serving gates are skipped" in r.output
@@ -341,7 +341,11 @@ def test_nccl_smoke_test_runs_workers_first_before_a_pair_start_and_not_when_con
     assert launch and "RANK=1" in launch[0] and "MASTER_ADDR=192.168.100.10" in launch[0]
     assert "--device /dev/infiniband:/dev/infiniband" in launch[0]
     head = [c for c in r.commands[HEAD] if "docker run --rm --name sparkrig-nccl-smoke" in c]
-    assert head and "RANK=0" in head[0] and "nccl_smoke.py --timeout 300" in head[0]
+    assert head and "RANK=0" in head[0]
+    # the image's python3 runs the host package, mounted read-only at its own path
+    package = "/opt/sparkrig/lib/sparkhost"
+    assert f"--volume {package}:{package}:ro" in head[0]
+    assert re.search(rf"--entrypoint python3 \S+ {package} nccl-smoke --timeout 300$", head[0])
     converge_state()
     again = apply(monkeypatch)
     assert not any("sparkrig-nccl-smoke" in c for cmds in again.commands.values() for c in cmds)
@@ -715,3 +719,38 @@ def test_a_failed_secret_upload_leaves_the_old_secret_in_place(monkeypatch):
     for name in (HEAD, WORKER):
         touched = [c for c in r.commands.get(name, []) if c.endswith(" /etc/sparkrig/pair-token")]
         assert touched == [], touched  # neither emptied nor renamed over
+
+
+PACKAGE = "/opt/sparkrig/lib/sparkhost"
+HELPER_RESTART = re.compile(
+    r"^systemctl restart sparkrig-(pair|agent|supervisor|watchdog)\.service"
+)
+
+
+@pytest.mark.parametrize(
+    ("module", "helpers"),
+    [
+        ("pair.py", True),  # the pair job itself
+        ("tokenfile.py", True),  # imported by the pair job (the agents' secret)
+        ("__main__.py", True),  # every job starts through it
+        ("gid.py", False),  # the start gate's: read again at the next start, restarts nothing
+        ("fetch.py", False),
+    ],
+)
+def test_a_changed_host_module_restarts_exactly_the_helpers_that_run_it(
+    monkeypatch, module, helpers
+):
+    """The helpers (stop-together watch, agent, supervisor) have the pair job's modules loaded:
+    a change to one of them restarts them, beside a serving pair; any other module restarts
+    nothing. Neither restarts the pair."""
+    path = f"{PACKAGE}/{module}"
+    converge_state(
+        **{n: {"files": {path: (b"# an older module\n", "644")}} for n in ("spark-a", "spark-b")}
+    )
+    r = apply(monkeypatch)
+    for name in (HEAD, WORKER):
+        assert path in r.uploads[name], r.uploads[name].keys()
+        restarted = {m.group(1) for c in r.commands[name] if (m := HELPER_RESTART.match(c))}
+        want = {"pair", "supervisor"} if name == HEAD else {"pair", "agent"}
+        assert restarted == (want if helpers else set()), (name, r.commands[name])
+    assert_no_restart(r)

@@ -17,7 +17,7 @@ from tests.plan.test_plan import ACTION, HEAD, WORKER, apply, converge_state, po
 
 UPGRADE = ("--data", "profile=long")  # a release change the lockfiles in tests/plan allow
 KEEP_OP = "Keep the serving release's unit and lockfiles until the new release passes the gates"
-FAILING = re.compile(r"sparkrig_gate\.py gates .* \|\| true$")  # the gates as the deploy reads them
+FAILING = re.compile(r"/lib/sparkhost gate gates .* \|\| true$")  # the gates as the deploy reads them
 OLD = "9" * 40
 
 
@@ -134,7 +134,7 @@ def test_limit_worker_refuses_an_upgrade_of_half_a_pair(monkeypatch):
     assert "the release changes (" in r.output
     assert "run `pyinfra inventory.py deploy.py` with the head (no --limit)" in r.output
     assert r.commands.get(HEAD, []) == []
-    assert not [c for c in r.commands[WORKER] if ACTION.search(c) or "sparkrig-pair request" in c]
+    assert not [c for c in r.commands[WORKER] if ACTION.search(c) or "pair request" in c]
 
 
 older = Release(

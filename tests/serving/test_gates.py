@@ -6,11 +6,10 @@ import json
 from typing import Any
 
 import pytest
-from serving_helpers import files_module
+from serving_helpers import local_argv
+from sparkhost import gate as script
 
-from sparkrig import gates
-
-script = files_module("sparkrig_gate")
+from sparkrig import gates, hostpkg
 
 
 def chat(message: dict[str, Any]) -> str:
@@ -125,13 +124,14 @@ def test_boot_errors_are_engine_fatal_lines_not_tracebacks() -> None:
 
 def test_commands_are_argv_and_shell() -> None:
     argv = gates.gate_command("/opt/sparkrig", 8000, "glm-5.3-flash")
-    assert argv[:3] == ["python3", "/opt/sparkrig/sparkrig_gate.py", "gates"]
+    assert argv[:4] == ["/usr/bin/python3", "/opt/sparkrig/lib/sparkhost", "gate", "gates"]
     assert "http://127.0.0.1:8000" in argv and "health,models,math,tool" in argv
     assert gates.shell(["a b", "c"]) == "'a b' c"
     with pytest.raises(ValueError):
         gates.gate_command("/opt/sparkrig", 8000, "m", gates=["nope"])
     w = gates.wait_command("/opt/sparkrig/", 8000, "vllm_head", 3600, 15)
-    assert w[1] == "/opt/sparkrig/sparkrig_gate.py" and w[-2:] == ["--container", "vllm_head"]
+    assert w[1:4] == ["/opt/sparkrig/lib/sparkhost", "gate", "wait"]
+    assert w[-2:] == ["--container", "vllm_head"]
     assert "probe" in gates.probe_command("/opt/sparkrig", 8000, "m")
 
 
@@ -247,7 +247,7 @@ def test_cli_stage(tmp_path: Any) -> None:
     import sys
 
     out = subprocess.run(
-        [sys.executable, str(gates.SCRIPT_PATH), "stage"],
+        [sys.executable, str(hostpkg.SOURCE), "gate", "stage"],
         input=VLLM_LOG, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert json.loads(out.stdout)["stage"] == "ready"
@@ -306,13 +306,8 @@ def recorder() -> Any:
 
 def run_cli(argv: list[str]) -> Any:
     import subprocess
-    import sys
 
-    from serving_helpers import REPO
-
-    assert argv[0] == "python3" and argv[1].endswith("/sparkrig_gate.py")
-    script = str(REPO / "files" / "sparkrig_gate.py")
-    return subprocess.run([sys.executable, script, *argv[2:]], capture_output=True, text=True)
+    return subprocess.run(local_argv(argv), capture_output=True, text=True)
 
 
 def test_the_gates_and_the_watchdog_probe_send_the_key_read_from_its_file(
@@ -329,7 +324,7 @@ def test_the_gates_and_the_watchdog_probe_send_the_key_read_from_its_file(
                                             "/v1/chat/completions"]  # fmt: skip
     assert {h for p, h in recorder.seen} == {f"Bearer {key}"}
     recorder.seen.clear()
-    # the watchdog's probe, as its unit runs it (sparkrig_pair.py runs --probe through a shell)
+    # the watchdog's probe, as its unit runs it (the pair job runs --probe through a shell)
     probe = gates.probe_command("/opt/sparkrig", recorder.port, "m", key_file=str(key_file))
     assert run_cli(probe).returncode == 0
     assert recorder.seen == [("/v1/chat/completions", f"Bearer {key}")]

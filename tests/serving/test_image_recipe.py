@@ -44,8 +44,9 @@ def test_tag_is_stable_and_sensitive() -> None:
 
 def test_context_files_of_the_checkout(tmp_path: Path) -> None:
     ctx = imagehash.context_files(REPO / "files")
-    assert {"Dockerfile", "utf8_guard_lp.py", "nccl_smoke.py", "patches/manifest.json",
+    assert {"Dockerfile", "utf8_guard_lp.py", "patches/manifest.json",
             "patches/apply_patches.py"} <= set(ctx)  # fmt: skip
+    assert not any(k.startswith("sparkhost/") for k in ctx)  # mounted for the smoke test
     assert not any("__pycache__" in k for k in ctx)
     copy = tmp_path / "files"
     shutil.copytree(REPO / "files", copy)
@@ -54,8 +55,11 @@ def test_context_files_of_the_checkout(tmp_path: Path) -> None:
     (copy / "sparkrig_other.py").write_text("x")  # not COPYed by the Dockerfile
     assert imagehash.tag_for_checkout(BASE, copy) == t1
     (copy / "patches" / "sm121_topk" / "sparse_attn_indexer_kpool.py").write_text("# patched\n")
-    assert imagehash.tag_for_checkout(BASE, copy) != t1
-    (copy / "nccl_smoke.py").unlink()
+    t2 = imagehash.tag_for_checkout(BASE, copy)
+    assert t2 != t1
+    (copy / "sparkhost" / "nccl_smoke.py").write_text("# another smoke test\n")
+    assert imagehash.tag_for_checkout(BASE, copy) == t2  # no rebuild, no pair restart
+    (copy / "utf8_guard_lp.py").unlink()
     with pytest.raises(FileNotFoundError):
         imagehash.context_files(copy)
 

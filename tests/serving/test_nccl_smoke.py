@@ -1,4 +1,5 @@
-"""nccl_smoke.py: transport parsing (pure) and the all-reduce over gloo on CPU (needs torch)."""
+"""The nccl-smoke job (files/sparkhost/nccl_smoke.py): transport parsing (pure) and the
+all-reduce over gloo on CPU (needs torch)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from serving_helpers import REPO, files_module
+from sparkhost import nccl_smoke as ns
 
-ns = files_module("nccl_smoke")
-SCRIPT = str(REPO / "files" / "nccl_smoke.py")
+from sparkrig.hostpkg import SOURCE
+
+SCRIPT = [str(SOURCE), "nccl-smoke"]
 
 IB_LOG = """\
 spark1:123:123 [0] NCCL INFO Bootstrap : Using enp1s0f1np1:192.168.100.10<0>
@@ -101,7 +103,7 @@ def test_parse_subcommand(tmp_path: Path) -> None:
         f = tmp_path / "nccl.log"
         f.write_text(text)
         res = subprocess.run(
-            [sys.executable, SCRIPT, "parse", str(f)], capture_output=True, text=True
+            [sys.executable, *SCRIPT, "parse", str(f)], capture_output=True, text=True
         )
         assert res.returncode == code, res.stderr
         assert json.loads(res.stdout)["ok"] is (code == 0)
@@ -109,7 +111,7 @@ def test_parse_subcommand(tmp_path: Path) -> None:
 
 def test_missing_env_exits_2() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "MASTER_ADDR")}
-    res = subprocess.run([sys.executable, SCRIPT, "--backend", "gloo"], capture_output=True,
+    res = subprocess.run([sys.executable, *SCRIPT, "--backend", "gloo"], capture_output=True,
                          text=True, env=env)  # fmt: skip
     assert res.returncode == 2 and "missing environment" in res.stderr
 
@@ -125,7 +127,7 @@ def _launch(world: int, port: int, *extra: str) -> list[subprocess.Popen[str]]:
     for rank in reversed(range(world)):  # worker(s) first, like the deploy
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "RANK": str(rank), "WORLD_SIZE": str(world), "GLOO_SOCKET_IFNAME": "lo"}  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, SCRIPT, *extra], env=env, text=True,
+        procs.append(subprocess.Popen([sys.executable, *SCRIPT, *extra], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
     return procs
 
@@ -147,7 +149,7 @@ def test_gloo_lonely_worker_times_out() -> None:
     port = _free_port()
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "1",
            "WORLD_SIZE": "2"}  # fmt: skip
-    res = subprocess.run([sys.executable, SCRIPT, "--backend", "gloo", "--timeout", "3"],
+    res = subprocess.run([sys.executable, *SCRIPT, "--backend", "gloo", "--timeout", "3"],
                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert res.returncode == 1
     assert "all_reduce failed" in json.loads(res.stdout.strip().splitlines()[-1])["error"]

@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serving_helpers import REPO, files_module, load_path
+from serving_helpers import REPO, load_path, local_argv
+from sparkhost import gate as gate_script
 
 from sparkrig import gates
 
 standin = load_path("standin_vllm", REPO / "lab" / "standin_vllm.py")
-gate_script = files_module("sparkrig_gate")
 STANDIN = str(REPO / "lab" / "standin_vllm.py")
-GATE = str(REPO / "files" / "sparkrig_gate.py")
 
 
 def free_port() -> int:
@@ -232,8 +231,8 @@ def test_pair_boot_gates_and_worker_loss(model_dir: Path, procs: list[Proc]) -> 
     assert all(r.ok for r in results), results
 
     # the gate script as the head would run it
-    argv = gates.gate_command(str(REPO / "files"), aport, "glm-5.3-flash")
-    out = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True)
+    argv = gates.gate_command("/opt/sparkrig", aport, "glm-5.3-flash")
+    out = subprocess.run(local_argv(argv), capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     parsed = gates.parse_gate_lines(out.stdout)
     assert gates.gates_passed(parsed) and len(parsed) == 4
@@ -457,23 +456,21 @@ def test_the_standin_answers_401_without_the_key_and_the_gates_pass_with_its_fil
 
     key_file = tmp_path / "api-key"
     key_file.write_text(KEY + "\n")
-    files_dir = str(REPO / "files")
     without = subprocess.run(
-        [sys.executable, *gates.gate_command(files_dir, aport, "glm-5.3-flash")[1:]],
+        local_argv(gates.gate_command("/opt/sparkrig", aport, "glm-5.3-flash")),
         capture_output=True, text=True,
     )  # fmt: skip
     assert without.returncode == 1
     refused = {r.gate: r for r in gates.parse_gate_lines(without.stdout)}
     assert refused["health"].ok and "401" in refused["models"].detail
-    argv = gates.gate_command(files_dir, aport, "glm-5.3-flash", key_file=str(key_file))
-    out = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True)
+    argv = gates.gate_command("/opt/sparkrig", aport, "glm-5.3-flash", key_file=str(key_file))
+    out = subprocess.run(local_argv(argv), capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert gates.gates_passed(gates.parse_gate_lines(out.stdout))
-    probe = gates.probe_command(files_dir, aport, "glm-5.3-flash", key_file=str(key_file))
-    bare = gates.probe_command(files_dir, aport, "glm-5.3-flash")
-    run_probe = [sys.executable, *probe[1:]]
-    assert subprocess.run(run_probe, capture_output=True).returncode == 0
-    assert subprocess.run([sys.executable, *bare[1:]], capture_output=True).returncode == 1
+    probe = gates.probe_command("/opt/sparkrig", aport, "glm-5.3-flash", key_file=str(key_file))
+    bare = gates.probe_command("/opt/sparkrig", aport, "glm-5.3-flash")
+    assert subprocess.run(local_argv(probe), capture_output=True).returncode == 0
+    assert subprocess.run(local_argv(bare), capture_output=True).returncode == 1
     curl = gates.curl_gate_commands(aport, "glm-5.3-flash", key_file=str(key_file))
     if subprocess.run(["which", "curl"], capture_output=True).returncode == 0:
         for gate, cmd in curl.items():

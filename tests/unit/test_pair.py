@@ -1,4 +1,5 @@
-"""Stop-together and watchdog decisions of files/sparkrig_pair.py, and its agent on loopback."""
+"""Stop-together and watchdog decisions of the host package's pair job (files/sparkhost/pair.py),
+and its agent on loopback."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from sparkhost import pair
+from sparkhost.units import parse_unit_state
 
-from sparkrig.scripts import load_script
-
-FILE = Path(__file__).resolve().parents[2] / "files" / "sparkrig_pair.py"
-pair = load_script("sparkrig_pair", FILE)
+from sparkrig.hostpkg import SOURCE
 
 
 def test_a_peer_that_was_up_and_misses_three_probes_stops_the_rank():
@@ -170,7 +170,7 @@ def test_agent_starts_the_unit_only_for_the_right_token(tmp_path, fake_systemctl
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SPARKRIG_RUN_DIR": str(run)}
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(FILE), "agent", "--listen", f"127.0.0.1:{port}",
+        [sys.executable, str(SOURCE), "pair", "agent", "--listen", f"127.0.0.1:{port}",
          "--unit", "sparkrig-worker.service", "--token-file", str(token)],
         env=env,
     )  # fmt: skip
@@ -277,7 +277,7 @@ def test_wait_times_out_on_a_peer_nobody_listens_for():
     ],
 )
 def test_unit_state_reads_keys_not_positions(show, expected):
-    assert pair.parse_unit_state(show) == expected
+    assert parse_unit_state(show) == expected
 
 
 def serve(handler) -> tuple[object, int]:

@@ -1,4 +1,4 @@
-"""The start gate files/sparkrig_prep.py on a fake sysfs/proc tree: every exit path."""
+"""The start gate (files/sparkhost/prep.py) on a fake sysfs/proc tree: every exit path."""
 
 from __future__ import annotations
 
@@ -7,11 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from sparkrig.scripts import load_script
-
-FILE = Path(__file__).resolve().parents[2] / "files" / "sparkrig_prep.py"
-prep = load_script("sparkrig_prep", FILE)
+from sparkhost import prep
 
 IFACE, HCA, IP = "enp1s0f1np1", "rocep1s0f1", "192.168.100.11"
 WANT = "0000:0000:0000:0000:0000:ffff:c0a8:640b"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL = ["sparkrig", "tasks", "group_data", "deploy.py", "status.py", "config.py", "inventory.py"]
-LOCAL = {"sparkrig", "tasks", "group_data", "files", "config"}
+LOCAL = {"sparkrig", "sparkhost", "tasks", "group_data", "files", "config"}
 
 
 def control_sources() -> list[Path]:

@@ -66,13 +66,13 @@ def test_worker_unit_is_headless_and_head_unit_waits_for_workers():
     worker = owned_files(settings["spark-3"])["sparkrig-worker.service"]
     assert "--headless" in worker and "--headless" not in head
     assert "--node-rank 3" in worker and "--node-rank 0" in head
-    assert "sparkrig-pair wait --peers 192.168.100.11,192.168.100.12,192.168.100.13" in head
-    assert "sparkrig-pair wait" not in worker
+    assert "sparkhost pair wait --peers 192.168.100.11,192.168.100.12,192.168.100.13" in head
+    assert "sparkhost pair wait" not in worker
     for unit in (head, worker):
         assert "--block-size 2304" in unit and "--language-model-only" in unit
         assert "--device /dev/infiniband:/dev/infiniband" in unit
         assert "--ulimit memlock=-1:-1" in unit
-        assert "sparkrig-prep --env /etc/sparkrig/rank.env" in unit
+        assert "/lib/sparkhost prep --env /etc/sparkrig/rank.env" in unit
         assert "Restart=no" in unit
 
 
@@ -93,7 +93,7 @@ def test_the_head_gives_vllm_its_key_by_env_file_and_the_watchdog_reads_it_from_
         assert "api-key" not in owned_files(worker)["sparkrig-worker.service"]
         assert "api-key" not in " ".join(smoke_run_args(head, "img"))  # the smoke test: no API
         watchdog = render("sparkrig-watchdog.service.j2", **watchdog_unit_context(head))
-        probe = "/opt/sparkrig/sparkrig_gate.py probe "
+        probe = "/usr/bin/python3 /opt/sparkrig/lib/sparkhost gate probe "
         assert probe in watchdog
         assert ("--api-key-file /etc/sparkrig/api-key'" in watchdog) is auth
         assert api_key_file(head) == ("/etc/sparkrig/api-key" if auth else None)

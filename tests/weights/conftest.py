@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from lab import fakehub  # noqa: E402
 from sparkrig import lockfile  # noqa: E402
 
-FETCH = str(ROOT / "files" / "sparkrig_fetch.py")
+FETCH = str(ROOT / "files" / "sparkhost")  # the host package: `python3 FETCH fetch ...`
 FAKEHUB = str(ROOT / "lab" / "fakehub.py")
 
 

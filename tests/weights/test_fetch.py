@@ -13,7 +13,6 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -521,22 +520,13 @@ def test_https_with_redirect_and_token(
     assert not list((tmp_path / "n").glob("*.safetensors"))
 
 
-def load_fetcher() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("sparkrig_fetch", FETCH)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_follow_unit_waits_for_the_units_own_status(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """With --unit, a status whose pid is not the unit's MainPID is a previous run's: follow
     keeps waiting (here: until the unit's own status says done)."""
-    mod = load_fetcher()
+    from sparkhost import follow as mod
+
     status = tmp_path / "s.json"
     base = {"bytes_done": 1, "bytes_total": 2, "files_done": 1, "files_total": 2, "rate": 0,
             "lanes": {}, "eta_s": None}  # fmt: skip
@@ -551,7 +541,7 @@ def test_follow_unit_waits_for_the_units_own_status(
 
     monkeypatch.setattr(mod, "unit_main_pid", main_pid)
     monkeypatch.setattr(mod, "unit_active", lambda unit: True)
-    rc = mod.main(["follow", "--status", str(status), "--unit", "u", "--interval", "0.01"])
+    rc = mod.main(["--status", str(status), "--unit", "u", "--interval", "0.01"])
     out = capsys.readouterr().out
     assert rc == 0 and polls["n"] >= 3
     assert "FAILED" not in out and out.strip().splitlines()[-1].startswith("progress done")
@@ -559,7 +549,7 @@ def test_follow_unit_waits_for_the_units_own_status(
     status.write_text(json.dumps(dict(base, state="running", pid=111)))
     monkeypatch.setattr(mod, "unit_main_pid", lambda unit: 0)
     monkeypatch.setattr(mod, "unit_active", lambda unit: False)
-    rc = mod.main(["follow", "--status", str(status), "--unit", "u", "--interval", "0.01"])
+    rc = mod.main(["--status", str(status), "--unit", "u", "--interval", "0.01"])
     assert rc == 1 and "not running" in capsys.readouterr().out
 
 

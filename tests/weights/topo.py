@@ -189,6 +189,4 @@ class Topo:
             return json.loads(r.read())
 
     def fetch_cmd(self, *args: str) -> list[str]:
-        return self.in_ns(
-            self.cli, sys.executable, str(ROOT / "files" / "sparkrig_fetch.py"), *args
-        )
+        return self.in_ns(self.cli, sys.executable, str(ROOT / "files" / "sparkhost"), *args)

@@ -1,21 +1,21 @@
-"""Serving gates and boot-stage reader, run on the head (stdlib only; installed in install_dir).
+"""``sparkhost gate``: serving gates and boot-stage reader, run on the head.
 
-    sparkrig_gate.py gates [--url URL] [--model NAME] [--only health,models,math,tool]
+    sparkhost gate gates [--url URL] [--model NAME] [--only health,models,math,tool]
                            [--api-key-file FILE]
         One JSON line per gate: {"gate": "math", "ok": true, "detail": "...", "ms": 123}.
         Exit 0 when every gate passed, 1 otherwise. Gates (REFERENCE §8.2): /health 200;
         /v1/models lists NAME; "17*23" answers 391; a tool call with tool_choice=required whose
         tool_calls[0].function.arguments is a JSON object.
-    sparkrig_gate.py wait [--url URL] [--container NAME] [--timeout S] [--interval S]
+    sparkhost gate wait [--url URL] [--container NAME] [--timeout S] [--interval S]
         Poll /health until 200, printing a JSON progress line whenever the boot stage read from
         `docker logs --tail` of the container changes. Exit 0 ready, 1 container gone or an
         engine-fatal line seen (ERROR_RE; a traceback alone is not fatal), 2 timeout.
-    sparkrig_gate.py probe [--url URL] [--model NAME] [--api-key-file FILE]
+    sparkhost gate probe [--url URL] [--model NAME] [--api-key-file FILE]
         The watchdog probe: the math gate alone (a real completion; /health lies, §8.2).
 
 --api-key-file: the API key (the file holds the key alone, 0600 root), sent as
 `Authorization: Bearer <key>` on every request; read from the file, never from argv.
-    sparkrig_gate.py stage < LOG
+    sparkhost gate stage < LOG
         Print the latest recognised boot stage of a log read from stdin.
 
 The same parsers back sparkrig/gates.py on the control side.
@@ -34,6 +34,8 @@ import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from sparkhost import tokenfile
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_MODEL = "glm-5.3-flash"
@@ -235,11 +237,7 @@ Fetch = Callable[[str, "dict[str, Any] | None", float], "tuple[int, str]"]
 def read_api_key(path: str) -> str:
     """The key from its file (the key alone, surrounding whitespace ignored); an empty file is
     an error, not an unauthenticated request."""
-    with open(path, encoding="utf-8") as f:
-        key = f.read().strip()
-    if not key:
-        raise ValueError(f"{path} is empty")
-    return key
+    return tokenfile.read_secret(path, required=True) or ""
 
 
 def authed_http(api_key: str) -> Fetch:
@@ -349,7 +347,7 @@ def wait_ready(
 
 # --- CLI ------------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="sparkrig_gate.py", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="sparkhost gate", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name in ("gates", "wait", "probe"):
         p = sub.add_parser(name)

@@ -1,279 +1,60 @@
-#!/usr/bin/env python3
-"""sparkrig weights fetcher (host side; Python 3 standard library only).
+"""``sparkhost fetch``: download every file of a lockfile not yet verified, one lane per uplink.
 
-Driven by a sparkrig lockfile (repo, 40-hex commit, files with size + sha256 or git blob sha1).
+From a Hub endpoint (``{endpoint}/{repo}/resolve/{commit}/{path}``, following the redirect to the
+CDN) or from a plain file server (``--base-url``, the fabric copy from the head). Files land as
+``<dest>/<path>.part``, are hashed while streaming, resumed with Range after a restart, and renamed
+into place only when size and hash match. Exit 0 when every file is verified, 1 otherwise.
 
-Modes:
-  fetch   download every file not yet verified, one lane per uplink, from a Hub endpoint
-          ({endpoint}/{repo}/resolve/{commit}/{path}, following the redirect to the CDN) or from
-          a plain file server (--base-url, the fabric copy). Files land as <dest>/<path>.part,
-          are hashed while streaming, resumed with Range after a restart, and renamed into place
-          only when size and hash match. Exit 0 when every file is verified, 1 otherwise.
-  verify  --mode quick (stat against the stamp DB; unstamped files are hashed) or full (re-hash
-          everything in parallel). Exit 0 when everything matches.
-  state   one JSON object for a pyinfra fact; read-only, never hashes, always exit 0.
-  serve   serve a directory read-only over HTTP (GET/HEAD, Range) on ADDR:PORT.
-  routes  per-uplink policy routing (table 10N default via the uplink's gateway, rule from its
-          address), idempotent; --check only reports.
-  follow  print the progress a running fetch writes to its status file, until it ends.
-
-The HF token is read from a file (--token-file, should be 0600); it is sent only to the hub
-origin, never to a redirect target or a --base-url server, and never printed.
-"""
+The HF token is read from a file (``--token-file``, should be 0600); it is sent only to the hub
+origin, never to a redirect target or a --base-url server, and never printed."""
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import fcntl
-import hashlib
 import http.client
-import json
 import os
 import queue
 import socket
 import ssl
-import stat as statmod
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import quote, unquote, urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
-VERSION = "1"
-SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
+from sparkhost import tokenfile
+from sparkhost.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    SO_BINDTODEVICE,
+    VERSION,
+    gib,
+    log,
+    progress_line,
+    write_json_atomic,
+)
+from sparkhost.lockfile import Entry, load_lock
+from sparkhost.routes import iface_ipv4, plan_routes
+from sparkhost.stamps import (
+    Stamps,
+    add_lock_args,
+    classify,
+    default_stamps,
+    default_status,
+    hash_into,
+    new_hasher,
+    parallel_hash,
+)
+
 CHUNK = 1 << 20  # read/write/hash unit; at most this much is re-fetched after a kill -9
-HASH_BUF = 8 << 20
 USER_AGENT = "sparkrig-fetch/" + VERSION
-
-# exit codes
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-
-
-def log(msg: str) -> None:
-    print(time.strftime("%H:%M:%S ") + msg, flush=True)
-
-
-def gib(n: float) -> str:
-    return f"{n / (1 << 30):.2f}"
-
-
-def fmt_rate(bps: float) -> str:
-    return f"{bps / 1e6:.1f}MB/s"
-
-
-def fmt_eta(s: float | None) -> str:
-    if s is None:
-        return "?"
-    s = int(s)
-    if s >= 3600:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 60}m{s % 60:02d}s"
-
-
-# ---------------------------------------------------------------------------------------------
-# lockfile, hashing, stamps
-
-
-class Entry:
-    __slots__ = ("path", "size", "algo", "digest")
-
-    def __init__(self, path: str, size: int, algo: str, digest: str):
-        self.path = path
-        self.size = size
-        self.algo = algo  # "sha256" or "git_sha1"
-        self.digest = digest
-
-
-def load_lock(path: str) -> tuple[dict[str, Any], list[Entry]]:
-    with open(path) as fh:
-        lock = json.load(fh)
-    if lock.get("version") != 1 or len(str(lock.get("commit", ""))) != 40:
-        raise ValueError(f"{path}: not a version-1 sparkrig lockfile with a 40-hex commit")
-    entries = []
-    for f in lock["files"]:
-        p = f["path"]
-        if not p or p.startswith("/") or ".." in p.split("/") or p.endswith(".part"):
-            raise ValueError(f"{path}: unsafe path {p!r}")
-        if "sha256" in f:
-            entries.append(Entry(p, int(f["size"]), "sha256", f["sha256"]))
-        else:
-            entries.append(Entry(p, int(f["size"]), "git_sha1", f["git_sha1"]))
-    return lock, entries
-
-
-def new_hasher(e: Entry) -> Any:
-    if e.algo == "sha256":
-        return hashlib.sha256()
-    return hashlib.sha1(b"blob %d\0" % e.size)
-
-
-def hash_into(h: Any, path: str, limit: int | None = None) -> int:
-    """Feed a file (or its first `limit` bytes) into h; returns the bytes read."""
-    buf = bytearray(HASH_BUF)
-    mv = memoryview(buf)
-    total = 0
-    with open(path, "rb", buffering=0) as fh:
-        while limit is None or total < limit:
-            want = HASH_BUF if limit is None else min(HASH_BUF, limit - total)
-            n = fh.readinto(mv[:want])
-            if not n:
-                break
-            h.update(mv[:n])
-            total += n
-    return total
-
-
-def hash_file(e: Entry, path: str) -> str:
-    h = new_hasher(e)
-    hash_into(h, path)
-    return str(h.hexdigest())
-
-
-class Stamps:
-    """One JSON file: {"version":1, "files": {path: {size, mtime_ns, ino, ctime_ns, <algo>}}}.
-
-    A stamp is valid only while size, mtime, inode and ctime are unchanged and its hash equals
-    the lockfile's; ctime catches an in-place edit whose mtime was set back."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.lock = threading.Lock()
-        self.files: dict[str, dict[str, Any]] = {}
-        try:
-            with open(path) as fh:
-                data = json.load(fh)
-            if data.get("version") == 1:
-                self.files = dict(data.get("files", {}))
-        except (OSError, ValueError):
-            pass
-
-    def check(self, e: Entry, st: os.stat_result) -> bool:
-        s = self.files.get(e.path)
-        return bool(
-            s
-            and s.get("size") == st.st_size == e.size
-            and s.get("mtime_ns") == st.st_mtime_ns
-            and s.get("ino") == st.st_ino
-            and s.get("ctime_ns") == st.st_ctime_ns
-            and s.get(e.algo) == e.digest
-        )
-
-    def put(self, e: Entry, final: str) -> None:
-        st = os.stat(final)
-        with self.lock:
-            self.files[e.path] = {
-                "size": st.st_size,
-                "mtime_ns": st.st_mtime_ns,
-                "ino": st.st_ino,
-                "ctime_ns": st.st_ctime_ns,
-                e.algo: e.digest,
-                "verified_at": int(time.time()),
-            }
-
-    def drop(self, path: str) -> None:
-        with self.lock:
-            self.files.pop(path, None)
-
-    def save(self) -> None:
-        with self.lock:
-            data = json.dumps({"version": 1, "files": self.files}, sort_keys=True, indent=0)
-            tmp = f"{self.path}.tmp.{os.getpid()}"
-            with open(tmp, "w") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-
-
-def default_stamps(dest: str) -> str:
-    return os.path.abspath(dest).rstrip("/") + ".stamps.json"
-
-
-def default_status(dest: str) -> str:
-    return os.path.abspath(dest).rstrip("/") + ".fetch-status.json"
-
-
-def classify(entries: list[Entry], dest: str, stamps: Stamps) -> dict[str, list[tuple[Entry, int]]]:
-    """Stat-only classification. Kinds: verified, unverified (right size, no valid stamp),
-    mismatched (wrong size), partial (.part present; int = its length), missing."""
-    out: dict[str, list[tuple[Entry, int]]] = {
-        k: [] for k in ("verified", "unverified", "mismatched", "partial", "missing")
-    }
-    for e in entries:
-        final = os.path.join(dest, e.path)
-        try:
-            st = os.stat(final)
-        except OSError:
-            st = None
-        if st is not None and statmod.S_ISREG(st.st_mode):
-            if stamps.check(e, st):
-                out["verified"].append((e, st.st_size))
-            elif st.st_size == e.size:
-                out["unverified"].append((e, st.st_size))
-            else:
-                out["mismatched"].append((e, st.st_size))
-            continue
-        try:
-            have = os.stat(final + ".part").st_size
-            out["partial"].append((e, min(have, e.size) if have <= e.size else 0))
-        except OSError:
-            out["missing"].append((e, 0))
-    return out
-
-
-def parallel_hash(items: list[Entry], dest: str, jobs: int) -> list[tuple[Entry, bool, str | None]]:
-    """Hash files across threads (hashlib releases the GIL). [(entry, ok, error)]."""
-
-    def one(e: Entry) -> tuple[Entry, bool, str | None]:
-        try:
-            return e, hash_file(e, os.path.join(dest, e.path)) == e.digest, None
-        except OSError as ex:
-            return e, False, str(ex)
-
-    # largest first so the tail is short
-    items = sorted(items, key=lambda e: -e.size)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        return list(ex.map(one, items))
 
 
 # ---------------------------------------------------------------------------------------------
 # network: bound connections
-
-
-_addr_cache: dict[str, tuple[float, str | None]] = {}
-
-
-def iface_ipv4(iface: str) -> str | None:
-    """First IPv4 address of iface, from `ip -j addr show dev X` (cached 30 s)."""
-    now = time.monotonic()
-    hit = _addr_cache.get(iface)
-    if hit and now - hit[0] < 30:
-        return hit[1]
-    addr = None
-    try:
-        out = subprocess.run(
-            ["ip", "-j", "addr", "show", "dev", iface],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout
-        for link in json.loads(out or "[]"):
-            for a in link.get("addr_info", []):
-                if a.get("family") == "inet" and a.get("local"):
-                    addr = a["local"]
-                    break
-            if addr:
-                break
-    except (OSError, ValueError, subprocess.SubprocessError):
-        addr = None
-    _addr_cache[iface] = (now, addr)
-    return addr
 
 
 class NetError(Exception):
@@ -457,10 +238,6 @@ def request(
     raise NetError("too many redirects")
 
 
-# ---------------------------------------------------------------------------------------------
-# the fetch run
-
-
 class Job:
     def __init__(self, e: Entry):
         self.e = e
@@ -480,7 +257,9 @@ class Run:
         self.args = args
         self.lock = lock
         self.dest = args.dest
-        self.token = read_token(args.token_file) if args.token_file else None
+        self.token = (
+            tokenfile.read_secret(args.token_file, warn_shared=True) if args.token_file else None
+        )
         if args.base_url:
             self.base = args.base_url.rstrip("/") + "/"
             self.auth_origin = None
@@ -794,36 +573,6 @@ class Run:
             print(progress_line(self.write_status("running")), flush=True)
 
 
-def progress_line(s: dict[str, Any]) -> str:
-    lanes = " ".join(
-        f"{n}={fmt_rate(v['rate'])}" + ("" if v["state"] not in ("retired",) else "(retired)")
-        for n, v in s.get("lanes", {}).items()
-    )
-    return (
-        f"progress {s['state']} {gib(s['bytes_done'])}/{gib(s['bytes_total'])} GiB "
-        f"files {s['files_done']}/{s['files_total']} rate {fmt_rate(s['rate'])} "
-        f"[{lanes}] eta {fmt_eta(s.get('eta_s'))}"
-    )
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, sort_keys=True)
-    os.replace(tmp, path)
-
-
-def read_token(path: str) -> str | None:
-    st = os.stat(path)
-    if st.st_mode & 0o077:
-        print(f"warning: token file {path} is readable by group/others", file=sys.stderr)
-    with open(path) as fh:
-        tok = fh.read().strip()
-    return tok or None
-
-
 def parse_lanes(specs: list[str], bind_src: bool, streams: int = 1) -> list[Lane]:
     """--uplink IF | IF=SRCIP | 'default' (unbound); `streams` lanes per uplink (name IF#k)."""
     lanes = []
@@ -975,379 +724,9 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_FAILED
 
 
-# ---------------------------------------------------------------------------------------------
-# verify / state
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    lock, entries = load_lock(args.lock)
-    stamps = Stamps(args.stamps or default_stamps(args.dest))
-    t0 = time.monotonic()
-    c = classify(entries, args.dest, stamps)
-    to_hash = [e for e, _ in c["unverified"]]
-    ok = [e for e, _ in c["verified"]]
-    if args.mode == "full":
-        to_hash += ok
-        ok = []
-    bad: list[str] = [e.path for e, _ in c["mismatched"]]
-    hashed = 0
-    for e, good, _err in parallel_hash(to_hash, args.dest, args.jobs):
-        hashed += e.size
-        if good:
-            stamps.put(e, os.path.join(args.dest, e.path))
-            ok.append(e)
-        else:
-            stamps.drop(e.path)
-            bad.append(e.path)
-    if to_hash and os.access(os.path.dirname(stamps.path) or ".", os.W_OK):
-        stamps.save()
-    el = time.monotonic() - t0
-    missing = [e.path for e, _ in c["missing"]] + [e.path for e, _ in c["partial"]]
-    res = {
-        "mode": args.mode,
-        "repo": lock["repo"],
-        "commit": lock["commit"],
-        "total_files": len(entries),
-        "verified": len(ok),
-        "mismatched": sorted(bad),
-        "missing": sorted(missing),
-        "hashed_bytes": hashed,
-        "seconds": round(el, 3),
-        "hash_rate": round(hashed / el) if el > 0 and hashed else None,
-    }
-    print(json.dumps(res, sort_keys=True))
-    return EXIT_OK if len(ok) == len(entries) else EXIT_FAILED
-
-
-def state_of(lock_path: str, dest: str, stamps_path: str | None) -> dict[str, Any]:
-    lock, entries = load_lock(lock_path)
-    stamps = Stamps(stamps_path or default_stamps(dest))
-    c = classify(entries, dest, stamps)
-    fetch_bytes = sum(e.size for e, _ in c["missing"] + c["mismatched"])
-    fetch_bytes += sum(e.size - have for e, have in c["partial"])
-    # unverified files (right size, no stamp) get hashed first; count them as to fetch (worst case)
-    fetch_bytes += sum(e.size for e, _ in c["unverified"])
-    return {
-        "repo": lock["repo"],
-        "commit": lock["commit"],
-        "total_files": len(entries),
-        "total_bytes": sum(e.size for e in entries),
-        "verified": len(c["verified"]),
-        "unverified": len(c["unverified"]),
-        "missing": len(c["missing"]),
-        "partial": len(c["partial"]),
-        "mismatched": len(c["mismatched"]),
-        "files_to_fetch": len(entries) - len(c["verified"]),
-        "bytes_to_fetch": fetch_bytes,
-    }
-
-
-def cmd_state(args: argparse.Namespace) -> int:
-    try:
-        res: dict[str, Any] = state_of(args.lock, args.dest, args.stamps)
-        res["ok"] = True
-    except Exception as e:  # a fact must never fail the host
-        res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-    try:
-        with open(args.status or default_status(args.dest)) as fh:
-            st = json.load(fh)
-        res["fetch"] = {k: st.get(k) for k in ("state", "pid", "bytes_done", "files_done")}
-    except (OSError, ValueError):
-        res["fetch"] = None
-    print(json.dumps(res, sort_keys=True))
-    return EXIT_OK
-
-
-# ---------------------------------------------------------------------------------------------
-# serve
-
-
-class ServeHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "sparkrig-serve/" + VERSION
-    root = "/"
-    allowed: set[str] | None = None
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        sys.stderr.write(f"{self.client_address[0]} {format % args}\n")
-
-    def do_HEAD(self) -> None:
-        self._serve(head=True)
-
-    def do_GET(self) -> None:
-        self._serve(head=False)
-
-    def _fail(self, code: int) -> None:
-        self.send_response(code)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def _serve(self, head: bool) -> None:
-        rel = unquote(urlsplit(self.path).path).lstrip("/")
-        parts = rel.split("/")
-        if (
-            not rel
-            or ".." in parts
-            or any(p.startswith(".") for p in parts)
-            or rel.endswith((".part", ".stamps.json", ".fetch-status.json"))
-            or ".tmp." in parts[-1]
-            or (self.allowed is not None and rel not in self.allowed)
-        ):
-            return self._fail(404)
-        full = os.path.join(self.root, rel)
-        try:
-            fh = open(full, "rb")
-        except OSError:
-            return self._fail(404)
-        with fh:
-            size = os.fstat(fh.fileno()).st_size
-            start, end = 0, size - 1
-            rng = self.headers.get("Range")
-            status = 200
-            if rng and rng.startswith("bytes=") and "," not in rng:
-                a, _, b = rng[6:].partition("-")
-                try:
-                    if a:
-                        start, end = int(a), (int(b) if b else size - 1)
-                    else:
-                        start, end = max(0, size - int(b)), size - 1
-                except ValueError:
-                    return self._fail(400)
-                if start >= size:
-                    self.send_response(416)
-                    self.send_header("Content-Range", f"bytes */{size}")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                end = min(end, size - 1)
-                status = 206
-            length = max(0, end - start + 1)
-            self.send_response(status)
-            self.send_header("Content-Length", str(length))
-            self.send_header("Accept-Ranges", "bytes")
-            self.send_header("Content-Type", "application/octet-stream")
-            if status == 206:
-                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-            self.end_headers()
-            if head or not length:
-                return
-            self.wfile.flush()
-            try:
-                self.connection.sendfile(fh, start, length)
-            except OSError:
-                self.close_connection = True
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    host, _, port = args.listen.rpartition(":")
-    allowed = None
-    if args.lock:
-        _, entries = load_lock(args.lock)
-        allowed = {e.path for e in entries}
-    handler = type("H", (ServeHandler,), {"root": os.path.abspath(args.dir), "allowed": allowed})
-
-    class Srv(ThreadingHTTPServer):
-        daemon_threads = True
-        allow_reuse_address = True
-
-        def server_bind(self) -> None:
-            if args.bind_device:
-                self.socket.setsockopt(
-                    socket.SOL_SOCKET, SO_BINDTODEVICE, args.bind_device.encode() + b"\0"
-                )
-            super().server_bind()
-
-    srv = Srv((host.strip("[]"), int(port)), handler)
-    log(f"serving {args.dir} read-only on http://{args.listen}/ for at most {args.max_seconds}s")
-    if args.max_seconds:
-        threading.Timer(args.max_seconds, srv.shutdown).start()
-    try:
-        srv.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    srv.server_close()
-    return EXIT_OK
-
-
-# ---------------------------------------------------------------------------------------------
-# routes
-
-
-def ip_json(*argv: str, missing_ok: bool = False) -> Any:
-    r = subprocess.run(["ip", "-j", *argv], capture_output=True, text=True, check=False)
-    if r.returncode:
-        if missing_ok:  # e.g. "FIB table does not exist" before the first route goes in
-            return []
-        raise RuntimeError(f"ip -j {' '.join(argv)}: {r.stderr.strip()}")
-    out = r.stdout.strip()
-    return json.loads(out) if out.startswith("[") else []
-
-
-def plan_routes(
-    uplinks: list[str], table_base: int, pref_base: int, gateways: dict[str, str]
-) -> tuple[list[list[str]], list[dict[str, Any]]]:
-    """Commands to make `from <ip> lookup 10N` + `default via gw dev if table 10N` hold."""
-    cmds: list[list[str]] = []
-    info = []
-    rules = ip_json("rule", "show")
-    for n, iface in enumerate(uplinks, 1):
-        table, pref = table_base + n, pref_base + n
-        src = None
-        for link in ip_json("addr", "show", "dev", iface):
-            for a in link.get("addr_info", []):
-                if a.get("family") == "inet":
-                    src = src or a.get("local")
-        gw = gateways.get(iface)
-        if gw is None:
-            for r in ip_json("route", "show", "default", "dev", iface):
-                if r.get("gateway"):
-                    gw = r["gateway"]
-                    break
-        info.append({"iface": iface, "src": src, "gateway": gw, "table": table, "pref": pref})
-        if src is None:
-            raise RuntimeError(f"{iface}: no IPv4 address")
-        want_route = ["default"] + (["via", gw] if gw else []) + ["dev", iface]
-        have = ip_json("route", "show", "table", str(table), missing_ok=True)
-        if (
-            not any(
-                r.get("dst") == "default" and r.get("dev") == iface and r.get("gateway") == gw
-                for r in have
-            )
-            or len([r for r in have if r.get("dst") == "default"]) != 1
-        ):
-            cmds.append(["ip", "route", "replace", *want_route, "table", str(table)])
-        mine = [r for r in rules if r.get("priority") == pref]
-        good = [
-            r
-            for r in mine
-            if r.get("src") == src
-            and r.get("srclen", 32) == 32
-            and str(r.get("table")) == str(table)
-        ]
-        if not good or len(mine) != 1:
-            for _ in mine:
-                cmds.append(["ip", "rule", "del", "pref", str(pref)])
-            cmds.append(["ip", "rule", "add", "from", src, "lookup", str(table), "pref", str(pref)])
-    return cmds, info
-
-
-def cmd_routes(args: argparse.Namespace) -> int:
-    gws = dict(g.split("=", 1) for g in args.gateway or [])
-    try:
-        cmds, info = plan_routes(args.uplink, args.table_base, args.pref_base, gws)
-    except (RuntimeError, subprocess.CalledProcessError, ValueError) as e:
-        print(json.dumps({"ok": False, "error": str(e)}))
-        return EXIT_FAILED
-    if not args.check:
-        for c in cmds:
-            subprocess.run(c, check=True)
-    print(
-        json.dumps(
-            {
-                "ok": True,
-                "changed": bool(cmds),
-                "applied": not args.check,
-                "commands": [" ".join(c) for c in cmds],
-                "uplinks": info,
-            },
-            sort_keys=True,
-        )
-    )
-    return EXIT_OK
-
-
-# ---------------------------------------------------------------------------------------------
-# follow
-
-
-def unit_active(unit: str) -> bool:
-    r = subprocess.run(["systemctl", "is-active", "--quiet", unit], check=False)
-    return r.returncode == 0
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def unit_main_pid(unit: str) -> int:
-    r = subprocess.run(
-        ["systemctl", "show", "-p", "MainPID", "--value", unit],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    try:
-        return int(r.stdout.strip() or 0)
-    except ValueError:
-        return 0
-
-
-def cmd_follow(args: argparse.Namespace) -> int:
-    deadline = time.monotonic() + args.timeout if args.timeout else None
-    last = None
-    alive: Callable[[dict[str, Any] | None], bool]
-    if args.unit:
-        alive = lambda s: unit_active(args.unit)  # noqa: E731
-    else:
-        alive = lambda s: bool(s and pid_alive(int(s.get("pid", 0))))  # noqa: E731
-    while True:
-        try:
-            with open(args.status) as fh:
-                s: dict[str, Any] | None = json.load(fh)
-        except (OSError, ValueError):
-            s = None
-        if s is not None and args.unit:
-            main_pid = unit_main_pid(args.unit)
-            if main_pid and int(s.get("pid", 0)) != main_pid:
-                s = None  # a previous run's status: the running fetch has not written yet
-        if s is not None:
-            line = progress_line(s)
-            if line != last:
-                print(line, flush=True)
-                last = line
-            if s.get("state") == "done":
-                return EXIT_OK
-            if s.get("state") == "failed":
-                for f in s.get("failed", []):
-                    print(f"FAILED {f['path']}: {f['error']}", flush=True)
-                return EXIT_FAILED
-        if not alive(s):
-            time.sleep(1)  # the final status write may race the exit
-            try:
-                with open(args.status) as fh:
-                    s = json.load(fh)
-                if s and s.get("state") == "done":
-                    print(progress_line(s), flush=True)
-                    return EXIT_OK
-            except (OSError, ValueError):
-                pass
-            print("fetch is not running and did not finish", flush=True)
-            return EXIT_FAILED
-        if deadline is not None and time.monotonic() > deadline:
-            print("follow: timeout (the fetch keeps running)", flush=True)
-            return 3
-        time.sleep(args.interval)
-
-
-# ---------------------------------------------------------------------------------------------
-
-
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="sparkrig_fetch.py", description=__doc__.split("\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--lock", required=True, help="lockfile (JSON)")
-        p.add_argument("--dest", required=True, help="directory the files land in")
-        p.add_argument("--stamps", help="stamp DB (default <dest>.stamps.json)")
-        p.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="hash threads")
-
-    f = sub.add_parser("fetch", help="download and verify")
-    common(f)
+    f = argparse.ArgumentParser(prog="sparkhost fetch", description=__doc__.split("\n")[0])
+    add_lock_args(f)
     f.add_argument("--endpoint", help="Hub base URL, e.g. https://huggingface.co")
     f.add_argument("--base-url", help="plain file server holding <path> (fabric copy)")
     f.add_argument(
@@ -1368,7 +747,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument(
         "--install-routes",
         action="store_true",
-        help="first make the per-uplink policy routes hold (as the routes mode; needs root)",
+        help="first make the per-uplink policy routes hold (as the routes job; needs root)",
     )
     f.add_argument("--table-base", type=int, default=100)
     f.add_argument("--pref-base", type=int, default=1000)
@@ -1381,49 +760,13 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-verify-failures", type=int, default=3)
     f.add_argument("--max-file-attempts", type=int, default=8, help="attempts without progress")
     f.add_argument("--progress-interval", type=float, default=10.0)
-    f.set_defaults(func=cmd_fetch)
-
-    v = sub.add_parser("verify", help="check files against the lockfile")
-    common(v)
-    v.add_argument("--mode", choices=["quick", "full"], default="quick")
-    v.set_defaults(func=cmd_verify)
-
-    s = sub.add_parser("state", help="JSON state for a fact (read-only, exit 0)")
-    common(s)
-    s.add_argument("--status")
-    s.set_defaults(func=cmd_state)
-
-    sv = sub.add_parser("serve", help="serve a directory read-only (GET/HEAD, Range)")
-    sv.add_argument("--dir", required=True)
-    sv.add_argument("--listen", required=True, help="ADDR:PORT (the fabric address)")
-    sv.add_argument("--lock", help="serve only the lockfile's paths")
-    sv.add_argument("--bind-device", help="also SO_BINDTODEVICE the listening socket")
-    sv.add_argument("--max-seconds", type=float, default=4 * 3600, help="exit after this long")
-    sv.set_defaults(func=cmd_serve)
-
-    r = sub.add_parser("routes", help="per-uplink policy routing (idempotent)")
-    r.add_argument("--uplink", action="append", required=True)
-    r.add_argument("--gateway", action="append", help="IF=GW when the main table has none")
-    r.add_argument("--table-base", type=int, default=100)
-    r.add_argument("--pref-base", type=int, default=1000)
-    r.add_argument("--check", action="store_true", help="report only")
-    r.set_defaults(func=cmd_routes)
-
-    fo = sub.add_parser("follow", help="print a running fetch's progress until it ends")
-    fo.add_argument("--status", required=True)
-    fo.add_argument("--unit", help="systemd unit to watch (else the pid in the status)")
-    fo.add_argument("--interval", type=float, default=10.0)
-    fo.add_argument("--timeout", type=float, default=0.0)
-    fo.set_defaults(func=cmd_follow)
-    return ap
+    return f
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if "dest" in args and args.cmd in ("fetch", "verify", "state"):
-        args.dest = os.path.abspath(args.dest)
-    rc: int = args.func(args)
-    return rc
+    args.dest = os.path.abspath(args.dest)
+    return cmd_fetch(args)
 
 
 if __name__ == "__main__":

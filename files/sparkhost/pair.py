@@ -1,5 +1,4 @@
-#!/usr/bin/python3
-"""Stop-together for sparkrig ranks: no half-alive pair.
+"""``sparkhost pair``: stop-together for sparkrig ranks, no half-alive pair.
 
 `watch` runs beside a rank (sparkrig-pair.service, BindsTo the rank unit). It answers HTTP on the
 rank's fabric address: 200 while the rank's container runs, 503 otherwise. It polls the peers'
@@ -48,6 +47,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+
+from sparkhost import tokenfile
+from sparkhost.units import unit_state
 
 
 def log(msg: str) -> None:
@@ -244,8 +246,7 @@ def wait(args: argparse.Namespace) -> int:
 
 
 def read_token(path: str) -> str:
-    with open(path, encoding="utf-8") as f:
-        return f.read().strip()
+    return tokenfile.read_secret(path) or ""
 
 
 class Agent(http.server.BaseHTTPRequestHandler):
@@ -373,24 +374,6 @@ def _restart_pair(args: argparse.Namespace) -> int:
     subprocess.run(["systemctl", "--no-block", "start", args.head_unit], check=False)
     log("workers up; head starting")
     return 0
-
-
-def unit_state(unit: str) -> tuple[bool, bool]:
-    out = subprocess.run(
-        ["systemctl", "show", "--property=ActiveState", "--property=Result", unit],
-        capture_output=True,
-        text=True,
-    ).stdout
-    return parse_unit_state(out)
-
-
-def parse_unit_state(show: str) -> tuple[bool, bool]:
-    """(active or starting, went down on its own: a non-success result such as a dead container)
-    from ``systemctl show`` KEY=VALUE lines (systemd prints them in its own order)."""
-    props = dict(line.partition("=")[::2] for line in show.splitlines() if "=" in line)
-    active = props.get("ActiveState") in ("active", "activating", "reloading")
-    crashed = props.get("Result", "success") not in ("success", "")
-    return active, crashed
 
 
 class WatchdogPolicy:

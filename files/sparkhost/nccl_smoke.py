@@ -1,11 +1,16 @@
-"""NCCL all-reduce smoke test, run in the serving image on every rank (worker first) before the
-first start and after a fabric change (REFERENCE §3.4), with the rank's env file.
+"""``sparkhost nccl-smoke``: NCCL all-reduce smoke test, run in the serving image on every rank
+(worker first) before the first start and after a fabric change (REFERENCE §3.4), with the
+rank's env file.
 
     docker run --rm --entrypoint python3 --env-file /etc/sparkrig/rank.env -e RANK=<r> \\
         -e WORLD_SIZE=<n> -e MASTER_ADDR=<head fabric ip> -e MASTER_PORT=<port> \\
         --gpus all --network host --ipc host --device /dev/infiniband:/dev/infiniband \\
-        --ulimit memlock=-1:-1 --cap-add IPC_LOCK -v /opt/sparkrig:/opt/sparkrig:ro \\
-        IMAGE /opt/sparkrig/nccl_smoke.py [--backend nccl] [--timeout 300]
+        --ulimit memlock=-1:-1 --cap-add IPC_LOCK \\
+        -v /opt/sparkrig/lib/sparkhost:/opt/sparkrig/lib/sparkhost:ro \\
+        IMAGE /opt/sparkrig/lib/sparkhost nccl-smoke [--backend nccl] [--timeout 300]
+
+(the host package mounted read-only: the image does not carry it, so a change here rebuilds
+no image and restarts no pair)
 
 It initialises torch.distributed from the environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE;
 WORLD is accepted for WORLD_SIZE), runs one all_reduce and checks the sum. With NCCL it turns on
@@ -18,7 +23,7 @@ Exit: 0 ok; 1 all-reduce failed or wrong sum; 2 bad environment/usage; 3 transpo
 (or unknown), including NCCL_NET=IB with no usable IB/RoCE device ("Failed to initialize any NET
 plugin": NCCL fails init instead of falling back to sockets; the message names the HCA and what to
 check); 4 torch not importable.
-    nccl_smoke.py parse LOGFILE   judge an existing NCCL_DEBUG=INFO log (exit 0 or 3).
+    sparkhost nccl-smoke parse LOGFILE   judge an existing NCCL_DEBUG=INFO log (exit 0 or 3).
 Stdlib only at import time; torch is imported when the test runs.
 """
 
@@ -282,14 +287,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["parse"]:
         if len(argv) != 2:
-            print("usage: nccl_smoke.py parse LOGFILE", file=sys.stderr)
+            print("usage: sparkhost nccl-smoke parse LOGFILE", file=sys.stderr)
             return EXIT_ENV
         with open(argv[1], errors="replace") as fh:
             info = parse_nccl_log(fh)
         ok, msg = verdict(info)
         print(json.dumps({"ok": ok, "transport": info.transport, "detail": msg, **asdict(info)}))
         return EXIT_OK if ok else EXIT_TRANSPORT
-    ap = argparse.ArgumentParser(prog="nccl_smoke.py", description="one all_reduce across ranks")
+    ap = argparse.ArgumentParser(
+        prog="sparkhost nccl-smoke", description="one all_reduce across ranks"
+    )
     ap.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
     ap.add_argument("--timeout", type=float, default=300.0, help="rendezvous/collective seconds")
     ap.add_argument("--allow-socket", action="store_true", help="report, but pass, a socket run")

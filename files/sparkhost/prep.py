@@ -1,5 +1,4 @@
-#!/usr/bin/python3
-"""Start gate of a sparkrig rank (runs as root in the unit's ExecStartPre).
+"""``sparkhost prep``: the start gate of a sparkrig rank (root, the unit's ExecStartPre).
 
 1. Wait (bounded by --fabric-wait, polling) until the fabric NIC has carrier, the RDMA device
    exists and its GID table holds the RoCE v2 entry ::ffff:<fabric IP> on the fabric netdev
@@ -23,7 +22,6 @@ by another container or GPU process.
 from __future__ import annotations
 
 import argparse
-import glob
 import math
 import os
 import shutil
@@ -31,6 +29,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+
+from sparkhost import gid
 
 GIB = 1024**3
 
@@ -66,11 +66,6 @@ def read(path: str) -> str:
         return ""
 
 
-def mapped_gid(ip: str) -> str:
-    a, b, c, d = (int(x) for x in ip.split("."))
-    return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
-
-
 # --- the fabric: carrier, RDMA device, the RoCE v2 GID of the address -------------------------
 
 
@@ -79,31 +74,15 @@ def port_dir(hca: str, port: str) -> str:
 
 
 def gid_table(hca: str, port: str) -> str:
-    rows = []
-    base = port_dir(hca, port)
-    for path in sorted(glob.glob(f"{base}/gids/*"), key=lambda p: int(p.rsplit("/", 1)[1])):
-        idx = path.rsplit("/", 1)[1]
-        gid = read(path)
-        if gid and set(gid) - set("0:"):
-            kind = read(f"{base}/gid_attrs/types/{idx}")
-            ndev = read(f"{base}/gid_attrs/ndevs/{idx}")
-            rows.append(f"  {idx:>4}  {gid}  {kind:<11} {ndev}")
-    return "\n".join(rows) or "  (empty)"
+    return gid.format_table(gid.read_table(SYS, hca, int(port)))
 
 
 def find_gid(hca: str, port: str, ip: str, iface: str) -> int | None:
     """Index of the RoCE v2 entry ::ffff:<ip> on ``iface`` (REFERENCE §4.4), or None."""
-    base, want = port_dir(hca, port), mapped_gid(ip)
-    for path in glob.glob(f"{base}/gids/*"):
-        idx = path.rsplit("/", 1)[1]
-        if not idx.isdigit() or read(path) != want:
-            continue
-        if read(f"{base}/gid_attrs/types/{idx}").lower() != "roce v2":
-            continue
-        if read(f"{base}/gid_attrs/ndevs/{idx}") not in ("", iface):  # no ndevs: old kernel
-            continue
-        return int(idx)
-    return None
+    try:
+        return gid.select_gid(gid.read_table(SYS, hca, int(port)), ip, iface, hca, int(port)).index
+    except gid.GidNotFound:
+        return None
 
 
 def fabric_missing(env: dict[str, str]) -> tuple[list[str], int | None]:
@@ -277,7 +256,7 @@ def gate_memory(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="sparkhost prep", description=__doc__.splitlines()[0])
     p.add_argument("--env", required=True, help="the rank's env file")
     p.add_argument("--memfree-min-gib", type=float, default=None, help="pin the floor (GiB)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="the profile's")

@@ -1,0 +1,60 @@
+"""What several jobs share: logging, exit codes, number formats, atomic JSON, the progress line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+VERSION = "1"
+SO_BINDTODEVICE = getattr(socket, "SO_BINDTODEVICE", 25)
+
+# exit codes of the weights jobs (fetch, verify, state, serve, routes, follow)
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def log(msg: str) -> None:
+    print(time.strftime("%H:%M:%S ") + msg, flush=True)
+
+
+def gib(n: float) -> str:
+    return f"{n / (1 << 30):.2f}"
+
+
+def fmt_rate(bps: float) -> str:
+    return f"{bps / 1e6:.1f}MB/s"
+
+
+def fmt_eta(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(s)
+    if s >= 3600:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s"
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def progress_line(s: dict[str, Any]) -> str:
+    """One line of a fetch's status file (the fetch prints it, ``follow`` prints it again)."""
+    lanes = " ".join(
+        f"{n}={fmt_rate(v['rate'])}" + ("" if v["state"] not in ("retired",) else "(retired)")
+        for n, v in s.get("lanes", {}).items()
+    )
+    return (
+        f"progress {s['state']} {gib(s['bytes_done'])}/{gib(s['bytes_total'])} GiB "
+        f"files {s['files_done']}/{s['files_total']} rate {fmt_rate(s['rate'])} "
+        f"[{lanes}] eta {fmt_eta(s.get('eta_s'))}"
+    )

@@ -1,0 +1,144 @@
+"""``sparkhost serve``: serve a directory read-only over HTTP (GET/HEAD, Range) on ADDR:PORT.
+
+The head serves its verified weights to the workers over the fabric, and its saved base image;
+the fetcher's working files (``.part``, stamps, status, dot files) are never served, and with
+``--lock`` only the lockfile's paths are. It exits after ``--max-seconds``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from sparkhost.common import EXIT_OK, SO_BINDTODEVICE, VERSION, log
+from sparkhost.lockfile import load_lock
+
+
+class ServeHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "sparkrig-serve/" + VERSION
+    root = "/"
+    allowed: set[str] | None = None
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        sys.stderr.write(f"{self.client_address[0]} {format % args}\n")
+
+    def do_HEAD(self) -> None:
+        self._serve(head=True)
+
+    def do_GET(self) -> None:
+        self._serve(head=False)
+
+    def _fail(self, code: int) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _serve(self, head: bool) -> None:
+        rel = unquote(urlsplit(self.path).path).lstrip("/")
+        parts = rel.split("/")
+        if (
+            not rel
+            or ".." in parts
+            or any(p.startswith(".") for p in parts)
+            or rel.endswith((".part", ".stamps.json", ".fetch-status.json"))
+            or ".tmp." in parts[-1]
+            or (self.allowed is not None and rel not in self.allowed)
+        ):
+            return self._fail(404)
+        full = os.path.join(self.root, rel)
+        try:
+            fh = open(full, "rb")
+        except OSError:
+            return self._fail(404)
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            start, end = 0, size - 1
+            rng = self.headers.get("Range")
+            status = 200
+            if rng and rng.startswith("bytes=") and "," not in rng:
+                a, _, b = rng[6:].partition("-")
+                try:
+                    if a:
+                        start, end = int(a), (int(b) if b else size - 1)
+                    else:
+                        start, end = max(0, size - int(b)), size - 1
+                except ValueError:
+                    return self._fail(400)
+                if start >= size:
+                    self.send_response(416)
+                    self.send_header("Content-Range", f"bytes */{size}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                end = min(end, size - 1)
+                status = 206
+            length = max(0, end - start + 1)
+            self.send_response(status)
+            self.send_header("Content-Length", str(length))
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Type", "application/octet-stream")
+            if status == 206:
+                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.end_headers()
+            if head or not length:
+                return
+            self.wfile.flush()
+            try:
+                self.connection.sendfile(fh, start, length)
+            except OSError:
+                self.close_connection = True
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    host, _, port = args.listen.rpartition(":")
+    allowed = None
+    if args.lock:
+        _, entries = load_lock(args.lock)
+        allowed = {e.path for e in entries}
+    handler = type("H", (ServeHandler,), {"root": os.path.abspath(args.dir), "allowed": allowed})
+
+    class Srv(ThreadingHTTPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+
+        def server_bind(self) -> None:
+            if args.bind_device:
+                self.socket.setsockopt(
+                    socket.SOL_SOCKET, SO_BINDTODEVICE, args.bind_device.encode() + b"\0"
+                )
+            super().server_bind()
+
+    srv = Srv((host.strip("[]"), int(port)), handler)
+    log(f"serving {args.dir} read-only on http://{args.listen}/ for at most {args.max_seconds}s")
+    if args.max_seconds:
+        threading.Timer(args.max_seconds, srv.shutdown).start()
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    srv.server_close()
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    sv = argparse.ArgumentParser(prog="sparkhost serve", description=__doc__.split("\n")[0])
+    sv.add_argument("--dir", required=True)
+    sv.add_argument("--listen", required=True, help="ADDR:PORT (the fabric address)")
+    sv.add_argument("--lock", help="serve only the lockfile's paths")
+    sv.add_argument("--bind-device", help="also SO_BINDTODEVICE the listening socket")
+    sv.add_argument("--max-seconds", type=float, default=4 * 3600, help="exit after this long")
+    return sv
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cmd_serve(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
