@@ -8,16 +8,15 @@ owned file (sparkrig/owned.py) applied by tasks/fabric.py."""
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.facts.server import Command
+from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
 
 from sparkrig import hoststate
 from sparkrig.factlines import END
@@ -30,59 +29,8 @@ from sparkrig.settings import Settings
 DISPLACED_DIR = "/var/lib/sparkrig/displaced"
 
 # ---------------------------------------------------------------------------------------------
-# RoCE GID table
+# RoCE GID table (the reading and the rule are the host package's: files/sparkhost/gid.py)
 # ---------------------------------------------------------------------------------------------
-
-_GID_LINE = re.compile(
-    r"^/sys/class/infiniband/(?P<dev>[^/]+)/ports/(?P<port>\d+)/"
-    r"(?P<kind>gids|gid_attrs/types|gid_attrs/ndevs)/(?P<idx>\d+):(?P<value>.*)$"
-)
-ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
-
-
-@dataclass(frozen=True)
-class GidEntry:
-    device: str
-    port: int
-    index: int
-    gid: str
-    type: str
-    netdev: str
-
-    def row(self) -> str:
-        return (
-            f"{self.device:<14} {self.port:>4} {self.index:>5}  {self.gid}  "
-            f"{self.type:<11} {self.netdev}"
-        )
-
-
-def parse_gid_lines(lines: list[str]) -> list[GidEntry]:
-    """Parse ``grep -H . gids/* gid_attrs/{types,ndevs}/*`` output into populated GID entries."""
-    table: dict[tuple[str, int, int], dict[str, str]] = {}
-    for line in lines:
-        if not line or line == END:
-            continue
-        m = _GID_LINE.match(line)
-        if not m:
-            raise FactProcessError(f"unexpected line in the RoCE GID table: {line!r}")
-        key = (m["dev"], int(m["port"]), int(m["idx"]))
-        table.setdefault(key, {})[m["kind"]] = m["value"].strip()
-    entries = []
-    for (dev, port, idx), attrs in sorted(table.items()):
-        gid = attrs.get("gids", "").lower()
-        if not gid or gid == ZERO_GID:
-            continue
-        entries.append(
-            GidEntry(
-                device=dev,
-                port=port,
-                index=idx,
-                gid=gid,
-                type=attrs.get("gid_attrs/types", ""),
-                netdev=attrs.get("gid_attrs/ndevs", ""),
-            )
-        )
-    return entries
 
 
 class RoceGids(FactBase[list[GidEntry]]):
@@ -102,44 +50,10 @@ class RoceGids(FactBase[list[GidEntry]]):
         )
 
     def process(self, output: list[str]) -> list[GidEntry]:
-        return parse_gid_lines(output)
-
-
-def ipv4_mapped_gid(ip: str) -> str:
-    """``::ffff:a.b.c.d`` spelled the way sysfs prints GIDs."""
-    a, b, c, d = (int(x) for x in ip.split("."))
-    return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
-
-
-class GidNotFound(Exception):
-    pass
-
-
-def select_gid(
-    entries: list[GidEntry], ip: str, netdev: str, device: str | None = None, port: int = 1
-) -> GidEntry:
-    """The RoCE v2 entry whose GID is ::ffff:<ip> on ``netdev`` (and ``device``, when given).
-
-    Never picks by number: rxe lists IPv4 at index 1, a ConnectX-7 usually at 3, and the index
-    moves after reboots and firmware updates. Raises GidNotFound with the table when nothing fits.
-    """
-    want = ipv4_mapped_gid(ip)
-    for e in entries:
-        if (
-            e.gid == want
-            and e.port == port
-            and e.type.lower() == "roce v2"
-            and e.netdev in (netdev, "")
-            and (device is None or e.device == device)
-        ):
-            return e
-    scope = f"device {device}" if device else f"netdev {netdev}"
-    table = "\n".join(e.row() for e in entries) or "(no RDMA device or no populated GID)"
-    raise GidNotFound(
-        f"no RoCE v2 GID {want} (::ffff:{ip}) on {scope} port {port}; GID table:\n"
-        f"device         port index  gid                                      type        netdev\n"
-        f"{table}"
-    )
+        try:
+            return parse_gid_lines(output, end=END)
+        except ValueError as err:
+            raise FactProcessError(str(err)) from None
 
 
 def env_context(s: Settings) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.context import ctx_state
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+from sparkhost.gid import GidEntry
 
 from sparkrig import hostpkg
 from sparkrig.factlines import END
@@ -37,7 +38,6 @@ from sparkrig.runscope import once_per_run
 from sparkrig.settings import Settings
 
 if TYPE_CHECKING:  # the domain modules' operations read this module: imported lazily below
-    from sparkrig.fabric import GidEntry
     from sparkrig.owned import PathState
     from sparkrig.weights import WeightsReport
 

@@ -29,6 +29,7 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError, OperationValueError
+from sparkhost.units import transient_command
 
 from sparkrig import hoststate
 from sparkrig.factlines import END, parse_key_values
@@ -353,13 +354,10 @@ def serve_command(
     unit: str = SERVE_UNIT,
 ) -> str:
     """The host package's read-only server as a transient unit (replacing one of that name)."""
-    q = shlex.quote
-    bind = f" --bind-device {q(bind_device)}" if bind_device else ""
-    return (
-        f"systemctl stop {q(unit)} 2>/dev/null; systemd-run --quiet --collect --unit {q(unit)} "
-        f"{shlex.join(fetcher)} serve --dir {q(directory)} --listen {q(listen)}{bind} "
-        f"--max-seconds {SERVE_MAX_SECONDS}"
-    )
+    bind = ["--bind-device", bind_device] if bind_device else []
+    argv = [*fetcher, "serve", "--dir", directory, "--listen", listen, *bind,
+            "--max-seconds", str(SERVE_MAX_SECONDS)]  # fmt: skip
+    return transient_command(unit, argv)
 
 
 def load_command(url: str, directory: str, stem: str, transfer: str, local: str) -> str:

@@ -3,7 +3,8 @@
 A lockfile pins a repo to a resolved 40-hex commit and lists every file with its size and hash:
 ``sha256`` for LFS files, ``git_sha1`` (git blob sha1) for the small non-LFS ones. It is written
 sorted and stable, so a weights change shows up in review as a diff. The host-side fetcher
-(files/sparkrig_fetch.py) reads the same format; the deploy never needs the Hub API afterwards.
+(files/sparkhost/fetch.py) reads the same format, validated by the same code
+(files/sparkhost/lockfile.py); the deploy never needs the Hub API afterwards.
 
     python3 -m sparkrig.lockfile refresh --repo ORG/NAME --revision main \
         --endpoint https://huggingface.co --out locks/NAME.lock.json [--token-file F]
@@ -19,27 +20,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Iterable
 from typing import Any
 
-LOCK_VERSION = 1
-HEX40 = re.compile(r"^[0-9a-f]{40}$")
-HEX64 = re.compile(r"^[0-9a-f]{64}$")
-
-
-class LockfileError(ValueError):
-    pass
+from sparkhost import lockfile as host_lockfile
+from sparkhost.lockfile import HEX40, LOCK_VERSION, LockfileError, validate
+from sparkhost.tokenfile import read_secret
 
 
 def read_token(token_file: str | None) -> str | None:
-    """Token from a file (first line), else HF_TOKEN / HUGGING_FACE_HUB_TOKEN; None if neither.
+    """Token from a file, else HF_TOKEN / HUGGING_FACE_HUB_TOKEN; None if neither.
     Never printed or logged."""
     if token_file:
-        with open(os.path.expanduser(token_file)) as fh:
-            tok = fh.read().strip()
-        return tok or None
+        return read_secret(token_file)
     return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
 
 
@@ -100,33 +94,6 @@ def build_lock(
     return lock
 
 
-def validate(lock: dict[str, Any]) -> None:
-    """Raise LockfileError unless the lock is well formed (what the fetcher relies on)."""
-    if lock.get("version") != LOCK_VERSION:
-        raise LockfileError(f"unsupported lockfile version {lock.get('version')!r}")
-    if not isinstance(lock.get("repo"), str) or "/" not in lock["repo"]:
-        raise LockfileError("repo must be 'org/name'")
-    if not HEX40.match(str(lock.get("commit", ""))):
-        raise LockfileError("commit must be 40 lowercase hex digits")
-    seen = set()
-    for f in lock.get("files", []):
-        p = f.get("path", "")
-        if not p or p.startswith("/") or ".." in p.split("/") or "\0" in p:
-            raise LockfileError(f"unsafe path {p!r}")
-        if p in seen:
-            raise LockfileError(f"duplicate path {p!r}")
-        seen.add(p)
-        if not isinstance(f.get("size"), int) or f["size"] < 0:
-            raise LockfileError(f"{p}: bad size")
-        if "sha256" in f:
-            if not HEX64.match(f["sha256"]):
-                raise LockfileError(f"{p}: bad sha256")
-        elif not HEX40.match(str(f.get("git_sha1", ""))):
-            raise LockfileError(f"{p}: needs sha256 or git_sha1")
-    if not seen:
-        raise LockfileError("no files")
-
-
 def dumps(lock: dict[str, Any]) -> str:
     """Stable text: sorted keys, files sorted by path, one file per line."""
     head = {k: v for k, v in lock.items() if k != "files"}
@@ -144,10 +111,8 @@ def dumps(lock: dict[str, Any]) -> str:
 
 
 def load(path: str) -> dict[str, Any]:
-    with open(path) as fh:
-        lock = json.load(fh)
-    validate(lock)
-    return lock
+    """The lockfile at ``path``, validated as the fetcher on the host validates it."""
+    return host_lockfile.load(path)
 
 
 def write(lock: dict[str, Any], path: str) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
+from sparkhost.tokenfile import read_secret
 
 from sparkrig.factlines import END
 from sparkrig.runscope import once_per_run
@@ -89,8 +90,9 @@ API_KEY = Kind(
 
 def control_token(path: str) -> str:
     """The control side's copy of the secret (stripped), "" when the file does not exist."""
-    file = Path(path).expanduser()
-    return file.read_text().strip() if file.exists() else ""
+    if not Path(path).expanduser().exists():
+        return ""
+    return read_secret(path) or ""
 
 
 def new_token() -> str:

@@ -578,10 +578,9 @@ def rollback_operations(
     gates, the helpers resumed, and the run failed naming what failed and what serves now. The
     same worker-then-head order as the deploy's ordered pair restart (tasks/service.py)."""
     from sparkrig.owned import service
-    from sparkrig.paths import paths
     from sparkrig.serving import wait_for_ranks, wait_until_serving
 
-    k, p = s.knobs, paths(s)
+    k = s.knobs
     is_head = s.me.is_head
     back = rollback()
     serving = record.serving

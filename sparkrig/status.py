@@ -10,8 +10,8 @@ from typing import Any
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import FactProcessError
+from sparkhost.gid import ipv4_mapped_gid
 
-from sparkrig.fabric import ipv4_mapped_gid
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.release import revision_dir
 from sparkrig.settings import Settings

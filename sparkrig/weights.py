@@ -1,12 +1,13 @@
 """The weights: which artifacts a rank needs and their lockfiles (read and checked on the control
-machine), what a rank holds of them (``WeightsState``, the fetcher's ``state`` in one command), and
-the operations that fetch, copy, re-hash and serve them (files/sparkrig_fetch.py does the work on
-the host)."""
+machine), what a rank holds of them (``WeightsState``, the ``state`` job in one command), and
+the operations that fetch, copy, re-hash and serve them (the host package's jobs do the work on
+the host: files/sparkhost)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import DeployError, FactProcessError
+from sparkhost.tokenfile import read_secret
+from sparkhost.units import transient_command
 
 from sparkrig import hoststate, lockfile
 from sparkrig.failhost import fail_host
@@ -79,8 +82,10 @@ def token_text(token_file: str) -> str | None:
     env = os.environ.get("HF_TOKEN")
     if env:
         return env.strip() + "\n"
-    path = Path(os.path.expanduser(token_file))
-    return path.read_text().strip() + "\n" if path.is_file() else None
+    if not os.path.isfile(os.path.expanduser(token_file)):
+        return None
+    token = read_secret(token_file)
+    return token + "\n" if token else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,13 +209,8 @@ def weights_present(
         return
     logger.info(f"{host.print_prefix}{dest}: {summary}")
     fetch = [*fetcher, "fetch", "--lock", lock, "--dest", dest, "--verify", "quick", *source]
-    yield StringCommand(
-        "(systemctl is-active --quiet", QuoteString(unit), "||",
-        "systemd-run --quiet --collect --unit", QuoteString(unit),
-        *[QuoteString(a) for a in fetch], ") &&",
-        *[QuoteString(a) for a in fetcher], "follow --unit", QuoteString(unit),
-        "--status", QuoteString(f"{dest}.fetch-status.json"),
-    )  # fmt: skip
+    follow = [*fetcher, "follow", "--unit", unit, "--status", f"{dest}.fetch-status.json"]
+    yield StringCommand(transient_command(unit, fetch, replace=False), "&&", shlex.join(follow))
 
 
 @operation(is_idempotent=False)
@@ -240,8 +240,4 @@ def transient_service(unit: str, command: list[str]) -> Generator[Any, None, Non
     + unit: unit name
     + command: argv
     """
-    yield StringCommand(
-        "systemctl stop", QuoteString(unit), "2>/dev/null;",
-        "systemd-run --quiet --collect --unit", QuoteString(unit),
-        *[QuoteString(a) for a in command],
-    )  # fmt: skip
+    yield StringCommand(transient_command(unit, command))

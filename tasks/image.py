@@ -20,7 +20,6 @@ from sparkrig.image import (
     patched_tag,
 )
 from sparkrig.ordering import on_head, on_workers
-from sparkrig.paths import paths
 from sparkrig.settings import current, for_inventory
 
 s = current()

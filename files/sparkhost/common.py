@@ -17,6 +17,15 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
+def read_text(path: str) -> str:
+    """A small file's text (sysfs, /proc, a flag file), stripped; "" when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def log(msg: str) -> None:
     print(time.strftime("%H:%M:%S ") + msg, flush=True)
 

@@ -13,6 +13,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from sparkhost.common import read_text
+
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 KINDS = ("gids", "gid_attrs/types", "gid_attrs/ndevs")
 _GID_LINE = re.compile(
@@ -80,14 +82,6 @@ def parse_gid_lines(lines: list[str], end: str = "") -> list[GidEntry]:
     return entries_of(table)
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def read_table(sys_root: str, device: str, port: int) -> list[GidEntry]:
     """The populated entries of ``device`` port ``port`` read from sysfs under ``sys_root``."""
     base = f"{sys_root}/class/infiniband/{device}/ports/{port}"
@@ -96,7 +90,7 @@ def read_table(sys_root: str, device: str, port: int) -> list[GidEntry]:
         for path in glob.glob(f"{base}/{kind}/*"):
             idx = os.path.basename(path)
             if idx.isdigit():
-                table.setdefault((device, port, int(idx)), {})[kind] = _read(path)
+                table.setdefault((device, port, int(idx)), {})[kind] = read_text(path)
     return entries_of(table)
 
 

@@ -49,6 +49,7 @@ import urllib.error
 import urllib.request
 
 from sparkhost import tokenfile
+from sparkhost.common import read_text as read_flag
 from sparkhost.units import unit_state
 
 
@@ -144,14 +145,6 @@ def write_flag(path: str, text: str) -> None:
             f.write(text + "\n")
     except OSError:
         pass
-
-
-def read_flag(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def budget_file(helper: str) -> str:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 
 from sparkhost import gid
+from sparkhost.common import read_text as read
 
 GIB = 1024**3
 
@@ -56,14 +57,6 @@ def read_env(path: str) -> dict[str, str]:
                 key, _, value = line.partition("=")
                 env[key] = value
     return env
-
-
-def read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 # --- the fabric: carrier, RDMA device, the RoCE v2 GID of the address -------------------------

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from sparkrig.fabric import RoceGids, parse_gid_lines
+from sparkrig.fabric import RoceGids
 from tests.lab.conftest import ROOT, STATE, Lab, pyinfra
 
 pytestmark = pytest.mark.lab
@@ -65,7 +65,7 @@ def sudo_commands_since(lab: Lab, since: int) -> int:
 
 def gid_table(guest) -> list:
     """The guest's own GID table, read the way the fact reads it (one grep)."""
-    return parse_gid_lines(guest.sh(RoceGids().command()).splitlines())
+    return RoceGids().process(guest.sh(RoceGids().command()).splitlines())
 
 
 def gid_index_for(guest, ip: str) -> int:

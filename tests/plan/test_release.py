@@ -17,7 +17,7 @@ from tests.plan.test_plan import ACTION, HEAD, WORKER, apply, converge_state, po
 
 UPGRADE = ("--data", "profile=long")  # a release change the lockfiles in tests/plan allow
 KEEP_OP = "Keep the serving release's unit and lockfiles until the new release passes the gates"
-FAILING = re.compile(r"/lib/sparkhost gate gates .* \|\| true$")  # the gates as the deploy reads them
+FAILING = re.compile(r"/sparkhost gate gates .* \|\| true$")  # the gates as the deploy reads them
 OLD = "9" * 40
 
 

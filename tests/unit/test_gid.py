@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 from pyinfra.api.exceptions import FactProcessError
+from sparkhost.gid import GidNotFound, ipv4_mapped_gid, select_gid
 
-from sparkrig.fabric import GidNotFound, RoceGids, ipv4_mapped_gid, select_gid
+from sparkrig.fabric import RoceGids
 
 DATA = Path(__file__).parent / "data"
 
@@ -58,3 +59,32 @@ def test_garbage_fails_only_this_host():
 
 def test_ipv4_mapped_gid_spelling():
     assert ipv4_mapped_gid("192.168.100.10") == "0000:0000:0000:0000:0000:ffff:c0a8:640a"
+
+
+@pytest.mark.parametrize(
+    ("name", "ip", "netdev", "device"),
+    [
+        ("gids_cx7.txt", "192.168.100.10", "enp1s0f1np1", "rocep1s0f1"),
+        ("gids_cx7.txt", "192.168.101.10", "enP2p1s0f1np1", "roceP2p1s0f1"),
+        ("gids_rxe.txt", "10.200.0.2", "enp1s0f1np1", "rxe0"),
+    ],
+)
+def test_the_start_gate_reads_sysfs_and_picks_what_the_deploy_picks(
+    tmp_path, monkeypatch, name, ip, netdev, device
+):
+    """One table, one rule: the same recorded GID table laid out as sysfs files gives the start
+    gate (sparkhost prep, at every start) the entry the deploy's fact selects (rank.env)."""
+    from sparkhost import prep
+    from sparkhost.gid import read_table
+
+    lines = (DATA / name).read_text().splitlines()
+    for line in lines:
+        path, _, value = line.partition(":")
+        f = tmp_path / path.removeprefix("/sys/")
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(value + "\n")
+    deployed = select_gid(table(name), ip, netdev)
+    assert read_table(str(tmp_path), device, 1) == [e for e in table(name) if e.device == device]
+    monkeypatch.setattr(prep, "SYS", str(tmp_path))
+    assert prep.find_gid(device, "1", ip, netdev) == deployed.index
+    assert prep.find_gid(device, "1", "192.168.100.99", netdev) is None

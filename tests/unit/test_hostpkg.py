@@ -92,3 +92,33 @@ def test_every_job_runs_from_an_installed_copy(installed, job, tmp_path):
 def test_an_unknown_job_is_refused_with_the_list(installed):
     out = subprocess.run([sys.executable, str(installed), "nope"], capture_output=True, text=True)
     assert out.returncode == 2 and "jobs: fetch, verify" in out.stderr
+
+
+def test_one_secret_reader_for_every_secret(tmp_path, capsys, monkeypatch):
+    """The hosts' readers (Hub token, pair secret, API key) and the control side's read through
+    sparkhost.tokenfile: surrounding whitespace dropped, never printed."""
+    from sparkhost import gate, pair
+    from sparkhost.tokenfile import read_secret
+
+    from sparkrig import lockfile, pairsecret, weights
+
+    f = tmp_path / "secret"
+    f.write_text("  s3cret\n\n")
+    f.chmod(0o644)
+    assert read_secret(str(f)) == "s3cret"
+    assert read_secret(str(f), warn_shared=True) == "s3cret"
+    err = capsys.readouterr().err
+    assert "readable by group/others" in err and "s3cret" not in err
+    f.chmod(0o600)
+    read_secret(str(f), warn_shared=True)
+    assert capsys.readouterr().err == ""
+    assert gate.read_api_key(str(f)) == pair.read_token(str(f)) == "s3cret"
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert lockfile.read_token(str(f)) == "s3cret" and weights.token_text(str(f)) == "s3cret\n"
+    assert pairsecret.control_token(str(f)) == "s3cret"  # the pair secret and the API key
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    assert read_secret(str(empty)) is None and pair.read_token(str(empty)) == ""
+    with pytest.raises(ValueError, match="is empty"):
+        gate.read_api_key(str(empty))
+    assert weights.token_text(str(empty)) is None and lockfile.read_token(str(empty)) is None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, Hub, fakehub, lockfile
+from .conftest import FETCH, ROOT, Hub, fakehub, lockfile
 
 
 def test_lock_matches_repo_bytes(model_lock: Path, hub_root: Path) -> None:
@@ -66,6 +66,7 @@ def test_stable_text_and_diff(model_lock: Path, tmp_path: Path) -> None:
         {"path": "/abs", "size": 1, "sha256": "0" * 64},
         {"path": "x", "size": 1, "sha256": "abc"},
         {"path": "x", "size": 1},
+        {"path": "model.safetensors.part", "size": 1, "sha256": "0" * 64},  # the fetcher's own
     ],
 )
 def test_validate_rejects(model_lock: Path, bad: dict[str, object]) -> None:
@@ -73,6 +74,15 @@ def test_validate_rejects(model_lock: Path, bad: dict[str, object]) -> None:
     lock["files"].append(bad)
     with pytest.raises(lockfile.LockfileError):
         lockfile.validate(lock)
+    # the fetcher on the host refuses it with the same validator, before touching a file
+    bad_lock = model_lock.parent / "bad.lock.json"
+    bad_lock.write_text(json.dumps(lock))
+    dest = str(model_lock.parent / "d")
+    out = subprocess.run(
+        [sys.executable, FETCH, "verify", "--lock", str(bad_lock), "--dest", dest],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode != 0 and "LockfileError" in out.stderr
 
 
 def test_unknown_revision_and_repo(hub: Hub) -> None:
