@@ -767,7 +767,3 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.dest = os.path.abspath(args.dest)
     return cmd_fetch(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -73,7 +72,3 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     return cmd_follow(build_parser().parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -383,7 +383,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in results:
         print(r.to_json(), flush=True)
     return 0 if all(r.ok for r in results) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

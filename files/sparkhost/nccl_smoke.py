@@ -307,7 +307,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"nccl_smoke: rank {report.get('rank', '?')}: {report['error']}", file=sys.stderr)
     print(json.dumps(report, sort_keys=True), flush=True)
     return code
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -42,7 +42,6 @@ import http.server
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -656,7 +655,3 @@ def main(argv: list[str] | None = None) -> int:
         "request": request,
     }
     return modes.get(args.mode, watchdog)(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -276,7 +276,3 @@ def main(argv: list[str] | None = None) -> int:
     if not gate_memory(floor, args.wait):
         return 3
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import time
 from typing import Any
 
@@ -141,7 +140,3 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     return cmd_routes(build_parser().parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

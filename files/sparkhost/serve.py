@@ -138,7 +138,3 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     return cmd_serve(build_parser().parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

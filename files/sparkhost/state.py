@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from typing import Any
 
 from sparkhost.common import EXIT_OK
@@ -64,7 +63,3 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.dest = os.path.abspath(args.dest)
     return cmd_state(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

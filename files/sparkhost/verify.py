@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 from sparkhost.common import EXIT_FAILED, EXIT_OK
@@ -66,7 +65,3 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.dest = os.path.abspath(args.dest)
     return cmd_verify(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
