@@ -48,7 +48,7 @@ echo '{end}'
 
 @dataclass(frozen=True)
 class Budget:
-    """A helper's restart budget as it wrote it (files/sparkrig_pair.py write_budget)."""
+    """A helper's restart budget as it wrote it (files/sparkhost/pair.py write_budget)."""
 
     restarts: tuple[float, ...] = ()  # wall-clock times of its ordered restarts
     max_restarts: int = 0
