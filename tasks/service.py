@@ -321,6 +321,12 @@ if watchdog_on:
     )
 
 # The programs of an earlier sparkrig, before the host package: every unit above now runs the
-# package, so nothing starts them any more.
+# package, so nothing starts them any more. Kept while the release changes: a rollback puts the
+# previous release's rank unit back (sparkrig/release.py), and one from before the package runs
+# them; the first run without a release change removes them.
 for legacy in host.loop(hostpkg.legacy_files(k.install_dir)):
-    owned_file_absent(name="Remove the programs the host package replaced", path=legacy)
+    owned_file_absent(
+        name="Remove the programs the host package replaced",
+        path=legacy,
+        _if=lambda: not upgrading,
+    )

@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from sparkrig import hostpkg
 from sparkrig.paths import paths
 from sparkrig.release import parse_record, record_path, wanted
 from sparkrig.render import render
@@ -754,3 +755,43 @@ def test_a_changed_host_module_restarts_exactly_the_helpers_that_run_it(
         want = {"pair", "supervisor"} if name == HEAD else {"pair", "agent"}
         assert restarted == (want if helpers else set()), (name, r.commands[name])
     assert_no_restart(r)
+
+
+LEGACY_OP = "Remove the programs the host package replaced"
+
+
+def old_layout_programs() -> dict[str, tuple[bytes, str]]:
+    """What a rank converged before the host package still holds: bin/sparkrig-prep,
+    bin/sparkrig-fetch, bin/sparkrig-pair and sparkrig_gate.py under install_dir."""
+    s = next(iter(settings().values()))
+    old = b"#!/usr/bin/python3\n# a host program of sparkrig before the host package\n"
+    return {path: (old, "755") for path in hostpkg.legacy_files(s.knobs.install_dir)}
+
+
+def test_the_programs_of_the_old_layout_are_removed_and_dry_shows_it(monkeypatch):
+    """The deploy removes what it no longer ships: --dry names the removal of every old program
+    on every rank, -y removes each of them, and nothing restarts for it."""
+    old = old_layout_programs()
+    assert len(old) == 4
+    converge_state(**{n: {"files": old} for n in ("spark-a", "spark-b")})
+    dry = run(["--dry", INVENTORY, "deploy.py"], monkeypatch)
+    assert dry.exit_code == 0, dry.output
+    for name in (HEAD, WORKER):
+        removals = [op for op in dry.changed_ops[name] if op.endswith(LEGACY_OP)]
+        assert len(removals) == len(old), dry.changed_ops[name]
+        assert not any(c.startswith("rm ") for c in dry.commands[name])  # --dry: nothing ran
+    converge_state(**{n: {"files": old} for n in ("spark-a", "spark-b")})
+    r = apply(monkeypatch)
+    for name in (HEAD, WORKER):
+        removed = sorted(c.removeprefix("rm -f ") for c in r.commands[name] if c.startswith("rm "))
+        assert removed == sorted(old), r.commands[name]
+    assert_no_restart(r)
+
+
+def test_a_converged_pair_has_no_old_programs_to_remove(monkeypatch):
+    converge_state()
+    dry = run(["--dry", INVENTORY, "deploy.py"], monkeypatch)
+    assert dry.exit_code == 0, dry.output
+    for name in (HEAD, WORKER):
+        assert any(op.endswith(LEGACY_OP) for op in dry.host_ops[name])  # every host runs it, ...
+        assert not [op for op in dry.changed_ops[name] if op.endswith(LEGACY_OP)]  # ... a no-op

@@ -13,7 +13,17 @@ import pytest
 
 from sparkrig.release import Release, parse_record, record_path, release_files
 from tests.plan import fakehosts
-from tests.plan.test_plan import ACTION, HEAD, WORKER, apply, converge_state, position, settings
+from tests.plan.test_plan import (
+    ACTION,
+    HEAD,
+    LEGACY_OP,
+    WORKER,
+    apply,
+    converge_state,
+    old_layout_programs,
+    position,
+    settings,
+)
 
 UPGRADE = ("--data", "profile=long")  # a release change the lockfiles in tests/plan allow
 KEEP_OP = "Keep the serving release's unit and lockfiles until the new release passes the gates"
@@ -204,3 +214,16 @@ def test_a_failed_smoke_test_during_an_upgrade_starts_nothing_new_and_rolls_back
         assert cmds.index(f"systemctl start {unit}.service") > restored
     assert not any(fakehosts.BOOT_WAIT.match(c) for c in head[: head.index(
         "systemctl start sparkrig-head.service")])  # fmt: skip
+
+
+def test_an_upgrade_keeps_the_old_layout_programs_a_rollback_may_start_again(monkeypatch):
+    """The previous release's rank unit, put back by a rollback, may be one from before the host
+    package (running bin/sparkrig-prep and bin/sparkrig-pair): while the release changes, the
+    old programs stay; the first run without a release change removes them."""
+    old = old_layout_programs()
+    converge_state(**{n: {"files": old} for n in ("spark-a", "spark-b")})
+    r = apply(monkeypatch, *UPGRADE)
+    assert r.exit_code == 0, r.output
+    for name in (HEAD, WORKER):
+        assert any(op.endswith(LEGACY_OP) for op in r.host_ops[name])
+        assert not [c for c in r.commands[name] if c.startswith("rm -f") and c[6:] in old], name
