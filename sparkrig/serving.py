@@ -2,7 +2,7 @@
 template contexts), the stop-together and restart helpers, and the operations that start the
 pair in order and prove it serves (beacon wait, boot wait, the four gates).
 
-The gate logic is files/sparkrig_gate.py (its command lines: sparkrig/gates.py); the serve flags
+The gate logic is files/sparkhost/gate.py (its command lines: sparkrig/gates.py); the serve flags
 per profile are sparkrig/profiles.py."""
 
 from __future__ import annotations
