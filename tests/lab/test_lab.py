@@ -278,6 +278,32 @@ def test_second_run_changes_nothing_and_restarts_nothing(lab: Lab):
     assert after == before
 
 
+def test_the_old_layouts_programs_are_removed_and_nothing_restarts(lab: Lab):
+    """A rank converged before the host package still holds bin/sparkrig-{prep,fetch,pair} and
+    sparkrig_gate.py under /opt/sparkrig: --dry names their removal and leaves them, -y removes
+    every one of them on every rank and restarts nothing (the units run the package already)."""
+    from sparkrig import hostpkg
+
+    old = hostpkg.legacy_files("/opt/sparkrig")
+    plant = " && ".join(f"printf '# sparkrig before the host package\\n' > {p}" for p in old)
+    for g in lab.guests:
+        g.sh(f"install -d -m 755 /opt/sparkrig/bin && {plant} && chmod 755 {' '.join(old)}")
+    before = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
+    r = pyinfra("--dry", INV, "deploy.py")
+    assert r.rc == 0, r.output[-4000:]
+    assert "Remove the programs the host package replaced" in r.output
+    for g in lab.guests:
+        assert g.sh(f"ls {' '.join(old)}").split() == old  # --dry removed nothing
+    r = pyinfra("-y", "--json", INV, "deploy.py")
+    assert r.rc == 0, r.output[-4000:]
+    changed = changed_ops(r.stdout)
+    for g in lab.guests:
+        assert changed[g.name] == ["Remove the programs the host package replaced"] * len(old)
+        assert g.sh(f"ls {' '.join(old)} 2>/dev/null || true").split() == []
+    after = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
+    assert after == before
+
+
 def test_a_second_operator_keeps_the_pair_secret_and_rotation_restarts_the_agents(
     lab: Lab, tmp_path
 ):
