@@ -4,8 +4,11 @@ pyinfra 3.10 does not cache facts: every ``host.get_fact`` runs its command agai
 arguments (pyinfra/api/facts.py ``_get_fact``). A deploy of per-file ``File``/``Sha1File`` facts,
 ``SystemdStatus`` per operation and the same ``Node`` report in four phases sent 54 commands per
 worker for a ``--dry`` of a converged pair. Here every part of a host's state (the node report, the
-RoCE GID table, the image and weights state, each owned file's mode, owner and sha256, each owned
-directory, each unit's state) is one *part* of a single shell script, read once and kept:
+RoCE GID table, the image and weights state, every owned file's mode, owner and sha256 with every
+owned directory, every unit's state) is one *part* of a single shell script, read once and kept.
+A part costs processes, not work (each process start is most of a read's time under TCG), so the
+owned paths are one part of three processes and the units one ``systemctl show``, whatever their
+number (sparkrig/owned.py ``OwnedPaths``, ``UnitStates``):
 
 - while pyinfra prepares (``--dry``, and the module-level code of every run) one read per host,
   whoever asks: the head's look at a worker's image or weights shares the worker's own read;
@@ -28,7 +31,6 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.context import ctx_state
-from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from sparkhost.gid import GidEntry
 
 from sparkrig import hostpkg
@@ -198,14 +200,16 @@ def assemble(parts: tuple[Part, ...], lines: list[str]) -> HostReport:
             report["image"], report["image_args"] = value, part.args
         elif kind == "weights":
             report["weights"][name] = value
-        elif kind == "file":
-            report["files"][name] = value
-        elif kind == "dir":
-            report["dirs"][name] = value
-        elif kind == "running":
-            report["running"][name] = bool(value.get(name))
-        elif kind == "enabled":
-            report["enabled"][name] = bool(value.get(name))
+        elif kind == "paths":
+            for what, asked in part.args:
+                if set(asked) - set(value[what]):
+                    raise FactProcessError(
+                        f"state read: nothing said of {set(asked) - set(value[what])}"
+                    )
+                report[what] = {p: value[what][p] for p in asked}
+        elif kind == "units":
+            for unit in dict(part.args)["units"]:
+                report["running"][unit], report["enabled"][unit] = value.get(unit, (False, False))
         elif kind in ("pair_secret", "api_key"):
             report[kind] = value
         elif kind == "release":
@@ -268,7 +272,7 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
     """The parts of ``s``'s host's state read (the same whoever asks)."""
     from sparkrig.fabric import RoceGids
     from sparkrig.image import ImageState, patched_tag
-    from sparkrig.owned import OwnedDir, OwnedFile
+    from sparkrig.owned import OwnedPaths, UnitStates
     from sparkrig.pairsecret import PairSecretFile
     from sparkrig.paths import paths
     from sparkrig.release import part as release_part
@@ -291,11 +295,9 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
     if s.me.is_head:  # the API key lives with the head (sparkrig/pairsecret.py api_key)
         parts.append(Part("api_key", PairSecretFile, (("path", paths(s)["api_key"]),)))
     parts.append(release_part(s))
-    parts += [Part(f"file:{f}", OwnedFile, (("path", f),)) for f in owned_files(s)]
-    parts += [Part(f"dir:{d}", OwnedDir, (("path", d),)) for d in owned_dirs(s)]
-    for unit in units(s):
-        parts.append(Part(f"running:{unit}", SystemdStatus, (("services", (unit,)),)))
-        parts.append(Part(f"enabled:{unit}", SystemdEnabled, (("services", (unit,)),)))
+    owned = {"files": tuple(owned_files(s)), "dirs": tuple(owned_dirs(s))}
+    parts.append(Part("paths", OwnedPaths, tuple(sorted(owned.items()))))
+    parts.append(Part("units", UnitStates, (("units", tuple(units(s))),)))
     return tuple(parts)
 
 

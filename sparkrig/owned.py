@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 from collections.abc import Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from io import BytesIO
 from typing import Any
 
@@ -19,6 +20,7 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.output import format_text
 from pyinfra.facts.files import FileContents
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations.util import files as file_utils
 from pyinfra.operations.util.files import generate_color_diff
 
@@ -26,7 +28,7 @@ from sparkrig import hoststate
 from sparkrig.failhost import fail_host
 
 # ---------------------------------------------------------------------------------------------
-# The facts: an owned file, an owned directory (parts of the state read, sparkrig/hoststate.py)
+# The facts: owned files and directories, owned units (parts of the state read, hoststate.py)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -41,58 +43,124 @@ class PathState:
     sha256: str = ""
 
 
-def _parse_path(output: list[str], what: str) -> PathState | None:
-    line = " ".join(output).strip()
-    if not line:
-        return None
-    parts = line.split()
-    if parts[0] in ("link", "other"):
-        return PathState(kind=parts[0])
-    try:
-        if parts[0] == "file" and len(parts) == 5:
-            return PathState("file", int(parts[1]), parts[2], parts[3], parts[4])
-        if parts[0] == "dir" and len(parts) == 4:
-            return PathState("dir", int(parts[1]), parts[2], parts[3])
-    except ValueError:
-        pass
-    raise FactProcessError(f"{what}: unexpected line {line!r}")
+_SHA_LINE = re.compile(r"^([0-9a-f]{64})  (.+)$")  # sha256sum's "<hash>  <path>"
+_STAT_KINDS = {"file": "files", "dir": "dirs"}  # what stat -c names each section's paths
 
 
-class OwnedFile(FactBase["PathState | None"]):
-    """A file sparkrig owns whole: ``file <mode> <user> <group> <sha256>``; None when absent."""
+def _each_path(paths: tuple[str, ...], kind_test: str, stat_kind: str, *then: str) -> str:
+    """One section of OwnedPaths' command: a line per path from shell builtins alone, then one
+    ``stat`` (and ``then``) over the paths that are of the section's kind."""
+    listed = " ".join(shlex.quote(p) for p in paths)
+    return (
+        f'set --; for p in {listed}; do if [ -L "$p" ]; then echo "link $p"; '
+        f'elif [ {kind_test} "$p" ]; then set -- "$@" "$p"; elif [ -e "$p" ]; then '
+        f'echo "other $p"; else echo "none $p"; fi; done; '
+        f'if [ $# -gt 0 ]; then stat -c "{stat_kind} %a %U %G %n" -- "$@"'
+        + "".join(f" && {t}" for t in then)
+        + "; fi"
+    )
 
-    def command(self, path: str) -> str:
-        p = shlex.quote(path)
+
+class OwnedPaths(FactBase[dict[str, dict[str, "PathState | None"]]]):
+    """
+    Every file and directory sparkrig owns on a host, in one command of three processes
+    (``stat`` over the directories, ``stat`` and ``sha256sum`` over the files) whatever their
+    number: process start-up, not the work, is what a read costs under TCG and over sudo.
+
+    + files: paths of whole files: ``PathState("file", mode, user, group, sha256)``
+    + dirs: paths of directories: ``PathState("dir", mode, user, group)``
+
+    Either kind is ``PathState("link")`` / ``PathState("other")`` when something else is
+    there, None when nothing is. Returns ``{"files": {path: ...}, "dirs": {path: ...}}``.
+    """
+
+    def command(self, files: tuple[str, ...], dirs: tuple[str, ...]) -> str:
         return (
-            f'p={p}; if [ -L "$p" ]; then echo link; elif [ -f "$p" ]; then '
-            f'echo "file $(stat -c \'%a %U %G\' "$p") $(sha256sum < "$p" | cut -c1-64)"; '
-            f'elif [ -e "$p" ]; then echo other; fi'
+            "echo dirs:; "
+            + _each_path(dirs, "-d", "dir")
+            + "; echo files:; "
+            + _each_path(files, "-f", "file", 'sha256sum -- "$@"')
         )
 
-    def process(self, output: list[str]) -> PathState | None:
-        return _parse_path(output, "owned file")
+    def process(self, output: list[str]) -> dict[str, dict[str, PathState | None]]:
+        found: dict[str, dict[str, PathState | None]] = {"files": {}, "dirs": {}}
+        sums: dict[str, str] = {}
+        section: dict[str, PathState | None] | None = None
+        for line in output:
+            if line in ("dirs:", "files:"):
+                section = found[line[:-1]]
+                continue
+            sha = _SHA_LINE.match(line)
+            kind, _, rest = line.partition(" ")
+            if section is None or not rest:
+                raise FactProcessError(f"owned paths: unexpected line {line!r}")
+            if sha and section is found["files"]:
+                sums[sha[2]] = sha[1]
+            elif kind in ("link", "other"):
+                section[rest] = PathState(kind)
+            elif kind == "none":
+                section[rest] = None
+            elif kind in _STAT_KINDS and section is found[_STAT_KINDS[kind]]:
+                mode, user, group, path = (rest.split(" ", 3) + ["", "", ""])[:4]
+                if not (mode.isdigit() and path):
+                    raise FactProcessError(f"owned paths: unexpected line {line!r}")
+                section[path] = PathState(kind, int(mode), user, group)
+            else:
+                raise FactProcessError(f"owned paths: unexpected line {line!r}")
+        for path, state in found["files"].items():
+            if state is not None and state.kind == "file":
+                if path not in sums:
+                    raise FactProcessError(f"owned paths: no sha256 for {path}")
+                found["files"][path] = replace(state, sha256=sums[path])
+        return found
 
     @staticmethod
-    def default() -> PathState | None:
-        return None
+    def default() -> dict[str, dict[str, PathState | None]]:
+        return {"files": {}, "dirs": {}}
 
 
-class OwnedDir(FactBase["PathState | None"]):
-    """A directory sparkrig creates: ``dir <mode> <user> <group>``; None when absent."""
+class UnitStates(FactBase[dict[str, tuple[bool, bool]]]):
+    """
+    (running, enabled) of each of sparkrig's units in one ``systemctl show``, as pyinfra's
+    ``SystemdStatus`` and ``SystemdEnabled`` read them (the same states count), whatever the
+    number of units. A unit systemd does not know is (False, False).
 
-    def command(self, path: str) -> str:
-        p = shlex.quote(path)
+    + units: unit names with their ``.service``
+    """
+
+    def requires_command(self, *args: Any, **kwargs: Any) -> str:
+        return "systemctl"
+
+    def command(self, units: tuple[str, ...]) -> str:
+        listed = " ".join(shlex.quote(u) for u in units)
         return (
-            f'p={p}; if [ -L "$p" ]; then echo link; elif [ -d "$p" ]; then '
-            f'echo "dir $(stat -c \'%a %U %G\' "$p")"; elif [ -e "$p" ]; then echo other; fi'
+            "systemctl show --all --property Id --property SubState --property UnitFileState "
+            + listed
         )
 
-    def process(self, output: list[str]) -> PathState | None:
-        return _parse_path(output, "owned directory")
+    def process(self, output: list[str]) -> dict[str, tuple[bool, bool]]:
+        states: dict[str, dict[str, str]] = {}
+        unit: str | None = None
+        for line in output:
+            key, sep, value = line.strip().partition("=")
+            if not sep:
+                unit = None
+            elif key == "Id":
+                unit = value
+                states.setdefault(unit, {})
+            elif unit is not None:
+                states[unit][key] = value
+        return {
+            name: (
+                got.get(SystemdStatus.state_key) in SystemdStatus.state_values,
+                got.get(SystemdEnabled.state_key) in SystemdEnabled.state_values,
+            )
+            for name, got in states.items()
+        }
 
     @staticmethod
-    def default() -> PathState | None:
-        return None
+    def default() -> dict[str, tuple[bool, bool]]:
+        return {}
 
 
 # ---------------------------------------------------------------------------------------------

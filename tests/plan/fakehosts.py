@@ -158,7 +158,7 @@ def stat_of(path: str) -> re.Pattern[str]:
 
 
 def owned_of(path: str) -> re.Pattern[str]:
-    """sparkrig.owned.OwnedFile/OwnedDir's part for ``path`` in the state read."""
+    """The fakes' answer for one owned path (harness.batched asks it per path of OwnedPaths)."""
     return re.compile(rf"^p={re.escape(path)}; if \[ -L ")
 
 

@@ -26,6 +26,60 @@ UNIT_STATE = re.compile(r"--property SubState (sparkrig-[\w-]+?)\.service \)")
 RENAME = re.compile(r"^mv -f (/\S+) (/\S+)$")
 
 
+PATH_LISTS = re.compile(r"for p in (.*?); do ")
+UNIT_LIST = re.compile(r"--property UnitFileState (.*?) \); fi$")
+Answer = tuple[bool, CommandOutput]
+
+
+def batched(key: str, command: str, ask: Any) -> Answer | None:
+    """The batched parts of the state read (sparkrig/owned.py ``OwnedPaths``, ``UnitStates``)
+    answered from the fakes' per-path and per-unit tables, in the batched fact's own output
+    format (tests/unit/test_hoststate.py runs the real command): each owned path is asked as
+    ``p=<path>; if [ -L `` (fakehosts.owned_of), each unit as pyinfra's ``SystemdStatus`` and
+    ``SystemdEnabled`` commands for it alone (fakehosts.unit_fact), so what a test injects for
+    one path or unit is what the batched part reports."""
+    if key == "paths":
+        return _owned_paths(command, ask)
+    if key == "units":
+        return _unit_states(command, ask)
+    return None
+
+
+def _owned_paths(command: str, ask: Any) -> Answer:
+    dirs, files = (shlex.split(m) for m in PATH_LISTS.findall(command))
+    out: list[str] = []
+    for section, paths in (("dirs", dirs), ("files", files)):
+        out.append(f"{section}:")
+        for path in paths:
+            ok, said = ask(f"p={shlex.quote(path)}; if [ -L ")
+            if not ok:
+                return False, said
+            words = " ".join(said.stdout_lines).split()
+            if not words:
+                out.append(f"none {path}")
+            elif words[0] in ("link", "other"):
+                out.append(f"{words[0]} {path}")
+            else:  # "file <mode> <user> <group> <sha256>" or "dir <mode> <user> <group>"
+                out.append(" ".join([*words[:4], path]))
+                if words[0] == "file":
+                    out.append(f"{words[4]}  {path}")
+    return True, CommandOutput([OutputLine("stdout", x) for x in out])
+
+
+def _unit_states(command: str, ask: Any) -> Answer:
+    match = UNIT_LIST.search(command)
+    assert match, command
+    out: list[str] = []
+    for unit in shlex.split(match[1]):
+        for prop in ("SubState", "UnitFileState"):
+            shown = f"systemctl show --all --property Id --property {prop} {unit}"
+            ok, said = ask(f"if command -v systemctl >/dev/null 2>&1; then ( {shown} ); fi")
+            if not ok:
+                return False, said
+            out += said.stdout_lines
+    return True, CommandOutput([OutputLine("stdout", x) for x in out])
+
+
 @dataclass
 class Run:
     exit_code: int
@@ -93,10 +147,15 @@ def run(args: list[str], monkeypatch: Any, fail_upload: str | None = None) -> Ru
             return None
         lines: list[str] = []
         for key, part in hoststate.split_script(words[2]):
-            got = answer(self, part)
-            if got is None:
-                undeclared.append((self.host.name, f"[state read part {key}] {part}"))
-                got = (False, CommandOutput([]))
+
+            def ask(question: str, key: str = key) -> tuple[bool, CommandOutput]:
+                got = answer(self, question)
+                if got is None:
+                    undeclared.append((self.host.name, f"[state read part {key}] {question}"))
+                    got = (False, CommandOutput([]))
+                return got
+
+            got = batched(key, part, ask) or ask(part)
             lines += [f"{hoststate.PART} {key}", *got[1].stdout_lines]
             lines.append(f"{hoststate.RC} {0 if got[0] else 1}")
         lines.append(END)

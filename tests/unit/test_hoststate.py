@@ -11,10 +11,9 @@ import subprocess
 
 import pytest
 from pyinfra.api.exceptions import FactProcessError
-from pyinfra.facts.systemd import SystemdStatus
 
 from sparkrig.hoststate import Part, assemble, script, split_script
-from sparkrig.owned import OwnedDir, OwnedFile, PathState
+from sparkrig.owned import OwnedPaths, PathState, UnitStates
 
 
 def run_script(parts: tuple[Part, ...]) -> list[str]:
@@ -22,36 +21,82 @@ def run_script(parts: tuple[Part, ...]) -> list[str]:
     return out.stdout.splitlines()
 
 
-def test_one_script_reads_files_dirs_and_absent_paths(tmp_path):
-    owned = tmp_path / "sparkrig.conf"
-    owned.write_text("vm.swappiness = 0\n")
-    owned.chmod(0o600)
+def owned(files: list[str], dirs: list[str]) -> Part:
+    return Part("paths", OwnedPaths, (("dirs", tuple(dirs)), ("files", tuple(files))))
+
+
+def test_one_part_reads_every_owned_file_and_dir_with_absent_and_wrong_kinds(tmp_path):
+    conf = tmp_path / "sparkrig.conf"
+    conf.write_text("vm.swappiness = 0\n")
+    conf.chmod(0o600)
+    spaced = tmp_path / "a b.env"  # a space in a path survives stat's %n and sha256sum's line
+    spaced.write_text("X=1\n")
+    link = tmp_path / "link"
+    link.symlink_to(conf)
     gone = tmp_path / "absent"
-    parts = (
-        Part(f"file:{owned}", OwnedFile, (("path", str(owned)),)),
-        Part(f"file:{gone}", OwnedFile, (("path", str(gone)),)),
-        Part(f"dir:{tmp_path}", OwnedDir, (("path", str(tmp_path)),)),
-        Part(f"dir:{gone}", OwnedDir, (("path", str(gone)),)),
-        Part(f"file:{tmp_path}", OwnedFile, (("path", str(tmp_path)),)),  # a dir where a file is
-    )
+    files = [str(conf), str(spaced), str(gone), str(tmp_path), str(link)]  # a dir where a file is
+    dirs = [str(tmp_path), str(gone), str(conf)]  # a file where a dir is
+    parts = (owned(files, dirs),)
     report = assemble(parts, run_script(parts))
     me = pwd.getpwuid(os.getuid()).pw_name
     group = subprocess.run(["id", "-gn"], capture_output=True, text=True).stdout.strip()
     sha = hashlib.sha256(b"vm.swappiness = 0\n").hexdigest()
-    assert report.file(str(owned)) == PathState("file", 600, me, group, sha)
+    assert report.file(str(conf)) == PathState("file", 600, me, group, sha)
+    assert report.file(str(spaced)).sha256 == hashlib.sha256(b"X=1\n").hexdigest()
     assert report.file(str(gone)) is None
     assert report.file(str(tmp_path)) == PathState("other")
+    assert report.file(str(link)) == PathState("link")
     mode = int(oct(tmp_path.stat().st_mode & 0o777)[2:])
     assert report.dir(str(tmp_path)) == PathState("dir", mode, me, group)
     assert report.dir(str(gone)) is None
+    assert report.dir(str(conf)) == PathState("other")
     with pytest.raises(KeyError, match="not in the state read"):
         report.file("/etc/elsewhere")
 
 
+def test_owned_paths_cost_three_processes_whatever_their_number(tmp_path):
+    """The point of the batch: stat (dirs), stat and sha256sum (files) run once each."""
+    paths = []
+    for n in range(12):
+        (tmp_path / str(n)).write_text(str(n))
+        paths.append(str(tmp_path / str(n)))
+    command = OwnedPaths().command(files=tuple(paths), dirs=(str(tmp_path),))
+    for tool in ("stat", "sha256sum"):
+        assert command.count(f"{tool} ") == (2 if tool == "stat" else 1), command
+    parts = (owned(paths, [str(tmp_path)]),)
+    report = assemble(parts, run_script(parts))
+    assert [report.file(p).sha256 for p in paths] == [
+        hashlib.sha256(str(n).encode()).hexdigest() for n in range(12)
+    ]
+
+
+def test_unit_states_read_every_unit_in_one_systemctl_show():
+    """pyinfra's own running and enabled states; a unit systemd does not know is neither."""
+    fact = UnitStates()
+    assert fact.command(units=("a.service", "b.service")).count("systemctl ") == 1
+    lines = [
+        "Id=a.service", "SubState=running", "UnitFileState=enabled", "",
+        "Id=b.service", "SubState=exited", "UnitFileState=disabled", "",
+        "Id=c.service", "SubState=dead", "UnitFileState=static",
+    ]  # fmt: skip
+    assert fact.process(lines) == {
+        "a.service": (True, True),
+        "b.service": (True, False),
+        "c.service": (False, True),
+    }
+    parts = (Part("units", UnitStates, (("units", ("a.service", "gone.service")),)),)
+    out = ["##SPARKRIG-PART units", *lines[:4], "##SPARKRIG-RC 0", "##SPARKRIG-END##"]
+    report = assemble(parts, out)
+    assert report.unit("a") == (True, True)
+    assert report.unit("gone.service") == (False, False)
+    with pytest.raises(KeyError, match="not in the state read"):
+        report.unit("c")
+
+
 def test_the_fakes_see_each_part_as_the_command_it_is():
     parts = (
-        Part("file:/etc/a b", OwnedFile, (("path", "/etc/a b"),)),
-        Part("running:x.service", SystemdStatus, (("services", ("x.service",)),)),
+        owned(["/etc/a b"], ["/etc"]),
+        Part("units", UnitStates, (("units", ("x.service",)),)),
     )
     split = list(split_script(script(parts)))
     assert split == [(p.key, p.command()) for p in parts]
@@ -60,13 +105,15 @@ def test_the_fakes_see_each_part_as_the_command_it_is():
 
 def test_a_failing_or_cut_read_fails_its_host_naming_the_part(tmp_path):
     x = str(tmp_path / "x")
-    parts = (Part("file:x", OwnedFile, (("path", x),)),)
+    parts = (owned([x], []),)
     lines = run_script(parts)
-    assert assemble(parts, lines).file("x") is None
+    assert assemble(parts, lines).file(x) is None
     failed = [line.replace("##SPARKRIG-RC 0", "##SPARKRIG-RC 2") for line in lines]
-    with pytest.raises(FactProcessError, match="file:x failed"):
+    with pytest.raises(FactProcessError, match="paths failed"):
         assemble(parts, failed)
     with pytest.raises(FactProcessError, match="no end marker"):
         assemble(parts, lines[:-1])
     with pytest.raises(FactProcessError, match="unexpected line"):
-        assemble(parts, [lines[0], "file 6x4 root", *lines[1:]])
+        assemble(parts, [lines[0], "files:", f"file 6x4 root root {x}", *lines[1:]])
+    with pytest.raises(FactProcessError, match="nothing said of"):
+        assemble(parts, [line for line in lines if not line.startswith("none ")])

@@ -51,7 +51,7 @@ def test_facts_and_operations_live_in_their_domain_module():
         m.name: defined_in(importlib.import_module(f"sparkrig.{m.name}"))
         for m in pkgutil.iter_modules(sparkrig.__path__)
     }
-    assert {"Node", "RoceGids", "WeightsState", "ImageState", "OwnedFile"} <= set().union(
+    assert {"Node", "RoceGids", "WeightsState", "ImageState", "OwnedPaths"} <= set().union(
         *found.values()
     )  # the census sees facts at all
     stray = {
