@@ -63,8 +63,12 @@ removed = [
     files.file(name="Remove the sparkrig units", path=unit, present=False)
     for unit in host.loop(units)
 ]
-systemd.daemon_reload(
-    name="Reload systemd after the units went", _if=lambda: any(r.did_change() for r in removed)
+# A rank stopped with its peer gone exits non-zero (the worker's vLLM exits 1 on "peer lost"), so
+# systemd keeps it loaded as failed after its file went: `systemctl --failed` would list it.
+server.shell(
+    name="Reload systemd after the units went and forget their failed state",
+    commands=["systemctl daemon-reload", "systemctl reset-failed 'sparkrig-*'"],
+    _if=lambda: any(r.did_change() for r in removed),
 )
 
 files.file(name="Remove the sparkrig sysctl file", path=SYSCTL_FILE,

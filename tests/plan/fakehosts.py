@@ -201,6 +201,7 @@ def bare(ip: str) -> dict[Any, Any]:
         rf"^rm -rf {OURS}$",  # uninstall.py removes sparkrig's directories
         r"^systemctl (start|stop|enable|disable|restart) sparkrig-[\w-]+(\.service)?$",
         r"^systemctl daemon-reload$",
+        r"^systemctl reset-failed 'sparkrig-\*'$",  # uninstall.py: removed units' failed state
         SYSCTL, NETPLAN_GENERATE, NM_RELOAD, NM_UP, DISPLACE, PING,
         FETCH, WEIGHTS_SERVE, REHASH,
         r"^sh -c 'docker (pull --quiet|tag) ",  # the head's pull

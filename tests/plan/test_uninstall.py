@@ -47,6 +47,10 @@ def test_uninstall_stops_the_head_first_and_removes_what_sparkrig_owns(monkeypat
     for path in OWNED:
         assert f"rm -f {path}" in head, path
     assert "rm -f /etc/systemd/system/sparkrig-agent.service" in worker
+    for cmds in (head, worker):  # a rank that exited non-zero on stop is not left "failed"
+        assert cmds.index("systemctl daemon-reload") < cmds.index(
+            "systemctl reset-failed 'sparkrig-*'"
+        )
     # the fabric as tasks/fabric.py applies it: generate + reload, never `netplan apply`
     for cmds in (head, worker):
         netplan = cmds.index("rm -f /etc/netplan/60-sparkrig-fabric.yaml")
@@ -79,7 +83,7 @@ def test_dry_diff_shows_the_removals_and_changes_nothing(monkeypatch):
     assert r.exit_code == 0, r.output
     assert "Remove the fabric netplan file" in " ".join(r.changed_ops[HEAD])
     acting = re.compile(
-        r"^(systemctl (stop|disable|daemon-reload)|rm |netplan|nmcli|docker image rm)"
+        r"^(systemctl (stop|disable|daemon-reload|reset-failed)|rm |netplan|nmcli|docker image rm)"
     )
     assert not [c for cmds in r.commands.values() for c in cmds if acting.search(c)]
 
