@@ -202,10 +202,9 @@ def assemble(parts: tuple[Part, ...], lines: list[str]) -> HostReport:
             report["weights"][name] = value
         elif kind == "paths":
             for what, asked in part.args:
-                if set(asked) - set(value[what]):
-                    raise FactProcessError(
-                        f"state read: nothing said of {set(asked) - set(value[what])}"
-                    )
+                unsaid = set(asked) - set(value[what])
+                if unsaid:
+                    raise FactProcessError(f"state read: nothing said of {unsaid}")
                 report[what] = {p: value[what][p] for p in asked}
         elif kind == "units":
             for unit in dict(part.args)["units"]:
