@@ -33,6 +33,13 @@ DISPLACED_DIR = "/var/lib/sparkrig/displaced"
 # ---------------------------------------------------------------------------------------------
 
 
+def gid_table_command(device: str = "*", port: str = "*") -> str:
+    """The shell command that prints the GID table as sparkhost.gid.parse_gid_lines reads it
+    (RoceGids, and the status read); ``device`` is a glob or a name ([A-Za-z0-9_.-]+)."""
+    base = f"/sys/class/infiniband/{device}/ports/{port}"
+    return f"grep -H . {base}/gids/* {base}/gid_attrs/types/* {base}/gid_attrs/ndevs/* 2>/dev/null"
+
+
 class RoceGids(FactBase[list[GidEntry]]):
     """
     Every populated RoCE GID of every RDMA device and port, from sysfs
@@ -43,11 +50,7 @@ class RoceGids(FactBase[list[GidEntry]]):
     default = list
 
     def command(self) -> str:
-        base = "/sys/class/infiniband/*/ports/*"
-        return (
-            f"grep -H . {base}/gids/* {base}/gid_attrs/types/* {base}/gid_attrs/ndevs/* "
-            f"2>/dev/null; echo '{END}'"
-        )
+        return f"{gid_table_command()}; echo '{END}'"
 
     def process(self, output: list[str]) -> list[GidEntry]:
         try:

@@ -10,13 +10,17 @@ from typing import Any
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import FactProcessError
-from sparkhost.gid import ipv4_mapped_gid
+from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
 
+from sparkrig.fabric import gid_table_command
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.release import revision_dir
 from sparkrig.settings import Settings
 
-# Everything below only reads: systemctl show, docker inspect, cat/sed of files, stat, awk.
+# Everything below only reads: systemctl show, docker inspect, cat/sed/grep of files, stat, awk.
+# The GID table comes raw (gid_table_command) and is matched on the control side by the one rule
+# the start gate and the deploy use (sparkhost.gid.select_gid).
+GID_LINE_PREFIX = "/sys/class/infiniband/"
 _SCRIPT = """\
 systemctl show --property ActiveState --property SubState --property StateChangeTimestamp \
 {unit}.service 2>/dev/null | sed 's/^/unit_/'
@@ -25,14 +29,7 @@ echo "gid_env=$(sed -n 's/^NCCL_IB_GID_INDEX=//p' {env_file} 2>/dev/null | tail 
 if [ -e {gid_file} ]; then
   echo "gid_handed=$(sed -n 's/^NCCL_IB_GID_INDEX=//p' {gid_file} | tail -n 1)"
 fi
-g=
-for f in /sys/class/infiniband/{dev}/ports/{port}/gids/*; do
-  t="${{f%/gids/*}}/gid_attrs/types/${{f##*/}}"
-  if [ "$(cat "$f" 2>/dev/null)" = {gid} ] && [ "$(cat "$t" 2>/dev/null)" = 'RoCE v2' ]; then
-    g="${{f##*/}}"; break
-  fi
-done
-echo "gid_live=$g"
+{gid_table}
 echo "mtu=$(cat /sys/class/net/{iface}/mtu 2>/dev/null)"
 echo "memfree_kb=$(awk '/^MemFree:/ {{print $2}}' /proc/meminfo)"
 echo "memtotal_kb=$(awk '/^MemTotal:/ {{print $2}}' /proc/meminfo)"
@@ -68,7 +65,7 @@ class RankState:
     since: str = ""
     image: str = ""
     gid_env: int | None = None
-    gid_live: int | None = None
+    gids: tuple[GidEntry, ...] = ()  # the live GID table, every device and port
     gid_handed: int | None = None
     mtu: int = 0
     memfree_kb: int = 0
@@ -103,7 +100,12 @@ def _budget(helper: str, text: str) -> Budget:
 
 
 def parse_rank_state(lines: list[str]) -> RankState:
-    raw = parse_key_values(lines, "rank status")
+    table = [x for x in lines if x.startswith(GID_LINE_PREFIX)]
+    raw = parse_key_values([x for x in lines if not x.startswith(GID_LINE_PREFIX)], "rank status")
+    try:
+        gids = tuple(parse_gid_lines(table))
+    except ValueError as err:
+        raise FactProcessError(f"rank status: {err}") from None
     budgets = tuple(
         (key.removeprefix("budget_"), _budget(key.removeprefix("budget_"), value))
         for key, value in raw.items()
@@ -115,7 +117,7 @@ def parse_rank_state(lines: list[str]) -> RankState:
         since=raw.get("unit_StateChangeTimestamp", ""),
         image=raw.get("image", ""),
         gid_env=_int(raw, "gid_env"),
-        gid_live=_int(raw, "gid_live"),
+        gids=gids,
         gid_handed=_int(raw, "gid_handed"),
         mtu=_int(raw, "mtu") or 0,
         memfree_kb=_int(raw, "memfree_kb") or 0,
@@ -137,9 +139,6 @@ class RankStatus(FactBase[RankState]):
         container: str,
         env_file: str,
         gid_file: str,
-        dev: str,
-        port: int,
-        gid: str,
         iface: str,
         lock: str,
         stamps: str,
@@ -152,9 +151,7 @@ class RankStatus(FactBase[RankState]):
             container=q(container),
             env_file=q(env_file),
             gid_file=q(gid_file),
-            dev=dev,  # a glob ("*") or a device name (settings: [A-Za-z0-9_.-]+), unquoted
-            port=int(port),
-            gid=q(gid),
+            gid_table=gid_table_command(),
             iface=q(iface),
             lock=q(lock),
             stamps=q(stamps),
@@ -173,9 +170,6 @@ def fact_args(s: Settings, env_file: str, gid_file: str, run_dir: str) -> dict[s
         "container": s.container_name,
         "env_file": env_file,
         "gid_file": gid_file,
-        "dev": s.me.roce_device or "*",
-        "port": k.roce_port,
-        "gid": ipv4_mapped_gid(s.me.ip),
         "iface": s.me.fabric_interface,
         "lock": f"{k.config_dir}/model.lock.json",
         "stamps": revision_dir(k.weights_dir, "model", k.model_revision) + ".stamps.json",
@@ -199,6 +193,17 @@ def memfree_floor_kb(s: Settings, memtotal_kb: int) -> int:
     return int(floor) // 1024
 
 
+def live_gid_index(s: Settings, st: RankState) -> int | None:
+    """The index of this rank's RoCE v2 GID in the live table, by the start gate's own rule
+    (sparkhost.gid.select_gid); None when the table has no such entry."""
+    try:
+        return select_gid(
+            list(st.gids), s.me.ip, s.me.fabric_interface, s.me.roce_device, s.knobs.roce_port
+        ).index
+    except GidNotFound:
+        return None
+
+
 def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
     """What is off on this rank, one phrase each; empty when it serves as deployed."""
     k = s.knobs
@@ -207,10 +212,11 @@ def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
         out.append(f"{s.unit_name} is {st.active or 'unknown'}/{st.sub or 'unknown'}")
     if st.image != want_image:
         out.append(f"runs image {st.image or 'none'}, the deploy would run {want_image}")
-    if st.gid_env is None or st.gid_env != st.gid_live:
-        out.append(f"GID index: env file {st.gid_env}, live table {st.gid_live}")
-    if st.gid_handed is not None and st.gid_handed != st.gid_live:
-        out.append(f"GID index: start gate handed over {st.gid_handed}, live table {st.gid_live}")
+    live = live_gid_index(s, st)
+    if st.gid_env is None or st.gid_env != live:
+        out.append(f"GID index: env file {st.gid_env}, live table {live}")
+    if st.gid_handed is not None and st.gid_handed != live:
+        out.append(f"GID index: start gate handed over {st.gid_handed}, live table {live}")
     if st.mtu != k.fabric_mtu:
         out.append(f"MTU {st.mtu} on {s.me.fabric_interface}, want {k.fabric_mtu}")
     if st.weights_commit != k.model_revision:
@@ -253,7 +259,7 @@ def budget_line(st: RankState, watchdog_on: bool, now: float) -> str:
 
 def line(s: Settings, st: RankState, verified: str) -> str:
     """The rank's one line of the status screen."""
-    gid = f"gid env={st.gid_env} live={st.gid_live}"
+    gid = f"gid env={st.gid_env} live={live_gid_index(s, st)}"
     if st.gid_handed is not None:
         gid += f" handed={st.gid_handed}"
     return (

@@ -99,7 +99,7 @@ UNITS_KNOWN = [
 
 NODE = re.compile(r"^sh -c '\nd=\S+; while \[ ! -d \"\$d\" \]")
 GIDS = re.compile(r"^grep -H \. /sys/class/infiniband/\*/ports/\*/gids/\* ")
-RANK_STATUS = re.compile(r"echo \"gid_live=\$g\"")  # status.py's one read per rank
+RANK_STATUS = re.compile(r"echo \"gid_env=\$\(sed ")  # status.py's one read per rank
 PAIR_SECRET = re.compile(r"^cat /etc/sparkrig/pair-token 2>/dev/null; echo ")  # installed secret
 API_KEY = re.compile(r"^cat /etc/sparkrig/api-key 2>/dev/null; echo ")  # the head's installed key
 RELEASE = re.compile(re.escape(LISTING))  # the release record and weights_dir's entries
@@ -111,11 +111,12 @@ def release_state(record: str = "", entries: tuple[str, ...] = ()) -> list[str]:
     return [*record.splitlines(), "", LISTING, *entries, "##SPARKRIG-END##"]
 
 
-def rank_status(**values: Any) -> list[str]:
-    """sparkrig.status.RankStatus's output: key=value lines, then the end marker."""
+def rank_status(gids: tuple[str, ...] = (), **values: Any) -> list[str]:
+    """sparkrig.status.RankStatus's output: key=value lines, the GID table's lines (``gids``),
+    then the end marker."""
     from sparkrig.factlines import END
 
-    return [f"{key}={value}" for key, value in values.items()] + [END]
+    return [f"{key}={value}" for key, value in values.items()] + [*gids, END]
 
 
 PING_CHECK = re.compile(r"^ping -M do .* 2>&1; echo rc=\$\?$")
@@ -436,7 +437,7 @@ def converged(
         unit_StateChangeTimestamp="Mon 2026-11-30 06:00:00 UTC",
         image=serving_image(s),
         gid_env=env_gid_index,
-        gid_live=gid_index,
+        gids=tuple(gid_table(HCA, s.me.fabric_interface, ip, index=gid_index)[:-1]),
         mtu=mtu,
         memfree_kb=3 * 1024 * 1024,
         weights_commit=k.model_revision,

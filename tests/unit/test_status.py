@@ -7,28 +7,65 @@ from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.factlines import END
 from sparkrig.settings import build
-from sparkrig.status import RankState, parse_rank_state, problems
+from sparkrig.status import RankState, live_gid_index, parse_rank_state, problems
 from tests.unit.conftest import cluster
 
-GOOD = "unit_ActiveState=active unit_SubState=running image=r:t gid_env=3 gid_live=3 mtu=9000 \
+GOOD = "unit_ActiveState=active unit_SubState=running image=r:t gid_env=3 mtu=9000 \
 memfree_kb=100 weights_commit=ab weights_verified=5".split()
 
 
+def gid_lines(ip: str, netdev: str, index: int, kind: str = "RoCE v2", dev: str = "rxe0"):
+    """One GID entry as the status read prints it (sparkrig.fabric.gid_table_command)."""
+    a, b, c, d = (int(x) for x in ip.split("."))
+    base = f"/sys/class/infiniband/{dev}/ports/1"
+    gid = f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+    return [
+        f"{base}/gids/{index}:{gid}",
+        f"{base}/gid_attrs/types/{index}:{kind}",
+        f"{base}/gid_attrs/ndevs/{index}:{netdev}",
+    ]
+
+
 def test_a_report_parses_typed():
-    st = parse_rank_state([*GOOD, END])
+    st = parse_rank_state([*GOOD, *gid_lines("192.168.100.11", "enp1s0f1np1", 3), END])
     assert st.gid_env == 3 and st.gid_handed is None and st.mtu == 9000 and st.active == "active"
+    assert [(e.index, e.type, e.netdev) for e in st.gids] == [(3, "RoCE v2", "enp1s0f1np1")]
 
 
-@pytest.mark.parametrize("lines", [GOOD, [*GOOD, "mtu=lots", END], [*GOOD, "gid_live=x", END]])
+GARBLED_GID = "/sys/class/infiniband/rxe0/ports/1/gids/x:0000"
+
+
+@pytest.mark.parametrize("lines", [GOOD, [*GOOD, "mtu=lots", END], [*GOOD, GARBLED_GID, END]])
 def test_a_cut_or_garbled_report_fails_its_host(lines):
     with pytest.raises(FactProcessError):
         parse_rank_state(lines)
 
 
+def test_the_live_index_is_picked_by_the_start_gates_rule():
+    """The same address's GID as RoCE v1, and as RoCE v2 on another netdev (a VLAN on the
+    fabric port), sit at lower indexes than the fabric NIC's RoCE v2 entry: only the latter
+    counts, as in sparkhost.gid.select_gid (the start gate) and the deploy's GID fact."""
+    s = build(cluster(2))["spark-1"]
+    ip, nic = s.me.ip, s.me.fabric_interface
+    table = [
+        *gid_lines(ip, nic, 1, kind="IB/RoCE v1"),
+        *gid_lines(ip, "vlan7", 2),
+        *gid_lines(ip, nic, 5),
+    ]
+    st = parse_rank_state([*GOOD, *table, END])
+    assert live_gid_index(s, st) == 5
+    assert "GID index: env file 3, live table 5" in problems(s, st, "r:t")
+    gone = parse_rank_state([*GOOD, *gid_lines(ip, "vlan7", 2), END])
+    assert live_gid_index(s, gone) is None
+
+
 def test_a_handed_over_gid_that_left_the_table_is_off():
     s = build(cluster(2))["spark-1"]
     k = s.knobs
-    fine = RankState("active", "running", "", "img", 3, 3, 3, k.fabric_mtu, 0, k.model_revision)
+    table = tuple(parse_rank_state([*gid_lines(s.me.ip, s.me.fabric_interface, 3), END]).gids)
+    fine = RankState("active", "running", "", "img", 3, table, 3, k.fabric_mtu, 0, k.model_revision)
     assert problems(s, fine, "img") == []
-    moved = RankState("active", "running", "", "img", 3, 3, 4, k.fabric_mtu, 0, k.model_revision)
+    moved = RankState(
+        "active", "running", "", "img", 3, table, 4, k.fabric_mtu, 0, k.model_revision
+    )
     assert problems(s, moved, "img") == ["GID index: start gate handed over 4, live table 3"]
