@@ -151,7 +151,7 @@ def rank_env_file(
     + roce_device: RDMA device to use; ``None`` detects it from the GID table
     + roce_port: HCA port
     """
-    entries = list(hoststate.mine().gids)
+    entries = list(hoststate.mine("gids").gids)
     try:
         entry = select_gid(entries, fabric_ip, fabric_interface, roce_device, roce_port)
         hca, index = entry.device, str(entry.index)

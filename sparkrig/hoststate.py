@@ -163,22 +163,22 @@ class HostReport:
         return self.image
 
 
-class HostState(FactBase[HostReport]):
+class HostState(FactBase[dict[str, Any]]):
     """Every part of ``parts`` in one read-only remote command (``sh -c``), each parsed by its
-    own fact; a part that failed or was cut off fails this host only."""
+    own fact (part key -> value); a part that failed or was cut off fails this host only."""
 
-    default = HostReport
+    default = dict
 
     def command(self, parts: tuple[Part, ...]) -> StringCommand:
         self._parts = parts  # pyinfra processes the output with the instance that made the command
         return StringCommand("sh", "-c", QuoteString(script(parts)))
 
-    def process(self, output: list[str]) -> HostReport:
-        return assemble(self._parts, output)
+    def process(self, output: list[str]) -> dict[str, Any]:
+        return parse_parts(self._parts, output)
 
 
-def assemble(parts: tuple[Part, ...], lines: list[str]) -> HostReport:
-    """The report from a state read's output: each part parsed by its own fact."""
+def parse_parts(parts: tuple[Part, ...], lines: list[str]) -> dict[str, Any]:
+    """Each part's value (by key) from a state read's output, parsed by the part's own fact."""
     raw = split_output(lines)
     values: dict[str, Any] = {}
     for part in parts:
@@ -188,6 +188,17 @@ def assemble(parts: tuple[Part, ...], lines: list[str]) -> HostReport:
         if rc != 0:
             raise FactProcessError(f"state read: {part.key} failed (exit {rc}): {body[-3:]}")
         values[part.key] = part.parse(body)
+    return values
+
+
+def assemble(parts: tuple[Part, ...], lines: list[str]) -> HostReport:
+    """The report from a state read's output: each part parsed by its own fact."""
+    return build_report(parts, parse_parts(parts, lines))
+
+
+def build_report(parts: tuple[Part, ...], values: dict[str, Any]) -> HostReport:
+    """The report of ``parts`` from their values (a report holds only the parts it was made of:
+    asking it for another part's paths or units raises KeyError)."""
     report: dict[str, Any] = {"weights": {}, "files": {}, "dirs": {}, "running": {}, "enabled": {}}
     for part in parts:
         kind, _, name = part.key.partition(":")
@@ -306,14 +317,16 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
 
 
 class _Reads:
-    """One run's reads: the parts each host was declared with, and the reports read."""
+    """One run's reads: the parts each host was declared with, and each part's last value."""
 
     def __init__(self, state: Any) -> None:
         import gevent.lock
 
         self.state = state
         self.parts: dict[str, tuple[Part, ...]] = {}
-        self.reports: dict[str, tuple[Any, HostReport]] = {}  # host -> (generation, report)
+        self.values: dict[
+            str, dict[str, tuple[Any, Any]]
+        ] = {}  # host -> key -> (generation, value)
         self.locks: dict[str, Any] = {}
         self.count: dict[str, int] = {}  # host -> reads sent (tests, debug)
         self._lock_type = gevent.lock.Semaphore
@@ -338,22 +351,36 @@ def _generation(state: Any) -> Any:
     return ("execute", changed)
 
 
-def _read(target: Any, parts: tuple[Part, ...]) -> HostReport:
+def _read(target: Any, parts: tuple[Part, ...], needs: tuple[str, ...] = ()) -> HostReport:
+    """The report of ``needs`` (every part when empty), each part read again only when stale.
+
+    Until the first change of the stage (preparing, or executing before any operation changed
+    something) every stale part is read at once: one command per host for ``--dry`` and for a
+    no-op. After a change only the parts asked for are read: an operation that looks at its
+    owned file does not pay for the image, weights and node parts (each of those costs seconds
+    under TCG; a first converge changes something at nearly every operation)."""
     reads = _reads()
     name = target.name
     known = reads.parts.setdefault(name, parts)
     if known != parts:
         raise RuntimeError(f"{name}: state read declared with other parts")
+    wanted = tuple(p for p in parts if not needs or p.key in needs)
+    unknown = set(needs) - {p.key for p in wanted}
+    if unknown:
+        raise KeyError(f"{name}: {sorted(unknown)} not in the state read (parts_of)")
     lock = reads.locks.setdefault(name, reads._lock_type())
     with lock:
         generation = _generation(reads.state)
-        cached = reads.reports.get(name)
-        if cached is not None and cached[0] == generation:
-            return cached[1]
-        report = target.get_fact(HostState, parts=parts)
-        reads.count[name] = reads.count.get(name, 0) + 1
-        reads.reports[name] = (_generation(reads.state), report)
-        return report
+        have = reads.values.setdefault(name, {})
+        stale = [p for p in parts if have.get(p.key, (None,))[0] != generation]
+        if any(p in wanted for p in stale):
+            if generation not in ("prepare", ("execute", 0)):
+                stale = [p for p in stale if p in wanted]
+            values = target.get_fact(HostState, parts=tuple(stale))
+            reads.count[name] = reads.count.get(name, 0) + 1
+            now = _generation(reads.state)
+            have.update({p.key: (now, values[p.key]) for p in stale})
+        return build_report(wanted, {p.key: have[p.key][1] for p in wanted})
 
 
 def read(s: Settings) -> HostReport:
@@ -367,12 +394,14 @@ class NotDeclared(RuntimeError):
     """An operation asked for the state read in a deploy that declares none (uninstall.py)."""
 
 
-def mine() -> HostReport:
-    """Inside an operation: the current host's state (declared by its task files' ``read``)."""
+def mine(*needs: str) -> HostReport:
+    """Inside an operation: the parts ``needs`` (keys of ``parts_of``: "paths", "units", "image",
+    "gids", "release", "weights:<lock>", ...) of the current host's state, declared by its task
+    files' ``read``. The report holds those parts only."""
     from pyinfra.context import ctx_host
 
     target = ctx_host.get()
     parts = _reads().parts.get(target.name)
     if parts is None:
         raise NotDeclared(f"{target.name}: no state read declared (hoststate.read in a task)")
-    return _read(target, parts)
+    return _read(target, parts, needs)

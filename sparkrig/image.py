@@ -467,7 +467,7 @@ def base_image_pulled(image_repo: str, base_image: str, tag: str) -> Generator[A
     + base_image: ``repo@sha256:<digest>``
     + tag: the patched tag this run wants (read by the same fact)
     """
-    report = hoststate.mine().image_of(image_repo=image_repo, base_image=base_image, tag=tag)
+    report = hoststate.mine("image").image_of(image_repo=image_repo, base_image=base_image, tag=tag)
     local = local_base(image_repo, base_image)
     if report.pulled(base_image):
         host.noop(f"{local} is {base_image} (pulled by digest)")
@@ -545,7 +545,7 @@ def base_image_loaded(
     + source: ``http://<head fabric IP>:<port>`` the head serves on
     + source_absent: non-empty when the head is not in this run: fail with it as the reason
     """
-    report = hoststate.mine().image_of(image_repo=image_repo, base_image=base_image, tag=tag)
+    report = hoststate.mine("image").image_of(image_repo=image_repo, base_image=base_image, tag=tag)
     local = local_base(image_repo, base_image)
     if report.base_ok(base_image):
         host.noop(f"{local} is present ({len(report.base.layers) if report.base else 0} layers)")
@@ -595,7 +595,7 @@ def patched_image_built(
     + skip_patches: patch names the build skips on purpose (SPARKRIG_SKIP_PATCHES)
     + files_dir: local files/ holding the Dockerfile and patches
     """
-    report = hoststate.mine().image_of(image_repo=image_repo, base_image=base_image, tag=tag)
+    report = hoststate.mine("image").image_of(image_repo=image_repo, base_image=base_image, tag=tag)
     ref = image_ref(image_repo, tag)
     if report.patched is not None:
         host.noop(f"{ref} is present")
@@ -621,7 +621,7 @@ def prune_old_images(image_repo: str, keep: list[str]) -> Generator[Any, None, N
     + keep: references to keep (``images_to_keep``: the serving image and its local base)
     """
     try:
-        tags = hoststate.mine().repo_tags(image_repo)
+        tags = hoststate.mine("image").repo_tags(image_repo)
     except hoststate.NotDeclared:  # a deploy without the state read (uninstall.py)
         tags = host.get_fact(RepoTags, image_repo=image_repo)
     commands = prune_commands(tags, keep)

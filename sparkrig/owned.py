@@ -194,7 +194,7 @@ def owned_put(
     output ("Will create"/"Will modify" and a unified diff, mode and chown lines). The current
     content of a differing file is read (one command) only under ``--diff``. ``secret``: never
     diffed, written 0600 beside ``dest`` and renamed over it."""
-    have = hoststate.mine().file(dest)
+    have = hoststate.mine("paths").file(dest)
     want_mode = int(mode)
     diff = host.state.config.DIFF
     if have is not None and have.kind == "file" and have.sha256 == hashlib.sha256(data).hexdigest():
@@ -255,7 +255,7 @@ def owned_directory(
     + user: owner
     + group: group
     """
-    have = hoststate.mine().dir(path)
+    have = hoststate.mine("paths").dir(path)
     want_mode = int(mode)
     if have is None:
         yield StringCommand("mkdir", "-p", QuoteString(path))
@@ -283,7 +283,7 @@ def owned_file_absent(path: str) -> Generator[Any, None, None]:
 
     + path: remote path
     """
-    if hoststate.mine().file(path) is None:
+    if hoststate.mine("paths").file(path) is None:
         host.noop(f"file {path} does not exist")
         return
     yield StringCommand("rm", "-f", QuoteString(path))
@@ -308,7 +308,7 @@ def service(
     + daemon_reload: ``systemctl daemon-reload`` first
     """
     name = service if "." in service else f"{service}.service"
-    is_running, is_enabled = hoststate.mine().unit(name)
+    is_running, is_enabled = hoststate.mine("units").unit(name)
     if daemon_reload:
         yield StringCommand("systemctl", "daemon-reload")
     if running is False:

@@ -402,7 +402,7 @@ def weights_adopted(weights_dir: str, artifact: str, lock: str) -> Generator[Any
     + lock: that artifact's lockfile on the host (names the checkout's revision; read before
       this run installs a new one)
     """
-    if not report_of(hoststate.mine()).has_dir(artifact):
+    if not report_of(hoststate.mine("release")).has_dir(artifact):
         host.noop(f"no {weights_dir}/{artifact} of the old layout")
         return
     yield _sh(adopt_command(weights_dir, artifact, lock))
@@ -473,7 +473,7 @@ def record_stamped(
     + files: the files that make it on the rank (``release_files``)
     + keep: releases the record keeps (knob keep_releases)
     """
-    state = hoststate.mine()
+    state = hoststate.mine("release", "paths")
     have = report_of(state)
     digests = []
     for f in files:
@@ -499,7 +499,7 @@ def old_weights_pruned(weights_dir: str, keep: list[str]) -> Generator[Any, None
     + weights_dir: where the revisions live
     + keep: revision directory names to keep (every kept release's)
     """
-    names = weights_to_prune(report_of(hoststate.mine()).entries, keep)
+    names = weights_to_prune(report_of(hoststate.mine("release")).entries, keep)
     if not names:
         host.noop("no weights revision to prune")
         return

@@ -192,7 +192,7 @@ def weights_present(
     + source_absent: non-empty when the source is not in this run (the head, under --limit
       worker): fail with this as the reason instead of fetching from no one
     """
-    state = hoststate.mine().weights_of(lock)
+    state = hoststate.mine(f"weights:{lock}").weights_of(lock)
     current = state.ok and state.commit == commit
     if current and state.complete:
         host.noop(f"{dest}: all {state.total_files} files of {commit[:12]} verified")

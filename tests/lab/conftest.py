@@ -37,17 +37,31 @@ class Guest:
     def ip(self) -> str:
         return self.fabric_address.split("/")[0]
 
-    def ssh_argv(self) -> list[str]:
+    @property
+    def container(self) -> str:
+        """The rank's container: sparkrig-rank<rank>, lab-workerN being rank N (lab/vm.py)."""
+        rank = 0 if self.role == "head" else int(self.name.removeprefix("lab-worker"))
+        return f"sparkrig-rank{rank}"
+
+    def ssh_argv(self, shared: bool = False) -> list[str]:
+        """ssh to the guest; ``shared``: over one kept connection per guest (ssh's
+        ControlMaster), since a new connection's key exchange costs 5-15 s under TCG. A shared
+        connection to a guest that rebooted or went off is dropped within 20 s (ServerAlive)."""
+        share = [
+            "-o", "ControlMaster=auto", "-o", f"ControlPath=/tmp/sparkrig-lab-{self.port}-%C",
+            "-o", "ControlPersist=60", "-o", "ServerAliveInterval=5",
+            "-o", "ServerAliveCountMax=4",
+        ] if shared else []  # fmt: skip
         return [
             "ssh", "-p", str(self.port), "-i", self.key,
             "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-            "-o", "BatchMode=yes", "-o", "ConnectTimeout=30",
+            "-o", "BatchMode=yes", "-o", "ConnectTimeout=30", *share,
             f"{self.user}@127.0.0.1",
         ]  # fmt: skip
 
     def sh(self, command: str, check: bool = True, timeout: float = 120) -> str:
         """Run ``command`` as root on the guest over SSH; return stdout."""
-        argv = [*self.ssh_argv(), "sudo sh -c " + shlex.quote(command)]
+        argv = [*self.ssh_argv(shared=True), "sudo sh -c " + shlex.quote(command)]
         out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         if check and out.returncode != 0:
             raise AssertionError(

@@ -109,8 +109,7 @@ def serving(head) -> bool:
 
 def container_gid(guest) -> str:
     """NCCL_IB_GID_INDEX as the running rank container sees it."""
-    rank = "sparkrig-rank0" if guest.role == "head" else "sparkrig-rank1"
-    return guest.sh(f"docker exec {rank} printenv NCCL_IB_GID_INDEX").strip()
+    return guest.sh(f"docker exec {guest.container} printenv NCCL_IB_GID_INDEX").strip()
 
 
 def env_value(guest, key: str) -> str:
@@ -728,8 +727,7 @@ def test_after_every_reboot_order_a_deploy_changes_nothing_and_restarts_nothing(
 
 
 def rank_image(guest) -> str:
-    rank = "sparkrig-rank0" if guest.role == "head" else "sparkrig-rank1"
-    return guest.sh(f"docker inspect --format '{{{{.Config.Image}}}}' {rank}").strip()
+    return guest.sh(f"docker inspect --format '{{{{.Config.Image}}}}' {guest.container}").strip()
 
 
 def test_an_upgrade_that_fails_its_gates_rolls_back_and_the_old_endpoint_answers_again(lab: Lab):
