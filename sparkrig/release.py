@@ -46,7 +46,7 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.context import ctx_state
 
-from sparkrig import hostpkg, hoststate
+from sparkrig import hoststate
 from sparkrig.factlines import END
 from sparkrig.failhost import fail_host
 from sparkrig.ordering import on_head, on_workers
@@ -578,9 +578,8 @@ def rollback_operations(
     gates, the helpers resumed, and the run failed naming what failed and what serves now. The
     same worker-then-head order as the deploy's ordered pair restart (tasks/service.py)."""
     from sparkrig.owned import service
-    from sparkrig.serving import wait_for_ranks, wait_until_serving
+    from sparkrig.serving import wait_for_ranks, wait_until_serving, worker_wait_args
 
-    k = s.knobs
     is_head = s.me.is_head
     back = rollback()
     serving = record.serving
@@ -620,10 +619,7 @@ def rollback_operations(
         is_head,
         wait_for_ranks,
         name="Wait until every worker of the previous release runs",
-        sparkhost=hostpkg.invocation(k.install_dir),
-        peers=[w.ip for w in s.workers],
-        port=k.pair_port,
-        timeout=k.pair_grace_s,
+        **worker_wait_args(s),
         _if=back,
     )
     on_head(

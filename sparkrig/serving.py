@@ -234,6 +234,18 @@ def supervisor_unit_context(s: Settings) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
+def worker_wait_args(s: Settings) -> dict[str, Any]:
+    """``wait_for_ranks``'s arguments for the head waiting on every worker (ordered start and
+    rollback alike)."""
+    k = s.knobs
+    return {
+        "sparkhost": hostpkg.invocation(k.install_dir),
+        "peers": [w.ip for w in s.workers],
+        "port": k.pair_port,
+        "timeout": k.pair_grace_s,
+    }
+
+
 @operation(is_idempotent=False)
 def wait_for_ranks(
     sparkhost: list[str], peers: list[str], port: int, timeout: int

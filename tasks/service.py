@@ -31,6 +31,7 @@ from sparkrig.serving import (
     supervisor_unit_context,
     wait_for_ranks,
     watchdog_unit_context,
+    worker_wait_args,
 )
 from sparkrig.settings import current, for_inventory
 
@@ -286,10 +287,7 @@ workers_up = on_head(
     is_head,
     wait_for_ranks,
     name="Wait until every worker's container runs",
-    sparkhost=hostpkg.invocation(k.install_dir),
-    peers=[w.ip for w in s.workers],
-    port=k.pair_port,
-    timeout=k.pair_grace_s,
+    **worker_wait_args(s),
     _if=lambda: (restart() or not rank_active) and not back(),
     _ignore_errors=upgrading,
 )
