@@ -12,9 +12,12 @@ number (sparkrig/owned.py ``OwnedPaths``, ``UnitStates``):
 
 - while pyinfra prepares (``--dry``, and the module-level code of every run) one read per host,
   whoever asks: the head's look at a worker's image or weights shares the worker's own read;
-- while it executes, read again once anything changed on any host since the last read (an
-  operation that sent commands), so an operation never decides from a state an earlier
-  operation of the run changed (a no-op run reads once more at the start of execution).
+- while it executes, a part is read again once anything changed on any host since its last
+  read (an operation that sent commands), so an operation never decides from a state an earlier
+  operation of the run changed. Before the first change every stale part is read at once (a
+  no-op run reads the whole state once more at the start of execution); after it, only the
+  parts the operation asks for (``mine("paths")``), since a first converge changes something at
+  nearly every operation and the node, image and weights parts cost seconds each under TCG.
 
 Each part is a ``FactBase``: its command runs inside the script, its ``process`` parses its lines.
 A part that exits non-zero fails its host, naming the part. ``read(settings)`` is for task files
