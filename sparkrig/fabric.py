@@ -33,10 +33,10 @@ DISPLACED_DIR = "/var/lib/sparkrig/displaced"
 # ---------------------------------------------------------------------------------------------
 
 
-def gid_table_command(device: str = "*", port: str = "*") -> str:
-    """The shell command that prints the GID table as sparkhost.gid.parse_gid_lines reads it
-    (RoceGids, and the status read); ``device`` is a glob or a name ([A-Za-z0-9_.-]+)."""
-    base = f"/sys/class/infiniband/{device}/ports/{port}"
+def gid_table_command() -> str:
+    """The shell command that prints every device's and port's GID table as
+    sparkhost.gid.parse_gid_lines reads it (RoceGids, and the status read)."""
+    base = "/sys/class/infiniband/*/ports/*"
     return f"grep -H . {base}/gids/* {base}/gid_attrs/types/* {base}/gid_attrs/ndevs/* 2>/dev/null"
 
 

@@ -378,9 +378,13 @@ def part(s: Settings) -> Any:
 
 
 def report_of(host_report: Any) -> ReleaseReport:
-    """The release part of a host's state read (the default when it was not read)."""
+    """The release part of a host's state read; KeyError when the report was made without it
+    (``hoststate.mine`` without "release"), as the report's own accessors do: an empty record
+    there would write a history without the kept releases."""
     got = getattr(host_report, "release", None)
-    return got if isinstance(got, ReleaseReport) else ReleaseReport()
+    if not isinstance(got, ReleaseReport):
+        raise KeyError('the release part is not in this state read (hoststate.mine("release"))')
+    return got
 
 
 # ---------------------------------------------------------------------------------------------
