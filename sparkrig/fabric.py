@@ -3,11 +3,13 @@ ranks reaches each other at full MTU.
 
 Facts: the RoCE GID table (``RoceGids``, one command). Operations: move other configurations of
 the fabric NIC aside (``displace_claims``), prove the MTU end to end (``fabric_path``), write the
-rank's env file with the GID index read at that moment (``rank_env_file``). The netplan file is an
-owned file (sparkrig/owned.py) applied by tasks/fabric.py."""
+rank's env file with the GID index read at that moment (``rank_env_file``, twice: a GID index
+that moved alone is recorded without restarting the pair). The netplan file is an owned file
+(sparkrig/owned.py) applied by tasks/fabric.py."""
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from collections.abc import Generator, Mapping
 from typing import Any
@@ -126,6 +128,24 @@ def fabric_path(interface: str, peers: list[str], mtu: int) -> Generator[Any, No
     yield command
 
 
+GID_INDEX_LINE = "NCCL_IB_GID_INDEX="
+GID_TABLE_LEN = 256  # the most GID entries a port's sysfs table has (ConnectX: 255 or 256)
+
+
+def moved_gid_index(text: str, index: str, have_sha256: str | None) -> int | None:
+    """The GID index the file on the host names when it is ``text`` but for its
+    ``NCCL_IB_GID_INDEX`` line (a reboot or a firmware update renumbered the table), else None.
+    Decided from the state read's sha256 alone: no extra remote command."""
+    line = f"\n{GID_INDEX_LINE}{index}\n"
+    if have_sha256 is None or line not in text:
+        return None
+    for other in range(GID_TABLE_LEN):
+        candidate = text.replace(line, f"\n{GID_INDEX_LINE}{other}\n")
+        if str(other) != index and hashlib.sha256(candidate.encode()).hexdigest() == have_sha256:
+            return other
+    return None
+
+
 @operation()
 def rank_env_file(
     dest: str,
@@ -135,6 +155,7 @@ def rank_env_file(
     fabric_interface: str,
     roce_device: str | None = None,
     roce_port: int = 1,
+    moved_gid_only: bool = False,
 ) -> Generator[Any, None, None]:
     """
     Write the rank's env file with the RoCE v2 GID index read from sysfs at this moment.
@@ -143,6 +164,10 @@ def rank_env_file(
     GID may not exist yet: the diff then shows a placeholder, and the real index is read again
     when the operation executes. No matching GID at execution fails this host with the table.
 
+    A file that differs only in its GID index is written by the ``moved_gid_only`` call alone,
+    which is no pair-restart trigger: every rank start resolves the live index again
+    (``sparkhost prep``) and the container gets that one, so a running rank already has it.
+
     + dest: env file path (its directory must exist)
     + template: template under templates/ rendered with ``context`` plus hca and gid_index
     + context: template variables
@@ -150,6 +175,7 @@ def rank_env_file(
     + fabric_interface: the fabric netdev the GID must belong to
     + roce_device: RDMA device to use; ``None`` detects it from the GID table
     + roce_port: HCA port
+    + moved_gid_only: write only a file whose GID index alone moved (else the other way round)
     """
     entries = list(hoststate.mine("gids").gids)
     try:
@@ -166,4 +192,11 @@ def rank_env_file(
         hca = roce_device or "<detected after the fabric address is applied>"
         index = "<detected after the fabric address is applied>"
     text = render(template, **context, hca=hca, gid_index=index)
-    yield from put_text._inner(text=text, dest=dest, mode="644")
+    have = hoststate.mine("paths").file(dest)
+    moved = moved_gid_index(text, index, have.sha256 if have is not None else None)
+    if moved is not None and not moved_gid_only:
+        host.noop(f"{dest}: only the RoCE GID index moved ({moved} -> {index}), recorded next")
+    elif moved is None and moved_gid_only:
+        host.noop(f"{dest}: its RoCE GID index did not move alone")
+    else:
+        yield from put_text._inner(text=text, dest=dest, mode="644")

@@ -12,7 +12,7 @@ from sparkrig.runscope import once_per_run
 
 RESTART_TRIGGERS = {
     "fabric": "the fabric connection was re-applied (MTU reset, address lost)",
-    "env": "a rank's env file changed (RoCE GID index, NCCL environment)",
+    "env": "a rank's env file changed (NCCL environment; not a GID index that moved alone)",
     "weights": "a rank's weights were fetched or copied",
     "rank_unit": "a rank's unit changed (image, serve flags)",
     "pair_unit": "a stop-together unit changed",

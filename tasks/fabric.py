@@ -58,8 +58,7 @@ fabric_path(
     peers=[r.ip for r in s.others],
     mtu=k.fabric_mtu,
 )
-env = rank_env_file(
-    name="Write the rank environment with the detected RoCE GID index",
+rank_env = dict(
     dest=paths(s)["env_file"],
     template="rank.env.j2",
     context=env_context(s),
@@ -68,4 +67,9 @@ env = rank_env_file(
     roce_device=s.me.roce_device,
     roce_port=k.roce_port,
 )
+env = rank_env_file(name="Write the rank environment with the detected RoCE GID index", **rank_env)
 pair_restart().trigger("env", env)
+# Not a trigger: a rank resolves its GID index at every start, so the running pair already has it.
+rank_env_file(
+    name="Record a RoCE GID index that moved alone (no restart)", moved_gid_only=True, **rank_env
+)

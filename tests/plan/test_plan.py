@@ -415,6 +415,18 @@ def test_an_mtu_reset_alone_restarts_the_pair(monkeypatch):
     assert_ordered_pair_restart(r)
 
 
+def test_a_gid_index_that_moved_alone_is_recorded_and_restarts_nothing(monkeypatch):
+    # A reboot renumbered the worker's GID table: its rank came back with the live index 5
+    # (sparkhost prep), its env file still says 3.
+    converge_state(**{"spark-b": {"gid_index": 5}})
+    r = apply(monkeypatch)
+    assert r.changed_ops == {
+        WORKER: ["tasks/fabric.py | Record a RoCE GID index that moved alone (no restart)"]
+    }
+    assert "NCCL_IB_GID_INDEX=5\n" in r.uploads[WORKER]["/etc/sparkrig/rank.env"].decode()
+    assert_no_restart(r)
+
+
 def test_a_new_profile_restarts_the_pair_and_the_same_profile_restarts_nothing(monkeypatch):
     converge_state()  # rendered with group_data's profile, "shared"
     same = apply(monkeypatch, "--data", "profile=shared")

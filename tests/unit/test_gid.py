@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from hashlib import sha256
 from pathlib import Path
 
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost.gid import GidNotFound, ipv4_mapped_gid, select_gid
 
-from sparkrig.fabric import RoceGids
+from sparkrig.fabric import RoceGids, moved_gid_index
 
 DATA = Path(__file__).parent / "data"
 
@@ -88,3 +89,16 @@ def test_the_start_gate_reads_sysfs_and_picks_what_the_deploy_picks(
     monkeypatch.setattr(prep, "SYS", str(tmp_path))
     assert prep.find_gid(device, "1", ip, netdev) == deployed.index
     assert prep.find_gid(device, "1", "192.168.100.99", netdev) is None
+
+
+def test_an_env_file_that_differs_only_in_its_gid_index_names_the_old_index():
+    text = "NCCL_IB_HCA=rxe0\nNCCL_IB_GID_INDEX=1\nNCCL_DEBUG=WARN\n"
+
+    def on_host(t: str) -> str:
+        return sha256(t.encode()).hexdigest()
+
+    assert moved_gid_index(text, "1", on_host(text.replace("INDEX=1", "INDEX=3"))) == 3
+    assert moved_gid_index(text, "1", on_host(text)) is None  # nothing moved
+    other = text.replace("INDEX=1", "INDEX=3").replace("WARN", "INFO")
+    assert moved_gid_index(text, "1", on_host(other)) is None  # more than the index changed
+    assert moved_gid_index(text, "1", None) is None  # no file yet
