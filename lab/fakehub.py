@@ -22,6 +22,8 @@ Test hooks (hub origin only):
   A fault: ``{"path": "<repo path>" | "*", "drop_after": N, "corrupt_offset": N,
   "throttle_bps": N, "ignore_range": true, "status": 503, "stall_s": S, "times": K}``. It
   applies to body-serving responses (hub or CDN) of that file; ``times`` limits how many.
+  In-process only (tests holding the server object): ``"hold": threading.Event`` keeps the body
+  from being sent until the event is set, so a test can observe a transfer in flight.
 
 Repos live under ``--root`` as directories holding a ``.fakehub.json`` (``{"repo_id",
 "commit", "branches", "lfs_min_size"}``); ``generate_repos`` makes the deterministic test repos.
@@ -513,6 +515,8 @@ class Handler(BaseHTTPRequestHandler):
     # -- bodies ------------------------------------------------------------------------------------
     def _serve_body(self, f: RepoFileInfo, headers: dict[str, str] | None) -> None:
         fault = self.hub.take_fault(f.path) or {}
+        if fault.get("hold") is not None:
+            fault["hold"].wait(600)
         if fault.get("stall_s"):
             time.sleep(float(fault["stall_s"]))
         if fault.get("status"):

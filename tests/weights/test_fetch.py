@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -413,17 +414,33 @@ def test_follow_reports_progress_and_outcome(hub: Hub, model_lock: Path, tmp_pat
             }
         )
     )
-    hub.fault(path="*", throttle_bps=8_000_000)
+    # one file held back until follow has shown the fetch in flight: load cannot let it finish first
+    held = threading.Event()
+    hub.fault(path=MID, hold=held)
+    timer = threading.Timer(60, held.set)  # a follow that prints nothing meanwhile fails, not hangs
+    timer.daemon = True
+    timer.start()
     p = subprocess.Popen(
         [sys.executable, FETCH, *fetch_args(model_lock, dest, hub)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    poll(lambda: status_pid(status) == p.pid, "the fetch's status file naming its pid")
-    f = run_fetch("follow", "--status", str(status), "--interval", "0.1", timeout=60)
+    try:
+        poll(lambda: status_pid(status) == p.pid, "the fetch's status file naming its pid")
+        f = subprocess.Popen(
+            [sys.executable, FETCH, "follow", "--status", str(status), "--interval", "0.1"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert f.stdout is not None
+        first = f.stdout.readline()
+        assert first.startswith("progress") and not first.startswith("progress done"), first
+    finally:
+        held.set()
+    rest, _ = f.communicate(timeout=60)
     p.wait(30)
-    assert f.returncode == 0, f.stdout
-    lines = [x for x in f.stdout.splitlines() if x.startswith("progress")]
+    assert f.returncode == 0, first + rest
+    lines = [x for x in (first + rest).splitlines() if x.startswith("progress")]
     assert len(lines) >= 2 and lines[-1].startswith("progress done")
     assert "files 8/8" in lines[-1] and "GiB" in lines[-1] and "eta" in lines[-1]
     # a failed run: follow exits 1 and names the file
