@@ -528,6 +528,20 @@ def supervise(args: argparse.Namespace) -> int:
     )
     said = ""
     while True:
+        said = supervise_round(args, policy, workers, said)
+        time.sleep(args.interval)
+
+
+def supervise_round(
+    args: argparse.Namespace, policy: SupervisorPolicy, workers: list[str], said: str
+) -> str:
+    """One look at the pair, decided under the restart lock: while someone else's ordered restart
+    (an operator's sparkrig-restart-pair, the watchdog) has the head stopped, the pair did not go
+    down by itself, so the round neither restarts nor spends the budget. Returns what was said."""
+    lock = RestartLock()
+    if not lock.acquire():
+        return said
+    try:
         now = time.monotonic()
         active, failed = unit_state(args.head_unit)
         went_down = failed or os.path.exists(MARKER)
@@ -543,28 +557,28 @@ def supervise(args: argparse.Namespace) -> int:
         if verdict == "restart":
             write_budget("supervisor", policy.restarts, args.max_restarts, args.window)
             log(f"the pair went down by itself ({reason}); every worker is back: restarting it")
-            restart_pair(args)
-            said = ""
-        elif verdict == "wait":
+            _restart_pair(args)
+            return ""
+        msg = ""
+        if verdict == "wait":
             msg = (
                 f"the pair went down by itself ({reason}); waiting for {', '.join(waiting)}: it "
                 "restarts in order once every worker's agent answers ready"
             )
-            if msg != said:
-                log(msg)
-                said = msg
         elif verdict == "give-up":
             msg = (
                 f"{args.max_restarts} restarts in {args.window:.0f} s did not keep the pair up "
                 f"({reason}); leaving it down for a human: read journalctl -u {args.head_unit} "
                 "-u sparkrig-pair on every rank, then run sudo sparkrig-restart-pair on the head"
             )
-            if msg != said:
-                log(msg)
-                said = msg
-        elif not verdict and active:
-            said = ""
-        time.sleep(args.interval)
+        elif active:
+            return ""
+        if msg and msg != said:
+            log(msg)
+            return msg
+        return said
+    finally:
+        lock.release()
 
 
 def request(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@ and its agent on loopback."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import subprocess
@@ -143,6 +144,30 @@ def test_one_ordered_restart_at_a_time(run_dir):
     first.release()
     assert second.acquire()
     second.release()
+
+
+def test_the_supervisor_leaves_someone_elses_ordered_restart_alone_and_spends_no_budget(
+    run_dir, monkeypatch
+):
+    """An operator's sparkrig-restart-pair stops the head with the pair-down marker written: the
+    supervisor must not take that for the pair going down by itself (its budget is 3 in 6 h)."""
+    restarts: list[str] = []
+    monkeypatch.setattr(pair, "unit_state", lambda unit: (False, False))  # the head stopped
+    monkeypatch.setattr(pair, "agent_ready", lambda w, port: (True, "ready"))
+    monkeypatch.setattr(pair, "_restart_pair", lambda args: restarts.append("restart") or 0)
+    monkeypatch.setattr(pair, "write_budget", lambda *a: None)
+    args = argparse.Namespace(
+        head_unit="sparkrig-head.service", agent_port=29601, max_restarts=3, window=3600
+    )
+    policy = pair.SupervisorPolicy(max_restarts=3, window=3600, settle=60)
+    pair.mark_pair_down("ordered restart of the pair")
+    theirs = pair.RestartLock()
+    assert theirs.acquire()  # the operator's restart is under way
+    assert pair.supervise_round(args, policy, ["10.0.0.2"], "") == ""
+    assert restarts == [] and policy.restarts == []
+    theirs.release()  # it failed half way, leaving the pair down: now it is the supervisor's
+    pair.supervise_round(args, policy, ["10.0.0.2"], "")
+    assert restarts == ["restart"] and len(policy.restarts) == 1
 
 
 def free_port() -> int:
