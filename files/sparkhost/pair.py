@@ -306,6 +306,17 @@ def wait_all(peers: list[str], port: int, up: bool, timeout: float) -> bool:
     return False
 
 
+LOCKED = 75  # restart_pair's exit when another ordered restart holds the lock (EX_TEMPFAIL)
+
+
+def restart_under_way() -> bool:
+    lock = RestartLock()
+    if not lock.acquire():
+        return True
+    lock.release()
+    return False
+
+
 class RestartLock:
     """One ordered restart at a time (supervisor, watchdog, an operator's sparkrig-restart-pair)."""
 
@@ -339,7 +350,7 @@ def restart_pair(args: argparse.Namespace) -> int:
     lock = RestartLock()
     if not lock.acquire():
         log("another ordered restart of the pair is under way; not starting a second one")
-        return 1
+        return LOCKED
     try:
         return _restart_pair(args)
     finally:
@@ -535,50 +546,49 @@ def supervise(args: argparse.Namespace) -> int:
 def supervise_round(
     args: argparse.Namespace, policy: SupervisorPolicy, workers: list[str], said: str
 ) -> str:
-    """One look at the pair, decided under the restart lock: while someone else's ordered restart
-    (an operator's sparkrig-restart-pair, the watchdog) has the head stopped, the pair did not go
-    down by itself, so the round neither restarts nor spends the budget. Returns what was said."""
-    lock = RestartLock()
-    if not lock.acquire():
+    """One look at the pair. While someone else's ordered restart (an operator's
+    sparkrig-restart-pair, a worker's request, the watchdog) has the head stopped, the pair did not
+    go down by itself: the round neither restarts nor spends the budget. The lock is only tested,
+    not held, so a worker's request arriving meanwhile is never mistaken for a restart under way.
+    Returns what was said."""
+    if restart_under_way():
         return said
-    try:
-        now = time.monotonic()
-        active, failed = unit_state(args.head_unit)
-        went_down = failed or os.path.exists(MARKER)
-        operator = os.path.exists(OPERATOR)
-        waiting: list[str] = []
-        if went_down and not active and not operator:
-            for w in workers:
-                ok, why = agent_ready(w, args.agent_port)
-                if not ok:
-                    waiting.append(f"{w} ({why})")
-        verdict = policy.observe(now, active, went_down, operator, not waiting)
-        reason = down_reason(args.head_unit, failed)
-        if verdict == "restart":
-            write_budget("supervisor", policy.restarts, args.max_restarts, args.window)
-            log(f"the pair went down by itself ({reason}); every worker is back: restarting it")
-            _restart_pair(args)
-            return ""
-        msg = ""
-        if verdict == "wait":
-            msg = (
-                f"the pair went down by itself ({reason}); waiting for {', '.join(waiting)}: it "
-                "restarts in order once every worker's agent answers ready"
-            )
-        elif verdict == "give-up":
-            msg = (
-                f"{args.max_restarts} restarts in {args.window:.0f} s did not keep the pair up "
-                f"({reason}); leaving it down for a human: read journalctl -u {args.head_unit} "
-                "-u sparkrig-pair on every rank, then run sudo sparkrig-restart-pair on the head"
-            )
-        elif active:
-            return ""
-        if msg and msg != said:
-            log(msg)
-            return msg
-        return said
-    finally:
-        lock.release()
+    now = time.monotonic()
+    active, failed = unit_state(args.head_unit)
+    went_down = failed or os.path.exists(MARKER)
+    operator = os.path.exists(OPERATOR)
+    waiting: list[str] = []
+    if went_down and not active and not operator:
+        for w in workers:
+            ok, why = agent_ready(w, args.agent_port)
+            if not ok:
+                waiting.append(f"{w} ({why})")
+    verdict = policy.observe(now, active, went_down, operator, not waiting)
+    reason = down_reason(args.head_unit, failed)
+    if verdict == "restart":
+        log(f"the pair went down by itself ({reason}); every worker is back: restarting it")
+        if restart_pair(args) == LOCKED:  # one began since the test above: not ours to count
+            policy.restarts.pop()
+        write_budget("supervisor", policy.restarts, args.max_restarts, args.window)
+        return ""
+    msg = ""
+    if verdict == "wait":
+        msg = (
+            f"the pair went down by itself ({reason}); waiting for {', '.join(waiting)}: it "
+            "restarts in order once every worker's agent answers ready"
+        )
+    elif verdict == "give-up":
+        msg = (
+            f"{args.max_restarts} restarts in {args.window:.0f} s did not keep the pair up "
+            f"({reason}); leaving it down for a human: read journalctl -u {args.head_unit} "
+            "-u sparkrig-pair on every rank, then run sudo sparkrig-restart-pair on the head"
+        )
+    elif active:
+        return ""
+    if msg and msg != said:
+        log(msg)
+        return msg
+    return said
 
 
 def request(args: argparse.Namespace) -> int:

@@ -156,6 +156,8 @@ def test_the_supervisor_leaves_someone_elses_ordered_restart_alone_and_spends_no
     monkeypatch.setattr(pair, "agent_ready", lambda w, port: (True, "ready"))
     monkeypatch.setattr(pair, "_restart_pair", lambda args: restarts.append("restart") or 0)
     monkeypatch.setattr(pair, "write_budget", lambda *a: None)
+    logged: list[str] = []
+    monkeypatch.setattr(pair, "log", logged.append)
     args = argparse.Namespace(
         head_unit="sparkrig-head.service", agent_port=29601, max_restarts=3, window=3600
     )
@@ -164,6 +166,10 @@ def test_the_supervisor_leaves_someone_elses_ordered_restart_alone_and_spends_no
     theirs = pair.RestartLock()
     assert theirs.acquire()  # the operator's restart is under way
     assert pair.supervise_round(args, policy, ["10.0.0.2"], "") == ""
+    assert restarts == [] and policy.restarts == [] and logged == []  # not even "went down"
+    # one that began between the round's look and its restart is not counted either
+    monkeypatch.setattr(pair, "restart_under_way", lambda: False)
+    pair.supervise_round(args, policy, ["10.0.0.2"], "")
     assert restarts == [] and policy.restarts == []
     theirs.release()  # it failed half way, leaving the pair down: now it is the supervisor's
     pair.supervise_round(args, policy, ["10.0.0.2"], "")
