@@ -28,8 +28,12 @@ PYTEST_PLAN := $(PYTEST) -m "not lab" $(PLAN_TESTS)
 # SPARKRIG_NO_SKIPS=1 a skipped test fails (tests/conftest.py): CI never passes by skipping.
 test: export SPARKRIG_NO_SKIPS := 1
 test: deps check
-	$(PYTEST_FAST) --durations=8
-	$(PYTEST_PLAN) --durations=4
+	@# the fast and plan suites side by side (the first mostly waits on sockets and namespaces, the
+	@# second on the CPU); each one's output is printed whole once both have ended
+	@tmp=$$(mktemp -d); \
+	$(PYTEST_FAST) --durations=8 >$$tmp/fast.log 2>&1 & fast=$$!; \
+	$(PYTEST_PLAN) --durations=4 >$$tmp/plan.log 2>&1; plan=$$?; wait $$fast; fast=$$?; \
+	cat $$tmp/fast.log $$tmp/plan.log; rm -rf $$tmp; [ $$fast -eq 0 ] && [ $$plan -eq 0 ]
 	SPARKRIG_LAB=1 $(PYTEST) -m lab tests/lab -k "$(LAB_CI)" --durations=12; rc=$$?; [ "$$SPARKRIG_LAB_KEEP" = 1 ] || $(PY) -m lab down; exit $$rc
 
 # The lab tests CI runs, in the suite's order: everything issue 9 names. The NetworkManager guests,
