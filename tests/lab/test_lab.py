@@ -470,17 +470,22 @@ def wait_for(what: str, check, timeout: float) -> float:
     return took
 
 
+def wait_down(guest, unit: str, what: str) -> None:
+    """Wait (up to 120 s) until ``unit`` is no longer active on ``guest``."""
+    wait_for(
+        what,
+        lambda: guest.sh(f"systemctl is-active {unit} || true").strip() != "active",
+        120,
+    )
+
+
 def test_a_dead_worker_takes_the_head_down_and_the_supervisor_brings_both_back(lab: Lab):
     worker, head = lab.workers[0], lab.head
     assert head.sh("systemctl is-active sparkrig-watchdog || true").strip() != "active"
     before = head.unit_started("sparkrig-head")
     mark = cursor(head)
     worker.sh("docker kill sparkrig-rank1")
-    wait_for(
-        "head down after the worker's container died",
-        lambda: head.sh("systemctl is-active sparkrig-head || true").strip() != "active",
-        120,
-    )
+    wait_down(head, "sparkrig-head", "head down after the worker's container died")
     wait_for("the supervisor restarted the pair and it answers again", lambda: serving(head), 600)
     assert head.unit_started("sparkrig-head") != before
     assert worker.sh("systemctl is-active sparkrig-worker").strip() == "active"
@@ -493,11 +498,7 @@ def test_stopping_the_head_is_left_alone(lab: Lab):
     head, worker = lab.head, lab.workers[0]
     mark = cursor(head)
     head.sh("systemctl stop sparkrig-head")
-    wait_for(
-        "worker down after the head was stopped",
-        lambda: worker.sh("systemctl is-active sparkrig-worker || true").strip() != "active",
-        120,
-    )
+    wait_down(worker, "sparkrig-worker", "worker down after the head was stopped")
     # the worker is ready to be started again, so a supervisor that ignored the operator would
     # restart the pair within one of its 5 s rounds: watch for six of them
     assert worker.sh("curl -s -o /dev/null -w '%{http_code}' "
@@ -517,11 +518,7 @@ def test_firmware_reset_is_refused_at_start_and_one_rerun_restores_and_restarts_
     old_index = env_value(worker, "NCCL_IB_GID_INDEX")
     # the pair stopped by an operator, so no one restarts it behind the test's back
     head.sh("systemctl stop sparkrig-head")
-    wait_for(
-        "worker down after the head was stopped",
-        lambda: worker.sh("systemctl is-active sparkrig-worker || true").strip() != "active",
-        120,
-    )
+    wait_down(worker, "sparkrig-worker", "worker down after the head was stopped")
     started = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
     # what a firmware capsule reboot does: MTU back to 1500, the RDMA device re-created, and the
     # GID table filled in another order. A VLAN on the fabric NIC (which netplan does not manage,
@@ -690,11 +687,7 @@ def test_reboot_d_a_worker_off_longer_than_the_bound_then_started_again(lab: Lab
 
     head, worker = lab.head, lab.workers[0]
     lab_cli("poweroff", worker.name)
-    wait_for(
-        "head down after the worker lost power",
-        lambda: head.sh("systemctl is-active sparkrig-head || true").strip() != "active",
-        120,
-    )
+    wait_down(head, "sparkrig-head", "head down after the worker lost power")
     reboot(head)
     wait_for(
         "the head's start gate gave up (the bound)",
