@@ -27,9 +27,9 @@ PYTEST_PLAN := $(PYTEST) -m "not lab" $(PLAN_TESTS)
 # Lint, format, types, every unit/plan test, then the lab tests CI runs (LAB_CI below). Under
 # SPARKRIG_NO_SKIPS=1 a skipped test fails (tests/conftest.py): CI never passes by skipping.
 test: export SPARKRIG_NO_SKIPS := 1
+# The fast and plan suites run side by side (the first mostly waits on sockets and namespaces,
+# the second on the CPU); each one's output is printed whole once both have ended.
 test: deps check
-	@# the fast and plan suites side by side (the first mostly waits on sockets and namespaces, the
-	@# second on the CPU); each one's output is printed whole once both have ended
 	@tmp=$$(mktemp -d); \
 	$(PYTEST_FAST) --durations=8 >$$tmp/fast.log 2>&1 & fast=$$!; \
 	$(PYTEST_PLAN) --durations=4 >$$tmp/plan.log 2>&1; plan=$$?; wait $$fast; fast=$$?; \
@@ -42,8 +42,8 @@ test: deps check
 # operator's stop, the firmware reset, the --limit worker repair, reboot orders (a) (with a moved
 # GID index), (b), (c), (d) and the deploy after them changing nothing. Only in `make lab-test`:
 # --limit worker leaving the head alone, the old layout's programs, the second operator, rollback
-# and uninstall (about 17 more minutes of lab). Measured: docs/lab.md, "The
-# whole suite, seventh session".
+# and uninstall (about 17 more minutes of lab). Measured: docs/lab.md, "The whole suite, seventh
+# session".
 LAB_CI := dgx_os_network_stack or bad_inventory or dry_diff or first_converge or \
 	converged_hosts_verify or weights_came or four_gates or api_needs or second_run or \
 	claimed_fabric or dead_worker or stopping_the_head or firmware_reset or \
