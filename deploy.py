@@ -5,9 +5,10 @@ Usage: pyinfra inventory.py deploy.py [--limit worker] [--dry --diff]
 
 from pyinfra import local
 
-from sparkrig.ordering import refuse_unordered_run
+from sparkrig.ordering import index_deploy_files, refuse_unordered_run
 
 refuse_unordered_run()  # --serial / --no-wait break worker-before-head: refused before any command
+index_deploy_files()  # pyinfra orders operations by their stack: make that a lookup per frame
 local.include("tasks/preflight.py")
 local.include("tasks/release.py")
 local.include("tasks/host.py")

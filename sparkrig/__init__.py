@@ -6,11 +6,13 @@ import importlib.util
 import sys
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]  # the checkout: deploy.py, tasks/, files/, templates/
+
 
 def _import_host_package() -> None:
     if "sparkhost" in sys.modules:
         return
-    init = Path(__file__).resolve().parents[1] / "files" / "sparkhost" / "__init__.py"
+    init = REPO / "files" / "sparkhost" / "__init__.py"
     spec = importlib.util.spec_from_file_location(
         "sparkhost", init, submodule_search_locations=[str(init.parent)]
     )

@@ -106,9 +106,14 @@ def displace_claims(
 
 
 def ping_command(interface: str, peers: list[str], mtu: int) -> str:
-    return " && ".join(
-        f"ping -M do -s {mtu - 28} -c 2 -W 2 -I {interface} {peer} >/dev/null" for peer in peers
+    """Every peer pinged at once (each ping in the background, then each waited for): the
+    check takes one peer's time whatever the number of nodes; it fails if any peer fails.
+    ``-i 0.2`` is the shortest interval iputils' ping allows without root."""
+    started = "; ".join(
+        f"ping -M do -s {mtu - 28} -c 2 -i 0.2 -W 2 -I {interface} {peer} >/dev/null & p{i}=$!"
+        for i, peer in enumerate(peers)
     )
+    return f"{started}; " + " && ".join(f"wait $p{i}" for i in range(len(peers)))
 
 
 @operation()

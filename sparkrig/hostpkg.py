@@ -17,7 +17,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-SOURCE = Path(__file__).resolve().parents[1] / "files" / "sparkhost"
+from sparkrig import REPO
+
+SOURCE = REPO / "files" / "sparkhost"
 PYTHON = "/usr/bin/python3"
 PACKAGE = "sparkhost"
 

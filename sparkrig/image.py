@@ -31,13 +31,13 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError, OperationValueError
 from sparkhost.units import transient_command
 
-from sparkrig import hoststate
+from sparkrig import REPO, hoststate
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.failhost import fail_host
 from sparkrig.imagehash import base_digest, context_files, image_ref, image_tag
 from sparkrig.settings import Settings
 
-FILES_DIR = Path(__file__).resolve().parent.parent / "files"
+FILES_DIR = REPO / "files"
 MARKER = "sparkrig-image-state"  # in every image fact command (fakes match on it)
 SERVE_UNIT = "sparkrig-image-serve"
 SERVE_MAX_SECONDS = 4 * 3600  # the server stops by itself even if the deploy dies

@@ -3,16 +3,15 @@ the context every template gets (the rank's identity and sparkrig's paths)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from sparkrig import hostpkg
+from sparkrig import REPO, hostpkg
 from sparkrig.paths import paths
 from sparkrig.settings import Settings
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = REPO / "templates"
 
 _ENV = Environment(
     loader=FileSystemLoader(str(TEMPLATES)),

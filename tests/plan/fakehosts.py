@@ -120,7 +120,9 @@ def rank_status(gids: tuple[str, ...] = (), **values: Any) -> list[str]:
 
 
 PING_CHECK = re.compile(r"^ping -M do .* 2>&1; echo rc=\$\?$")
-PING = re.compile(r"^ping -M do -s \d+ -c 2 -W 2 -I \S+ [\d.]+ >/dev/null( && ping -M do .*)?$")
+PING = re.compile(
+    r"^ping -M do -s \d+ -c 2 -i 0\.2 -W 2 -I \S+ [\d.]+ >/dev/null & p0=\$!; .*wait \$p\d+$"
+)
 NETPLAN_GENERATE = re.compile(r"^netplan generate$")
 NM_RELOAD = re.compile(r"^nmcli connection reload$")
 NM_UP = re.compile(r"^nmcli --wait \d+ connection up netplan-\S+$")

@@ -8,6 +8,7 @@ the head and 54 on each worker for ``--dry``, 51/47 for ``-y``; after it, 3/2 an
 from __future__ import annotations
 
 import re
+from glob import glob
 
 import pytest
 
@@ -122,3 +123,26 @@ def test_a_first_run_rereads_only_the_parts_an_operation_asks_for(monkeypatch):
         assert 1 <= len(whole) <= 2, f"{name}: the whole state was read {len(whole)} times"
         later = reads[len(whole) :]
         assert len(later) > 20 and all(len(parts) <= 2 for parts in later), (name, reads)
+
+
+def test_placing_an_operation_never_scans_every_module_for_a_deploy_file(monkeypatch):
+    """pyinfra places each operation by walking its stack, and ``inspect`` looks each frame's
+    file up among the modules; for the exec'd deploy and task files that was a scan of all of
+    ``sys.modules`` per frame (most of the control side's time). At most one scan per run."""
+    import inspect
+    import os
+
+    deploy_files = {os.path.abspath("deploy.py"), *map(os.path.abspath, glob("tasks/*.py"))}
+    real_getmodule = inspect.getmodule
+    scans: list[str] = []
+
+    def getmodule(obj, _filename=None):
+        if _filename is not None:
+            path = os.path.normcase(os.path.abspath(_filename))
+            if path in deploy_files and path not in inspect.modulesbyfile:
+                scans.append(path)
+        return real_getmodule(obj, _filename)
+
+    monkeypatch.setattr(inspect, "getmodule", getmodule)
+    converged_run(monkeypatch, 2, "apply")
+    assert len(scans) <= 1, f"{len(scans)} scans of sys.modules, e.g. for {scans[-1]}"
