@@ -14,8 +14,9 @@ number (sparkrig/owned.py ``OwnedPaths``, ``UnitStates``):
   whoever asks: the head's look at a worker's image or weights shares the worker's own read;
 - while it executes, a part is read again once anything changed on any host since its last
   read (an operation that sent commands), so an operation never decides from a state an earlier
-  operation of the run changed. Before the first change every stale part is read at once (a
-  no-op run reads the whole state once more at the start of execution); after it, only the
+  operation of the run changed. Before the first change every stale part is read at once (after
+  a prompt, the whole state once more at the start of execution; with ``-y`` the read made while
+  preparing serves, so a ``-y`` no-op reads each host once); after it, only the
   parts the operation asks for (``mine("paths")``), since a first converge changes something at
   nearly every operation and the node, image and weights parts cost seconds each under TCG.
 
@@ -342,9 +343,13 @@ def _reads() -> _Reads:
 
 def _generation(state: Any) -> Any:
     """Preparing: one read for the whole stage. Executing: a new read once any operation on any
-    host sent commands (changed something) since the last one."""
+    host sent commands (changed something) since the last one.
+
+    With ``-y`` (pyinfra's ``check_for_changes`` off) execution follows preparation at once, so
+    the read made while preparing is execution's first too. Without it the operator reads the
+    plan at a prompt for as long as they like, so execution reads again."""
     if not state.is_executing:
-        return "prepare"
+        return "prepare" if state.check_for_changes else ("execute", 0)
     changed = 0
     for ops in state.ops.values():
         for data in ops.values():

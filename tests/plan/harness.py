@@ -94,9 +94,12 @@ class Run:
     exception: BaseException | None = None
 
 
-def run(args: list[str], monkeypatch: Any, fail_upload: str | None = None) -> Run:
+def run(
+    args: list[str], monkeypatch: Any, fail_upload: str | None = None, stdin: str | None = None
+) -> Run:
     """``pyinfra <args>`` as the operator types it; returns commands and uploads per host.
-    ``fail_upload``: an upload to a remote path containing it fails (the connection dropped)."""
+    ``fail_upload``: an upload to a remote path containing it fails (the connection dropped).
+    ``stdin``: what the operator types (``"\\n"`` answers the prompt of a run without ``-y``)."""
     from pyinfra_cli.main import cli  # gevent-patches the process: only once a plan test runs
 
     uploads: dict[str, dict[str, bytes]] = {}
@@ -172,7 +175,9 @@ def run(args: list[str], monkeypatch: Any, fail_upload: str | None = None) -> Ru
     monkeypatch.setattr(FakeConnector, "put_file", put_file)
     monkeypatch.setattr(pyinfra, "is_cli", True)
     ctx_state.reset()
-    result = CliRunner().invoke(cli, args, standalone_mode=False, catch_exceptions=True)
+    result = CliRunner().invoke(
+        cli, args, input=stdin, standalone_mode=False, catch_exceptions=True
+    )
     state = ctx_state.get() if ctx_state.isset() else None
     commands: dict[str, list[str]] = {}
     op_order: list[str] = []

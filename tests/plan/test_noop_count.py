@@ -33,9 +33,11 @@ def converged_run(monkeypatch, nodes: int, mode: str) -> Run:
     inventory = INVENTORIES[nodes]
     for name, s in fakehosts.settings_of(inventory).items():
         fakehosts.STATE[name.split("/")[1]] = fakehosts.converged(s)
-    r = run([*MODES[mode], inventory, "deploy.py"], monkeypatch)
+    prompted = mode == "prompted"  # no -y: the operator presses enter at pyinfra's prompt
+    args = [] if prompted else MODES[mode]
+    r = run([*args, inventory, "deploy.py"], monkeypatch, stdin="\n" if prompted else None)
     assert r.exit_code == 0, r.output
-    if mode == "apply":  # (--dry lists _if-gated operations as changes: pyinfra's way)
+    if mode != "dry":  # (--dry lists _if-gated operations as changes: pyinfra's way)
         assert r.changed_ops == {}, r.changed_ops  # converged: the count is the no-op's
     assert len(r.commands) == nodes
     return r
@@ -67,6 +69,19 @@ def test_dry_reads_each_hosts_state_once_whoever_asks(monkeypatch):
         assert len(reads) == 1, f"{name}: {len(reads)} state reads"
         others = [c[:80] for c in commands if c not in reads]
         assert all(c.startswith(("ping -M do", f"{hostpkg.PYTHON} ")) for c in others), others
+
+
+@pytest.mark.parametrize(("mode", "reads"), [("apply", 1), ("prompted", 2)])
+def test_a_yes_run_decides_from_its_preparing_read_and_a_prompted_run_reads_again(
+    monkeypatch, mode, reads
+):
+    """With ``-y`` execution follows preparation at once: the state read while preparing is
+    the one execution decides from, so a no-op reads each host once. Without it the operator
+    may sit at pyinfra's prompt for minutes, so execution reads every host again."""
+    r = converged_run(monkeypatch, 2, mode)
+    for name, commands in r.commands.items():
+        whole = [c for c in commands if "##SPARKRIG-PART node" in c]
+        assert len(whole) == reads, f"{name}: {len(whole)} whole state reads"
 
 
 def test_dry_diff_shows_every_file_the_run_would_write(monkeypatch):
@@ -112,15 +127,15 @@ def test_a_first_run_rereads_only_the_parts_an_operation_asks_for(monkeypatch):
     """A first run changes something at nearly every operation, and every change makes the
     state stale; re-reading every part each time (node report, image, weights, ...) was about
     45 whole reads per host, 11 of the lab's 26 minutes. The whole state is read while
-    preparing and, when nothing has changed yet, once more at the start of execution; after a
-    change only the parts the operation looks at (the node report, which no operation looks at,
-    is not read again)."""
+    preparing (with ``-y`` that read serves execution until the first change); after a change
+    only the parts the operation looks at (the node report, which no operation looks at, is not
+    read again)."""
     r = run(["-y", INVENTORIES[2], "deploy.py"], monkeypatch)
     assert r.exit_code == 0, r.output
     for name, commands in r.commands.items():
         reads = [parts_read(c) for c in commands if "##SPARKRIG-PART" in c]
         whole = [parts for parts in reads if "node" in parts]
-        assert 1 <= len(whole) <= 2, f"{name}: the whole state was read {len(whole)} times"
+        assert len(whole) == 1, f"{name}: the whole state was read {len(whole)} times"
         later = reads[len(whole) :]
         assert len(later) > 20 and all(len(parts) <= 2 for parts in later), (name, reads)
 
