@@ -2,6 +2,7 @@
 """What re-checking a converged deploy costs on the lab (issue 12; not a test, run by hand).
 
   python3 bench/noop/bench_noop.py [--inventory lab/inventory.py] [--runs 3] [--out results.json]
+                                   [--guest-cpu 0.4]
 
 For sparkrig (deploy.py) and for the plain 20-operation pyinfra deploy in bench/noop/plain
 (REFERENCE §10.4b's yardstick), against the same guests in the same sitting:
@@ -18,6 +19,7 @@ then prints both and the ratios (sparkrig / plain). Needs the lab up (python3 -m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import statistics
@@ -26,6 +28,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAIN = Path(__file__).resolve().parent / "plain"
@@ -71,21 +74,69 @@ def measure(name: str, inventory: str, deploy: list[str], cwd: Path, runs: int, 
     }
 
 
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (this machine's)
+
+
+def guest_pids() -> dict[str, int]:
+    """The lab's qemu processes by guest name (their command lines start ``qemu-system-x86_64
+    -name <guest>``)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if proc.name.isdigit() and argv[0].endswith(b"qemu-system-x86_64") and argv[1] == b"-name":
+            found[argv[2].decode()] = int(proc.name)
+    return found
+
+
+@contextlib.contextmanager
+def guest_cpu_quota(fraction: float | None):
+    """Each lab guest capped at ``fraction`` of a host core for the sitting (a cgroup per qemu,
+    CFS quota), so a guest has the same CPU with four guests as with two, as each Spark has its
+    own; the cap is lifted afterwards. None: no cap."""
+    if fraction is None:
+        yield {}
+        return
+    groups = {}
+    try:
+        for name, pid in guest_pids().items():
+            group = CPU_CGROUP / "sparkrig-bench" / name
+            group.mkdir(parents=True, exist_ok=True)
+            (group / "cpu.cfs_period_us").write_text("100000")
+            (group / "cpu.cfs_quota_us").write_text(str(int(fraction * 100000)))
+            (group / "cgroup.procs").write_text(str(pid))
+            groups[name] = group
+        print(f"each guest capped at {fraction} of a core: {', '.join(sorted(groups))}")
+        yield groups
+    finally:
+        for group in groups.values():
+            for pid in (group / "cgroup.procs").read_text().split():
+                (CPU_CGROUP / "cgroup.procs").write_text(pid)
+            group.rmdir()
+        if groups:
+            (CPU_CGROUP / "sparkrig-bench").rmdir()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--inventory", default="lab/inventory.py")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-converge", action="store_true", help="both deploys already converged")
     ap.add_argument("--out", type=Path, help="write the results as JSON")
+    ap.add_argument("--guest-cpu", type=float, help="cap each guest at this share of a core")
     a = ap.parse_args()
     inventory = str((ROOT / a.inventory).resolve())
     converge = not a.no_converge
-    results = {
-        "sparkrig": measure("sparkrig", inventory, ["deploy.py"], ROOT, a.runs, converge),
-        # from bench/noop/plain (its relative src paths); the repo's group_data is not loaded
-        # there, so --sudo stands for its `_sudo = True`
-        "plain": measure("plain", inventory, ["--sudo", "deploy.py"], PLAIN, a.runs, converge),
-    }
+    with guest_cpu_quota(a.guest_cpu):
+        results: dict[str, Any] = {
+            "sparkrig": measure("sparkrig", inventory, ["deploy.py"], ROOT, a.runs, converge),
+            # from bench/noop/plain (its relative src paths); the repo's group_data is not
+            # loaded there, so --sudo stands for its `_sudo = True`
+            "plain": measure("plain", inventory, ["--sudo", "deploy.py"], PLAIN, a.runs, converge),
+        }
+    results["guest_cpu"] = a.guest_cpu
     hosts = sorted(results["sparkrig"]["dry"]["commands"])
     results["hosts"] = len(hosts)
     ratio = results["sparkrig"]["noop_median_s"] / max(results["plain"]["noop_median_s"], 0.1)
