@@ -19,23 +19,25 @@ SYSCTL_FILE = "/etc/sysctl.d/90-sparkrig.conf"  # owned whole: vm.swappiness, vm
 
 _NODE_SCRIPT = r"""
 d={weights}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done
-echo "arch=$(uname -m)"
-echo "kernel=$(uname -r)"
+# few processes (a process start is most of this script's time on a busy node): sysfs and
+# meminfo are read by the shell's own read; the sysctls by one cat, since dash reads a byte at a
+# time and a sysctl file read at an offset past 0 returns nothing ("60" would read as "6")
+set -- $(cat /proc/sys/vm/swappiness /proc/sys/vm/min_free_kbytes)
+echo "swappiness=$1"; echo "min_free_kbytes=$2"
+while read -r k v _; do [ "$k" = MemFree: ] && echo "memfree_kb=$v" && break; done < /proc/meminfo
+set -- $(uname -mr); echo "arch=$2"; echo "kernel=$1"
 if command -v nvidia-smi >/dev/null 2>&1; then
   q=name,compute_cap,driver_version
   echo "gpu=$(nvidia-smi --query-gpu=$q --format=csv,noheader 2>/dev/null | head -n1)"
 fi
 echo "docker=$(command -v docker || true)"
 echo "disk_free=$(df -P -B1 "$d" 2>/dev/null | awk 'NR==2 {{print $4}}')"
-echo "memfree_kb=$(awk '/^MemFree:/ {{print $2}}' /proc/meminfo)"
-echo "swappiness=$(cat /proc/sys/vm/swappiness)"
-echo "min_free_kbytes=$(cat /proc/sys/vm/min_free_kbytes)"
 n=/sys/class/net/{iface}
 if [ -d "$n" ]; then
   echo "link_present=1"
-  echo "operstate=$(cat $n/operstate 2>/dev/null)"
-  echo "carrier=$(cat $n/carrier 2>/dev/null || echo 0)"
-  echo "mtu=$(cat $n/mtu)"
+  v=; read -r v 2>/dev/null < $n/operstate; echo "operstate=$v"
+  v=0; read -r v 2>/dev/null < $n/carrier || v=0; echo "carrier=$v"
+  read -r v < $n/mtu; echo "mtu=$v"
   echo "ipv4=$(ip -o -4 addr show dev {iface} 2>/dev/null | awk '{{print $4}}' | paste -sd, -)"
 else
   echo "link_present=0"
@@ -45,7 +47,7 @@ for f in /lib/netplan/*.yaml /etc/netplan/*.yaml /run/netplan/*.yaml; do
   [ -f "$f" ] && [ "$f" != {ours} ] || continue
   grep -qE {netplan_re} "$f" && echo "netplan_claim=$f"
 done
-mac=$(cat $n/address 2>/dev/null); mac=${{mac:-none}}
+mac=; read -r mac 2>/dev/null < $n/address; mac=${{mac:-none}}
 for f in /etc/NetworkManager/system-connections/* /run/NetworkManager/system-connections/*; do
   [ -f "$f" ] || continue
   case ${{f##*/}} in netplan-*) continue ;; esac
