@@ -53,8 +53,9 @@ def index_deploy_files(root: Path = REPO) -> None:
     pyinfra 3.10 places every operation by the line numbers of ``inspect.stack()``
     (``get_operation_order_from_stack``), and ``inspect.getmodule`` scans all of ``sys.modules``
     for each frame whose file is no module's: ``deploy.py`` and ``tasks/*.py``, which pyinfra
-    execs. That scan was most of the control side's time: 5.6 s of a 4-node no-op's 5.8 s
-    preparation on ``@fake`` hosts, 2.3 s with the index (bench/noop/bench_control.py)."""
+    execs. That scan was about half of the control side's time: a 4-node no-op on ``@fake``
+    hosts took 1.29 s without the index, 0.72 s with it (bench/noop/bench_control.py); the
+    more modules are loaded, the more each scan costs."""
     for path in [root / "deploy.py", *sorted((root / "tasks").glob("*.py"))]:
         module = types.ModuleType(f"_sparkrig_deploy_file_{path.parent.name}_{path.stem}")
         module.__file__ = str(path)
