@@ -3,7 +3,6 @@ the fabric NIC): every value it reports is the one the kernel gives."""
 
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 from pathlib import Path
@@ -39,4 +38,4 @@ def test_the_node_report_is_what_the_kernel_says(tmp_path):
 def test_a_missing_fabric_nic_is_reported_absent(tmp_path):
     report = node_report(tmp_path, interface="sparkrig-none0")
     assert not report.link_present and not report.carrier and report.mtu == 0
-    assert report.memfree_kb > 0 and os.path.isdir("/proc")
+    assert report.memfree_kb > 0  # the rest of the report is still read
