@@ -18,6 +18,7 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.facts.server import Command
+from sparkhost import rankenv
 from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
 
 from sparkrig import hoststate
@@ -133,7 +134,7 @@ def fabric_path(interface: str, peers: list[str], mtu: int) -> Generator[Any, No
     yield command
 
 
-GID_INDEX_LINE = "NCCL_IB_GID_INDEX="
+GID_INDEX_LINE = f"{rankenv.GID_INDEX}="
 GID_TABLE_LEN = 256  # the most GID entries a port's sysfs table has (ConnectX: 255 or 256)
 
 

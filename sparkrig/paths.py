@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sparkhost import rankenv
+
 from sparkrig import hostpkg
 from sparkrig.release import revision_dir
 from sparkrig.settings import Settings
@@ -12,7 +14,7 @@ def paths(s: Settings) -> dict[str, str]:
     return {
         "bin_dir": f"{k.install_dir}/bin",
         "host_package": hostpkg.remote_dir(k.install_dir),
-        "env_file": f"{k.config_dir}/rank.env",
+        "env_file": rankenv.path(k.config_dir),
         "token_file": f"{k.config_dir}/hf-token",
         "pair_token": f"{k.config_dir}/pair-token",
         "api_key": f"{k.config_dir}/api-key",
@@ -21,7 +23,7 @@ def paths(s: Settings) -> dict[str, str]:
         "watchdog_unit": "/etc/systemd/system/sparkrig-watchdog.service",
         "supervisor_unit": "/etc/systemd/system/sparkrig-supervisor.service",
         "run_dir": "/run/sparkrig",
-        "gid_env": "/run/sparkrig/gid.env",
+        "gid_env": rankenv.HANDED_PATH,
         "restart_script": f"{k.install_dir}/bin/sparkrig-restart-pair",
         "model_dir": revision_dir(k.weights_dir, "model", k.model_revision),
         "drafter_dir": revision_dir(k.weights_dir, "drafter", k.drafter_revision),

@@ -45,6 +45,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.context import ctx_state
+from sparkhost.lockfile import installed_path
 
 from sparkrig import hoststate
 from sparkrig.factlines import END
@@ -257,9 +258,9 @@ def release_files(s: Settings) -> list[str]:
     from sparkrig.paths import paths
 
     k = s.knobs
-    files = [paths(s)["rank_unit"], f"{k.config_dir}/model.lock.json"]
+    files = [paths(s)["rank_unit"], installed_path(k.config_dir, "model")]
     if s.needs_drafter:
-        files.append(f"{k.config_dir}/drafter.lock.json")
+        files.append(installed_path(k.config_dir, "drafter"))
     return files
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import FactProcessError
+from sparkhost import lockfile, rankenv
 from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
 
 from sparkrig.fabric import gid_table_command
@@ -25,9 +26,9 @@ _SCRIPT = """\
 systemctl show --property ActiveState --property SubState --property StateChangeTimestamp \
 {unit}.service 2>/dev/null | sed 's/^/unit_/'
 echo "image=$(docker inspect --format '{{{{.Config.Image}}}}' {container} 2>/dev/null)"
-echo "gid_env=$(sed -n 's/^NCCL_IB_GID_INDEX=//p' {env_file} 2>/dev/null | tail -n 1)"
+echo "gid_env=$({gid_env})"
 if [ -e {gid_file} ]; then
-  echo "gid_handed=$(sed -n 's/^NCCL_IB_GID_INDEX=//p' {gid_file} | tail -n 1)"
+  echo "gid_handed=$({gid_handed})"
 fi
 {gid_table}
 echo "mtu=$(cat /sys/class/net/{iface}/mtu 2>/dev/null)"
@@ -149,8 +150,9 @@ class RankStatus(FactBase[RankState]):
             end=END,
             unit=q(unit),
             container=q(container),
-            env_file=q(env_file),
             gid_file=q(gid_file),
+            gid_env=rankenv.value_command(rankenv.GID_INDEX, env_file),
+            gid_handed=rankenv.value_command(rankenv.HANDED, gid_file),
             gid_table=gid_table_command(),
             iface=q(iface),
             lock=q(lock),
@@ -171,7 +173,7 @@ def fact_args(s: Settings, env_file: str, gid_file: str, run_dir: str) -> dict[s
         "env_file": env_file,
         "gid_file": gid_file,
         "iface": s.me.fabric_interface,
-        "lock": f"{k.config_dir}/model.lock.json",
+        "lock": lockfile.installed_path(k.config_dir, "model"),
         "stamps": revision_dir(k.weights_dir, "model", k.model_revision) + ".stamps.json",
         "run_dir": run_dir,
     }

@@ -16,6 +16,7 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import DeployError, FactProcessError
+from sparkhost.lockfile import installed_path
 from sparkhost.tokenfile import read_secret
 from sparkhost.units import transient_command
 
@@ -67,7 +68,7 @@ def artifacts(s: Settings) -> list[Artifact]:
                 name=name,
                 subdir=f"{name}-{revision}",
                 lock_text=path.read_text(),
-                remote_lock=f"{k.config_dir}/{name}.lock.json",
+                remote_lock=installed_path(k.config_dir, name),
                 dest=revision_dir(k.weights_dir, name, revision),
                 commit=revision,
                 total_files=totals["files"],

@@ -7,6 +7,7 @@ nothing crosses the internet twice. Re-runs confirm the files from stamps in wel
 
 from pyinfra import host, inventory, state
 from pyinfra.operations import server
+from sparkhost.lockfile import installed_path
 
 from sparkrig import hostpkg, hoststate
 from sparkrig.ordering import on_head, on_workers
@@ -39,7 +40,7 @@ for legacy in host.loop(LEGACY_DIRS):
         name="Adopt a weights checkout of the old layout as its revision's directory",
         weights_dir=k.weights_dir,
         artifact=legacy,
-        lock=f"{k.config_dir}/{legacy}.lock.json",
+        lock=installed_path(k.config_dir, legacy),
     )
 wanted = artifacts(s)  # lockfiles read and checked on the control machine
 for art in host.loop(wanted):

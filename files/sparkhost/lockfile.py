@@ -15,6 +15,11 @@ HEX40 = re.compile(r"^[0-9a-f]{40}$")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
+def installed_path(config_dir: str, name: str) -> str:
+    """Where the deploy installs artifact ``name``'s lockfile ("model", "drafter") on a rank."""
+    return f"{config_dir}/{name}.lock.json"
+
+
 class LockfileError(ValueError):
     pass
 

@@ -6,8 +6,8 @@
    means no carrier, so no address and no GID yet). None within the bound: print the table and
    fail closed.
 2. The fabric NIC has its MTU (a firmware update can reset it to 1500).
-3. Hand THAT index to the container: write NCCL_IB_GID_INDEX to --gid-env, which the unit reads
-   for `docker run` (indices move after reboots; the deploy's rank.env keeps the one it saw).
+3. Hand THAT index to the container: write it to --gid-env (sparkhost.rankenv), which the unit
+   reads for `docker run` (indices move after reboots; the deploy's rank.env keeps the one it saw).
 4. Drop the page cache (it counts as used GPU memory on unified memory) and wait until MemFree,
    not MemAvailable, reaches the floor; otherwise list the top consumers and refuse to start.
 
@@ -30,7 +30,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from sparkhost import gid
+from sparkhost import gid, rankenv
 from sparkhost.common import read_text as read
 
 GIB = 1024**3
@@ -46,17 +46,6 @@ def log(msg: str) -> None:
 
 def warn(msg: str) -> None:
     print(f"sparkrig-prep: {msg}", file=sys.stderr, flush=True)
-
-
-def read_env(path: str) -> dict[str, str]:
-    env = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if line and not line.startswith("#") and "=" in line:
-                key, _, value = line.partition("=")
-                env[key] = value
-    return env
 
 
 # --- the fabric: carrier, RDMA device, the RoCE v2 GID of the address -------------------------
@@ -129,19 +118,13 @@ def check_mtu(env: dict[str, str]) -> str | None:
 
 def hand_over_gid(env: dict[str, str], index: int, path: str) -> None:
     """Write the index the container gets (atomically); say so when it moved since the deploy."""
-    deployed = env.get("NCCL_IB_GID_INDEX", "")
+    deployed = env.get(rankenv.GID_INDEX, "")
     if deployed != str(index):
         log(
             f"GID index of ::ffff:{env['SPARKRIG_FABRIC_IP']} is {index} now (the deploy saw "
             f"{deployed or 'none'}); the container gets {index}"
         )
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("# Written by sparkrig-prep at the rank's start: the live RoCE v2 GID index\n")
-        f.write(f"SPARKRIG_GID_INDEX={index}\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    rankenv.write_handed(path, index)
 
 
 def gate_fabric(env: dict[str, str], bound: float, gid_env: str) -> bool:
@@ -259,10 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--fabric-wait", type=float, default=300, help="seconds to wait for carrier and GID"
     )
-    p.add_argument("--gid-env", default="/run/sparkrig/gid.env", help="where the index goes")
+    p.add_argument("--gid-env", default=rankenv.HANDED_PATH, help="where the index goes")
     args = p.parse_args(argv)
 
-    env = read_env(args.env)
+    env = rankenv.read(args.env)
     if not gate_fabric(env, args.fabric_wait, args.gid_env):
         warn("refusing to start; if the fabric itself is wrong, re-run the deploy to fix it")
         return 2

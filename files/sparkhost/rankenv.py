@@ -1,0 +1,79 @@
+"""The rank unit's two environment files, each written and read here alone.
+
+``<config_dir>/rank.env``: the rank's environment, written by the deploy (templates/rank.env.j2,
+sparkrig.fabric.rank_env_file) and read by the rank unit (``EnvironmentFile=``), its container
+(``docker run --env-file``), its start gate (``sparkhost prep --env``, ``read``) and the status
+read (``GID_INDEX``, by the shell line ``value_command``).
+
+``/run/sparkrig/gid.env`` (``HANDED_PATH``): the live RoCE v2 GID index the start gate hands to
+the container at every rank start (``write_handed``); the unit reads it (``EnvironmentFile=-``,
+then ``--env NCCL_IB_GID_INDEX=${SPARKRIG_GID_INDEX}``), and so does the status read.
+
+Both are systemd environment files: ``KEY=VALUE`` lines, ``#`` comments, no quoting."""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+GID_INDEX = "NCCL_IB_GID_INDEX"  # rank.env: the index the deploy saw; the container's name for it
+HANDED_PATH = "/run/sparkrig/gid.env"
+HANDED = "SPARKRIG_GID_INDEX"  # gid.env: the index the start gate saw at this start
+
+
+def path(config_dir: str) -> str:
+    """Where the deploy writes a rank's env file."""
+    return f"{config_dir}/rank.env"
+
+
+def parse(text: str) -> dict[str, str]:
+    """The variables of an environment file (a later line wins, as in systemd)."""
+    env = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            env[key] = value
+    return env
+
+
+def read(path: str) -> dict[str, str]:
+    with open(path, encoding="utf-8") as f:
+        return parse(f.read())
+
+
+def handed_text(index: int) -> str:
+    return (
+        "# Written by sparkrig-prep at the rank's start: the live RoCE v2 GID index\n"
+        f"{HANDED}={index}\n"
+    )
+
+
+def write_handed(path: str, index: int) -> None:
+    """Hand ``index`` over (atomically: the unit never reads half a file)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(handed_text(index))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def handed(text: str) -> int | None:
+    """The index a gid.env hands over; None when it names none."""
+    value = parse(text).get(HANDED, "")
+    return int(value) if value.isdigit() else None
+
+
+def read_handed(path: str) -> int | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return handed(f.read())
+    except FileNotFoundError:
+        return None
+
+
+def value_command(key: str, path: str) -> str:
+    """A shell pipeline printing the value of ``key`` in the env file at ``path`` (a remote read
+    that must stay one command): the last ``KEY=`` line wins, as in ``parse``."""
+    return f"sed -n 's/^{key}=//p' {shlex.quote(path)} 2>/dev/null | tail -n 1"
