@@ -43,7 +43,7 @@ nccl_env = {}  # extra NCCL_* / runtime variables appended to every rank's env f
 
 # --- image ------------------------------------------------------------------------------------
 # vLLM image pinned by digest (repo@sha256:<64 hex>): the v11 image every working report used
-# (REFERENCE §6.2; it carries vLLM 0.1.dev20051+g487ecf187, docs/vllm.md)
+# (docs/sources.md, "Image"; it carries vLLM 0.1.dev20051+g487ecf187, docs/vllm.md)
 base_image = "ghcr.io/tonyd2wild/vllm-glm53-flash@sha256:4def0ef644cb2e9814136dcffd5e385e21bc594f48f3b292234051904abe85a6"  # noqa: E501
 base_image_known_bad_ok = False  # True lets a base image known to fail (stock vllm-openai) through
 image_repo = "sparkrig/vllm-glm53"  # local name of the patched image; tag = content hash

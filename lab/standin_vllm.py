@@ -16,8 +16,9 @@ be proven on the lab VMs:
   worker normally starts first), boot in step and serve no API. When the head goes away the worker
   logs "peer lost" and exits 1.
 - When a worker goes away the head logs it and keeps serving /health 200 and /v1/models, like real
-  vLLM (REFERENCE §8.2); completions then fail with HTTP 500 (the engine is dead), which is what a
-  real-completion watchdog sees. --standin-exit-on-peer-loss makes the head exit 1 instead.
+  vLLM (ideo-plus; docs/sources.md); completions then fail with HTTP 500 (the engine is dead),
+  which is what a real-completion watchdog sees. --standin-exit-on-peer-loss makes the head exit 1
+  instead.
 - During boot the head logs a caught, benign traceback, as real vLLM/FlashInfer boots do.
 - /v1/chat/completions answers arithmetic ("17*23" -> "391"); with tools and tool_choice=required
   (or a named function) it returns one tool call of the first (or named) tool with JSON arguments.

@@ -1,4 +1,5 @@
-"""The serving image: base pinned by digest, patched image built on every node (REFERENCE §6).
+"""The serving image: base pinned by digest, patched image built on every node
+(docs/sources.md, "Image").
 
 Only the head pulls the base image from its registry. It saves it (``docker save``, one platform
 when the CLI can) into a transfer directory and serves that directory read-only on its fabric

@@ -1,9 +1,9 @@
 """The rule that keeps worker-before-head: every host runs the same sequence of operations, and
-pyinfra runs each operation on every host before the next one (its default barrier; REFERENCE
-§10.5). Operations that act on some hosts only still exist on every host and do nothing where
-their condition does not hold. ``--serial`` (hosts one after the other, in set order) and
-``--no-wait`` (no barrier) would let the head start before its workers, so the deploy refuses
-them before any command reaches a host."""
+pyinfra runs each operation on every host before the next one (its default barrier:
+pyinfra/api/operations.py, run_ops). Operations that act on some hosts only still exist on every
+host and do nothing where their condition does not hold. ``--serial`` (hosts one after the
+other, in set order) and ``--no-wait`` (no barrier) would let the head start before its workers,
+so the deploy refuses them before any command reaches a host."""
 
 from __future__ import annotations
 

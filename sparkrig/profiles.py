@@ -1,11 +1,12 @@
 """Serve profiles: the `vllm serve` command line of every rank, as a pure function of typed inputs.
 
-Numbers come from REFERENCE §2 (seed 000 unless noted). Every profile carries the flags the recipes
-call mandatory (§2.1): tensor parallel over the nodes with the mp executor, --nnodes/--node-rank/
---master-addr/--master-port, --block-size 2304 (fp8 paged MQA page size; without it output is
-silently corrupt), --language-model-only (saves 15.7 GiB), --tool-call-parser glm47 with
---enable-auto-tool-choice (the `glm` parser drops tool calls), --kv-cache-dtype fp8_e4m3. Workers
-(rank > 0) add --headless and get no API flags (--host/--port/--served-model-name).
+Numbers and flags: docs/sources.md, "vLLM serve flags and profiles". Every profile carries the
+flags the recipes call mandatory: tensor parallel over the nodes with the mp executor,
+--nnodes/--node-rank/--master-addr/--master-port, --block-size 2304 (fp8 paged MQA page size;
+without it output is silently corrupt), --language-model-only (saves 15.7 GiB),
+--tool-call-parser glm47 with --enable-auto-tool-choice (the `glm` parser drops tool calls),
+--kv-cache-dtype fp8_e4m3. Workers (rank > 0) add --headless and get no API flags
+(--host/--port/--served-model-name).
 
 Profiles (knob `profile`):
 - single: 262144 context, 2 sequences, KV 3221225472 B, 4096 batched tokens, DFlash2 k=7 with the
@@ -121,7 +122,7 @@ def serve_args(
     """argv of one rank: ``["vllm", "serve", MODEL_DIR, flags...]`` (the image's entrypoint is
     `vllm`, so a container gets ``argv[1:]`` after ``--entrypoint vllm``).
 
-    ``thinking`` is the chat template's default ``enable_thinking`` (REFERENCE §2.1: off, and a
+    ``thinking`` is the chat template's default ``enable_thinking`` (off, and a
     request turns it on with ``chat_template_kwargs: {"enable_thinking": true}``; None leaves the
     template's own default). ``master_addr`` is the head's fabric IPv4 without prefix length.
     ``extra_args`` are appended last, so they override earlier flags (argparse keeps the last).

@@ -3,7 +3,7 @@
 A *release* is what an upgrade changes: the serving image (its tag hashes the base image digest
 and every patch), the model and drafter revisions, and the serve profile. Each rank keeps a record
 of the releases that passed the four gates, newest first (``<config_dir>/release.json``, written
-after the gates pass, like Entrpi's stamp file, REFERENCE §8.6), with the sha256 of the files that
+after the gates pass, like Entrpi's install.sh stamp file), with the sha256 of the files that
 make the release on that rank (the rank unit and the weights lockfiles).
 
 When the wanted release differs from the recorded one, the deploy first copies those files to

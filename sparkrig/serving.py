@@ -53,8 +53,8 @@ def flag_lines(args: list[str]) -> list[str]:
 
 
 def jit_cache_dir(cache_dir: str, image: str | None) -> str:
-    """The JIT cache directory of one image (REFERENCE §6.3: a changed image retriggers JIT
-    tuning; keyed by image as sfxnz does): cache_dir/<image, made a path component>."""
+    """The JIT cache directory of one image, cache_dir/<image, made a path component>: a
+    changed image retriggers JIT tuning, so sfxnz keys it by image (docs/sources.md, "Image")."""
     if not image:
         return cache_dir
     return f"{cache_dir.rstrip('/')}/{re.sub(r'[^A-Za-z0-9._-]+', '_', image)}"
@@ -74,8 +74,9 @@ def api_key_env(key: str) -> str:
 
 
 def docker_run_args(s: Settings, image: str | None = None, serving: bool = True) -> list[str]:
-    """``docker run`` options of a rank (REFERENCE §3.1), before the image name. ``serving``:
-    the vLLM container itself (the head's gets the API key env file), not the smoke test."""
+    """``docker run`` options of a rank (docs/sources.md, "Container"), before the image name.
+    ``serving``: the vLLM container itself (the head's gets the API key env file), not the
+    smoke test."""
     k, p = s.knobs, paths(s)
     api_env = ["--env-file", p["api_key_env"]] if serving and api_key_file(s) else []
     args = [

@@ -24,13 +24,13 @@ PROFILES = ("single", "shared", "guard", "long")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 DIGEST_REF_RE = re.compile(r"^[a-z0-9][a-z0-9._:/-]*@sha256:[0-9a-f]{64}$")
 NETDEV_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
-# Base images known not to serve GLM-5.3-Flash on GB10, by repository: reason (REFERENCE §6.1).
+# Base images known not to serve GLM-5.3-Flash on GB10, by repository: reason (docs/sources.md).
 # A digest cannot be traced back to its tag, so every digest of the stock repository is refused.
 KNOWN_BAD_IMAGES = {
     "vllm/vllm-openai": (
         "the stock vLLM image (e.g. vllm/vllm-openai:glm53-flash-arm64-cu130) loads the weights, "
         "then dies in warmup on GB10 ('concat_and_cache_mla ... pe_dim must be 64 for "
-        "fp8_ds_mla', REFERENCE §6.1); use the default v11 image or another patched one"
+        "fp8_ds_mla', docs/sources.md); use the default v11 image or another patched one"
     ),
 }
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")

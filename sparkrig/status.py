@@ -224,7 +224,7 @@ def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
     if st.weights_commit != k.model_revision:
         out.append(f"weights {st.weights_commit or 'absent'}, want {k.model_revision}")
     # A serving rank holds its memory; a rank that is down must find the start gate's floor free,
-    # or its next start is refused (REFERENCE §5.2).
+    # or its next start is refused (docs/sources.md, "Memory gate").
     floor = memfree_floor_kb(s, st.memtotal_kb) if st.memtotal_kb else 0
     if st.active != "active" and st.memfree_kb < floor:
         out.append(

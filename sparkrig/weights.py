@@ -219,8 +219,8 @@ def weights_rehashed(fetcher: list[str], lock: str, dest: str) -> Generator[Any,
     """
     Re-hash every file of the lockfile (weights_verify = "full"); a file that fails loses its
     stamp, so ``weights_present`` fetches it again (that fetch, not this, restarts the pair).
-    Preflight refuses it beside a serving rank (REFERENCE §5.2: never through the page cache of
-    a live pair).
+    Preflight refuses it beside a serving rank (never through the page cache of a live
+    pair: docs/sources.md, "Memory gate").
 
     + fetcher: argv of the host package (its verify job: sparkrig/hostpkg.py)
     + lock: lockfile path on the host

@@ -51,7 +51,7 @@ found += [secret.problem] if secret.problem else []
 found += [api.problem] if api is not None and api.problem else []
 
 # weights_verify = "full" re-hashes ~181 GiB through the page cache: never beside a serving rank
-# (REFERENCE §1.3: hard power-offs while sha256sum flooded the page cache; §5.2).
+# (hard power-offs while sha256sum flooded the page cache: docs/sources.md, "Memory gate").
 if s.knobs.weights_verify == "full":
     unit = f"{s.unit_name}.service"
     if hoststate.read(s).unit(unit)[0]:

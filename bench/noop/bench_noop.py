@@ -5,7 +5,7 @@
                                    [--guest-cpu 0.4]
 
 For sparkrig (deploy.py) and for the plain 20-operation pyinfra deploy in bench/noop/plain
-(REFERENCE §10.4b's yardstick), against the same guests in the same sitting:
+(the yardstick of docs/sources.md, "pyinfra 3.10"), against the same guests in the same sitting:
 
 1. converge once (``-y``; skipped with --no-converge),
 2. ``--dry --debug``: remote commands per host (every "Running command on" line of --debug),

@@ -3,7 +3,7 @@
     sparkhost gate gates [--url URL] [--model NAME] [--only health,models,math,tool]
                            [--api-key-file FILE]
         One JSON line per gate: {"gate": "math", "ok": true, "detail": "...", "ms": 123}.
-        Exit 0 when every gate passed, 1 otherwise. Gates (REFERENCE §8.2): /health 200;
+        Exit 0 when every gate passed, 1 otherwise. Gates (docs/sources.md): /health 200;
         /v1/models lists NAME; "17*23" answers 391; a tool call with tool_choice=required whose
         tool_calls[0].function.arguments is a JSON object.
     sparkhost gate wait [--url URL] [--container NAME] [--timeout S] [--interval S]
@@ -100,7 +100,7 @@ def boot_stage(lines: Iterable[str]) -> str | None:
 
 
 def boot_errors(lines: Iterable[str]) -> list[str]:
-    """Lines that mean the boot failed (benign lines from REFERENCE §8.3 excluded)."""
+    """Lines that mean the boot failed (benign ones excluded: docs/sources.md, "Health gates")."""
     return [ln.rstrip("\n") for ln in lines if ERROR_RE.search(ln) and not BENIGN_RE.search(ln)]
 
 

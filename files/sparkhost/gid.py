@@ -4,7 +4,7 @@ control side (sparkrig's GID fact, from the same files read over SSH).
 
 The entry is picked by value, never by number: the RoCE v2 GID ``::ffff:<fabric IPv4>`` on the
 fabric netdev. rxe lists IPv4 at index 1, a ConnectX-7 usually at 3, and the index moves after
-reboots and firmware updates (REFERENCE §4.4)."""
+reboots and firmware updates (docs/sources.md, "Fabric")."""
 
 from __future__ import annotations
 

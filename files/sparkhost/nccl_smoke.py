@@ -1,5 +1,5 @@
 """``sparkhost nccl-smoke``: NCCL all-reduce smoke test, run in the serving image on every rank
-(worker first) before the first start and after a fabric change (REFERENCE §3.4), with the
+(worker first) before the first start and after a fabric change (docs/sources.md), with the
 rank's env file.
 
     docker run --rm --entrypoint python3 --env-file /etc/sparkrig/rank.env -e RANK=<r> \\

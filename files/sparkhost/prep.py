@@ -60,7 +60,7 @@ def gid_table(hca: str, port: str) -> str:
 
 
 def find_gid(hca: str, port: str, ip: str, iface: str) -> int | None:
-    """Index of the RoCE v2 entry ::ffff:<ip> on ``iface`` (REFERENCE §4.4), or None."""
+    """Index of the RoCE v2 entry ::ffff:<ip> on ``iface`` (docs/sources.md, "Fabric"), or None."""
     try:
         return gid.select_gid(gid.read_table(SYS, hca, int(port)), ip, iface, hca, int(port)).index
     except gid.GidNotFound:
@@ -176,7 +176,7 @@ def memory_floor(
 
 
 def foreign_holders(own: str | None) -> list[str]:
-    """Other containers and GPU compute processes on this node (REFERENCE §5.3: a stale one
+    """Other containers and GPU compute processes on this node (jayleaton: a stale one
     holds 30-90 GiB; refuse instead of failing minutes into the boot)."""
     out: list[str] = []
     if shutil.which("docker"):

@@ -2,7 +2,7 @@
 its own serve parser and serve-arg checks, EngineArgs, the parallel and cache configs, the
 speculative config's fields and method, the tool/reasoning parser registries; and every VLLM_*
 variable sparkrig sets exists in that vLLM's envs. The default image carries an older dev build
-(REFERENCE §6.2, docs/vllm.md): what this proves is "valid for vLLM 0.33.0"."""
+(docs/vllm.md): what this proves is "valid for vLLM 0.33.0"."""
 
 from __future__ import annotations
 

@@ -127,7 +127,7 @@ def test_device_binding_needs_policy_table(
     topo: Topo, hub_root: Path, model_lock: Path, tmp_path: Path
 ) -> None:
     """Only up0 has a main-table default: lane up1 cannot connect until the routes mode
-    installs table 102 (REFERENCE 7.6); with it, up1 carries traffic."""
+    installs table 102 (docs/weights.md); with it, up1 carries traffic."""
     url = topo.start_hub(hub_root)
     run(topo.in_ns(topo.cli, "ip", "route", "del", "default", "dev", "up1"))
     one_lane = [a if a != "up0" else "up1" for a in fetch(topo, url, model_lock, tmp_path / "a")]

@@ -1,4 +1,4 @@
-"""The plain 20-operation pyinfra deploy of REFERENCE §10.4b, the yardstick for sparkrig's no-op:
+"""The plain 20-operation pyinfra deploy (docs/sources.md), the yardstick for sparkrig's no-op:
 a sysctl.d file, a netplan file, a templated unit enabled and restarted on change, a templated
 file, a synced directory of 5 files (plus the directories they need). Only pyinfra built-ins.
 
