@@ -3,10 +3,15 @@ PY ?= python3
 PKG := sparkrig lab files
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: deps check test unit deploy-lab lab-test lab-down
+.PHONY: deps deps-lab check test unit install-test deploy-lab lab-test lab-down
 
+# Everything: the deploy, the lab and the tests (torch and vLLM CPU for the serving checks).
 deps:
-	bash scripts/install-deps.sh
+	bash scripts/install-deps.sh all
+
+# The lab and the deploy only (apt packages and requirements.txt): what `make deploy-lab` needs.
+deps-lab:
+	bash scripts/install-deps.sh lab
 
 check:
 	$(PY) -m ruff check .
@@ -21,8 +26,10 @@ check:
 # Lab pieces are deselected (-m "not lab"), never skipped; -rs lists any skip with its reason.
 PLAN_TESTS := tests/plan tests/image/test_plan_image.py
 PYTEST := $(PY) -m pytest -q -rs -p no:cacheprovider
-PYTEST_FAST := $(PYTEST) -m "not lab" tests --ignore=tests/plan --ignore=tests/image/test_plan_image.py
+PYTEST_FAST := $(PYTEST) -m "not lab and not install" tests --ignore=tests/plan \
+	--ignore=tests/image/test_plan_image.py
 PYTEST_PLAN := $(PYTEST) -m "not lab" $(PLAN_TESTS)
+PYTEST_INSTALL := SPARKRIG_INSTALL=1 $(PYTEST) -m install tests/unit/test_install.py --durations=4
 
 # Lint, format, types, every unit/plan test, then the lab tests CI runs (LAB_CI below). Under
 # SPARKRIG_NO_SKIPS=1 a skipped test fails (tests/conftest.py): CI never passes by skipping.
@@ -34,6 +41,7 @@ test: deps check
 	$(PYTEST_FAST) --durations=8 >$$tmp/fast.log 2>&1 & fast=$$!; \
 	$(PYTEST_PLAN) --durations=4 >$$tmp/plan.log 2>&1; plan=$$?; wait $$fast; fast=$$?; \
 	cat $$tmp/fast.log $$tmp/plan.log; rm -rf $$tmp; [ $$fast -eq 0 ] && [ $$plan -eq 0 ]
+	$(PYTEST_INSTALL)
 	SPARKRIG_LAB=1 $(PYTEST) -m lab tests/lab -k "$(LAB_CI)" --durations=12; rc=$$?; [ "$$SPARKRIG_LAB_KEEP" = 1 ] || $(PY) -m lab down; exit $$rc
 
 # The lab tests CI runs, in the suite's order: everything issue 9 names. The NetworkManager guests,
@@ -49,13 +57,18 @@ LAB_CI := dgx_os_network_stack or bad_inventory or dry_diff or first_converge or
 	claimed_fabric or dead_worker or stopping_the_head or firmware_reset or \
 	limit_worker_repairs or reboot_a or reboot_b or reboot_c or reboot_d or after_every
 
+# Each requirements set installed into a fresh venv exactly as scripts/install-deps.sh does, and
+# the README's control-side commands run from a fresh clone (minutes; needs the package index).
+install-test:
+	$(PYTEST_INSTALL)
+
 # Everything but the VM lab (minutes, not tens of minutes): the loop while editing.
 unit: check
 	$(PYTEST_FAST)
 	$(PYTEST_PLAN)
 
 # The operator's command pointed at the embedded default: two qemu VMs standing in for Sparks.
-deploy-lab: deps
+deploy-lab: deps-lab
 	$(PY) -m lab up
 	pyinfra -y lab/inventory.py deploy.py
 
