@@ -28,6 +28,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
 LOCK = "tests/plan/locks/GLM-5.3-Flash-NVFP4.lock.json"
 
 
@@ -87,7 +88,7 @@ def test_the_full_set_imports_every_test_module_and_runs_the_serving_tests(tmp_p
 
 def readme_venv_command() -> str:
     """The README's one command that makes the control machine's venv."""
-    lines = [ln for ln in (ROOT / "README.md").read_text().splitlines() if "-m venv .venv" in ln]
+    lines = [ln for ln in README.read_text().splitlines() if "-m venv .venv" in ln]
     assert len(lines) == 1, lines
     return lines[0].strip()
 
@@ -123,6 +124,13 @@ def test_the_readme_control_side_commands_work_in_a_fresh_clone_and_venv(readme_
     "is merged; then remove this mark (strict: the test turns red when the fix lands)",
 )
 def test_the_readme_dry_run_of_bare_fake_sparks_works_in_a_fresh_clone(readme_clone):
-    clone = readme_clone
-    run([str(clone / ".venv/bin/pyinfra"), "tests/plan/inventory_bare.py", "deploy.py", "--dry"],
-        cwd=clone, timeout=300)  # fmt: skip
+    """The README's no-host dry run: every host it cannot read fails alone, in one line, and
+    nothing ends in a Python traceback (issue 25 item 6)."""
+    said = re.findall(r"`pyinfra (tests/plan/\S+\.py deploy\.py --dry)`", README.read_text())
+    assert len(said) == 1, said
+    out = subprocess.run(
+        [str(readme_clone / ".venv/bin/pyinfra"), *said[0].split()],
+        cwd=readme_clone, env=clean_env(), stdin=subprocess.DEVNULL, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert "Traceback" not in out.stdout + out.stderr, out.stdout + out.stderr
