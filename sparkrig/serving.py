@@ -103,7 +103,8 @@ SMOKE_CONTAINER = "sparkrig-nccl-smoke"
 
 
 def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
-    """``docker run`` argv of the NCCL smoke test: the rank's own flags and env, one all-reduce,
+    """``docker run`` argv of the NCCL smoke test: the rank's own flags and env, one all-reduce
+    and the bus bandwidth measurement with its floor (knob fabric_busbw_min_gbs),
     run by the image's python3 from the host package mounted read-only at its own path (the image
     does not carry it). Detached (workers) keeps the container for ``docker wait``."""
     k = s.knobs
@@ -117,6 +118,8 @@ def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
         "--volume", f"{package}:{package}:ro",
         "--entrypoint", "python3", image,
         package, "nccl-smoke", "--timeout", str(k.nccl_smoke_timeout_s),
+        "--bytes", str(k.nccl_smoke_bytes), "--warmup", str(k.nccl_smoke_warmup),
+        "--iters", str(k.nccl_smoke_iters), "--min-busbw-gbs", f"{k.fabric_busbw_min_gbs:g}",
     ]  # fmt: skip
 
 

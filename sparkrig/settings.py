@@ -106,6 +106,12 @@ class Knobs(BaseModel):
     ready_timeout_s: int = Field(ge=1)
     nccl_smoke: bool = _cluster()
     nccl_smoke_timeout_s: int = _cluster(ge=10)
+    # equal on every rank: the ranks' collectives must match. At most 4 GiB: a 16 GiB nccl-tests
+    # buffer froze a Spark (NVIDIA/dgx-spark-playbooks#102)
+    nccl_smoke_bytes: int = _cluster(ge=2**20, le=2**32)
+    nccl_smoke_warmup: int = _cluster(ge=0, le=1000)
+    nccl_smoke_iters: int = _cluster(ge=1, le=10000)
+    fabric_busbw_min_gbs: float = _cluster(ge=0)
     watchdog: bool
     watchdog_grace_s: int = Field(ge=0)
     watchdog_interval_s: int = Field(ge=1)

@@ -347,7 +347,8 @@ def test_nccl_smoke_test_runs_workers_first_before_a_pair_start_and_not_when_con
     # the image's python3 runs the host package, mounted read-only at its own path
     package = "/opt/sparkrig/lib/sparkhost"
     assert f"--volume {package}:{package}:ro" in head[0]
-    assert re.search(rf"--entrypoint python3 \S+ {package} nccl-smoke --timeout 300$", head[0])
+    assert re.search(rf"--entrypoint python3 \S+ {package} nccl-smoke --timeout 300 --bytes "
+                     r"268435456 --warmup 5 --iters 20 --min-busbw-gbs 8$", head[0])  # fmt: skip
     converge_state()
     again = apply(monkeypatch)
     assert not any("sparkrig-nccl-smoke" in c for cmds in again.commands.values() for c in cmds)

@@ -75,6 +75,14 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
             "spark-0: fabric_mtu: Input should be greater",
         ),
         (
+            lambda v: edit(v, "head", 0, nccl_smoke_bytes=16 * 2**30),  # froze a Spark (#102)
+            "spark-0: nccl_smoke_bytes: Input should be less than or equal to 4294967296",
+        ),
+        (
+            lambda v: edit(v, "head", 0, fabric_busbw_min_gbs=-1),
+            "spark-0: fabric_busbw_min_gbs: Input should be greater than or equal to 0",
+        ),
+        (
             lambda v: edit(v, "head", 0, profile="turbo"),
             "spark-0: profile: Input should be 'single'",
         ),
@@ -187,6 +195,9 @@ def test_a_knob_missing_from_group_data_is_an_error_not_a_silent_default(default
         ("config_dir", "/etc/elsewhere"),
         ("pair_token_file", ".sparkrig/other-token"),
         ("nccl_smoke_timeout_s", 600),
+        ("nccl_smoke_bytes", 2**20),  # the ranks' collectives must match
+        ("nccl_smoke_iters", 5),
+        ("fabric_busbw_min_gbs", 16.0),
         ("image_transfer_dir", "/srv/images"),
         ("pair_grace_s", 60),
         ("weights_dir", "/srv/models"),
