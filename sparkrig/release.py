@@ -35,7 +35,7 @@ import json
 import re
 import shlex
 import time
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, replace
 from io import BytesIO
 from typing import Any
@@ -85,6 +85,9 @@ class Release:
     drafter_revision: str  # "" when the profile needs no drafter
     profile: str
     files: tuple[tuple[str, str], ...] = ()
+    # the NCCL smoke test's figure on this rank (sparkrig/busbw.py), as sorted (key, value) pairs;
+    # no part of identity: the same release measured again keeps its newest figure
+    fabric: tuple[tuple[str, Any], ...] = ()
 
     @property
     def identity(self) -> tuple[str, str, str, str]:
@@ -106,7 +109,7 @@ class Release:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "image": self.image,
             "base": self.base,
             "model_revision": self.model_revision,
@@ -114,6 +117,9 @@ class Release:
             "profile": self.profile,
             "files": {path: sha for path, sha in self.files},
         }
+        if self.fabric:  # absent when unmeasured: a record from before the figure stays as it is
+            out["fabric"] = dict(self.fabric)
+        return out
 
 
 def release_from(raw: Any) -> Release:
@@ -129,6 +135,7 @@ def release_from(raw: Any) -> Release:
         drafter_revision=str(raw.get("drafter_revision") or ""),
         profile=str(raw["profile"]),
         files=tuple(sorted((str(p), str(h)) for p, h in files.items())),
+        fabric=tuple(sorted(raw["fabric"].items())) if isinstance(raw.get("fabric"), dict) else (),
     )
 
 
@@ -465,17 +472,23 @@ def gates_passed_again(command: list[str]) -> Generator[Any, None, None]:
 
 @operation()
 def record_stamped(
-    path: str, release: Release, files: list[str], keep: int
+    path: str,
+    release: Release,
+    files: list[str],
+    keep: int,
+    fabric: Callable[[], dict[str, Any] | None] | None = None,
 ) -> Generator[Any, None, None]:
     """
     Record ``release`` (run only after the gates passed) first in the rank's release record,
-    with its files' sha256 as they are now, keeping ``keep`` releases; a no-op when the record
-    already says so.
+    with its files' sha256 as they are now and the fabric's measured bandwidth, keeping ``keep``
+    releases; a no-op when the record already says so.
 
     + path: release.json on the rank
     + release: the release the rank runs (its files unset)
     + files: the files that make it on the rank (``release_files``)
     + keep: releases the record keeps (knob keep_releases)
+    + fabric: called when the operation runs: this run's NCCL smoke-test figure on the rank
+      (sparkrig/busbw.py), None when none was measured (the recorded one of the release stays)
     """
     state = hoststate.mine("release", "paths")
     have = report_of(state)
@@ -484,7 +497,13 @@ def record_stamped(
         got = state.file(f)
         if got is not None and got.sha256:
             digests.append((f, got.sha256))
-    now = replace(release, files=tuple(sorted(digests)))
+    measured = fabric() if fabric is not None else None
+    kept = next((r.fabric for r in have.releases if r.identity == release.identity), ())
+    now = replace(
+        release,
+        files=tuple(sorted(digests)),
+        fabric=tuple(sorted(measured.items())) if measured else kept,
+    )
     text = record_text(history(now, have.releases, keep))
     if not have.error and record_text(have.releases) == text:
         host.noop(f"{path} already records this release")

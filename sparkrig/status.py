@@ -12,9 +12,10 @@ from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
 
+from sparkrig.busbw import figure_text
 from sparkrig.fabric import gid_table_command
 from sparkrig.factlines import END, parse_key_values
-from sparkrig.release import revision_dir
+from sparkrig.release import parse_record, record_path, revision_dir
 from sparkrig.settings import Settings
 
 # Everything below only reads: systemctl show, docker inspect, cat/sed/grep of files, stat, awk.
@@ -39,6 +40,7 @@ done
 c=$(sed -n 's/^ *"commit": *"\\([0-9a-f]*\\)".*/\\1/p' {lock} 2>/dev/null)
 echo "weights_commit=${{c%%[!0-9a-f]*}}"
 echo "weights_verified=$(stat -c %Y {stamps} 2>/dev/null)"
+echo "release_record=$(tr -d '\n' < {record} 2>/dev/null)"
 echo '{end}'
 """
 
@@ -73,6 +75,7 @@ class RankState:
     weights_verified: int = 0  # epoch seconds of the stamp DB's last write, 0 when none
     memtotal_kb: int = 0
     budgets: tuple[tuple[str, Budget], ...] = ()  # (helper, budget) of the head's helpers
+    fabric: tuple[tuple[str, Any], ...] = ()  # the serving release's smoke-test figure
 
 
 def _int(raw: dict[str, str], key: str) -> int | None:
@@ -125,7 +128,18 @@ def parse_rank_state(lines: list[str]) -> RankState:
         budgets=budgets,
         weights_commit=raw.get("weights_commit", ""),
         weights_verified=_int(raw, "weights_verified") or 0,
+        fabric=_serving_fabric(raw.get("release_record", "")),
     )
+
+
+def _serving_fabric(record: str) -> tuple[tuple[str, Any], ...]:
+    """The newest release's figure in release.json; none when absent or unreadable (status
+    shows the figure; the deploy is what judges the record)."""
+    try:
+        releases = parse_record(record) if record else ()
+    except ValueError:
+        return ()
+    return releases[0].fabric if releases else ()
 
 
 class RankStatus(FactBase[RankState]):
@@ -143,6 +157,7 @@ class RankStatus(FactBase[RankState]):
         lock: str,
         stamps: str,
         run_dir: str,
+        record: str,
     ) -> StringCommand:
         q = shlex.quote
         script = _SCRIPT.format(
@@ -156,6 +171,7 @@ class RankStatus(FactBase[RankState]):
             lock=q(lock),
             stamps=q(stamps),
             run_dir=q(run_dir),
+            record=q(record),
         )
         return StringCommand("sh", "-c", QuoteString(script))
 
@@ -174,6 +190,7 @@ def fact_args(s: Settings, env_file: str, gid_file: str, run_dir: str) -> dict[s
         "lock": f"{k.config_dir}/model.lock.json",
         "stamps": revision_dir(k.weights_dir, "model", k.model_revision) + ".stamps.json",
         "run_dir": run_dir,
+        "record": record_path(k.config_dir),
     }
 
 
@@ -266,7 +283,7 @@ def line(s: Settings, st: RankState, verified: str) -> str:
         f"rank{s.me.rank} {s.unit_name} {st.active}/{st.sub} since {st.since or '-'} | "
         f"image {st.image.rsplit(':', 1)[-1] or '-'} | {gid} | mtu {st.mtu} | "
         f"weights {st.weights_commit[:12] or '-'} verified {verified} | "
-        f"MemFree {st.memfree_kb // 1024} MiB"
+        f"{figure_text(dict(st.fabric))} | MemFree {st.memfree_kb // 1024} MiB"
         + (
             f" (start floor {memfree_floor_kb(s, st.memtotal_kb) // 1024} MiB)"
             if st.memtotal_kb

@@ -10,6 +10,7 @@ from pyinfra import host, inventory, logger
 from pyinfra.operations import python, server, systemd
 
 from sparkrig import hostpkg, hoststate
+from sparkrig.busbw import smoke_figures
 from sparkrig.image import serving_image
 from sparkrig.ordering import on_head, on_workers
 from sparkrig.owned import owned_file_absent, put_text, secret_file, service
@@ -257,6 +258,7 @@ smoke_workers = on_workers(
     _ignore_errors=upgrading,
 )
 back.watch("NCCL smoke test", smoke_workers)
+smoke_figures().watch(host.name, smoke_head if s.me.is_head else smoke_workers)
 worker_start = on_workers(
     is_head,
     service,

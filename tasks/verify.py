@@ -7,9 +7,10 @@ pruned only after the gates passed.
 Every operation exists on every host (acting only where its condition holds), so all hosts share
 one sequence and the per-operation barrier keeps the prune behind the gates."""
 
-from pyinfra import inventory, state
+from pyinfra import host, inventory, state
 
 from sparkrig import hoststate
+from sparkrig.busbw import smoke_figures
 from sparkrig.gates import gate_command, wait_command
 from sparkrig.image import images_to_keep, prune_old_images
 from sparkrig.ordering import on_head
@@ -79,6 +80,7 @@ record_stamped(
     release=wanted(s),
     files=release_files(s),
     keep=k.keep_releases,
+    fabric=smoke_figures().figure_of(host.name),
     _if=lambda: head_in_run,
 )
 prune_old_images(
