@@ -331,6 +331,12 @@ def run_collectives(
         if backend == "nccl":
             torch.cuda.synchronize()
 
+    def barrier() -> None:  # NCCL's on this rank's GPU, not one guessed from the rank
+        if backend == "nccl":
+            dist.barrier(device_ids=[rv.local_rank])
+        else:
+            dist.barrier()
+
     dist.init_process_group(
         backend=backend,
         init_method=f"tcp://{rv.master_addr}:{rv.master_port}",
@@ -350,7 +356,7 @@ def run_collectives(
         for _ in range(warmup):
             dist.all_reduce(buf)
         sync()
-        dist.barrier()
+        barrier()
         start = time.perf_counter()
         for _ in range(iters):
             dist.all_reduce(buf)
@@ -361,7 +367,7 @@ def run_collectives(
         dist.all_reduce(mean)
         sync()
         seconds = float(mean.item()) / rv.world_size
-        dist.barrier()
+        barrier()
         return Timing(value, seconds, count * 4, warmup, iters)
     finally:
         dist.destroy_process_group()
