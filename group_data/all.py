@@ -77,11 +77,11 @@ nccl_smoke_iters = 20  # timed all-reduces; their mean time gives busbw (nccl-te
 # The smoke test's all-reduce bus bandwidth floor, nccl-tests' busbw (docs/fabric.md "Bandwidth
 # floor"). Published: one RDMA function of the QSFP port 11.6-12.8 GB/s (himorishige/glm53-flash-
 # 2x-dgx-spark-recipe README; MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#172), both functions
-# 20.4-23.7 (#172, NVIDIA/dgx-spark-playbooks#103), MTU 1500 1.5 (himorishige). sparkrig's env file
-# names ONE function (NCCL_IB_HCA, NCCL_IB_MERGE_NICS=0), so a healthy pair measures ~12: a floor
-# between one and both functions (16) would fail every deploy. 8 (2/3 of one function) fails MTU
-# 1500, a 13 Gb/s link, a socket-speed path (~2) and a function at half width; raise it to 16 once
-# NCCL_IB_HCA names both functions, which then catches one of them down (12.8 vs 20.9).
+# 20.4-23.7 (MiaAI #118, #172; dgx-spark-playbooks#103), MTU 1500 1.5 (himorishige). Our env
+# file names ONE function (NCCL_IB_HCA, NCCL_IB_MERGE_NICS=0), so a healthy pair measures ~12:
+# a floor between one and both functions (16) would fail every deploy. 8 (2/3 of one function)
+# fails MTU 1500, a 13 Gb/s link (1.6), a dev NCCL build (3.04, #103), a function at half width;
+# raise it to 16 once NCCL_IB_HCA names both functions: that catches one of them down (12.8/20.9).
 fabric_busbw_min_gbs = 8.0  # GB/s; the smoke test fails below it (0: no floor)
 supervisor_max_restarts = 3  # head: ordered restarts of a pair that went down by itself, per window
 supervisor_window_s = 21600  # the supervisor's restart budget window (6 h); then a human decides
