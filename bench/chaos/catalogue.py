@@ -130,7 +130,7 @@ CATALOGUE: tuple[Fault, ...] = (
     Fault("control-killed", "the control process SIGKILLed mid-run, then run again",
           "a run with work to do (the drawn work fault) SIGKILLed after kill_after_s, then one "
           "run again", "any", "", mode=KILL_RUN, restarts=PAIR,
-          restarts_on_target=("sparkrig-agent",), params=("work", "kill_after_s")),
+          restarts_on_target=("sparkrig-agent",), params=("work", "frac", "kill_after_s")),
     Fault("ssh-cut", "the SSH connection to one node cut mid-run, then run again",
           "a run with work to do (the drawn work fault); after cut_after_s the node's SSH "
           "sessions are killed and sshd is stopped for cut_for_s; then one run again", "any",
@@ -142,7 +142,7 @@ CATALOGUE: tuple[Fault, ...] = (
           "else systemctl start ssh.service; fi'",
           undo="systemctl start ssh.service 2>/dev/null || systemctl start ssh.socket",
           mode=SSH_CUT, restarts=PAIR, restarts_on_target=("sparkrig-agent",),
-          params=("work", "cut_after_s", "cut_for_s")),
+          params=("work", "frac", "cut_after_s", "cut_for_s")),
     Fault("disk-full", "the disk where weights live filled to 100%",
           "a weights file deleted (the run has to fetch) and the weights' filesystem filled to "
           "100% (root's reserve too)", "any",

@@ -52,12 +52,14 @@ def plan(seed: int, faults: int, only: Sequence[str] = ()) -> list[Draw]:
     """The campaign's sequence for ``seed``: ``faults`` draws."""
     rng = random.Random(seed)
     kinds = kinds_allowed(only)
-    order: list[str] = []
-    while len(order) < faults:
-        round_ = list(kinds)
-        rng.shuffle(round_)
-        order += round_
-    return [_draw(rng, i + 1, kind) for i, kind in enumerate(order[:faults])]
+    draws: list[Draw] = []
+    round_: list[str] = []
+    while len(draws) < faults:
+        if not round_:  # shuffled when needed, so N faults are the start of N+1 faults
+            round_ = list(kinds)
+            rng.shuffle(round_)
+        draws.append(_draw(rng, len(draws) + 1, round_.pop(0)))
+    return draws
 
 
 def _draw(rng: random.Random, index: int, kind: str) -> Draw:
