@@ -108,12 +108,17 @@ CATALOGUE: tuple[Fault, ...] = (
           "any", PICK_WEIGHTS_FILE + "; mv \"$f\" \"$f.part\" && "
           "truncate -s $(( $(stat -c %s \"$f.part\") * {permille} / 1000 )) \"$f.part\" && "
           "ls -l \"$f.part\"", restarts=PAIR, params=("frac",)),
-    Fault("image-base-removed", "the base image removed", "the pinned base image removed", "any",
-          "docker image rm {base_image}"),
+    Fault("image-base-removed", "the base image removed",
+          "the base image removed: the pinned ref and the local base tag (image.py local_base)",
+          "any", "docker image rm {base_image} 2>/dev/null; "
+          "for t in $(docker image ls --format '{{.Repository}}:{{.Tag}}' {patched_repo} "
+          "| grep -e ':base-' -e ':transfer-'); do docker image rm $t; done; "
+          "docker image ls {patched_repo}"),
     Fault("image-patched-removed", "the patched image removed",
           "the patched serving image's tags removed (the running container keeps its layers)",
           "any", "docker image ls --format '{{.Repository}}:{{.Tag}}' {patched_repo} "
-          "| xargs -r -n1 docker image rm -f", restarts=PAIR),
+          "| grep -v -e ':base-' -e ':transfer-' | xargs -r -n1 docker image rm -f; "
+          "docker image ls {patched_repo}", restarts=PAIR),
     Fault("container-killed", "a rank's container killed", "the rank's container killed", "any",
           "docker kill {container}", restarts=PAIR),
     Fault("container-paused", "a container frozen (docker pause)", "the rank's container paused",

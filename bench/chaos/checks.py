@@ -32,8 +32,9 @@ DRY = ["pyinfra", "--dry", "--json", INVENTORY, "deploy.py"]
 
 UNITS = (
     "for u in $(systemctl list-units --all --plain --no-legend --type=service 'sparkrig-*' "
-    "| cut -d' ' -f1); do systemctl show -p Id -p Transient -p ActiveState -p InvocationID "
-    "-p ActiveEnterTimestampMonotonic $u | tr '\\n' ' '; echo; done"
+    "| grep -o 'sparkrig-[^ ]*\\.service'); do systemctl show -p Id -p Transient "
+    "-p ActiveState -p InvocationID -p ActiveEnterTimestampMonotonic $u | tr '\\n' ' '; echo; "
+    "done"
 )
 ORDER = (
     "systemctl is-active {unit}; inv=$(systemctl show -p InvocationID --value {unit}); n=0; "
