@@ -327,7 +327,7 @@ def campaign(
 ) -> Campaign:  # fmt: skip
     """Run every draw on the lab; write out/report.json and out/report.md after each fault."""
     out.mkdir(parents=True, exist_ok=True)
-    result = Campaign(seed, len(draws), only, command, datetime.now(UTC).isoformat(timespec="s"))
+    result = Campaign(seed, len(draws), only, command, datetime.now(UTC).isoformat(timespec="seconds"))
     runner = Runner(out, settle_s, echo)
     runner.boot_and_converge(up, converge)
     lab = runner.lab()
