@@ -39,6 +39,13 @@ PICK_WEIGHTS_FILE = (
     "print(fs[int(float(sys.argv[2])*len(fs))])' {lock} {frac})"
 )
 
+# One byte of that file, at frac of its size, XORed with 0xff in place.
+FLIP_BYTE = PICK_WEIGHTS_FILE + (
+    "; python3 -c 'import os,sys; p=sys.argv[1]; "
+    "o=int(float(sys.argv[2])*max(os.path.getsize(p)-1,0)); fd=os.open(p,os.O_RDWR); "
+    'b=os.pread(fd,1,o); os.pwrite(fd,bytes([b[0]^255]),o); print(p,o)\' "$f" {frac}'
+)
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -93,15 +100,11 @@ CATALOGUE: tuple[Fault, ...] = (
           "rm -rf /etc/sparkrig", restarts=PAIR, restarts_on_target=("sparkrig-agent",)),
     Fault("weights-byte-flipped-worker", "a weights byte flipped on a worker",
           "one byte of a weights file flipped on a worker", "worker",
-          PICK_WEIGHTS_FILE + "; python3 -c 'import os,sys; p=sys.argv[1]; "
-          "o=int(float(sys.argv[2])*max(os.path.getsize(p)-1,0)); fd=os.open(p,os.O_RDWR); "
-          "b=os.pread(fd,1,o); os.pwrite(fd,bytes([b[0]^255]),o); print(p,o)' \"$f\" {frac}",
+          FLIP_BYTE,
           restarts=PAIR, params=("frac",)),
     Fault("weights-byte-flipped-head", "a weights byte flipped on the head",
           "one byte of a weights file flipped on the head", "head",
-          PICK_WEIGHTS_FILE + "; python3 -c 'import os,sys; p=sys.argv[1]; "
-          "o=int(float(sys.argv[2])*max(os.path.getsize(p)-1,0)); fd=os.open(p,os.O_RDWR); "
-          "b=os.pread(fd,1,o); os.pwrite(fd,bytes([b[0]^255]),o); print(p,o)' \"$f\" {frac}",
+          FLIP_BYTE,
           restarts=PAIR, params=("frac",)),
     Fault("stale-part", "a stale .part",
           "a weights file turned into the .part a killed download leaves (its first frac bytes)",

@@ -178,7 +178,10 @@ def planned(timeout: float = 900) -> tuple[list[str], str]:
                          env={**os.environ, "PYINFRA_PROGRESS": "off"}, check=False)  # fmt: skip
     if run.returncode != 0:
         return [f"--dry failed (rc {run.returncode}): {run.stderr.strip()[-400:]}"], run.stderr
-    plan = json.loads(run.stdout)["plan"]
+    try:
+        plan = json.loads(run.stdout)["plan"]
+    except (ValueError, KeyError) as e:
+        return [f"--dry --json printed no plan ({e})"], run.stdout + run.stderr
     found = [
         f"{host}: {op['name'].rpartition(' | ')[2]}"
         for op in plan

@@ -88,8 +88,11 @@ def placeholders(state: dict[str, Any] | None) -> tuple[str, dict[str, dict[str,
     return weights, values
 
 
-def draw_values(lab_values: dict[str, dict[str, str]], draw: Draw) -> dict[str, str]:
-    values = {**lab_values[draw.node], **draw.params}
+def draw_values(
+    lab_values: dict[str, dict[str, str]], draw: Draw, role: str | None = None
+) -> dict[str, str]:
+    """The placeholders of ``draw`` on its node (or on ``role``'s)."""
+    values = {**lab_values[role or draw.node], **draw.params}
     if "frac" in draw.params:
         values["permille"] = str(int(float(draw.params["frac"]) * 1000))
     return values
@@ -152,7 +155,7 @@ class Runner:
         try:
             proc.wait(timeout=max(1.0, RUN_TIMEOUT_S - (time.monotonic() - start)))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the run's own process group: pyinfra and its ssh
+            _kill_group(proc)
             proc.wait()
             interrupted = interrupted or f"timed out after {RUN_TIMEOUT_S} s"
         reader.join(timeout=30)
@@ -175,7 +178,7 @@ class Runner:
             log.write(f"# {draw.describe()}\n# {fault.summary}\n")
             before = checks.units(lab.guests)
             t0 = time.monotonic()
-            runs = self.inflict(lab, fault, target, values, log)
+            runs = self.inflict(lab, draw, log)
             result.runs = [r.record() for r in runs]
             last = runs[-1]
             changes = pyinfra_output.parse(last.output)
@@ -213,24 +216,23 @@ class Runner:
         )
         return result
 
-    def inflict(
-        self, lab: Lab, fault: Fault, target: Guest, values: dict[str, str], log: IO[str]
-    ) -> list[Run]:
+    def inflict(self, lab: Lab, draw: Draw, log: IO[str]) -> list[Run]:
         """Apply the fault and run the operator's command as its mode says; every run made."""
-        if fault.mode == KILL_RUN:
+        fault, target, values = draw.fault, lab.node(draw.node), draw_values(lab.values, draw)
+        if fault.mode in (KILL_RUN, SSH_CUT):  # first the work the interrupted run has to do
             work = BY_KIND[values["work"]]
-            self.apply(target, command_of(work, values), log)
+            role = draw.node if work.target == "any" else work.target
+            self.apply(lab.node(role), command_of(work, draw_values(lab.values, draw, role)), log)
+        if fault.mode == KILL_RUN:
             kill_at = float(values["kill_after_s"])
 
             def kill(proc: subprocess.Popen[str]) -> str:
-                os.killpg(proc.pid, signal.SIGKILL)
+                _kill_group(proc)
                 return f"SIGKILL at {kill_at:.0f} s"
 
             first = self.deploy(log, at=kill_at, event=kill)
             return [first, self.deploy(log)]
         if fault.mode == SSH_CUT:
-            work = BY_KIND[values["work"]]
-            self.apply(target, command_of(work, values), log)
             cut_at, cut_for = float(values["cut_after_s"]), float(values["cut_for_s"])
 
             def cut(proc: subprocess.Popen[str]) -> str:
@@ -313,6 +315,14 @@ class Runner:
         return problems
 
 
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the run's own process group (pyinfra and its ssh children; start_new_session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended meanwhile
+        pass
+
+
 def _pump(proc: subprocess.Popen[str], lines: list[str], log: IO[str]) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -327,7 +337,9 @@ def campaign(
 ) -> Campaign:  # fmt: skip
     """Run every draw on the lab; write out/report.json and out/report.md after each fault."""
     out.mkdir(parents=True, exist_ok=True)
-    result = Campaign(seed, len(draws), only, command, datetime.now(UTC).isoformat(timespec="seconds"))
+    result = Campaign(
+        seed, len(draws), only, command, datetime.now(UTC).isoformat(timespec="seconds")
+    )
     runner = Runner(out, settle_s, echo)
     runner.boot_and_converge(up, converge)
     lab = runner.lab()
@@ -341,14 +353,18 @@ def campaign(
     for draw in draws:
         try:
             fr = runner.one(lab, draw)
-        except (RuntimeError, subprocess.TimeoutExpired) as e:
+        except Exception as e:  # a fault that did not apply, a guest that stopped answering
             fr = FaultResult(draw.index, draw.kind, draw.node, dict(draw.params), NOT_HEALED,
-                             [f"the campaign could not run it: {e}"],
+                             [f"the campaign could not run it: {type(e).__name__}: {e}"],
                              log=str(out / f"{draw.index:02d}-{draw.kind}.log"))  # fmt: skip
+            echo(f"    {fr.problems[0]}")
         result.results.append(fr)
         result.write(out)
         if not fr.counted:
-            left = runner.recover(lab, fr)
+            try:
+                left = runner.recover(lab, fr)
+            except Exception as e:
+                left = [f"the recovery run could not run: {type(e).__name__}: {e}"]
             if left:
                 result.stopped = (f"after fault {draw.index} ({draw.kind}) one recovery run left "
                                   f"the pair not whole: {'; '.join(left)}")  # fmt: skip

@@ -101,14 +101,20 @@ def test_a_killed_run_is_sigkilled_at_its_moment_and_run_again(lab, monkeypatch,
     fake, _, run = lab
     # the first run would take 120 s, the run again none
     monkeypatch.setattr(runner, "DEPLOY", stand_in(CHANGED, sleep=120, once=tmp_path / "ran"))
-    draw = Draw(3, "control-killed", "head", {"work": "owned-env-edited", "frac": "0.5",
-                                               "kill_after_s": "1"})  # fmt: skip
+    draw = Draw(3, "control-killed", "worker", {"work": "owned-env-edited", "frac": "0.5",
+                                                 "kill_after_s": "1"})  # fmt: skip
     r = run.one(fake, draw)
-    assert fake.guests[0].commands == [
+    assert fake.guests[1].commands == [
         "sed -i 's/^NCCL_DEBUG=.*/NCCL_DEBUG=INFO/' /etc/sparkrig/rank.env"
     ]
     assert [(x["rc"], x["interrupted"]) for x in r.runs] == [(-9, "SIGKILL at 1 s"), (0, "")]
     assert r.runs[0]["seconds"] < 60  # killed, not ended
+
+    # work that belongs to one node (the head's weights) goes there, whatever node was drawn
+    draw = Draw(4, "control-killed", "worker", {"work": "weights-byte-flipped-head",
+                                                 "frac": "0.5", "kill_after_s": "1"})  # fmt: skip
+    run.one(fake, draw)
+    assert "python3 -c" in fake.guests[0].commands[-1] and "0.5" in fake.guests[0].commands[-1]
     assert r.runs[0]["changed"] == {"lab-worker1": ["tasks/fabric.py | Apply the fabric netplan"]}
 
 
