@@ -142,12 +142,14 @@ CATALOGUE: tuple[Fault, ...] = (
     Fault("ssh-cut", "the SSH connection to one node cut mid-run, then run again",
           "a run with work to do (the drawn work fault); after cut_after_s the node's SSH "
           "sessions are killed and sshd is stopped for cut_for_s; then one run again", "any",
-          "systemd-run --unit=chaos-ssh-cut --collect sh -c '"
-          "s=$(systemctl is-active ssh.socket); systemctl stop ssh.socket ssh.service; "
+          # a script file: systemd-run (>= 254) would expand $s and $p in its arguments itself
+          "printf '%s\\n' 's=$(systemctl is-active ssh.socket); "
+          "systemctl stop ssh.socket ssh.service; "
           "for p in $(ss -Htnp state established \"( sport = :22 )\" | grep -o \"pid=[0-9]*\" "
           "| cut -d= -f2 | sort -u); do kill -9 $p; done; sleep {cut_for_s}; "
           "if [ \"$s\" = active ]; then systemctl start ssh.socket; "
-          "else systemctl start ssh.service; fi'",
+          "else systemctl start ssh.service; fi' > /run/chaos-ssh-cut.sh; "
+          "systemd-run --unit=chaos-ssh-cut --collect sh /run/chaos-ssh-cut.sh",
           undo="systemctl start ssh.service 2>/dev/null || systemctl start ssh.socket",
           mode=SSH_CUT, restarts=PAIR, restarts_on_target=("sparkrig-agent",),
           params=("work", "frac", "cut_after_s", "cut_for_s")),

@@ -126,7 +126,7 @@ def test_a_cut_run_cuts_the_nodes_ssh_mid_run_waits_for_it_and_runs_again(lab, m
     r = run.one(fake, draw)
     worker = fake.guests[1].commands
     assert worker[0] == "ip link set dev enp1s0f1np1 mtu 1500"
-    assert worker[1].startswith("systemd-run --unit=chaos-ssh-cut") and "sleep 20;" in worker[1]
+    assert "systemd-run --unit=chaos-ssh-cut" in worker[1] and "sleep 20;" in worker[1]
     assert worker[2] == "cat /proc/sys/kernel/random/boot_id"  # answers SSH again
     assert r.runs[0]["interrupted"] == "SSH to lab-worker1 cut at 1 s for 20 s"
     assert len(r.runs) == 2 and r.verdict == HEALED
