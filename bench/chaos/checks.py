@@ -4,10 +4,13 @@
 1. both ranks serving, in order: every worker's rank unit active with its container running (not
    paused), the head's rank unit active and its current start gate logged "every peer is up";
 2. a completion answers with the control machine's key (.sparkrig/api-key), from the head;
-3. the fabric MTU and the RoCE GID right on every rank: the env file's index, the one the start
-   gate handed over and the container's NCCL_IB_GID_INDEX all equal the live table's;
+3. the fabric MTU, address and RoCE GID right on every rank (the env file's index, the one the
+   start gate handed over and the container's NCCL_IB_GID_INDEX all equal the live table's), and
+   vm.swappiness live;
 4. weights verified (the fetcher's quick verify against the rank's lockfile) and no .part left;
-5. owned files as declared: ``pyinfra --dry --json lab/inventory.py deploy.py`` plans nothing;
+5. owned files as declared: ``pyinfra --dry --json lab/inventory.py deploy.py`` plans no
+   unconditional change (``_if``-gated operations are always listed by --dry: item 3 checks the
+   live drift they gate on);
 6. no sparkrig unit restarted (InvocationID / ActiveEnterTimestampMonotonic changed) or stopped
    that the fault may not restart."""
 
@@ -21,12 +24,14 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bench.chaos import pyinfra_output
 from bench.chaos.catalogue import fill
 from lab import REPO
 from lab.guest import SPARKHOST, Guest, control_api_key, gid_index_for
 
 INVENTORY = "lab/inventory.py"
 FABRIC_MTU = 9000  # the lab keeps the fabric_mtu default
+SWAPPINESS = "0"  # ... and the swappiness default
 LOCK = "/etc/sparkrig/model.lock.json"
 DRY = ["pyinfra", "--dry", "--json", INVENTORY, "deploy.py"]
 
@@ -48,7 +53,8 @@ COMPLETION = (
     "http://127.0.0.1:8000/v1/chat/completions"
 )
 FABRIC = (
-    "echo mtu=$(cat /sys/class/net/{iface}/mtu); "
+    "echo mtu=$(cat /sys/class/net/{iface}/mtu); echo swappiness=$(sysctl -n vm.swappiness); "
+    "echo address=$(ip -o -4 addr show dev {iface} | grep -c ' {address} '); "
     "echo env=$(sed -n 's/^NCCL_IB_GID_INDEX=//p' /etc/sparkrig/rank.env 2>/dev/null); "
     "echo handed=$(sed -n 's/^SPARKRIG_GID_INDEX=//p' /run/sparkrig/gid.env 2>/dev/null "
     "| tail -n 1); echo container=$(docker exec {container} printenv NCCL_IB_GID_INDEX 2>&1)"
@@ -143,12 +149,16 @@ def fabric(guests: Sequence[Guest]) -> list[str]:
     for g in guests:
         seen = dict(
             line.split("=", 1)
-            for line in g.sh(fill(FABRIC, {"iface": g.fabric_interface, "container": g.container}),
-                             check=False).splitlines()
+            for line in g.sh(fill(FABRIC, {"iface": g.fabric_interface, "container": g.container,
+                             "address": g.fabric_address}), check=False).splitlines()
             if "=" in line
         )  # fmt: skip
         if seen.get("mtu") != str(FABRIC_MTU):
             problems.append(f"{g.name}: fabric MTU {seen.get('mtu')}, want {FABRIC_MTU}")
+        if seen.get("address") != "1":
+            problems.append(f"{g.name}: {g.fabric_address} is not on {g.fabric_interface}")
+        if seen.get("swappiness") != SWAPPINESS:
+            problems.append(f"{g.name}: vm.swappiness {seen.get('swappiness')}, want {SWAPPINESS}")
         try:
             live = str(gid_index_for(g, g.ip))
         except AssertionError as e:
@@ -179,14 +189,9 @@ def planned(timeout: float = 900) -> tuple[list[str], str]:
     if run.returncode != 0:
         return [f"--dry failed (rc {run.returncode}): {run.stderr.strip()[-400:]}"], run.stderr
     try:
-        plan = json.loads(run.stdout)["plan"]
+        found = pyinfra_output.planned(run.stdout)
     except (ValueError, KeyError) as e:
         return [f"--dry --json printed no plan ({e})"], run.stdout + run.stderr
-    found = [
-        f"{host}: {op['name'].rpartition(' | ')[2]}"
-        for op in plan
-        for host in [*op["hosts_with_change"], *op["hosts_with_conditional_change"]]
-    ]
     return [f"--dry plans {p}" for p in found], run.stdout + run.stderr
 
 

@@ -9,6 +9,7 @@ says ``Success on retry N``."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 
@@ -58,3 +59,13 @@ def parse(output: str) -> RunChanges:
             into = result.changed if status["status"] == "Success" else result.failed
             into.setdefault(status["host"], []).append(op)
     return result
+
+
+def planned(dry_json: str) -> list[str]:
+    """``host: operation`` for every unconditional change in ``pyinfra --dry --json``'s plan.
+
+    Conditional ones are left out: pyinfra lists every ``_if``-gated operation as a conditional
+    change under --dry, converged or not (pyinfra_cli/prints.py build_plan_json; a converged
+    pair's plan has 33 of them and no unconditional change)."""
+    plan = json.loads(dry_json)["plan"]
+    return [f"{host}: {short(op['name'])}" for op in plan for host in op["hosts_with_change"]]

@@ -220,3 +220,15 @@ def test_a_unit_restart_counts_only_where_the_fault_may_not_restart_it():
         "head: sparkrig-supervisor left gone (the fault may not touch it)",
         "worker: sparkrig-agent restarted (the fault may not touch it)",
     ]
+
+
+def test_a_converged_dry_plans_nothing_and_a_bare_one_plans_the_owned_files():
+    """``pyinfra --dry --json`` of the plan tests' pair, converged and bare (real output)."""
+    converged = (OUTPUT / "dry-converged.json").read_text()
+    assert any(op["hosts_with_conditional_change"] for op in json.loads(converged)["plan"])
+    assert pyinfra_output.planned(converged) == []
+    bare = pyinfra_output.planned((OUTPUT / "dry-bare.json").read_text())
+    for host in ("@fake/spark-a", "@fake/spark-b"):
+        assert f"{host}: Install the rank unit" in bare
+        assert f"{host}: Persist the fabric address and MTU with netplan" in bare
+    assert not any(p.endswith("Stop every rank for an ordered pair restart") for p in bare)
