@@ -42,10 +42,13 @@ UNITS = (
     "done"
 )
 ORDER = (
-    "systemctl is-active {unit}; inv=$(systemctl show -p InvocationID --value {unit}); n=0; "
+    "echo state=$(systemctl is-active {unit}); "
+    "inv=$(systemctl show -p InvocationID --value {unit}); n=0; "
     '[ -n "$inv" ] && n=$(journalctl _SYSTEMD_INVOCATION_ID=$inv --no-pager -o cat '
-    "| grep -c 'every peer is up'); echo ${n:-0}; "
-    "docker inspect -f '{{.State.Running}} {{.State.Paused}}' {container} 2>&1 || true"
+    "| grep -c 'every peer is up'); [ \"${n:-0}\" = 0 ] && n=$(journalctl -u {unit} --no-pager "
+    '-o cat --since "$(systemctl show -p InactiveExitTimestamp --value {unit})" '
+    "| grep -c 'every peer is up'); echo peers=${n:-0}; "
+    "echo container=$(docker inspect -f '{{.State.Running}} {{.State.Paused}}' {container} 2>&1)"
 )
 COMPLETION = (
     "printf 'Authorization: Bearer %s\\n' {key} | curl -s -m 60 -H @- "
@@ -117,15 +120,22 @@ def restarted(
 def in_order(guests: Sequence[Guest]) -> list[str]:
     problems = []
     for g in [*guests[1:], guests[0]]:
-        lines = g.sh(fill(ORDER, {"unit": g.rank_unit, "container": g.container}), check=False)
-        state, peers, container = ([*lines.splitlines(), "", "", ""])[:3]
-        if state.strip() != "active":
-            problems.append(f"{g.name}: {g.rank_unit} is {state.strip() or '?'}")
-        if container.strip() != "true false":
-            problems.append(f"{g.name}: container {g.container} running/paused: {container}")
-        if g.role == "head" and peers.strip() in ("", "0"):
+        out = g.sh(fill(ORDER, {"unit": g.rank_unit, "container": g.container}), check=False)
+        seen = key_values(out)
+        if seen.get("state") != "active":
+            problems.append(f"{g.name}: {g.rank_unit} is {seen.get('state') or '?'}")
+        if seen.get("container") != "true false":
+            problems.append(
+                f"{g.name}: container {g.container} running/paused: {seen.get('container')}"
+            )
+        if g.role == "head" and seen.get("peers", "0") == "0":
             problems.append(f"{g.name}: the head's start did not wait for its workers")
     return problems
+
+
+def key_values(out: str) -> dict[str, str]:
+    """``key=value`` lines (what the checks' commands echo), values stripped."""
+    return {k: v.strip() for k, _, v in (line.partition("=") for line in out.splitlines()) if _}
 
 
 def completion(head: Guest) -> list[str]:
@@ -147,12 +157,9 @@ def completion(head: Guest) -> list[str]:
 def fabric(guests: Sequence[Guest]) -> list[str]:
     problems = []
     for g in guests:
-        seen = dict(
-            line.split("=", 1)
-            for line in g.sh(fill(FABRIC, {"iface": g.fabric_interface, "container": g.container,
-                             "address": g.fabric_address}), check=False).splitlines()
-            if "=" in line
-        )  # fmt: skip
+        values = {"iface": g.fabric_interface, "container": g.container,
+                  "address": g.fabric_address}  # fmt: skip
+        seen = key_values(g.sh(fill(FABRIC, values), check=False))
         if seen.get("mtu") != str(FABRIC_MTU):
             problems.append(f"{g.name}: fabric MTU {seen.get('mtu')}, want {FABRIC_MTU}")
         if seen.get("address") != "1":
