@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.chaos import checks
-from bench.chaos.catalogue import CATALOGUE, fill
+from bench.chaos.catalogue import CATALOGUE, WORK, fill
 from bench.chaos.draw import kinds_allowed, new_seed, plan
 from bench.chaos.runner import campaign, draw_values, placeholders
 from lab import REPO, STATE_FILE
@@ -53,6 +53,8 @@ def print_catalogue() -> None:
             print(f"  apply: {fill(f.apply, values['worker'])}")
         if f.undo:
             print(f"  undo:  {fill(f.undo, values['worker'])}")
+        if "work" in f.params:
+            print(f"  work (drawn, applied first): {', '.join(WORK)}")
         if f.params:
             print(f"  drawn: {', '.join(f.params)}")
         print(f"  may restart: everywhere {list(f.restarts)}, on the target "
