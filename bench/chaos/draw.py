@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from bench.chaos.catalogue import BY_KIND, CATALOGUE, WORK, Fault
 
-KILL_AFTER_S = (5, 120)  # a SIGKILL moment, from the run's start (a lab run with work: 60-280 s)
-CUT_AFTER_S = (5, 90)  # when a node's SSH is cut, from the run's start
+KILL_AFTER_S = (5, 240)  # a SIGKILL moment, from the run's start (a lab run with work: 117-275 s)
+CUT_AFTER_S = (5, 180)  # when a node's SSH is cut, from the run's start
 CUT_FOR_S = (20, 90)  # how long the node's sshd stays away
 
 

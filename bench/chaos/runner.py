@@ -231,6 +231,7 @@ class Runner:
                 return f"SIGKILL at {kill_at:.0f} s"
 
             first = self.deploy(log, at=kill_at, event=kill)
+            first.interrupted = first.interrupted or f"ended before the kill at {kill_at:.0f} s"
             return [first, self.deploy(log)]
         if fault.mode == SSH_CUT:
             cut_at, cut_for = float(values["cut_after_s"]), float(values["cut_for_s"])
@@ -240,6 +241,7 @@ class Runner:
                 return f"SSH to {target.name} cut at {cut_at:.0f} s for {cut_for:.0f} s"
 
             first = self.deploy(log, at=cut_at, event=cut)
+            first.interrupted = first.interrupted or f"ended before the cut at {cut_at:.0f} s"
             self.wait_ssh(target, cut_for + BOOT_TIMEOUT_S, log)
             return [first, self.deploy(log)]
         if fault.mode == REBOOT:

@@ -15,7 +15,7 @@ import pytest
 
 from bench.chaos import checks, pyinfra_output
 from bench.chaos.catalogue import CATALOGUE, KILL_RUN, PAIR, SSH_CUT, WORK
-from bench.chaos.draw import kinds_allowed, plan
+from bench.chaos.draw import CUT_AFTER_S, CUT_FOR_S, KILL_AFTER_S, kinds_allowed, plan
 from bench.chaos.report import HEALED, NOT_HEALED, REFUSED, Campaign, FaultResult
 from bench.chaos.runner import draw_values, placeholders
 
@@ -52,6 +52,7 @@ ISSUE_27 = [
 # "A fault the deploy must refuse rather than heal (a foreign claim on the fabric NIC, a full
 # disk)": exactly these are marked refused.
 REFUSED_KINDS = {"disk-full", "fabric-claimed-netplan", "fabric-claimed-nm"}
+BOUNDS = {"kill_after_s": KILL_AFTER_S, "cut_after_s": CUT_AFTER_S, "cut_for_s": CUT_FOR_S}
 
 
 def sequence(seed: int, faults: int, only: tuple[str, ...] = ()) -> list[tuple]:
@@ -96,9 +97,9 @@ def test_draws_pick_their_parameters_in_bounds():
             assert 0.0 < float(d.params["frac"]) < 1.0
         if "work" in d.params:
             assert d.params["work"] in WORK
-        for key in ("kill_after_s", "cut_after_s", "cut_for_s"):
+        for key, (low, high) in BOUNDS.items():
             if key in d.params:
-                assert 5 <= int(d.params[key]) <= 120
+                assert low <= int(d.params[key]) <= high
 
 
 def test_the_catalogue_holds_every_fault_issue_27_names():

@@ -113,8 +113,9 @@ def test_a_killed_run_is_sigkilled_at_its_moment_and_run_again(lab, monkeypatch,
     # work that belongs to one node (the head's weights) goes there, whatever node was drawn
     draw = Draw(4, "control-killed", "worker", {"work": "weights-byte-flipped-head",
                                                  "frac": "0.5", "kill_after_s": "1"})  # fmt: skip
-    run.one(fake, draw)
+    r = run.one(fake, draw)
     assert "python3 -c" in fake.guests[0].commands[-1] and "0.5" in fake.guests[0].commands[-1]
+    assert r.runs[0]["interrupted"] == "ended before the kill at 1 s"  # (the stand-in's 2nd run)
     assert r.runs[0]["changed"] == {"lab-worker1": ["tasks/fabric.py | Apply the fabric netplan"]}
 
 
