@@ -12,14 +12,12 @@ import time
 
 import pytest
 
-from sparkrig.fabric import RoceGids
+from lab.guest import API_KEY, SPARKHOST, gid_index_for, gid_table, serving
 from tests.lab.conftest import ROOT, STATE, Lab, pyinfra
 
 pytestmark = pytest.mark.lab
 INV = "lab/inventory.py"
 OWNED = ["/etc/sysctl.d/90-sparkrig.conf", "/etc/sparkrig/rank.env"]
-API_KEY = "/etc/sparkrig/api-key"  # api_auth is on by default: the head's key file
-SPARKHOST = "/usr/bin/python3 /opt/sparkrig/lib/sparkhost"  # runs each job (sparkrig/hostpkg.py)
 
 
 def lab_state() -> dict:
@@ -63,21 +61,6 @@ def sudo_commands_since(lab: Lab, since: int) -> int:
     return total
 
 
-def gid_table(guest) -> list:
-    """The guest's own GID table, read the way the fact reads it (one grep)."""
-    return RoceGids().process(guest.sh(RoceGids().command()).splitlines())
-
-
-def gid_index_for(guest, ip: str) -> int:
-    """The guest's own RoCE v2 index for ::ffff:<ip>."""
-    table = gid_table(guest)
-    a, b, c, d = (int(x) for x in ip.split("."))
-    want = f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
-    found = [e.index for e in table if e.gid == want and e.type == "RoCE v2"]
-    assert len(found) == 1, f"RoCE v2 entries for {ip}: {found}\n{table}"
-    return found[0]
-
-
 def has_gid_for(guest, ip: str) -> bool:
     try:
         gid_index_for(guest, ip)
@@ -95,16 +78,6 @@ def cursor(guest) -> str:
 def journal_after(guest, mark: str, *units: str) -> str:
     flags = " ".join(f"-u {u}" for u in units)
     return guest.sh(f"journalctl --after-cursor='{mark}' {flags} --no-pager -o cat")
-
-
-def serving(head) -> bool:
-    out = head.sh(
-        f"{SPARKHOST} gate probe --url http://127.0.0.1:8000 "
-        f"--model glm-5.3-flash --timeout 10 --api-key-file {API_KEY} >/dev/null 2>&1 "
-        "&& echo ok || true",
-        check=False,
-    )
-    return out.strip() == "ok"
 
 
 def container_gid(guest) -> str:
