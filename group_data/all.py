@@ -73,10 +73,11 @@ nccl_smoke = True  # all-reduce in the serving image before each pair (re)start;
 nccl_smoke_timeout_s = 300  # rendezvous + all-reduce limit of the smoke test
 supervisor_max_restarts = 3  # head: ordered restarts of a pair that went down by itself, per window
 supervisor_window_s = 21600  # the supervisor's restart budget window (6 h); then a human decides
-watchdog = False  # opt-in: probe with a real completion and restart both ranks on failure
+watchdog = True  # head: restart the pair in order when the engine is wedged (/health can lie)
 watchdog_grace_s = 3600  # no probing this long after a start; >= ready_timeout_s (cold boot)
 watchdog_interval_s = 60  # seconds between probes
-watchdog_fails = 3  # consecutive failed completions before the pair restarts
+watchdog_fails = 3  # consecutive failed canary completions (idle engine) before the pair restarts
+watchdog_stall_s = 300  # requests in flight and nothing in /metrics moved this long: a wedge
 watchdog_max_restarts = 3  # restarts allowed per window; then the pair is left down for a human
 watchdog_window_s = 21600  # the restart budget's window (6 h)
 agent_port = 29601  # worker agent on the fabric: starts the worker rank when the head asks

@@ -210,6 +210,8 @@ def watchdog_unit_context(s: Settings) -> dict[str, Any]:
             probe_command(k.install_dir, k.api_port, k.served_model_name, key_file=api_key_file(s))
         ),
         "health_url": f"http://127.0.0.1:{k.api_port}/health",
+        "metrics_url": f"http://127.0.0.1:{k.api_port}/metrics",
+        "stall": k.watchdog_stall_s,
         "interval": k.watchdog_interval_s,
         "fails": k.watchdog_fails,
         "grace": k.watchdog_grace_s,
