@@ -11,6 +11,7 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
+from sparkhost.wedge import Probe, parse_probe, probe_file
 
 from sparkrig.fabric import gid_table_command
 from sparkrig.factlines import END, parse_key_values
@@ -36,6 +37,7 @@ echo "memtotal_kb=$(awk '/^MemTotal:/ {{print $2}}' /proc/meminfo)"
 for h in watchdog supervisor; do
   [ -f {run_dir}/$h-restarts.json ] && echo "budget_$h=$(tr -d '\n' < {run_dir}/$h-restarts.json)"
 done
+[ -f {probe_file} ] && echo "probe=$(tr -d '\n' < {probe_file})"
 c=$(sed -n 's/^ *"commit": *"\\([0-9a-f]*\\)".*/\\1/p' {lock} 2>/dev/null)
 echo "weights_commit=${{c%%[!0-9a-f]*}}"
 echo "weights_verified=$(stat -c %Y {stamps} 2>/dev/null)"
@@ -73,6 +75,7 @@ class RankState:
     weights_verified: int = 0  # epoch seconds of the stamp DB's last write, 0 when none
     memtotal_kb: int = 0
     budgets: tuple[tuple[str, Budget], ...] = ()  # (helper, budget) of the head's helpers
+    probe: Probe | None = None  # the watchdog's last probe (files/sparkhost/wedge.py)
 
 
 def _int(raw: dict[str, str], key: str) -> int | None:
@@ -111,7 +114,12 @@ def parse_rank_state(lines: list[str]) -> RankState:
         for key, value in raw.items()
         if key.startswith("budget_")
     )
+    try:
+        probe = parse_probe(raw["probe"]) if raw.get("probe") else None
+    except ValueError as err:
+        raise FactProcessError(f"rank status: {err}") from None
     return RankState(
+        probe=probe,
         active=raw.get("unit_ActiveState", ""),
         sub=raw.get("unit_SubState", ""),
         since=raw.get("unit_StateChangeTimestamp", ""),
@@ -156,6 +164,7 @@ class RankStatus(FactBase[RankState]):
             lock=q(lock),
             stamps=q(stamps),
             run_dir=q(run_dir),
+            probe_file=q(probe_file(run_dir)),
         )
         return StringCommand("sh", "-c", QuoteString(script))
 
@@ -255,6 +264,13 @@ def budget_line(st: RankState, watchdog_on: bool, now: float) -> str:
         else:
             parts.append(f"{helper} restarts unknown (not running)")
     return "; ".join(parts)
+
+
+def probe_line(st: RankState, watchdog_on: bool, now: float) -> str:
+    """The watchdog's last probe, as the pair helpers' line ends."""
+    if not watchdog_on:
+        return ""
+    return f"; last probe: {st.probe.text(now) if st.probe else 'none yet'}"
 
 
 def line(s: Settings, st: RankState, verified: str) -> str:

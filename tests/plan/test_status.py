@@ -100,10 +100,28 @@ def test_the_head_shows_the_restarts_its_helpers_used_in_their_window(monkeypatc
 def test_a_spent_restart_budget_is_off(monkeypatch):
     converge_state()
     rank_lines("spark-a", budget_supervisor=budget(100, 200, 300))
-    r = status(monkeypatch)
+    r = status(monkeypatch, "--data", "watchdog=False")
     assert r.exit_code != 0
     assert "the supervisor spent its restart budget (3/3 in 6 h)" in r.output
     assert "pair helpers: supervisor restarts 3/3 in 6 h; watchdog off" in r.output
+
+
+def test_the_head_shows_the_watchdogs_last_probe(monkeypatch):
+    """As the watchdog wrote it (sparkhost.wedge.format_probe); none yet before its first."""
+    from sparkhost import wedge
+
+    converge_state()
+    r = status(monkeypatch)
+    assert "; last probe: none yet" in r.output, r.output
+    seen = wedge.Probe("progress", None, "running=1 waiting=0; nothing moved for 120 s",
+                       at=time.time() - 30)  # fmt: skip
+    rank_lines("spark-a", probe=wedge.format_probe(seen))
+    r = status(monkeypatch)
+    assert r.exit_code == 0, r.output
+    only_reads(r)
+    assert "last probe: progress watching (running=1 waiting=0; nothing moved for 120 s, 3" in (
+        r.output
+    )
 
 
 @pytest.mark.parametrize(
