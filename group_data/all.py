@@ -31,6 +31,7 @@ swappiness = 0  # vm.swappiness; 0 keeps the engine's pages out of swap
 min_free_kbytes = None  # vm.min_free_kbytes to pin on every node; None: only check they are equal
 memfree_min_gib = None  # start gate MemFree floor, GiB; None: util x MemTotal + margin (vLLM)
 memfree_margin_gib = 1.5  # GiB above gpu_memory_utilization x MemTotal when the floor is derived
+gpu_clock_max_mhz = None  # cap the GPU clock (nvidia-smi -lgc 0,<MHz>) at every boot; None: off
 memfree_wait_s = 120  # how long the start gate keeps dropping caches before refusing to start
 fabric_wait_s = 300  # start gate: wait this long for fabric carrier, address and RoCE GID (polled)
 

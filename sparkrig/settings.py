@@ -72,6 +72,8 @@ class Knobs(BaseModel):
     min_free_kbytes: int | None = _cluster(ge=1024)
     memfree_min_gib: float | None = Field(ge=0)
     memfree_margin_gib: float = Field(ge=0)
+    # MHz for nvidia-smi -lgc 0,<MHz> (a value `nvidia-smi -q -d SUPPORTED_CLOCKS` lists)
+    gpu_clock_max_mhz: int | None = _cluster(ge=100, le=5000)
     thinking_default: bool | None
     memfree_wait_s: int = Field(ge=0)
     fabric_wait_s: int = Field(ge=0)

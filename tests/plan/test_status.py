@@ -124,6 +124,24 @@ def test_the_head_shows_the_watchdogs_last_probe(monkeypatch):
     )
 
 
+def test_the_gpu_clock_cap_is_shown_and_a_lock_that_is_not_active_is_off(monkeypatch):
+    converge_state()
+    r = status(monkeypatch)
+    assert "| gpu clock unlocked |" in r.output, r.output
+    for short in ("spark-a", "spark-b"):
+        rank_lines(short, gpu_clock_unit="active", gpu_sm_mhz="2405")
+    r = status(monkeypatch, "--data", "gpu_clock_max_mhz=2400")
+    assert r.exit_code == 0, r.output
+    only_reads(r)
+    assert "| gpu clock <= 2400 MHz (active), sm 2405 MHz |" in r.output
+    rank_lines("spark-b", gpu_clock_unit="inactive")
+    r = status(monkeypatch, "--data", "gpu_clock_max_mhz=2400")
+    assert r.exit_code != 0
+    assert "GPU clock lock sparkrig-gpu-clock is inactive: the clock is not capped at 2400" in (
+        r.output
+    )
+
+
 @pytest.mark.parametrize(
     ("active", "memfree_gib", "off"),
     [("inactive", 99, True), ("inactive", 101, False), ("active", 10, False)],
