@@ -85,21 +85,33 @@ def read_metrics(url: str, timeout: float = 10.0) -> Sample:
 
 
 class StallClock:
-    """How long the work in flight has not moved (pure: fed samples and the monotonic clock)."""
+    """How long the work in flight has not moved (pure: fed samples and the monotonic clock).
+
+    A change seen now happened after the previous probe, so the stillness is counted from that
+    probe: a wedge is declared within stall_s plus one interval of the engine's last step, and
+    never for less stillness than stall_s minus one interval."""
 
     def __init__(self, stall_s: float) -> None:
         self.stall_s = stall_s
         self.last: Sample | None = None
-        self.since = 0.0  # when the work in flight last moved (or began to be watched)
+        self.seen_at: float | None = None  # when the previous probe looked
+        self.since = 0.0  # the earliest the work in flight may have last moved
+        self.moved = False  # whether this probe saw it move
 
     def reset(self) -> None:
-        self.last = None
+        """Nothing to judge (the pair down, starting, or restarted)."""
+        self.last = self.seen_at = None
+
+    def idle(self, now: float) -> None:
+        """Nothing in flight: the next request in flight starts a fresh count."""
+        self.last, self.seen_at = None, now
 
     def still_for(self, now: float, sample: Sample) -> float:
-        """Seconds nothing moved while requests were in flight; 0 when idle or it just moved."""
-        if self.last is None or not sample.in_flight or sample != self.last:
-            self.since = now
-        self.last = sample
+        """Seconds nothing moved while requests were in flight."""
+        self.moved = self.last is None or sample != self.last
+        if self.moved:
+            self.since = now if self.seen_at is None else self.seen_at
+        self.last, self.seen_at = sample, now
         return now - self.since
 
 
@@ -136,10 +148,10 @@ def probe(
         if still >= clock.stall_s:
             detail = f"{sample.text()}; nothing moved for {still:.0f} s (stall_s {clock.stall_s:g})"
             return Probe("stall", False, detail, time.time())
-        moved = "moved" if still == 0 else f"nothing moved for {still:.0f} s"
-        return Probe("progress", True if still == 0 else None, f"{sample.text()}; {moved}",
+        moved = "moved" if clock.moved else f"nothing moved for {still:.0f} s"
+        return Probe("progress", True if clock.moved else None, f"{sample.text()}; {moved}",
                      time.time())  # fmt: skip
-    clock.reset()
+    clock.idle(now)
     if sample is not None:
         why = f"idle: {sample.text()}"
     ok = canary()

@@ -73,7 +73,8 @@ def test_a_chunked_prefill_moves_the_kv_gauge_not_the_prompt_counter_and_is_no_s
         text = vllm_metrics.step(running=1, waiting=0, kv=chunk / 489)
         if chunk % 4 == 0:  # the watchdog samples far less often than the engine steps
             samples.append(wedge.parse_metrics(text))
-            assert clock.still_for(chunk * 60.0, samples[-1]) == 0  # probes a minute apart
+            assert clock.still_for(chunk * 15.0, samples[-1]) <= 60  # probes a minute apart
+            assert clock.moved
     assert {s.prompt_tokens for s in samples} == {before.prompt_tokens}  # never moved
     last = wedge.parse_metrics(vllm_metrics.step(running=1, waiting=0, kv=1.0, prompt=1_000_000,
                                                  generated=1))  # fmt: skip
@@ -84,4 +85,4 @@ def test_an_engine_that_stopped_stepping_renders_the_same_text_and_stalls(vllm_m
     vllm_metrics.step(running=2, waiting=1, kv=0.5, generated=3)
     clock = wedge.StallClock(stall_s=300)
     stalled = [clock.still_for(t, wedge.parse_metrics(vllm_metrics.render())) for t in (0, 150, 300)]
-    assert stalled == [0, 150, 300]
+    assert stalled == [0, 150, 300] and not clock.moved
