@@ -166,7 +166,7 @@ def rank_unit_context(s: Settings, image: str, weights_id: str) -> dict[str, Any
         "pair_port": k.pair_port,
         "pair_grace_s": k.pair_grace_s,
         "agent_port": k.agent_port,
-        # the start gate waits up to memfree_wait_s twice: for a dead engine's memory, then the floor
+        # the start gate may wait memfree_wait_s twice: a dead engine's memory, then the floor
         "start_timeout_s": k.fabric_wait_s + k.pair_grace_s + 2 * k.memfree_wait_s + 120,
     }
 

@@ -469,7 +469,8 @@ def watchdog(args: argparse.Namespace) -> int:
             gave_up = False
             clock.reset()
             write_budget("watchdog", policy.restarts, args.max_restarts, args.window)
-            log(f"rule {fired(seen, args.fails)} fired: {seen.detail}; restarting the pair in order")
+            rule = fired(seen, args.fails)
+            log(f"rule {rule} fired: {seen.detail}; restarting the pair in order")
             restart_pair(args)
         elif verdict == "give-up" and not gave_up:
             gave_up = True

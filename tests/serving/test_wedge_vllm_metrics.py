@@ -84,5 +84,6 @@ def test_a_chunked_prefill_moves_the_kv_gauge_not_the_prompt_counter_and_is_no_s
 def test_an_engine_that_stopped_stepping_renders_the_same_text_and_stalls(vllm_metrics):
     vllm_metrics.step(running=2, waiting=1, kv=0.5, generated=3)
     clock = wedge.StallClock(stall_s=300)
-    stalled = [clock.still_for(t, wedge.parse_metrics(vllm_metrics.render())) for t in (0, 150, 300)]
+    frozen = [wedge.parse_metrics(vllm_metrics.render()) for _ in range(3)]
+    stalled = [clock.still_for(t, sample) for t, sample in zip((0, 150, 300), frozen, strict=True)]
     assert stalled == [0, 150, 300] and not clock.moved

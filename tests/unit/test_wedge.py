@@ -149,7 +149,7 @@ def test_a_wedge_is_declared_within_stall_s_plus_one_interval_of_the_last_move()
     declared at the first probe at least stall_s after 120 s, i.e. by 120 + 300 + 60."""
     clock = wedge.StallClock(stall_s=300)
     moving = [wedge.Sample(1, 0, 0, g, 0.1) for g in range(3)]  # probes at 0, 60, 120
-    for t, sample in zip((0, 60, 120), moving):
+    for t, sample in zip((0, 60, 120), moving, strict=True):
         clock.still_for(t, sample)
     frozen = wedge.Sample(1, 0, 0, 99, 0.1)  # moved once more after 120 s, then never again
     still = {t: clock.still_for(t, frozen) for t in range(180, 600, 60)}
@@ -165,7 +165,9 @@ def test_the_probe_file_written_is_the_one_status_reads(tmp_path):
     with open(path, encoding="utf-8") as f:
         back = wedge.parse_probe(f.read().strip())
     assert back == p
-    assert back.text(now=1042) == "stall FAILED (running=1 waiting=0; nothing moved for 301 s, 42 s ago)"
+    assert back.text(now=1042) == (
+        "stall FAILED (running=1 waiting=0; nothing moved for 301 s, 42 s ago)"
+    )
     with pytest.raises(ValueError, match="watchdog probe file"):
         wedge.parse_probe('{"rule": "stall"}')
 
