@@ -7,8 +7,9 @@ last written, and MemFree. The head adds the four serving gates (the gate script
 changes nothing). A rank with anything off fails alone with a message naming it, so the run exits
 non-zero; `--limit worker` reads the workers alone. Nothing on a host changes, ever: the only
 command that is not a read is `printf ... >&2; exit 1`. The head adds the restarts its supervisor
-and watchdog used in their windows (they write their budget to /run/sparkrig), and MemFree is
-judged against the start gate's floor when a rank is down."""
+and watchdog used in their windows (they write their budget to /run/sparkrig) and the watchdog's
+last probe (sparkhost.wedge), and MemFree is judged against the start gate's floor when a rank is
+down."""
 
 import shlex
 import time
@@ -22,7 +23,15 @@ from sparkrig.image import serving_image
 from sparkrig.paths import paths
 from sparkrig.serving import api_key_file
 from sparkrig.settings import current
-from sparkrig.status import RankStatus, budget_line, budget_problems, fact_args, line, problems
+from sparkrig.status import (
+    RankStatus,
+    budget_line,
+    budget_problems,
+    fact_args,
+    line,
+    probe_line,
+    problems,
+)
 
 s = current()
 p = paths(s)
@@ -42,7 +51,8 @@ if s.me.is_head:
     logger.info(f"{host.print_prefix}pair gates: {report or 'no answer'}")
     if not (results and gates_passed(results)):
         off.append(f"serving gates: {report or 'no answer from the gate script'}")
-    logger.info(f"{host.print_prefix}pair helpers: {budget_line(state, k.watchdog, now)}")
+    helpers = budget_line(state, k.watchdog, now) + probe_line(state, k.watchdog, now)
+    logger.info(f"{host.print_prefix}pair helpers: {helpers}")
     off += budget_problems(state, now)
 
 refuse(

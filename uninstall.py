@@ -57,7 +57,11 @@ for helper in host.loop(["sparkrig-pair", "sparkrig-agent"]):
     systemd.service(name="Stop the stop-together watch and the agent", service=helper,
                     running=False, enabled=False)  # fmt: skip
 
+systemd.service(name="Stop the GPU clock lock (its stop resets the clocks)",
+                service="sparkrig-gpu-clock", running=False, enabled=False)  # fmt: skip
+
 units = [p[u] for u in ("rank_unit", "pair_unit", "agent_unit", "supervisor_unit", "watchdog_unit")]
+units.append(p["gpu_clock_unit"])
 units.append(p["rank_unit"] + PREV)  # the previous release's unit, kept by an upgrade
 removed = [
     files.file(name="Remove the sparkrig units", path=unit, present=False)

@@ -31,6 +31,7 @@ swappiness = 0  # vm.swappiness; 0 keeps the engine's pages out of swap
 min_free_kbytes = None  # vm.min_free_kbytes to pin on every node; None: only check they are equal
 memfree_min_gib = None  # start gate MemFree floor, GiB; None: util x MemTotal + margin (vLLM)
 memfree_margin_gib = 1.5  # GiB above gpu_memory_utilization x MemTotal when the floor is derived
+gpu_clock_max_mhz = None  # cap the GPU clock (nvidia-smi -lgc 0,<MHz>) at every boot; None: off
 memfree_wait_s = 120  # how long the start gate keeps dropping caches before refusing to start
 fabric_wait_s = 300  # start gate: wait this long for fabric carrier, address and RoCE GID (polled)
 
@@ -85,10 +86,11 @@ nccl_smoke_iters = 20  # timed all-reduces; their mean time gives busbw (nccl-te
 fabric_busbw_min_gbs = 8.0  # GB/s; the smoke test fails below it (0: no floor)
 supervisor_max_restarts = 3  # head: ordered restarts of a pair that went down by itself, per window
 supervisor_window_s = 21600  # the supervisor's restart budget window (6 h); then a human decides
-watchdog = False  # opt-in: probe with a real completion and restart both ranks on failure
+watchdog = True  # head: restart the pair in order when the engine is wedged (/health can lie)
 watchdog_grace_s = 3600  # no probing this long after a start; >= ready_timeout_s (cold boot)
 watchdog_interval_s = 60  # seconds between probes
-watchdog_fails = 3  # consecutive failed completions before the pair restarts
+watchdog_fails = 3  # consecutive failed canary completions (idle engine) before the pair restarts
+watchdog_stall_s = 300  # requests in flight and nothing in /metrics moved this long: a wedge
 watchdog_max_restarts = 3  # restarts allowed per window; then the pair is left down for a human
 watchdog_window_s = 21600  # the restart budget's window (6 h)
 agent_port = 29601  # worker agent on the fabric: starts the worker rank when the head asks

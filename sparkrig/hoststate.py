@@ -252,6 +252,7 @@ def owned_files(s: Settings) -> list[str]:
         p["rank_unit"],
         p["pair_unit"],
         p["pair_token"],
+        p["gpu_clock_unit"],  # removed again while gpu_clock_max_mhz is None
         *hostpkg.legacy_files(k.install_dir),  # removed once the units use the package
     ]
     if s.me.is_head:
@@ -279,7 +280,7 @@ def owned_dirs(s: Settings) -> list[str]:
 def units(s: Settings) -> list[str]:
     """Every unit an operation of any host looks at (each host runs the same operations)."""
     names = [s.unit_name, "sparkrig-pair", "sparkrig-agent", "sparkrig-supervisor"]
-    return [f"{n}.service" for n in [*names, "sparkrig-watchdog"]]
+    return [f"{n}.service" for n in [*names, "sparkrig-watchdog", "sparkrig-gpu-clock"]]
 
 
 def parts_of(s: Settings) -> tuple[Part, ...]:

@@ -27,4 +27,5 @@ def paths(s: Settings) -> dict[str, str]:
         "drafter_dir": revision_dir(k.weights_dir, "drafter", k.drafter_revision),
         "rank_unit": f"/etc/systemd/system/{s.unit_name}.service",
         "pair_unit": "/etc/systemd/system/sparkrig-pair.service",
+        "gpu_clock_unit": "/etc/systemd/system/sparkrig-gpu-clock.service",
     }

@@ -169,7 +169,8 @@ def rank_unit_context(s: Settings, image: str, weights_id: str) -> dict[str, Any
         "pair_port": k.pair_port,
         "pair_grace_s": k.pair_grace_s,
         "agent_port": k.agent_port,
-        "start_timeout_s": k.fabric_wait_s + k.pair_grace_s + k.memfree_wait_s + 120,
+        # the start gate may wait memfree_wait_s twice: a dead engine's memory, then the floor
+        "start_timeout_s": k.fabric_wait_s + k.pair_grace_s + 2 * k.memfree_wait_s + 120,
     }
 
 
@@ -213,6 +214,8 @@ def watchdog_unit_context(s: Settings) -> dict[str, Any]:
             probe_command(k.install_dir, k.api_port, k.served_model_name, key_file=api_key_file(s))
         ),
         "health_url": f"http://127.0.0.1:{k.api_port}/health",
+        "metrics_url": f"http://127.0.0.1:{k.api_port}/metrics",
+        "stall": k.watchdog_stall_s,
         "interval": k.watchdog_interval_s,
         "fails": k.watchdog_fails,
         "grace": k.watchdog_grace_s,

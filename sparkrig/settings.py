@@ -72,6 +72,8 @@ class Knobs(BaseModel):
     min_free_kbytes: int | None = _cluster(ge=1024)
     memfree_min_gib: float | None = Field(ge=0)
     memfree_margin_gib: float = Field(ge=0)
+    # MHz for nvidia-smi -lgc 0,<MHz> (a value `nvidia-smi -q -d SUPPORTED_CLOCKS` lists)
+    gpu_clock_max_mhz: int | None = _cluster(ge=100, le=5000)
     thinking_default: bool | None
     memfree_wait_s: int = Field(ge=0)
     fabric_wait_s: int = Field(ge=0)
@@ -116,6 +118,7 @@ class Knobs(BaseModel):
     watchdog_grace_s: int = Field(ge=0)
     watchdog_interval_s: int = Field(ge=1)
     watchdog_fails: int = Field(ge=1)
+    watchdog_stall_s: int = Field(ge=1)
     watchdog_max_restarts: int = Field(ge=0)
     watchdog_window_s: int = Field(ge=60)
     supervisor_max_restarts: int = Field(ge=0)
@@ -406,6 +409,12 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                 problems.append(
                     f"{name}: watchdog_grace_s: {k.watchdog_grace_s} is below ready_timeout_s "
                     f"{k.ready_timeout_s}; it must not judge a boot the deploy still waits for"
+                )
+            if k.watchdog and k.watchdog_stall_s <= k.watchdog_interval_s:
+                problems.append(
+                    f"{name}: watchdog_stall_s: {k.watchdog_stall_s} must exceed "
+                    f"watchdog_interval_s {k.watchdog_interval_s}: a stall is no progress seen "
+                    "over several probes, never one"
                 )
             if (
                 k.base_image is not None

@@ -11,6 +11,7 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
+from sparkhost.wedge import Probe, parse_probe, probe_file
 
 from sparkrig.busbw import figure_text
 from sparkrig.fabric import gid_table_command
@@ -37,6 +38,11 @@ echo "memtotal_kb=$(awk '/^MemTotal:/ {{print $2}}' /proc/meminfo)"
 for h in watchdog supervisor; do
   [ -f {run_dir}/$h-restarts.json ] && echo "budget_$h=$(tr -d '\n' < {run_dir}/$h-restarts.json)"
 done
+[ -f {probe_file} ] && echo "probe=$(tr -d '\n' < {probe_file})"
+echo "gpu_clock_unit=$(systemctl show --property ActiveState --value sparkrig-gpu-clock.service \
+2>/dev/null)"
+echo "gpu_sm_mhz=$(nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits 2>/dev/null \
+| head -n 1 | tr -cd '0-9')"
 c=$(sed -n 's/^ *"commit": *"\\([0-9a-f]*\\)".*/\\1/p' {lock} 2>/dev/null)
 echo "weights_commit=${{c%%[!0-9a-f]*}}"
 echo "weights_verified=$(stat -c %Y {stamps} 2>/dev/null)"
@@ -76,6 +82,9 @@ class RankState:
     memtotal_kb: int = 0
     budgets: tuple[tuple[str, Budget], ...] = ()  # (helper, budget) of the head's helpers
     fabric: tuple[tuple[str, Any], ...] = ()  # the serving release's smoke-test figure
+    probe: Probe | None = None  # the watchdog's last probe (files/sparkhost/wedge.py)
+    gpu_clock_unit: str = ""  # ActiveState of sparkrig-gpu-clock.service (knob gpu_clock_max_mhz)
+    gpu_sm_mhz: int | None = None  # the SM clock now, when nvidia-smi reports one
 
 
 def _int(raw: dict[str, str], key: str) -> int | None:
@@ -114,7 +123,14 @@ def parse_rank_state(lines: list[str]) -> RankState:
         for key, value in raw.items()
         if key.startswith("budget_")
     )
+    try:
+        probe = parse_probe(raw["probe"]) if raw.get("probe") else None
+    except ValueError as err:
+        raise FactProcessError(f"rank status: {err}") from None
     return RankState(
+        probe=probe,
+        gpu_clock_unit=raw.get("gpu_clock_unit", ""),
+        gpu_sm_mhz=_int(raw, "gpu_sm_mhz"),
         active=raw.get("unit_ActiveState", ""),
         sub=raw.get("unit_SubState", ""),
         since=raw.get("unit_StateChangeTimestamp", ""),
@@ -172,6 +188,7 @@ class RankStatus(FactBase[RankState]):
             stamps=q(stamps),
             run_dir=q(run_dir),
             record=q(record),
+            probe_file=q(probe_file(run_dir)),
         )
         return StringCommand("sh", "-c", QuoteString(script))
 
@@ -236,6 +253,11 @@ def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
         out.append(f"GID index: start gate handed over {st.gid_handed}, live table {live}")
     if st.mtu != k.fabric_mtu:
         out.append(f"MTU {st.mtu} on {s.me.fabric_interface}, want {k.fabric_mtu}")
+    if k.gpu_clock_max_mhz is not None and st.gpu_clock_unit != "active":
+        out.append(
+            f"GPU clock lock sparkrig-gpu-clock is {st.gpu_clock_unit or 'absent'}: the clock is "
+            f"not capped at {k.gpu_clock_max_mhz} MHz (re-run the deploy)"
+        )
     if st.weights_commit != k.model_revision:
         out.append(f"weights {st.weights_commit or 'absent'}, want {k.model_revision}")
     # A serving rank holds its memory; a rank that is down must find the start gate's floor free,
@@ -274,6 +296,20 @@ def budget_line(st: RankState, watchdog_on: bool, now: float) -> str:
     return "; ".join(parts)
 
 
+def probe_line(st: RankState, watchdog_on: bool, now: float) -> str:
+    """The watchdog's last probe, as the pair helpers' line ends."""
+    if not watchdog_on:
+        return ""
+    return f"; last probe: {st.probe.text(now) if st.probe else 'none yet'}"
+
+
+def gpu_clock_text(s: Settings, st: RankState) -> str:
+    """The GPU clock cap as the rank's line shows it."""
+    mhz = s.knobs.gpu_clock_max_mhz
+    text = "unlocked" if mhz is None else f"<= {mhz} MHz ({st.gpu_clock_unit or 'absent'})"
+    return text + (f", sm {st.gpu_sm_mhz} MHz" if st.gpu_sm_mhz is not None else "")
+
+
 def line(s: Settings, st: RankState, verified: str) -> str:
     """The rank's one line of the status screen."""
     gid = f"gid env={st.gid_env} live={live_gid_index(s, st)}"
@@ -283,7 +319,8 @@ def line(s: Settings, st: RankState, verified: str) -> str:
         f"rank{s.me.rank} {s.unit_name} {st.active}/{st.sub} since {st.since or '-'} | "
         f"image {st.image.rsplit(':', 1)[-1] or '-'} | {gid} | mtu {st.mtu} | "
         f"weights {st.weights_commit[:12] or '-'} verified {verified} | "
-        f"{figure_text(dict(st.fabric))} | MemFree {st.memfree_kb // 1024} MiB"
+        f"{figure_text(dict(st.fabric))} | gpu clock {gpu_clock_text(s, st)} | "
+        f"MemFree {st.memfree_kb // 1024} MiB"
         + (
             f" (start floor {memfree_floor_kb(s, st.memtotal_kb) // 1024} MiB)"
             if st.memtotal_kb

@@ -7,7 +7,7 @@ from pyinfra.operations import server
 
 from sparkrig import hostpkg, hoststate
 from sparkrig.host import SYSCTL_FILE
-from sparkrig.owned import owned_directory, program, put_text
+from sparkrig.owned import owned_directory, owned_file_absent, program, put_text, service
 from sparkrig.paths import paths
 from sparkrig.render import render
 from sparkrig.settings import current
@@ -43,3 +43,39 @@ shipped = {
     for module in host.loop(hostpkg.modules())
 }
 hostpkg.shipped(shipped)  # the service phase restarts the helpers whose modules changed
+
+# Opt-in GPU clock cap (knob gpu_clock_max_mhz, reported to stop overheat shutdowns during long
+# prefills): a oneshot unit applies `nvidia-smi -lgc 0,<MHz>` at every boot, ordered before the
+# rank unit, and now; switched off, it is stopped (its ExecStop resets the clocks) and removed.
+clock_unit = paths(s)["gpu_clock_unit"]
+if k.gpu_clock_max_mhz is not None:
+    clock = put_text(
+        name="Install the GPU clock lock unit",
+        text=render("sparkrig-gpu-clock.service.j2", unit=s.unit_name, mhz=k.gpu_clock_max_mhz),
+        dest=clock_unit,
+    )
+    service(
+        name="Apply the GPU clock lock after its unit changed",
+        service="sparkrig-gpu-clock",
+        running=True,
+        enabled=True,
+        restarted=True,
+        daemon_reload=True,
+        _if=clock.did_change,
+    )
+    service(
+        name="Keep the GPU clock lock applied and enabled at boot",
+        service="sparkrig-gpu-clock",
+        running=True,
+        enabled=True,
+    )
+else:
+    service(
+        name="Stop the GPU clock lock while it is switched off",
+        service="sparkrig-gpu-clock",
+        running=False,
+        enabled=False,
+    )
+    owned_file_absent(
+        name="Remove the GPU clock lock unit while it is switched off", path=clock_unit
+    )

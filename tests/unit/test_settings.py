@@ -116,6 +116,18 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
             "spark-0: watchdog_grace_s: 1800 is below ready_timeout_s 3600",
         ),
         (
+            lambda v: edit(v, "head", 0, watchdog_stall_s=60),
+            "spark-0: watchdog_stall_s: 60 must exceed watchdog_interval_s 60",
+        ),
+        (
+            lambda v: [edit(v, g, 0, gpu_clock_max_mhz=50) for g in ("head", "worker")],
+            "spark-0: gpu_clock_max_mhz: Input should be greater than or equal to 100",
+        ),
+        (
+            lambda v: edit(v, "worker", 0, gpu_clock_max_mhz=2400),
+            "spark-1: gpu_clock_max_mhz: 2400 differs from spark-0's None",
+        ),
+        (
             lambda v: edit(v, "head", 0, api_auth=False, api_key_rotate=True),
             "spark-0: api_key_rotate: True with api_auth = False: an open API has no key",
         ),
