@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.command import QuoteString
-from pyinfra.api.exceptions import FactProcessError
+from pyinfra.api.exceptions import DeployError, FactProcessError
 from pyinfra.context import ctx_state
 from sparkhost.gid import GidEntry
 
@@ -169,7 +169,9 @@ class HostReport:
 
 class HostState(FactBase[dict[str, Any]]):
     """Every part of ``parts`` in one read-only remote command (``sh -c``), each parsed by its
-    own fact (part key -> value); a part that failed or was cut off fails this host only."""
+    own fact (part key -> value). A part that failed or was cut off is no exception here: its
+    reason comes back under ``FAILED`` and the read fails this host alone, in one line
+    (``StateReadFailed``), where pyinfra's own fact error would prompt and end in a traceback."""
 
     default = dict
 
@@ -178,7 +180,18 @@ class HostState(FactBase[dict[str, Any]]):
         return StringCommand("sh", "-c", QuoteString(script(parts)))
 
     def process(self, output: list[str]) -> dict[str, Any]:
-        return parse_parts(self._parts, output)
+        try:
+            return parse_parts(self._parts, output)
+        except FactProcessError as err:
+            return {FAILED: str(err)}
+
+
+FAILED = "##failed"  # HostState's value when the read failed: the reason
+CHECK = "`pyinfra INVENTORY deploy.py --dry -vvv` prints the read's command and output"
+
+
+class StateReadFailed(DeployError):
+    """A host's state read failed: one line naming the host, the part and what to check."""
 
 
 def parse_parts(parts: tuple[Part, ...], lines: list[str]) -> dict[str, Any]:
@@ -190,7 +203,8 @@ def parse_parts(parts: tuple[Part, ...], lines: list[str]) -> dict[str, Any]:
             raise FactProcessError(f"state read: no output for {part.key}")
         rc, body = raw[part.key]
         if rc != 0:
-            raise FactProcessError(f"state read: {part.key} failed (exit {rc}): {body[-3:]}")
+            said = f": {' / '.join(body[-3:])}" if body else ""
+            raise FactProcessError(f"state read: {part.key} failed (exit {rc}){said}")
         values[part.key] = part.parse(body)
     return values
 
@@ -384,11 +398,18 @@ def _read(target: Any, parts: tuple[Part, ...], needs: tuple[str, ...] = ()) -> 
         if any(p in wanted for p in stale):
             if generation not in ("prepare", ("execute", 0)):
                 stale = [p for p in stale if p in wanted]
-            values = target.get_fact(HostState, parts=tuple(stale))
+            values = target.get_fact(HostState, parts=tuple(stale), _ignore_errors=True)
             reads.count[name] = reads.count.get(name, 0) + 1
+            missing = [p.key for p in stale if p.key not in values]
+            if FAILED in values or missing:
+                why = values.get(FAILED) or f"state read: no output for {missing[0]}"
+                raise StateReadFailed(f"{name}: {why}; check: {CHECK}") from None
             now = _generation(reads.state)
             have.update({p.key: (now, values[p.key]) for p in stale})
-        return build_report(wanted, {p.key: have[p.key][1] for p in wanted})
+        try:
+            return build_report(wanted, {p.key: have[p.key][1] for p in wanted})
+        except FactProcessError as err:
+            raise StateReadFailed(f"{name}: {err}; check: {CHECK}") from None
 
 
 def read(s: Settings) -> HostReport:
