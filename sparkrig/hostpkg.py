@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkrig import REPO
+from sparkrig.runscope import once_per_run
 
 SOURCE = REPO / "files" / "sparkhost"
 PYTHON = "/usr/bin/python3"
@@ -118,8 +119,6 @@ def uses(job: str) -> frozenset[str]:
 
 def _shipped_ops() -> dict[str, dict[str, Any]]:
     from pyinfra.context import ctx_state
-
-    from sparkrig.runscope import once_per_run
 
     state = ctx_state.get()
     return once_per_run("host package", state, dict)

@@ -25,7 +25,8 @@ weights revisions of releases that fell out of it are pruned. A run whose releas
 copies nothing, restarts nothing and rolls nothing back.
 
 Everything here is read in the host's one state read (``ReleaseState``, a part of
-sparkrig/hoststate.py): the record and the entries of ``weights_dir``.
+sparkrig/stateread.py): the record and the entries of ``weights_dir``. The rollback's ordered
+path, a group of these operations, is tasks/rollback.py.
 """
 
 from __future__ import annotations
@@ -46,23 +47,21 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.context import ctx_state
 
-from sparkrig import hoststate
 from sparkrig.factlines import END
 from sparkrig.failhost import fail_host
-from sparkrig.ordering import on_head, on_workers
+from sparkrig.image import local_base, serving_image
+from sparkrig.owned import PathState, owned_of
+from sparkrig.paths import paths
 from sparkrig.runscope import once_per_run
 from sparkrig.settings import Settings
+from sparkrig.stateread import Part, Values, mine
+from sparkrig.weights import Artifact
 
 RECORD = "release.json"
 PREV = ".prev"
 LISTING = "##SPARKRIG-WEIGHTS-DIR"
 REVISION_DIR = re.compile(r"^(?P<name>model|drafter)-(?P<commit>[0-9a-f]{40})$")
 LEGACY_DIRS = ("model", "drafter")  # the layout before per-revision directories
-
-
-def revision_dir(weights_dir: str, name: str, commit: str) -> str:
-    """Where one revision of an artifact lives: ``<weights_dir>/<name>-<commit>``."""
-    return f"{weights_dir.rstrip('/')}/{name}-{commit}"
 
 
 def record_path(config_dir: str) -> str:
@@ -254,8 +253,6 @@ def parse_release_state(lines: list[str]) -> ReleaseReport:
 def release_files(s: Settings) -> list[str]:
     """The files that make a release on a rank: its unit (image, weights directories, serve
     flags) and the weights lockfiles. Kept as ``.prev`` during an upgrade."""
-    from sparkrig.paths import paths
-
     k = s.knobs
     files = [paths(s)["rank_unit"], f"{k.config_dir}/model.lock.json"]
     if s.needs_drafter:
@@ -265,8 +262,6 @@ def release_files(s: Settings) -> list[str]:
 
 def wanted(s: Settings, shas: dict[str, str] | None = None) -> Release:
     """The release this run installs; with ``shas`` (path -> sha256) its files' digests."""
-    from sparkrig.image import local_base, serving_image
-
     k = s.knobs
     assert k.base_image is not None  # settings refuse a missing base_image
     files: tuple[tuple[str, str], ...] = ()
@@ -369,22 +364,17 @@ def prune_weights_command(weights_dir: str, names: Sequence[str]) -> str:
     return "rm -rf " + " ".join(paths)
 
 
-def part(s: Settings) -> Any:
-    """The release part of the host's state read (sparkrig/hoststate.py)."""
-    from sparkrig.hoststate import Part
-
+def release_part(s: Settings) -> Part:
+    """The state read's part of the release record and the entries of weights_dir."""
     args = {"record": record_path(s.knobs.config_dir), "weights_dir": s.knobs.weights_dir}
     return Part("release", ReleaseState, tuple(sorted(args.items())))
 
 
-def report_of(host_report: Any) -> ReleaseReport:
-    """The release part of a host's state read; KeyError when the report was made without it
-    (``hoststate.mine`` without "release"), as the report's own accessors do: an empty record
-    there would write a history without the kept releases."""
-    got = getattr(host_report, "release", None)
-    if not isinstance(got, ReleaseReport):
-        raise KeyError('the release part is not in this state read (hoststate.mine("release"))')
-    return got
+def report_of(values: Values) -> ReleaseReport:
+    """The release part of a host's state read; KeyError when it was read without it
+    (``mine`` without "release"): an empty record there would write a history without the
+    kept releases."""
+    return values.get("release", ReleaseState)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,21 +396,17 @@ def weights_adopted(weights_dir: str, artifact: str, lock: str) -> Generator[Any
     + lock: that artifact's lockfile on the host (names the checkout's revision; read before
       this run installs a new one)
     """
-    if not report_of(hoststate.mine("release")).has_dir(artifact):
+    if not report_of(mine("release")).has_dir(artifact):
         host.noop(f"no {weights_dir}/{artifact} of the old layout")
         return
     yield _sh(adopt_command(weights_dir, artifact, lock))
 
 
-def adoptable(art: Any, state: Any) -> bool:
+def adoptable(art: Artifact, lock: PathState | None, record: ReleaseReport) -> bool:
     """A checkout of the old layout (``<weights_dir>/<name>``) that the weights phase adopts as
-    ``art``'s revision: the lockfile installed beside it is ``art``'s (a sparkrig.weights
-    Artifact; ``state`` the host's state read)."""
-    lock = state.file(art.remote_lock)
+    ``art``'s revision: the lockfile installed beside it (``lock``, its state) is ``art``'s."""
     return bool(
-        report_of(state).has_dir(art.name)
-        and lock is not None
-        and lock.sha256 == sha256_text(art.lock_text)
+        record.has_dir(art.name) and lock is not None and lock.sha256 == sha256_text(art.lock_text)
     )
 
 
@@ -477,11 +463,12 @@ def record_stamped(
     + files: the files that make it on the rank (``release_files``)
     + keep: releases the record keeps (knob keep_releases)
     """
-    state = hoststate.mine("release", "paths")
+    state = mine("release", "paths")
     have = report_of(state)
+    owned = owned_of(state)
     digests = []
     for f in files:
-        got = state.file(f)
+        got = owned.file(f)
         if got is not None and got.sha256:
             digests.append((f, got.sha256))
     now = replace(release, files=tuple(sorted(digests)))
@@ -503,7 +490,7 @@ def old_weights_pruned(weights_dir: str, keep: list[str]) -> Generator[Any, None
     + weights_dir: where the revisions live
     + keep: revision directory names to keep (every kept release's)
     """
-    names = weights_to_prune(report_of(hoststate.mine("release")).entries, keep)
+    names = weights_to_prune(report_of(mine("release")).entries, keep)
     if not names:
         host.noop("no weights revision to prune")
         return
@@ -571,94 +558,3 @@ def upgrade_failed(moving: str, previous: str) -> Generator[Any, None, None]:
     )
     logger.error(f"{host.print_prefix}{reason}")
     yield fail_host(reason)
-
-
-def rollback_operations(
-    s: Settings, moving: str, record: ReleaseReport, boot: list[str], gates: list[str]
-) -> None:
-    """The rollback path, present on every host (acting only once ``rollback()`` decided it):
-    the previous release's files back on every rank, the helpers paused, every rank stopped,
-    the workers started, their containers awaited, the head started, its boot awaited, the four
-    gates, the helpers resumed, and the run failed naming what failed and what serves now. The
-    same worker-then-head order as the deploy's ordered pair restart (tasks/service.py)."""
-    from sparkrig.owned import service
-    from sparkrig.serving import wait_for_ranks, wait_until_serving, worker_wait_args
-
-    is_head = s.me.is_head
-    back = rollback()
-    serving = record.serving
-    files = list(serving.files) if moving and serving is not None else []
-    previous = serving.label() if serving is not None else "none recorded"
-    helpers = ["sparkrig-supervisor", "sparkrig-watchdog"]  # the watchdog's stop is a no-op if off
-
-    previous_restored(
-        name="Put the previous release's unit and lockfiles back",
-        files=files,
-        _if=lambda: bool(moving) and back(),
-    )
-    for unit in host.loop(helpers):
-        on_head(
-            is_head,
-            service,
-            name="Pause the head's supervisor and watchdog during the rollback",
-            service=unit,
-            running=False,
-            _if=back,
-        )
-    service(
-        name="Stop every rank to roll back",
-        service=s.unit_name,
-        running=False,
-        _if=back,
-    )
-    on_workers(
-        is_head,
-        service,
-        name="Start the worker rank of the previous release",
-        service=s.unit_name,
-        running=True,
-        _if=back,
-    )
-    on_head(
-        is_head,
-        wait_for_ranks,
-        name="Wait until every worker of the previous release runs",
-        **worker_wait_args(s),
-        _if=back,
-    )
-    on_head(
-        is_head,
-        service,
-        name="Start the head rank of the previous release",
-        service=s.unit_name,
-        running=True,
-        _if=back,
-    )
-    on_head(
-        is_head,
-        wait_until_serving,
-        name="Wait for the previous release's API to finish booting",
-        command=boot,
-        _if=back,
-    )
-    on_head(
-        is_head,
-        gates_passed_again,
-        name="Pass the four serving gates on the previous release",
-        command=gates,
-        _if=back,
-    )
-    on_head(
-        is_head,
-        service,
-        name="Resume the head's supervisor after the rollback",
-        service="sparkrig-supervisor",
-        running=True,
-        _if=back,
-    )
-    upgrade_failed(
-        name="Fail the run: the upgrade failed and the previous release serves again",
-        moving=moving or "the release",
-        previous=previous,
-        _if=back,
-    )

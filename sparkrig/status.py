@@ -14,7 +14,9 @@ from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
 
 from sparkrig.fabric import gid_table_command
 from sparkrig.factlines import END, parse_key_values
-from sparkrig.release import revision_dir
+from sparkrig.paths import revision_dir
+from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value
+from sparkrig.serving import rank_serve_args
 from sparkrig.settings import Settings
 
 # Everything below only reads: systemctl show, docker inspect, cat/sed/grep of files, stat, awk.
@@ -181,9 +183,6 @@ def memfree_floor_kb(s: Settings, memtotal_kb: int) -> int:
     """The MemFree the start gate requires of this rank, in kB: sparkrig-prep's own
     memory_floor, fed the flags the rank unit gives it (units.memory_gate_args)."""
     from sparkhost import prep
-
-    from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value
-    from sparkrig.serving import rank_serve_args
 
     k = s.knobs
     util = flag_value(rank_serve_args(s), "--gpu-memory-utilization") or GPU_MEMORY_UTILIZATION

@@ -24,13 +24,13 @@ for warning in warnings(s, node, peers):
     logger.warning(f"{host.print_prefix}{warning}")
 
 # The agents' secret: the pair's own, unless no rank holds one or the operator rotates it.
-secret = pair_secret(s)
+secret = pair_secret(s, hoststate.values)
 if secret.warning:
     logger.warning(f"{host.print_prefix}{secret.warning}")
 if secret.source:
     logger.info(f"{host.print_prefix}agents' secret: {secret.source}")
 # The API key: the head's own, decided only when the head is in the run (said on the head).
-api = api_key(s)
+api = api_key(s, hoststate.values)
 if api is not None and api.warning and s.me.is_head:
     logger.warning(f"{host.print_prefix}{api.warning}")
 if api is not None and api.source and s.me.is_head:
@@ -42,7 +42,9 @@ if api is not None and api.source and s.me.is_head:
 def complete_here(art: Artifact) -> bool:
     state = hoststate.read(s)
     held = state.weights_of(art.remote_lock)
-    return (held.complete and held.commit == art.commit) or adoptable(art, state)
+    return (held.complete and held.commit == art.commit) or adoptable(
+        art, state.file(art.remote_lock), state.release
+    )
 
 
 complete = all(complete_here(art) for art in artifacts(s))

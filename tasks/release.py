@@ -7,11 +7,11 @@ from pyinfra import host, inventory, logger, state
 
 from sparkrig import hoststate
 from sparkrig.failhost import refuse
-from sparkrig.release import change, previous_kept, report_of
+from sparkrig.release import change, previous_kept
 from sparkrig.settings import current
 
 s = current()
-record = report_of(hoststate.read(s))
+record = hoststate.read(s).release
 moving = change(s, record)
 head_in_run = state.is_host_in_limit(inventory.get_host(s.head.name))
 

@@ -16,7 +16,7 @@ from sparkrig.owned import owned_file_absent, put_text, secret_file, service
 from sparkrig.pairrestart import pair_restart
 from sparkrig.pairsecret import api_key, control_token, pair_secret, write_control_copy_later
 from sparkrig.paths import paths
-from sparkrig.release import change, report_of, rollback
+from sparkrig.release import change, rollback
 from sparkrig.render import base_context, render
 from sparkrig.serving import (
     SMOKE_CONTAINER,
@@ -56,7 +56,7 @@ image = serving_image(s)  # the patched image every rank runs (tasks/image.py bu
 # Off: both files go and the rank unit loses its --env-file.
 is_head = s.me.is_head
 head_knobs = for_inventory(inventory)[s.head.name].knobs  # head-only knobs, the same everywhere
-api = api_key(s)
+api = api_key(s, hoststate.values)
 if head_knobs.api_auth and api is not None and api.token:
     on_head(
         is_head,
@@ -114,7 +114,7 @@ systemd.daemon_reload(
 # restarts them.
 secret = secret_file(
     name="Install the agents' shared secret",
-    text=pair_secret(s).token + "\n",
+    text=pair_secret(s, hoststate.values).token + "\n",
     dest=p["pair_token"],
 )
 agent_unit = role_template(
@@ -188,7 +188,7 @@ service(
 rank_active, _ = hoststate.read(s).unit(s.unit_name)
 # During an upgrade a failed smoke test or start does not stop the run: it decides the rollback
 # (sparkrig/release.py, tasks/verify.py), and what would start the new release is skipped.
-upgrading = bool(change(s, report_of(hoststate.read(s))))
+upgrading = bool(change(s, hoststate.read(s).release))
 back = rollback()
 # --limit worker: the head is not in this run. The worker then leaves its rank to the head's
 # supervisor (an authenticated request below); anything needing the head is skipped, and said so.

@@ -22,14 +22,13 @@ from sparkrig.release import (
     record_path,
     record_stamped,
     release_files,
-    report_of,
     rollback,
-    rollback_operations,
     wanted,
     weights_kept,
 )
 from sparkrig.serving import api_key_file, serving_gates, wait_until_serving
 from sparkrig.settings import current
+from tasks.rollback import roll_back
 
 s = current()
 k = s.knobs
@@ -39,7 +38,7 @@ was_running, _ = hoststate.read(s).unit(s.unit_name)
 restart = pair_restart()
 # During an upgrade (sparkrig/release.py) a failed boot or gate does not stop the run: it decides
 # the rollback below, which puts the previous release back and fails the run naming both.
-record = report_of(hoststate.read(s))
+record = hoststate.read(s).release
 moving = change(s, record)
 back = rollback()
 boot = wait_command(
@@ -68,7 +67,7 @@ back.watch(
         _ignore_errors=bool(moving),
     ),
 )
-rollback_operations(s, moving, record, boot, gates)
+roll_back(s, moving, record, boot, gates)
 
 # Under --limit worker nothing proves the pair healthy, so nothing is recorded or pruned.
 head_in_run = inventory.get_host(s.head.name) in state.activated_hosts

@@ -1,0 +1,109 @@
+"""The rollback: a failed upgrade's way back to the previous release, as one group of operations
+(pyinfra's ``@deploy``) that tasks/verify.py adds on every host; each acts only once
+``rollback()`` decided it (sparkrig/release.py): the previous release's files back on every rank,
+then the pair restarted in order (workers, then the head, as tasks/service.py starts it), the
+four gates, and the run failed naming what failed and what serves now."""
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from sparkrig.ordering import on_head, on_workers
+from sparkrig.owned import service
+from sparkrig.release import (
+    ReleaseReport,
+    gates_passed_again,
+    previous_restored,
+    rollback,
+    upgrade_failed,
+)
+from sparkrig.serving import wait_for_ranks, wait_until_serving, worker_wait_args
+from sparkrig.settings import Settings
+
+
+@deploy("Roll back to the previous release")
+def roll_back(
+    s: Settings, moving: str, record: ReleaseReport, boot: list[str], gates: list[str]
+) -> None:
+    """The rollback path, present on every host (acting only once ``rollback()`` decided it):
+    the previous release's files back on every rank, the helpers paused, every rank stopped,
+    the workers started, their containers awaited, the head started, its boot awaited, the four
+    gates, the helpers resumed, and the run failed naming what failed and what serves now. The
+    same worker-then-head order as the deploy's ordered pair restart (tasks/service.py)."""
+    is_head = s.me.is_head
+    back = rollback()
+    serving = record.serving
+    files = list(serving.files) if moving and serving is not None else []
+    previous = serving.label() if serving is not None else "none recorded"
+    helpers = ["sparkrig-supervisor", "sparkrig-watchdog"]  # the watchdog's stop is a no-op if off
+
+    previous_restored(
+        name="Put the previous release's unit and lockfiles back",
+        files=files,
+        _if=lambda: bool(moving) and back(),
+    )
+    for unit in host.loop(helpers):
+        on_head(
+            is_head,
+            service,
+            name="Pause the head's supervisor and watchdog during the rollback",
+            service=unit,
+            running=False,
+            _if=back,
+        )
+    service(
+        name="Stop every rank to roll back",
+        service=s.unit_name,
+        running=False,
+        _if=back,
+    )
+    on_workers(
+        is_head,
+        service,
+        name="Start the worker rank of the previous release",
+        service=s.unit_name,
+        running=True,
+        _if=back,
+    )
+    on_head(
+        is_head,
+        wait_for_ranks,
+        name="Wait until every worker of the previous release runs",
+        **worker_wait_args(s),
+        _if=back,
+    )
+    on_head(
+        is_head,
+        service,
+        name="Start the head rank of the previous release",
+        service=s.unit_name,
+        running=True,
+        _if=back,
+    )
+    on_head(
+        is_head,
+        wait_until_serving,
+        name="Wait for the previous release's API to finish booting",
+        command=boot,
+        _if=back,
+    )
+    on_head(
+        is_head,
+        gates_passed_again,
+        name="Pass the four serving gates on the previous release",
+        command=gates,
+        _if=back,
+    )
+    on_head(
+        is_head,
+        service,
+        name="Resume the head's supervisor after the rollback",
+        service="sparkrig-supervisor",
+        running=True,
+        _if=back,
+    )
+    upgrade_failed(
+        name="Fail the run: the upgrade failed and the previous release serves again",
+        moving=moving or "the release",
+        previous=previous,
+        _if=back,
+    )
