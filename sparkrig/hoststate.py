@@ -17,7 +17,7 @@ from sparkhost.gid import GidEntry
 from sparkrig import hostpkg, stateread
 from sparkrig.fabric import RoceGids, gids_part
 from sparkrig.host import SYSCTL_FILE, Node, NodeReport, node_part
-from sparkrig.image import ImageReport, image_of, image_part, repo_tags
+from sparkrig.image import ImageReport, ImageState, image_of, image_part, repo_tags
 from sparkrig.owned import OwnedReport, PathState, owned_of, paths_part, units_part
 from sparkrig.pairsecret import PairSecretFile, secret_parts
 from sparkrig.paths import paths
@@ -99,6 +99,10 @@ class HostReport:
     def gids(self) -> tuple[GidEntry, ...]:
         entries: list[GidEntry] = self.values.get("gids", RoceGids)
         return tuple(entries)
+
+    @property
+    def image(self) -> ImageReport:
+        return self.values.get("image", ImageState)
 
     @property
     def release(self) -> ReleaseReport:
