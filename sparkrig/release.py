@@ -45,14 +45,13 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError
-from pyinfra.context import ctx_state
 
 from sparkrig.factlines import END
 from sparkrig.failhost import fail_host
 from sparkrig.image import local_base, serving_image
 from sparkrig.owned import PathState, owned_of
 from sparkrig.paths import paths
-from sparkrig.runscope import once_per_run
+from sparkrig.runscope import Watch, watch
 from sparkrig.settings import Settings
 from sparkrig.stateread import Part, Values, mine
 from sparkrig.weights import Artifact
@@ -503,27 +502,25 @@ def old_weights_pruned(weights_dir: str, keep: list[str]) -> Generator[Any, None
 # ---------------------------------------------------------------------------------------------
 
 
-class Rollback:
+class Rollback(Watch):
     """The run's one decision whether the pair rolls back: a watched operation of the new
     release failed on some rank (its NCCL smoke test, a rank's start, the head's boot wait, the
     gates). Those run with ``_ignore_errors`` during an upgrade, so the run goes on to the
     rollback operations (``_if=rollback()``)."""
 
     def __init__(self) -> None:
-        self.watched: list[tuple[str, Any]] = []
+        super().__init__()
         self.decided_at: float | None = None  # monotonic time the failure was first seen
 
     def watch(self, what: str, meta: Any) -> Any:
-        self.watched.append((what, meta))
-        return meta
+        return self.add(what, meta)
 
     def failures(self) -> list[str]:
         """'<what>: <last lines of its output>' of every watched operation that failed."""
         out = []
-        for what, meta in self.watched:
-            if meta.is_complete() and meta.did_error():
-                lines = [x for x in meta.stderr_lines if x.strip()] or meta.stdout_lines
-                out.append(f"{what}: {' / '.join(x.strip() for x in lines[-3:]) or 'failed'}")
+        for what, meta in self.failed():
+            lines = [x for x in meta.stderr_lines if x.strip()] or meta.stdout_lines
+            out.append(f"{what}: {' / '.join(x.strip() for x in lines[-3:]) or 'failed'}")
         return out
 
     def __call__(self) -> bool:
@@ -535,8 +532,7 @@ class Rollback:
 
 def rollback() -> Rollback:
     """The current run's rollback decision (one object for every host and phase)."""
-    state = ctx_state.get()
-    return once_per_run("rollback", state, Rollback)
+    return watch("rollback", Rollback)
 
 
 @operation(is_idempotent=False)

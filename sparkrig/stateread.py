@@ -41,7 +41,7 @@ from pyinfra.api.exceptions import DeployError, FactProcessError
 from pyinfra.context import ctx_host, ctx_state
 
 from sparkrig.factlines import END
-from sparkrig.runscope import once_per_run
+from sparkrig.runscope import changed, once_per_run
 
 T = TypeVar("T")
 PART = "##SPARKRIG-PART"
@@ -223,13 +223,8 @@ def _generation(state: Any) -> Any:
     plan at a prompt for as long as they like, so execution reads again."""
     if not state.is_executing:
         return "prepare" if state.check_for_changes else ("execute", 0)
-    changed = 0
-    for ops in state.ops.values():
-        for data in ops.values():
-            meta = data.operation_meta
-            if meta.is_complete() and meta.did_change():
-                changed += 1
-    return ("execute", changed)
+    metas = (data.operation_meta for ops in state.ops.values() for data in ops.values())
+    return ("execute", sum(map(changed, metas)))
 
 
 def read(target: Any, parts: tuple[Part, ...], needs: tuple[str, ...] = ()) -> Values:
