@@ -7,7 +7,7 @@ four gates, and the run failed naming what failed and what serves now."""
 from pyinfra import host
 from pyinfra.api import deploy
 
-from sparkrig.ordering import on_head, on_workers
+from sparkrig.ordering import on_head
 from sparkrig.owned import service
 from sparkrig.release import (
     ReleaseReport,
@@ -16,8 +16,9 @@ from sparkrig.release import (
     rollback,
     upgrade_failed,
 )
-from sparkrig.serving import wait_for_ranks, wait_until_serving, worker_wait_args
+from sparkrig.serving import wait_until_serving
 from sparkrig.settings import Settings
+from tasks.pair_start import pair_started_in_order
 
 
 @deploy("Roll back to the previous release")
@@ -56,28 +57,14 @@ def roll_back(
         running=False,
         _if=back,
     )
-    on_workers(
-        is_head,
-        service,
-        name="Start the worker rank of the previous release",
-        service=s.unit_name,
-        running=True,
-        _if=back,
-    )
-    on_head(
-        is_head,
-        wait_for_ranks,
-        name="Wait until every worker of the previous release runs",
-        **worker_wait_args(s),
-        _if=back,
-    )
-    on_head(
-        is_head,
-        service,
-        name="Start the head rank of the previous release",
-        service=s.unit_name,
-        running=True,
-        _if=back,
+    pair_started_in_order(
+        s,
+        names=(
+            "Start the worker rank of the previous release",
+            "Wait until every worker of the previous release runs",
+            "Start the head rank of the previous release",
+        ),
+        when=(back, back, back),
     )
     on_head(
         is_head,

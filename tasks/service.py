@@ -29,11 +29,10 @@ from sparkrig.serving import (
     role_template,
     smoke_run_args,
     supervisor_unit_context,
-    wait_for_ranks,
     watchdog_unit_context,
-    worker_wait_args,
 )
 from sparkrig.settings import current, for_inventory
+from tasks.pair_start import pair_started_in_order
 
 s = current()
 k = s.knobs
@@ -257,52 +256,35 @@ smoke_workers = on_workers(
     _ignore_errors=upgrading,
 )
 back.watch("NCCL smoke test", smoke_workers)
-worker_start = on_workers(
-    is_head,
-    service,
-    name="Start the worker rank",
-    service=s.unit_name,
-    running=True,
+pair_started_in_order(
+    s,
+    names=(
+        "Start the worker rank", "Wait until every worker's container runs", "Start the head rank"
+    ),
+    when=(
+        lambda: (head_in_run or not (restart() or not rank_active)) and not back(),
+        lambda: (restart() or not rank_active) and not back(),
+        lambda: not back(),
+    ),
     enabled=True,
-    _if=lambda: (head_in_run or not (restart() or not rank_active)) and not back(),
-    _ignore_errors=upgrading,
-)
-back.watch("worker start", worker_start)
-on_workers(
-    is_head,
-    server.shell,
-    name="Ask the head's supervisor to restart the pair in order",
-    commands=[
-        shlex.join(
-            [
-                *hostpkg.command(k.install_dir, "pair"), "request", "--head", s.head.ip,
-                "--port", str(k.pair_port), "--agent-port", str(k.agent_port),
-                "--token-file", p["pair_token"], "--timeout", "900",
-            ]
-        )
-    ],
-    _if=lambda: not head_in_run and (restart() or not rank_active),
+    ignore_errors=upgrading,
+    watch=back,
+    after_workers=lambda: on_workers(
+        is_head,
+        server.shell,
+        name="Ask the head's supervisor to restart the pair in order",
+        commands=[
+            shlex.join(
+                [
+                    *hostpkg.command(k.install_dir, "pair"), "request", "--head", s.head.ip,
+                    "--port", str(k.pair_port), "--agent-port", str(k.agent_port),
+                    "--token-file", p["pair_token"], "--timeout", "900",
+                ]
+            )
+        ],
+        _if=lambda: not head_in_run and (restart() or not rank_active),
+    ),
 )  # fmt: skip
-workers_up = on_head(
-    is_head,
-    wait_for_ranks,
-    name="Wait until every worker's container runs",
-    **worker_wait_args(s),
-    _if=lambda: (restart() or not rank_active) and not back(),
-    _ignore_errors=upgrading,
-)
-back.watch("workers' containers", workers_up)
-head_start = on_head(
-    is_head,
-    service,
-    name="Start the head rank",
-    service=s.unit_name,
-    running=True,
-    enabled=True,
-    _if=lambda: not back(),
-    _ignore_errors=upgrading,
-)
-back.watch("head start", head_start)
 
 keep_helper_running(
     on_head,
