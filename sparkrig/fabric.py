@@ -25,7 +25,7 @@ from sparkrig.failhost import fail_host
 from sparkrig.owned import owned_of, put_text
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
-from sparkrig.stateread import Part, mine
+from sparkrig.stateread import Part, read_here
 
 # where fabric_takeover moves other claims on the fabric NIC (their original path kept below it)
 DISPLACED_DIR = "/var/lib/sparkrig/displaced"
@@ -187,7 +187,7 @@ def rank_env_file(
     + roce_port: HCA port
     + moved_gid_only: write only a file whose GID index alone moved (else the other way round)
     """
-    entries: list[GidEntry] = mine("gids").get("gids", RoceGids)
+    entries: list[GidEntry] = read_here("gids").get("gids", RoceGids)
     try:
         entry = select_gid(entries, fabric_ip, fabric_interface, roce_device, roce_port)
         hca, index = entry.device, str(entry.index)
@@ -202,7 +202,7 @@ def rank_env_file(
         hca = roce_device or "<detected after the fabric address is applied>"
         index = "<detected after the fabric address is applied>"
     text = render(template, **context, hca=hca, gid_index=index)
-    have = owned_of(mine("paths")).file(dest)
+    have = owned_of(read_here("paths")).file(dest)
     moved = moved_gid_index(text, index, have.sha256 if have is not None else None)
     if moved is not None and not moved_gid_only:
         host.noop(f"{dest}: only the RoCE GID index moved ({moved} -> {index}), recorded next")

@@ -36,7 +36,7 @@ from sparkrig.factlines import END, parse_key_values
 from sparkrig.failhost import fail_host
 from sparkrig.imagehash import base_digest, context_files, image_ref, image_tag
 from sparkrig.settings import Settings
-from sparkrig.stateread import NotDeclared, Part, Values, mine
+from sparkrig.stateread import NotDeclared, Part, Values, read_here
 
 FILES_DIR = REPO / "files"
 MARKER = "sparkrig-image-state"  # in every image fact command (fakes match on it)
@@ -496,7 +496,7 @@ def base_image_pulled(image_repo: str, base_image: str, tag: str) -> Generator[A
     + base_image: ``repo@sha256:<digest>``
     + tag: the patched tag this run wants (read by the same fact)
     """
-    report = image_of(mine("image"), image_repo=image_repo, base_image=base_image, tag=tag)
+    report = image_of(read_here("image"), image_repo=image_repo, base_image=base_image, tag=tag)
     local = local_base(image_repo, base_image)
     if report.pulled(base_image):
         host.noop(f"{local} is {base_image} (pulled by digest)")
@@ -574,7 +574,7 @@ def base_image_loaded(
     + source: ``http://<head fabric IP>:<port>`` the head serves on
     + source_absent: non-empty when the head is not in this run: fail with it as the reason
     """
-    report = image_of(mine("image"), image_repo=image_repo, base_image=base_image, tag=tag)
+    report = image_of(read_here("image"), image_repo=image_repo, base_image=base_image, tag=tag)
     local = local_base(image_repo, base_image)
     if report.base_ok(base_image):
         host.noop(f"{local} is present ({len(report.base.layers) if report.base else 0} layers)")
@@ -624,7 +624,7 @@ def patched_image_built(
     + skip_patches: patch names the build skips on purpose (SPARKRIG_SKIP_PATCHES)
     + files_dir: local files/ holding the Dockerfile and patches
     """
-    report = image_of(mine("image"), image_repo=image_repo, base_image=base_image, tag=tag)
+    report = image_of(read_here("image"), image_repo=image_repo, base_image=base_image, tag=tag)
     ref = image_ref(image_repo, tag)
     if report.patched is not None:
         host.noop(f"{ref} is present")
@@ -650,7 +650,7 @@ def prune_old_images(image_repo: str, keep: list[str]) -> Generator[Any, None, N
     + keep: references to keep (``images_to_keep``: the serving image and its local base)
     """
     try:
-        tags = repo_tags(mine("image"), image_repo)
+        tags = repo_tags(read_here("image"), image_repo)
     except NotDeclared:  # a deploy without the state read (uninstall.py)
         tags = host.get_fact(RepoTags, image_repo=image_repo)
     commands = prune_commands(tags, keep)

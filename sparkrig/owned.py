@@ -25,7 +25,7 @@ from pyinfra.operations.util import files as file_utils
 from pyinfra.operations.util.files import generate_color_diff
 
 from sparkrig.failhost import fail_host
-from sparkrig.stateread import Part, Values, mine
+from sparkrig.stateread import Part, Values, read_here
 
 # ---------------------------------------------------------------------------------------------
 # The facts: owned files and directories, owned units (parts of the state read, stateread.py)
@@ -254,7 +254,7 @@ def owned_put(
     output ("Will create"/"Will modify" and a unified diff, mode and chown lines). The current
     content of a differing file is read (one command) only under ``--diff``. ``secret``: never
     diffed, written 0600 beside ``dest`` and renamed over it."""
-    have = owned_of(mine("paths")).file(dest)
+    have = owned_of(read_here("paths")).file(dest)
     want_mode = int(mode)
     diff = host.state.config.DIFF
     if have is not None and have.kind == "file" and have.sha256 == hashlib.sha256(data).hexdigest():
@@ -315,7 +315,7 @@ def owned_directory(
     + user: owner
     + group: group
     """
-    have = owned_of(mine("paths")).dir(path)
+    have = owned_of(read_here("paths")).dir(path)
     want_mode = int(mode)
     if have is None:
         yield StringCommand("mkdir", "-p", QuoteString(path))
@@ -343,7 +343,7 @@ def owned_file_absent(path: str) -> Generator[Any, None, None]:
 
     + path: remote path
     """
-    if owned_of(mine("paths")).file(path) is None:
+    if owned_of(read_here("paths")).file(path) is None:
         host.noop(f"file {path} does not exist")
         return
     yield StringCommand("rm", "-f", QuoteString(path))
@@ -368,7 +368,7 @@ def service(
     + daemon_reload: ``systemctl daemon-reload`` first
     """
     name = service if "." in service else f"{service}.service"
-    is_running, is_enabled = owned_of(mine("units")).unit(name)
+    is_running, is_enabled = owned_of(read_here("units")).unit(name)
     if daemon_reload:
         yield StringCommand("systemctl", "daemon-reload")
     if running is False:

@@ -53,7 +53,7 @@ from sparkrig.owned import PathState, owned_of
 from sparkrig.paths import paths
 from sparkrig.runscope import Watch, watch
 from sparkrig.settings import Settings
-from sparkrig.stateread import Part, Values, mine
+from sparkrig.stateread import Part, Values, read_here
 from sparkrig.weights import Artifact
 
 RECORD = "release.json"
@@ -395,7 +395,7 @@ def weights_adopted(weights_dir: str, artifact: str, lock: str) -> Generator[Any
     + lock: that artifact's lockfile on the host (names the checkout's revision; read before
       this run installs a new one)
     """
-    if not report_of(mine("release")).has_dir(artifact):
+    if not report_of(read_here("release")).has_dir(artifact):
         host.noop(f"no {weights_dir}/{artifact} of the old layout")
         return
     yield _sh(adopt_command(weights_dir, artifact, lock))
@@ -462,7 +462,7 @@ def record_stamped(
     + files: the files that make it on the rank (``release_files``)
     + keep: releases the record keeps (knob keep_releases)
     """
-    state = mine("release", "paths")
+    state = read_here("release", "paths")
     have = report_of(state)
     owned = owned_of(state)
     digests = []
@@ -489,7 +489,7 @@ def old_weights_pruned(weights_dir: str, keep: list[str]) -> Generator[Any, None
     + weights_dir: where the revisions live
     + keep: revision directory names to keep (every kept release's)
     """
-    names = weights_to_prune(report_of(mine("release")).entries, keep)
+    names = weights_to_prune(report_of(read_here("release")).entries, keep)
     if not names:
         host.noop("no weights revision to prune")
         return
@@ -536,21 +536,23 @@ def rollback() -> Rollback:
 
 
 @operation(is_idempotent=False)
-def upgrade_failed(moving: str, previous: str) -> Generator[Any, None, None]:
+def upgrade_failed(release_change: str, previous: str) -> Generator[Any, None, None]:
     """
     Fail this rank after a rollback, naming what failed and that the previous release serves.
 
-    + moving: the release change that was attempted ('<old> -> <new>')
+    + release_change: the release change that was attempted ('<old> -> <new>')
     + previous: the previous release's label
     """
-    back = rollback()
-    failed = "; ".join(back.failures()) or "a gate failed"
+    rolls_back = rollback()
+    failed = "; ".join(rolls_back.failures()) or "a gate failed"
     took = (
-        f" {time.monotonic() - back.decided_at:.0f} s after the failure" if back.decided_at else ""
+        f" {time.monotonic() - rolls_back.decided_at:.0f} s after the failure"
+        if rolls_back.decided_at
+        else ""
     )
     reason = (
-        f"upgrade failed ({moving}): {failed}. Rolled back: the previous release ({previous}) "
-        f"passed the four gates and serves again{took}"
+        f"upgrade failed ({release_change}): {failed}. Rolled back: the previous release "
+        f"({previous}) passed the four gates and serves again{took}"
     )
     logger.error(f"{host.print_prefix}{reason}")
     yield fail_host(reason)

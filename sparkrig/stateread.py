@@ -17,7 +17,7 @@ number (sparkrig/owned.py ``OwnedPaths``, ``UnitStates``):
   operation of the run changed. Before the first change every stale part is read at once (after
   a prompt, the whole state once more at the start of execution; with ``-y`` the read made while
   preparing serves, so a ``-y`` no-op reads each host once); after it, only the
-  parts the operation asks for (``mine("paths")``), since a first converge changes something at
+  parts the operation asks for (``read_here("paths")``), since a first converge changes something at
   nearly every operation and the node, image and weights parts cost seconds each under TCG.
 
 Each part is a ``FactBase``: its command runs inside the script, its ``process`` parses its lines.
@@ -25,7 +25,7 @@ A part that exits non-zero fails its host, naming the part.
 
 This module knows no domain: each domain module declares its own parts (a ``Part`` per fact) and
 a typed reader for their values (``Values.get(key, Fact)``); sparkrig/hoststate.py, which only
-the tasks import, assembles every domain's parts into a host's read. Operations call ``mine()``
+the tasks import, assembles every domain's parts into a host's read. Operations call ``read_here()``
 and take no settings.
 """
 
@@ -267,7 +267,7 @@ class NotDeclared(RuntimeError):
     """An operation asked for the state read in a deploy that declares none (uninstall.py)."""
 
 
-def mine(*needs: str) -> Values:
+def read_here(*needs: str) -> Values:
     """Inside an operation: the parts ``needs`` (keys of sparkrig/hoststate.py ``parts_of``:
     "paths", "units", "image", "gids", "release", "weights:<lock>", ...) of the current host's
     state, declared by its task files' read. The values hold those parts only."""

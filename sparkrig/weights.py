@@ -23,7 +23,7 @@ from sparkrig.failhost import fail_host
 from sparkrig.hostpkg import PYTHON
 from sparkrig.paths import revision_dir
 from sparkrig.settings import Settings
-from sparkrig.stateread import Part, Values, mine
+from sparkrig.stateread import Part, Values, read_here
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,7 @@ def weights_present(
     + source_absent: non-empty when the source is not in this run (the head, under --limit
       worker): fail with this as the reason instead of fetching from no one
     """
-    state = weights_of(mine(weights_key(lock)), lock)
+    state = weights_of(read_here(weights_key(lock)), lock)
     current = state.ok and state.commit == commit
     if current and state.complete:
         host.noop(f"{dest}: all {state.total_files} files of {commit[:12]} verified")

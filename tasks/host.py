@@ -12,17 +12,19 @@ from sparkrig.paths import paths
 from sparkrig.render import render
 from sparkrig.settings import current
 
-s = current()
-k = s.knobs
-node = hoststate.read(s).node
+settings = current()
+knobs = settings.knobs
+node = hoststate.read(settings).node
 
 sysctl = put_text(
     name="Own the sparkrig sysctl file",
-    text=render("sysctl.conf.j2", swappiness=k.swappiness, min_free_kbytes=k.min_free_kbytes),
+    text=render(
+        "sysctl.conf.j2", swappiness=knobs.swappiness, min_free_kbytes=knobs.min_free_kbytes
+    ),
     dest=SYSCTL_FILE,
 )
-live_drift = node.swappiness != k.swappiness or (
-    k.min_free_kbytes is not None and node.min_free_kbytes != k.min_free_kbytes
+live_drift = node.swappiness != knobs.swappiness or (
+    knobs.min_free_kbytes is not None and node.min_free_kbytes != knobs.min_free_kbytes
 )
 server.shell(
     name="Apply the sparkrig sysctl file",
@@ -30,10 +32,14 @@ server.shell(
     _if=lambda: sysctl.did_change() or live_drift,
 )
 
-directories = [k.install_dir, paths(s)["bin_dir"], *hostpkg.remote_dirs(k.install_dir)]
-for directory in host.loop([*directories, k.config_dir]):
+directories = [
+    knobs.install_dir,
+    paths(settings)["bin_dir"],
+    *hostpkg.remote_dirs(knobs.install_dir),
+]
+for directory in host.loop([*directories, knobs.config_dir]):
     owned_directory(name="Create sparkrig directories", path=directory, mode="755")
-package = hostpkg.remote_dir(k.install_dir)
+package = hostpkg.remote_dir(knobs.install_dir)
 shipped = {
     module: program(
         name="Install the host package (files/sparkhost)",

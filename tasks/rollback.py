@@ -23,7 +23,7 @@ from tasks.pair_start import pair_started_in_order
 
 @deploy("Roll back to the previous release")
 def roll_back(
-    s: Settings, moving: str, record: ReleaseReport, boot: list[str], gates: list[str]
+    s: Settings, release_change: str, record: ReleaseReport, boot: list[str], gates: list[str]
 ) -> None:
     """The rollback path, present on every host (acting only once ``rollback()`` decided it):
     the previous release's files back on every rank, the helpers paused, every rank stopped,
@@ -31,16 +31,16 @@ def roll_back(
     gates, the helpers resumed, and the run failed naming what failed and what serves now. The
     same worker-then-head order as the deploy's ordered pair restart (tasks/service.py)."""
     is_head = s.me.is_head
-    back = rollback()
+    rolls_back = rollback()
     serving = record.serving
-    files = list(serving.files) if moving and serving is not None else []
+    files = list(serving.files) if release_change and serving is not None else []
     previous = serving.label() if serving is not None else "none recorded"
     helpers = ["sparkrig-supervisor", "sparkrig-watchdog"]  # the watchdog's stop is a no-op if off
 
     previous_restored(
         name="Put the previous release's unit and lockfiles back",
         files=files,
-        _if=lambda: bool(moving) and back(),
+        _if=lambda: bool(release_change) and rolls_back(),
     )
     for unit in host.loop(helpers):
         on_head(
@@ -49,13 +49,13 @@ def roll_back(
             name="Pause the head's supervisor and watchdog during the rollback",
             service=unit,
             running=False,
-            _if=back,
+            _if=rolls_back,
         )
     service(
         name="Stop every rank to roll back",
         service=s.unit_name,
         running=False,
-        _if=back,
+        _if=rolls_back,
     )
     pair_started_in_order(
         s,
@@ -64,21 +64,21 @@ def roll_back(
             "Wait until every worker of the previous release runs",
             "Start the head rank of the previous release",
         ),
-        when=(back, back, back),
+        when=(rolls_back, rolls_back, rolls_back),
     )
     on_head(
         is_head,
         wait_until_serving,
         name="Wait for the previous release's API to finish booting",
         command=boot,
-        _if=back,
+        _if=rolls_back,
     )
     on_head(
         is_head,
         gates_passed_again,
         name="Pass the four serving gates on the previous release",
         command=gates,
-        _if=back,
+        _if=rolls_back,
     )
     on_head(
         is_head,
@@ -86,11 +86,11 @@ def roll_back(
         name="Resume the head's supervisor after the rollback",
         service="sparkrig-supervisor",
         running=True,
-        _if=back,
+        _if=rolls_back,
     )
     upgrade_failed(
         name="Fail the run: the upgrade failed and the previous release serves again",
-        moving=moving or "the release",
+        release_change=release_change or "the release",
         previous=previous,
-        _if=back,
+        _if=rolls_back,
     )
