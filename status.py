@@ -16,7 +16,7 @@ import time
 from pyinfra import host, logger
 from pyinfra.facts.server import Command
 
-from sparkrig.failhost import refuse
+from sparkrig.failing import refuse
 from sparkrig.gates import gate_command, gates_passed, parse_gate_lines
 from sparkrig.image import serving_image
 from sparkrig.paths import paths

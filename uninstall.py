@@ -14,8 +14,8 @@ from pyinfra import host, logger
 from pyinfra.operations import files, server, systemd
 
 from sparkrig.fabric import DISPLACED_DIR
-from sparkrig.host import SYSCTL_FILE
 from sparkrig.image import ImageState, patched_tag, prune_commands, prune_old_images
+from sparkrig.node import SYSCTL_FILE
 from sparkrig.ordering import on_head, on_workers
 from sparkrig.paths import paths
 from sparkrig.release import PREV

@@ -21,7 +21,7 @@ from pyinfra.facts.server import Command
 from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
 
 from sparkrig.factlines import END
-from sparkrig.failhost import fail_host
+from sparkrig.failing import fail_host
 from sparkrig.owned import owned_of, put_text
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings

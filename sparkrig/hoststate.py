@@ -16,8 +16,8 @@ from sparkhost.gid import GidEntry
 
 from sparkrig import hostpkg, stateread
 from sparkrig.fabric import RoceGids, gids_part
-from sparkrig.host import SYSCTL_FILE, Node, NodeReport, node_part
 from sparkrig.image import ImageReport, ImageState, image_of, image_part, repo_tags
+from sparkrig.node import SYSCTL_FILE, Node, NodeReport, node_part
 from sparkrig.owned import OwnedReport, PathState, owned_of, paths_part, units_part
 from sparkrig.pairsecret import PairSecretFile, secret_parts
 from sparkrig.paths import paths

@@ -33,7 +33,7 @@ from sparkhost.units import transient_command
 
 from sparkrig import REPO
 from sparkrig.factlines import END, parse_key_values
-from sparkrig.failhost import fail_host
+from sparkrig.failing import fail_host
 from sparkrig.imagehash import base_digest, context_files, image_ref, image_tag
 from sparkrig.settings import Settings
 from sparkrig.stateread import NotDeclared, Part, Values, read_here

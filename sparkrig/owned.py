@@ -24,7 +24,7 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations.util import files as file_utils
 from pyinfra.operations.util.files import generate_color_diff
 
-from sparkrig.failhost import fail_host
+from sparkrig.failing import fail_host
 from sparkrig.stateread import Part, Values, read_here
 
 # ---------------------------------------------------------------------------------------------

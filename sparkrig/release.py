@@ -47,7 +47,7 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.factlines import END
-from sparkrig.failhost import fail_host
+from sparkrig.failing import fail_host
 from sparkrig.image import local_base, serving_image
 from sparkrig.owned import PathState, owned_of
 from sparkrig.paths import paths

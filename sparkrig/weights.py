@@ -19,7 +19,7 @@ from sparkhost.tokenfile import read_secret
 from sparkhost.units import transient_command
 
 from sparkrig import lockfile
-from sparkrig.failhost import fail_host
+from sparkrig.failing import fail_host
 from sparkrig.hostpkg import PYTHON
 from sparkrig.paths import revision_dir
 from sparkrig.settings import Settings

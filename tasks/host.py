@@ -6,7 +6,7 @@ from pyinfra import host
 from pyinfra.operations import server
 
 from sparkrig import hostpkg, hoststate
-from sparkrig.host import SYSCTL_FILE
+from sparkrig.node import SYSCTL_FILE
 from sparkrig.owned import owned_directory, program, put_text
 from sparkrig.paths import paths
 from sparkrig.render import render

@@ -5,7 +5,7 @@ anything on it changes."""
 from pyinfra import host, inventory, logger
 
 from sparkrig import hoststate
-from sparkrig.failhost import refuse
+from sparkrig.failing import refuse
 from sparkrig.pairsecret import api_key, pair_secret
 from sparkrig.preflight import describe, problems, warnings
 from sparkrig.release import adoptable

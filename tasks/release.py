@@ -6,7 +6,7 @@ the gates. An upgrade needs the whole pair: refused, before anything changes, wi
 from pyinfra import host, inventory, logger, state
 
 from sparkrig import hoststate
-from sparkrig.failhost import refuse
+from sparkrig.failing import refuse
 from sparkrig.release import change, previous_kept
 from sparkrig.settings import current
 

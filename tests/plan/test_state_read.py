@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkrig.hoststate import StateReadFailed
+from sparkrig.stateread import StateReadFailed
 from tests.plan import fakehosts
 from tests.plan.harness import run
 from tests.plan.test_plan import HEAD, INVENTORY, WORKER

@@ -17,7 +17,7 @@ import sparkrig
 
 # the domain modules: each holds its facts, operations and command builders
 DOMAINS = {
-    "host",  # the node report
+    "node",  # the node report
     "fabric",  # RoCE GID table, fabric configs, rank env file
     "weights",  # weights state, fetch/copy/re-hash/serve
     "image",  # image state, base pull/save/serve/load, patched build, prune
@@ -32,7 +32,7 @@ CROSS_CUTTING = {
     "stateread": {"HostState"},  # the one state read: the domain facts are its parts
     "hoststate": set(),  # assembles the domains' parts for the tasks
     "ordering": {"acting_where"},  # on_head/on_workers
-    "failhost": {"refuse"},  # fail a host with its reasons
+    "failing": {"refuse"},  # fail a host with its reasons
 }
 
 

@@ -150,7 +150,7 @@ class Node(FactBase[NodeReport]):
 
 def node_args(s: Settings, rank: Rank | None = None) -> dict[str, str]:
     """Arguments of the Node fact for ``rank`` (default: this host): a part of its state read
-    (sparkrig/hoststate.py; pyinfra 3.10 caches no fact, so it is read there once per host)."""
+    (sparkrig/stateread.py; pyinfra 3.10 caches no fact, so it is read there once per host)."""
     rank = rank or s.me
     return {
         "weights_dir": s.knobs.weights_dir,
