@@ -156,15 +156,30 @@ class HostState(FactBase[dict[str, Any]]):
         try:
             return parse_parts(self._parts, output)
         except FactProcessError as err:
-            return {FAILED: str(err)}
+            return {FAILED: f"{err}; check: {check_of(getattr(err, 'part', None))}"}
 
 
-FAILED = "##failed"  # HostState's value when the read failed: the reason
+FAILED = "##failed"  # HostState's value when the read failed: the reason, what to check
 CHECK = "`pyinfra INVENTORY deploy.py --dry -vvv` prints the read's command and output"
+
+
+def check_of(part: Part | None) -> str:
+    """What to check when ``part`` (None: the read as a whole) failed."""
+    if part is None:
+        return CHECK
+    return f"the command of {part.fact.__module__}.{part.fact.__name__} on the host ({CHECK})"
 
 
 class StateReadFailed(DeployError):
     """A host's state read failed: one line naming the host, the part and what to check."""
+
+
+class PartFailed(FactProcessError):
+    """One part of a state read failed (``part``: which)."""
+
+    def __init__(self, part: Part, message: str) -> None:
+        super().__init__(message)
+        self.part = part
 
 
 def parse_parts(parts: tuple[Part, ...], lines: list[str]) -> dict[str, Any]:
@@ -173,12 +188,15 @@ def parse_parts(parts: tuple[Part, ...], lines: list[str]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for part in parts:
         if part.key not in raw:
-            raise FactProcessError(f"state read: no output for {part.key}")
+            raise PartFailed(part, f"state read: no output for {part.key}")
         rc, body = raw[part.key]
         if rc != 0:
             said = f": {' / '.join(body[-3:])}" if body else ""
-            raise FactProcessError(f"state read: {part.key} failed (exit {rc}){said}")
-        values[part.key] = part.parse(body)
+            raise PartFailed(part, f"state read: {part.key} failed (exit {rc}){said}")
+        try:
+            values[part.key] = part.parse(body)
+        except FactProcessError as err:
+            raise PartFailed(part, f"state read: {part.key}: {err}") from None
     return values
 
 
@@ -254,10 +272,12 @@ def read(target: Any, parts: tuple[Part, ...], needs: tuple[str, ...] = ()) -> V
                 stale = [p for p in stale if p in wanted]
             values = target.get_fact(HostState, parts=tuple(stale), _ignore_errors=True)
             reads.count[name] = reads.count.get(name, 0) + 1
-            missing = [p.key for p in stale if p.key not in values]
+            missing = [p for p in stale if p.key not in values]
             if FAILED in values or missing:
-                why = values.get(FAILED) or f"state read: no output for {missing[0]}"
-                raise StateReadFailed(f"{name}: {why}; check: {CHECK}") from None
+                why = values.get(FAILED) or (
+                    f"state read: no output for {missing[0].key}; check: {check_of(missing[0])}"
+                )
+                raise StateReadFailed(f"{name}: {why}") from None
             now = _generation(reads.state)
             have.update({p.key: (now, values[p.key]) for p in stale})
         return Values({p.key: (p, have[p.key][1]) for p in wanted})
