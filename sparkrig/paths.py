@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from sparkrig import hostpkg
-from sparkrig.release import revision_dir
 from sparkrig.settings import Settings
+
+
+def revision_dir(weights_dir: str, name: str, commit: str) -> str:
+    """Where one revision of an artifact lives: ``<weights_dir>/<name>-<commit>``."""
+    return f"{weights_dir.rstrip('/')}/{name}-{commit}"
 
 
 def paths(s: Settings) -> dict[str, str]:

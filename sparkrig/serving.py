@@ -18,7 +18,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.server import Command
 
 from sparkrig import hostpkg
-from sparkrig.failhost import fail_host
+from sparkrig.failing import fail_host
 from sparkrig.gates import gates_passed, parse_gate_lines, probe_command
 from sparkrig.owned import put_text, service
 from sparkrig.paths import paths

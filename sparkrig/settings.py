@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pyinfra.api.exceptions import DeployError
 
+from sparkrig import lockfile
 from sparkrig.runscope import once_per_run
 
 HEAD_GROUP = "head"
@@ -260,6 +261,16 @@ class Settings(BaseModel):
     def needs_drafter(self) -> bool:
         return self.knobs.profile == "single"
 
+    @property
+    def locked_artifacts(self) -> list[tuple[str, str, str]]:
+        """(name, repo, revision) of every artifact a rank needs, each pinned by a lockfile:
+        the model, and the drafter when the profile needs it."""
+        k = self.knobs
+        wanted = [("model", k.model_repo, k.model_revision)]
+        if self.needs_drafter:
+            wanted.append(("drafter", k.drafter_repo, k.drafter_revision))
+        return wanted
+
 
 class InventoryView:
     """The slice of a pyinfra inventory settings needs (tests pass a stand-in)."""
@@ -455,11 +466,10 @@ def for_inventory(inventory: Any) -> dict[str, Settings]:
     included: a missing or stale lockfile stops the run before any command reaches a host."""
 
     def validate() -> dict[str, Settings]:
-        from sparkrig.weights import artifacts  # imports this module
-
         settings = build(view_of(inventory))
-        for s in settings.values():
-            artifacts(s)  # raises DeployError naming the lockfile and the command to make it
+        for s in settings.values():  # DeployError naming the lockfile and the command to make it
+            for _, repo, revision in s.locked_artifacts:
+                lockfile.checked(s.knobs.lockfile_dir, repo, revision, s.knobs.hub_endpoint)
         return settings
 
     return once_per_run("settings", inventory, validate)

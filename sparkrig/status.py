@@ -16,7 +16,10 @@ from sparkhost.wedge import Probe, parse_probe, probe_file
 from sparkrig.busbw import figure_text
 from sparkrig.fabric import gid_table_command
 from sparkrig.factlines import END, parse_key_values
-from sparkrig.release import parse_record, record_path, revision_dir
+from sparkrig.paths import revision_dir
+from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value
+from sparkrig.release import parse_record, record_path
+from sparkrig.serving import rank_serve_args
 from sparkrig.settings import Settings
 
 # Everything below only reads: systemctl show, docker inspect, cat/sed/grep of files, stat, awk.
@@ -215,9 +218,6 @@ def memfree_floor_kb(s: Settings, memtotal_kb: int) -> int:
     """The MemFree the start gate requires of this rank, in kB: sparkrig-prep's own
     memory_floor, fed the flags the rank unit gives it (units.memory_gate_args)."""
     from sparkhost import prep
-
-    from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value
-    from sparkrig.serving import rank_serve_args
 
     k = s.knobs
     util = flag_value(rank_serve_args(s), "--gpu-memory-utilization") or GPU_MEMORY_UTILIZATION

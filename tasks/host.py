@@ -6,23 +6,25 @@ from pyinfra import host
 from pyinfra.operations import server
 
 from sparkrig import hostpkg, hoststate
-from sparkrig.host import SYSCTL_FILE
+from sparkrig.node import SYSCTL_FILE
 from sparkrig.owned import owned_directory, owned_file_absent, program, put_text, service
 from sparkrig.paths import paths
 from sparkrig.render import render
 from sparkrig.settings import current
 
-s = current()
-k = s.knobs
-node = hoststate.read(s).node
+settings = current()
+knobs = settings.knobs
+node = hoststate.read(settings).node
 
 sysctl = put_text(
     name="Own the sparkrig sysctl file",
-    text=render("sysctl.conf.j2", swappiness=k.swappiness, min_free_kbytes=k.min_free_kbytes),
+    text=render(
+        "sysctl.conf.j2", swappiness=knobs.swappiness, min_free_kbytes=knobs.min_free_kbytes
+    ),
     dest=SYSCTL_FILE,
 )
-live_drift = node.swappiness != k.swappiness or (
-    k.min_free_kbytes is not None and node.min_free_kbytes != k.min_free_kbytes
+live_drift = node.swappiness != knobs.swappiness or (
+    knobs.min_free_kbytes is not None and node.min_free_kbytes != knobs.min_free_kbytes
 )
 server.shell(
     name="Apply the sparkrig sysctl file",
@@ -30,10 +32,14 @@ server.shell(
     _if=lambda: sysctl.did_change() or live_drift,
 )
 
-directories = [k.install_dir, paths(s)["bin_dir"], *hostpkg.remote_dirs(k.install_dir)]
-for directory in host.loop([*directories, k.config_dir]):
+directories = [
+    knobs.install_dir,
+    paths(settings)["bin_dir"],
+    *hostpkg.remote_dirs(knobs.install_dir),
+]
+for directory in host.loop([*directories, knobs.config_dir]):
     owned_directory(name="Create sparkrig directories", path=directory, mode="755")
-package = hostpkg.remote_dir(k.install_dir)
+package = hostpkg.remote_dir(knobs.install_dir)
 shipped = {
     module: program(
         name="Install the host package (files/sparkhost)",
@@ -47,11 +53,13 @@ hostpkg.shipped(shipped)  # the service phase restarts the helpers whose modules
 # Opt-in GPU clock cap (knob gpu_clock_max_mhz, reported to stop overheat shutdowns during long
 # prefills): a oneshot unit applies `nvidia-smi -lgc 0,<MHz>` at every boot, ordered before the
 # rank unit, and now; switched off, it is stopped (its ExecStop resets the clocks) and removed.
-clock_unit = paths(s)["gpu_clock_unit"]
-if k.gpu_clock_max_mhz is not None:
+clock_unit = paths(settings)["gpu_clock_unit"]
+if knobs.gpu_clock_max_mhz is not None:
     clock = put_text(
         name="Install the GPU clock lock unit",
-        text=render("sparkrig-gpu-clock.service.j2", unit=s.unit_name, mhz=k.gpu_clock_max_mhz),
+        text=render(
+            "sparkrig-gpu-clock.service.j2", unit=settings.unit_name, mhz=knobs.gpu_clock_max_mhz
+        ),
         dest=clock_unit,
     )
     service(
