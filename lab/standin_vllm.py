@@ -539,6 +539,12 @@ class Handler(BaseHTTPRequestHandler):
     server: Api
     protocol_version = "HTTP/1.1"
 
+    def setup(self) -> None:
+        super().setup()
+        # no Nagle delay between a stream's small writes (uvicorn's asyncio transports set
+        # TCP_NODELAY too): without it the first token waits ~40 ms for the client's delayed ACK
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log(f'{self.client_address[0]} "{self.requestline}" {args[1] if len(args) > 1 else ""}')
 
