@@ -289,10 +289,15 @@ class Engine:
             time.sleep(min(left, 0.5))
 
     @contextmanager
-    def slot(self) -> Iterator[None]:
+    def slot(self) -> Iterator[float | None]:
+        """A sequence slot for one request; yields when it was admitted after waiting (its
+        prefill starts then), None when a slot was free at once."""
         with self.lock:
             self.waiting += 1
-        self.slots.acquire()
+        admitted = None
+        if not self.slots.acquire(blocking=False):
+            self.slots.acquire()
+            admitted = time.monotonic()
         with self.lock:
             self.waiting -= 1
             self.running += 1
@@ -301,7 +306,7 @@ class Engine:
                 self.wedged.set()
             self.served += 1
         try:
-            yield
+            yield admitted
         finally:
             with self.lock:
                 self.running -= 1
@@ -311,9 +316,11 @@ class Engine:
         s = prompt / self.knobs.prefill_tok_s
         return max(s, self.knobs.long_prefill_s) if self.knobs.mode == "long-prefill" else s
 
-    def generate(self, prompt: int, pieces: list[str], emit: Emit) -> None:
-        """Prefill, then emit ``pieces`` at the decode rate, tokens_per_chunk at a time."""
-        prog = Progress(prompt, self.prefill_s(prompt))
+    def generate(self, prompt: int, pieces: list[str], emit: Emit, arrival: float) -> None:
+        """Prefill, then emit ``pieces`` at the decode rate, tokens_per_chunk at a time; the
+        clock starts at ``arrival`` (time.monotonic() when the request came in), so reading
+        and tokenizing the request is part of its prefill time, as in vLLM's TTFT."""
+        prog = Progress(prompt, self.prefill_s(prompt), start=arrival)
         key = id(prog)
         with self.lock:
             self.active[key] = prog

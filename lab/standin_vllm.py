@@ -594,6 +594,7 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route {path}", "NotFoundError")
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        arrival = time.monotonic()
         opts = self.server.opts
         path = self.path.split("?", 1)[0]
         length = int(self.headers.get("Content-Length") or 0)
@@ -623,7 +624,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, text_completion(req, opts.served_name))
             return
         try:
-            self._chat(req)
+            self._chat(req, arrival)
         except engine.BadRequest as exc:
             self._error(400, str(exc), "BadRequestError")
 
@@ -635,7 +636,7 @@ class Handler(BaseHTTPRequestHandler):
         limit = self.server.engine.knobs.max_model_len
         self._send(200, {"count": n, "max_model_len": limit, "tokens": list(range(n))})
 
-    def _chat(self, req: dict[str, Any]) -> None:
+    def _chat(self, req: dict[str, Any], arrival: float) -> None:
         eng = self.server.engine
         answer = Answer(req)
         prompt = engine.prompt_tokens(req.get("messages"))
@@ -645,8 +646,8 @@ class Handler(BaseHTTPRequestHandler):
             n, finish = answer.natural_tokens, "tool_calls"
         pieces = engine.generate(answer.text, n, answer.japanese, eng.knobs.fffd_per_10k)
         if not req.get("stream"):
-            with eng.slot():
-                eng.generate(prompt, pieces, lambda *_: None)
+            with eng.slot() as admitted:
+                eng.generate(prompt, pieces, lambda *_: None, admitted or arrival)
             self._send(200, chat_body(eng.served_name, answer, "".join(pieces), finish, prompt, n))
             return
         options = req.get("stream_options") or {}
@@ -685,8 +686,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         self.wfile.flush()
-        with eng.slot():
-            eng.generate(prompt, pieces, emit)
+        with eng.slot() as admitted:
+            eng.generate(prompt, pieces, emit, admitted or arrival)
         if usage:
             event([], n)
         self._write_chunk(b"data: [DONE]\n\n")
