@@ -388,11 +388,12 @@ def go_float(d: float) -> str:
 
 def exposition(model: str, metrics: list[tuple[str, str, str, float]]) -> str:
     """The text format prometheus_client's generate_latest writes (vLLM serves /metrics with
-    it), for metrics labelled model_name and engine "0"; counters get their _total sample."""
+    it; 0.26, the version beside vLLM 0.33 here): labels sorted, and a counter named with its
+    _total suffix in HELP, TYPE and its sample."""
     label = model.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
     out = []
     for name, kind, doc, value in metrics:
         sample = name + "_total" if kind == "counter" else name
-        out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
-        out.append(f'{sample}{{model_name="{label}",engine="0"}} {go_float(value)}\n')
+        out.append(f"# HELP {sample} {doc}\n# TYPE {sample} {kind}\n")
+        out.append(f'{sample}{{engine="0",model_name="{label}"}} {go_float(value)}\n')
     return "".join(out)

@@ -69,3 +69,21 @@ def standin(tmp: Path, *flags: str, env: dict[str, str] | None = None) -> Iterat
 
 def within(measured: float | None, wanted: float, tolerance: float) -> bool:
     return measured is not None and abs(measured - wanted) <= tolerance * wanted
+
+
+def word_tokenizer(directory: Path, words: int = 2000) -> Path:
+    """A Hugging Face tokenizer made here, offline: one token per word "w<i>" (WordLevel), saved
+    with save_pretrained so AutoTokenizer (and `vllm bench serve --tokenizer DIR`) load it from
+    the directory without the Hub. Its random prompts are "w17 w1203 ..."; the server counts
+    them its own way and reports that count in usage."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "[EOS]": 1, **{f"w{i}": i + 2 for i in range(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece()  # joins the words with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    fast.save_pretrained(str(directory))
+    return directory
