@@ -93,7 +93,9 @@ def test_vllm_bench_serve_agrees_with_the_bench_within_5_percent(tmp_path: Path)
     tokenizer = word_tokenizer(tmp_path / "tokenizer")
     proto = Protocol(decode_tokens=256, repeats=2, prompts=1, streams=(4,), contexts=(),
                      tool=False, fffd_tokens=0)  # fmt: skip
-    with standin(tmp_path, "--standin-decode-tok-s", "300", "--max-num-seqs", "8") as url:
+    flags = ("--standin-decode-tok-s", "300", "--standin-tokens-per-chunk", "2",
+             "--max-num-seqs", "8")  # fmt: skip
+    with standin(tmp_path, *flags) as url:
         ours = measure(Endpoint(url, MODEL), proto)
         theirs = vllm_bench_serve(url, tokenizer, tmp_path / "vb", 4, 8, 256)
     assert not ours["errors"], ours["errors"]
