@@ -143,8 +143,10 @@ def test_wedged_health_200_no_token_ever_counters_frozen(tmp_path: Path) -> None
         assert requests.get(url + "/health", timeout=5).status_code == 200
         assert out == [200]  # accepted, headers sent, not one chunk
         frozen = metrics(url)
-        time.sleep(0.3)
-        assert metrics(url) == frozen
+        more: list[Any] = []  # no engine step reports it: the gauges stay at the last report
+        threading.Thread(target=stream, args=(url, forced("again", 10), more), daemon=True).start()
+        time.sleep(0.5)
+        assert metrics(url) == frozen and more == [200]
     assert frozen["vllm:generation_tokens_total"] == before["vllm:generation_tokens_total"] == 10
     assert frozen["vllm:prompt_tokens_total"] == before["vllm:prompt_tokens_total"]
     assert frozen["vllm:num_requests_running"] == 1  # the engine's last report, with the request
