@@ -302,7 +302,8 @@ class Engine:
             self.waiting -= 1
             self.running += 1
             if self.knobs.mode == "wedged" and self.served >= self.knobs.wedge_after:
-                self.frozen = self._metrics_locked()
+                if self.frozen is None:  # the engine's last report, this request in it
+                    self.frozen = self._metrics_locked()
                 self.wedged.set()
             self.served += 1
         try:

@@ -26,6 +26,15 @@ def free_port() -> int:
 @contextmanager
 def standin(tmp: Path, *flags: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """A single-node stand-in serving MODEL with the given flags; yields its base URL."""
+    with standin_process(tmp, *flags, env=env) as (url, _):
+        yield url
+
+
+@contextmanager
+def standin_process(
+    tmp: Path, *flags: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """The same, yielding (base URL, the process)."""
     model = tmp / "model"
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text("{}")
@@ -61,7 +70,7 @@ def standin(tmp: Path, *flags: str, env: dict[str, str] | None = None) -> Iterat
             if p.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError("stand-in did not start:\n" + "".join(lines))
             time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", p
     finally:
         p.kill()
         p.wait(10)

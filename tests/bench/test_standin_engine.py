@@ -4,6 +4,7 @@ text and counters, the wedged and long-prefill modes, the slow variant's speed."
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 import requests
-from bench_helpers import MODEL, REPO, standin, within
+from bench_helpers import MODEL, REPO, standin, standin_process, within
 
 from sparkrig.bench import Endpoint, Protocol, measure
 from sparkrig.scripts import load_script
@@ -150,6 +151,19 @@ def test_wedged_health_200_no_token_ever_counters_frozen(tmp_path: Path) -> None
     assert frozen["vllm:generation_tokens_total"] == before["vllm:generation_tokens_total"] == 10
     assert frozen["vllm:prompt_tokens_total"] == before["vllm:prompt_tokens_total"]
     assert frozen["vllm:num_requests_running"] == 1  # the engine's last report, with the request
+
+
+def test_sigusr1_wedges_a_serving_engine(tmp_path: Path) -> None:
+    with standin_process(tmp_path, "--standin-decode-tok-s", "1000") as (url, proc):
+        ok: list[Any] = []
+        stream(url, forced("hello", 5), ok)
+        assert ok[-1]["usage"]["completion_tokens"] == 5
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.3)
+        out: list[Any] = []
+        threading.Thread(target=stream, args=(url, forced("hello", 5), out), daemon=True).start()
+        time.sleep(1.0)
+        assert out == [200] and requests.get(url + "/health", timeout=5).status_code == 200
 
 
 def test_long_prefill_no_token_and_no_counter_move_until_it_ends(tmp_path: Path) -> None:
