@@ -3,6 +3,7 @@ labelled with a 5x7 bitmap font. Enough for the bench's three plots; no plotting
 
 from __future__ import annotations
 
+import math
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -90,7 +91,7 @@ class Series:
     label: str
     points: list[tuple[int, float]]  # (x index, y)
     color: Color
-    dashed: bool = False
+    line: bool = True  # False: points only (figures at separate conditions, not a curve)
 
 
 @dataclass
@@ -101,14 +102,12 @@ class Panel:
     bands: list[tuple[float, float, str]] = field(default_factory=list)  # expected ranges
 
 
-def nice_max(v: float) -> float:
+def nice_step(v: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 (times a power of ten) that is >= v."""
     if v <= 0:
         return 1.0
-    mag = 10 ** len(str(int(v))) / 10
-    for step in (1, 2, 2.5, 5, 10):
-        if step * mag >= v:
-            return step * mag
-    return 10 * mag
+    mag = 10.0 ** math.floor(math.log10(v))
+    return next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= v * (1 - 1e-9))
 
 
 def fmt(v: float) -> str:
@@ -121,10 +120,12 @@ def draw_panel(cv: Canvas, p: Panel, x0: int, y0: int, w: int, h: int) -> None:
     left, right, top, bottom = x0 + 70, x0 + w - 20, y0 + 40, y0 + h - 50
     cv.text(x0 + (w - text_width(p.title)) // 2, y0 + 10, p.title)
     values = [y for s in p.series for _, y in s.points] + [b for band in p.bands for b in band[:2]]
-    ymax = nice_max(max(values, default=1.0) * 1.1)
-    for k in range(5):  # y grid and ticks
-        yv = ymax * k / 4
-        y = bottom - round((bottom - top) * k / 4)
+    step = nice_step(max(values, default=1.0) * 1.05 / 5)
+    ticks = max(1, math.ceil(max(values, default=1.0) * 1.05 / step))
+    ymax = step * ticks
+    for k in range(ticks + 1):  # y grid and ticks
+        yv = step * k
+        y = bottom - round((bottom - top) * k / ticks)
         cv.line(left, y, right, y, GREY, 1)
         label = fmt(yv)
         cv.text(left - 8 - text_width(label), y - 7, label)
@@ -147,9 +148,11 @@ def draw_panel(cv: Canvas, p: Panel, x0: int, y0: int, w: int, h: int) -> None:
     for s in p.series:
         pts = [(xpos(i), ypos(v)) for i, v in sorted(s.points)]
         for (ax, ay), (bx, by) in zip(pts, pts[1:], strict=False):
-            cv.line(ax, ay, bx, by, s.color, 3, dash=6 if s.dashed else 0)
+            if s.line:
+                cv.line(ax, ay, bx, by, s.color, 3)
         for x, y in pts:
-            cv.rect(x - 4, y - 4, x + 4, y + 4, s.color)
+            r = 4 if s.line else 6
+            cv.rect(x - r, y - r, x + r, y + r, s.color)
     # legend
     lx = left + 10
     for s in p.series:

@@ -52,7 +52,7 @@ def plot(result: dict[str, Any]) -> bytes:
     ]
     exp += [(idx[1], e.low) for e in exp_single[:1]]
     if exp:
-        tok.series.append(png.Series("EXPECTED", exp, png.ORANGE, dashed=True))  # fmt: skip
+        tok.series.append(png.Series("EXPECTED", exp, png.ORANGE, line=False))  # fmt: skip
 
     rows = sorted(result.get("prefill") or [], key=lambda r: r["prompt_tokens"])
     labels = [f"{round(r['prompt_tokens'] / 1024)}K" for r in rows]
