@@ -11,7 +11,7 @@ from sparkrig.bench import Endpoint, Protocol, expected, measure, png, short_ben
 from sparkrig.bench import __main__ as cli
 from sparkrig.bench.protocol import fffd_per_10k, recalled
 
-DECODE, PREFILL = 250.0, 20000.0
+DECODE, PREFILL = 250.0, 8000.0
 # quick but long enough that a few milliseconds of HTTP and thread start-up stay under 3%
 RATES = Protocol(decode_tokens=400, repeats=3, prompts=1, streams=(2, 4),
                  contexts=(8192, 16384), tool=False, fffd_tokens=0)  # fmt: skip
