@@ -34,7 +34,8 @@ lab's image variants select them, lab/image.py); the flag wins:
     STANDIN_FFFD_PER_10K   U+FFFD per 10,000 characters of Japanese answers (default 0)
     STANDIN_MODE           normal | wedged | long-prefill
     STANDIN_WEDGE_AFTER    wedged: completion requests served before the engine wedges (0)
-    STANDIN_LONG_PREFILL_S long-prefill: the least time any prefill takes (default 120)
+    STANDIN_LONG_PREFILL_S long-prefill: the least time any prefill takes (default 120); the KV
+                           usage grows meanwhile as for a prompt that long (vLLM steps on)
 
 Wedged: /health stays 200, requests are accepted (a stream gets its 200 and headers) but no token
 ever comes, and /metrics is frozen at the moment of the wedge. SIGUSR1 wedges a running engine.
@@ -247,6 +248,10 @@ class Progress:
     prefill_s: float
     start: float = field(default_factory=time.monotonic)
     generated: int = 0
+    kv_prompt: int = 0  # the tokens the prefill fills the KV cache with
+
+    def __post_init__(self) -> None:
+        self.kv_prompt = max(self.kv_prompt, self.prompt)
 
 
 Emit = Callable[[list[str], bool, bool], None]  # (token strings, first chunk, last chunk)
@@ -321,7 +326,10 @@ class Engine:
         """Prefill, then emit ``pieces`` at the decode rate, tokens_per_chunk at a time; the
         clock starts at ``arrival`` (time.monotonic() when the request came in), so reading
         and tokenizing the request is part of its prefill time, as in vLLM's TTFT."""
-        prog = Progress(prompt, self.prefill_s(prompt), start=arrival)
+        prefill_s = self.prefill_s(prompt)
+        # a long-prefill stands for the prompt that takes that long: its KV fills at the rate
+        prog = Progress(prompt, prefill_s, start=arrival,
+                        kv_prompt=int(prefill_s * self.knobs.prefill_tok_s))  # fmt: skip
         key = id(prog)
         with self.lock:
             self.active[key] = prog
@@ -351,10 +359,10 @@ class Engine:
         for p in self.active.values():
             done = now - p.start
             if done < p.prefill_s:  # chunked prefill: whole chunks, one per step
-                rate = p.prompt / p.prefill_s if p.prefill_s > 0 else p.prompt
-                total += min(p.prompt, int(done * rate) // chunk * chunk)
+                rate = p.kv_prompt / p.prefill_s
+                total += min(p.kv_prompt, int(done * rate) // chunk * chunk)
             else:
-                total += p.prompt + p.generated
+                total += p.kv_prompt + p.generated
         return total
 
     def _metrics_locked(self) -> str:

@@ -168,19 +168,23 @@ def test_sigusr1_wedges_a_serving_engine(tmp_path: Path) -> None:
 
 def test_long_prefill_no_token_and_no_counter_move_until_it_ends(tmp_path: Path) -> None:
     flags = ("--standin-mode", "long-prefill", "--standin-long-prefill-s", "2",
-             "--standin-decode-tok-s", "1000")  # fmt: skip
+             "--standin-decode-tok-s", "1000", "--max-num-batched-tokens", "1024")  # fmt: skip
     with standin(tmp_path, *flags) as url:
         out: list[Any] = []
         t0 = time.monotonic()
         t = threading.Thread(target=stream, args=(url, forced("hello there", 5), out))
         t.start()
-        time.sleep(1.0)
+        time.sleep(0.6)
+        early = metrics(url)
+        time.sleep(0.6)
         during = metrics(url)
         t.join()
         elapsed = time.monotonic() - t0
         after = metrics(url)
     assert elapsed >= 2.0
     assert during["vllm:num_requests_running"] == 1 and during["vllm:prompt_tokens_total"] == 0
+    # the engine steps on: KV usage grows chunk by chunk (what a watchdog can tell a wedge by)
+    assert 0 < early["vllm:kv_cache_usage_perc"] < during["vllm:kv_cache_usage_perc"]
     assert after["vllm:prompt_tokens_total"] == 2 and after["vllm:generation_tokens_total"] == 5
 
 
