@@ -473,3 +473,19 @@ def for_inventory(inventory: Any) -> dict[str, Settings]:
         return settings
 
     return once_per_run("settings", inventory, validate)
+
+
+def api_target(inventory: Any) -> dict[str, Any]:
+    """What `python3 -m sparkrig.bench --inventory` measures: the head's API as the control
+    machine reaches it (the host's ssh_hostname, else its inventory name), the served model,
+    the profile and the control side's API key file (None when api_auth is off)."""
+    s = next(v for v in build(view_of(inventory)).values() if v.me.is_head)
+    head = inventory.get_group(HEAD_GROUP)[0]
+    address = head.data.get("ssh_hostname") or head.name
+    k = s.knobs
+    return {
+        "url": f"http://{address}:{k.api_port}",
+        "model": k.served_model_name,
+        "profile": k.profile,
+        "api_key_file": k.api_key_file if k.api_auth else None,
+    }
