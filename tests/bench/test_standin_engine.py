@@ -189,12 +189,14 @@ def test_long_prefill_no_token_and_no_counter_move_until_it_ends(tmp_path: Path)
 
 
 def test_the_slow_variant_is_30_percent_slower(tmp_path: Path) -> None:
-    proto = Protocol(decode_tokens=300, repeats=1, prompts=2, streams=(), contexts=(),
+    # 70 tok/s (14 ms a token): a token's pacing, not a loaded CPU's, sets the figure; at 350 tok/s
+    # one token a chunk the suite's other process on a 2-core machine held it to 203
+    proto = Protocol(decode_tokens=140, repeats=1, prompts=2, streams=(), contexts=(),
                      tool=False, fffd_tokens=0)  # fmt: skip
-    env = {"STANDIN_SPEED": "0.7", "STANDIN_DECODE_TOK_S": "500"}  # as lab/image.py's lab-slow
+    env = {"STANDIN_SPEED": "0.7", "STANDIN_DECODE_TOK_S": "100"}  # as lab/image.py's lab-slow
     with standin(tmp_path, env=env) as url:
         r = measure(Endpoint(url, MODEL), proto)
-    assert within(r["single_stream_tok_s"], 350.0, 0.03), r
+    assert within(r["single_stream_tok_s"], 70.0, 0.03), r
 
 
 def test_a_bad_knob_stops_the_start(tmp_path: Path) -> None:
