@@ -570,7 +570,10 @@ def test_a_long_prefill_is_never_taken_for_a_wedge(lab: Lab):
     rules = {p["rule"] for p in probes}
     assert "progress" in rules and "stall" not in rules, probes
     assert any(p["rule"] == "progress" and p["detail"].endswith("; moved") for p in probes)
-    assert len(set(kv)) >= 5 and kv == sorted(kv), kv  # what moved: KV usage, chunk by chunk
+    # what moved: the KV usage, chunk by chunk (one 4096-token chunk is 0.4% of the 1.1M-token
+    # pool; a canary that was in flight as the prompt arrived holds a dozen tokens, ~0.001%)
+    rising = [k for k in kv if k > 0.001]
+    assert len(set(rising)) >= 5 and rising == sorted(rising), kv
     assert head.unit_started("sparkrig-head") == before
     log = journal_after(head, mark, "sparkrig-watchdog")
     assert " fired: " not in log and "restarting" not in log, log
