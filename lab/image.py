@@ -26,6 +26,11 @@ FAILING_TAG = "lab-failing"  # the same stand-in whose math gate fails (an upgra
 FAILING_ENV = "STANDIN_FAIL_GATES=math"
 SLOW_TAG = "lab-slow"  # the same stand-in, decode and prefill 30% slower (a bench gate refuses)
 SLOW_ENV = "STANDIN_SPEED=0.7"
+# every variant prefills at a real pair's long-prompt rate: "Prefill is flat at 1,391-1,510 tok/s
+# all the way to 200K ... a 200K token prompt, the first character takes 139.2 seconds" (seed 000,
+# Classmethod's two-Spark GLM-5.3-Flash measurements). A 200K-token prompt then holds the head
+# longer than the lab's watchdog_stall_s, as on a pair (tests/lab: a long prefill is no wedge).
+PREFILL_ENV = "STANDIN_PREFILL_TOK_S=1450"
 # what the stand-in image holds: python3 and what it needs at run time, plus a shell
 STANDIN_ROOTS = [
     "python3",
@@ -242,6 +247,7 @@ def _build_layer(rootfs: Path, src: bytes, cache: Path, flags_and_engine: bytes)
         (FAILING_TAG, [FAILING_ENV], "digest-failing"),
         (SLOW_TAG, [SLOW_ENV], "digest-slow"),
     ):
+        env = [PREFILL_ENV, *env]
         digest = _write_image(blobs, mdir, tag, diff_id, layer_digest, len(layer), env)
         (tmp / out).write_text(digest + "\n")
     mib = f"layer {len(layer_tar) >> 20} MiB, gzip {len(layer) >> 20} MiB"

@@ -31,6 +31,13 @@ be proven on the lab VMs:
   min_tokens, ignore_eos and stream_options as vLLM 0.33 honours them, real streaming (SSE over
   chunked transfer), /tokenize, and /metrics with vLLM's own metric names; its knobs (rates, a
   wedged and a long-prefill mode, the slow variant's speed) are described there.
+- SIGUSR1 wedges the running head (standin_engine.Engine.wedge): /metrics freezes as it is at that
+  moment, /health stays 200, no token comes again; a restarted process starts as configured. In
+  the lab, `docker kill -s USR1 sparkrig-rank0` delivers it: this process is the container's PID 1
+  (the image's `vllm` wrapper execs python3, the rank unit runs no --init) and installs a handler,
+  so PID 1 takes the signal. There is no HTTP mode switch: vLLM has none, and a wedge or a long
+  prefill is driven as it happens on a pair (tests/lab: a request decoding when the signal comes; a
+  200K-token prompt at the lab images' STANDIN_PREFILL_TOK_S, lab/image.py).
 
 Env STANDIN_FAIL_GATES=math (set in the lab's failing image variant): arithmetic answers are
 wrong, so the math gate fails.

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import time
 
 import pytest
+from sparkhost import wedge
 
 from lab.guest import API_KEY, SPARKHOST, gid_index_for, gid_table, serving
+from lab.image import PREFILL_ENV
 from tests.lab.conftest import ROOT, STATE, Lab, pyinfra
 
 pytestmark = pytest.mark.lab
@@ -470,30 +473,48 @@ def test_a_dead_worker_takes_the_head_down_and_the_supervisor_brings_both_back(l
 
 
 # --- the wedge (issue 24) ------------------------------------------------------------------------
-# NOT YET RUN: written without a lab by the engineer who made the probe (files/sparkhost/wedge.py).
-# They need the stand-in vLLM's modes, which this suite ASSUMES are switched by
-#   POST /standin/mode on the head's API port (loopback, no API key), the mode as the body:
-#   "wedged"              /health keeps answering 200; /metrics freezes with one request running
-#                         (vllm:num_requests_running 1) and no counter or gauge moving again;
-#                         completions never answer. A restarted container starts normal again.
-#   "long-prefill <s>"    the next completion is held <s> seconds, then answered as usual; while
-#                         held /metrics shows it running, vllm:kv_cache_usage_perc rising every
-#                         few seconds and vllm:prompt_tokens_total unchanged until the answer (what
-#                         vLLM 0.33 does: docs/vllm.md); later completions are normal.
-#   "normal"              as before.
+# Both driven as they happen on a pair, through what the stand-in already has (and what
+# tests/serving/test_watchdog_on_standin.py runs locally against the watchdog's own probe):
+# - a long prefill is a genuinely long prompt at a real pair's prefill rate: the lab's images
+#   prefill at 1,450 tok/s (lab/image.py PREFILL_ENV, seed 000's measured 1,391-1,510 tok/s), so a
+#   200,000-token prompt holds the head ~138 s, 2.3 stall windows, while its KV usage rises by one
+#   4096-token chunk (the shared profile's --max-num-batched-tokens) every 2.8 s and its prompt
+#   counter stands still until the first token, as in vLLM 0.33 (docs/vllm.md);
+# - a wedge happens while the engine runs: a request decodes, then SIGUSR1 reaches the stand-in
+#   through `docker kill -s USR1 sparkrig-rank0` (the container's PID 1 is the stand-in: the image's
+#   `vllm` wrapper execs python3 and the rank unit runs no --init; the handler is installed, so PID
+#   1 gets it). /metrics freezes at that moment, the request running; /health stays 200. The
+#   restarted container starts normal (the mode lives in the process, not the image).
 STALL_S, INTERVAL_S = 60, 5  # lab/inventory.py: watchdog_stall_s, watchdog_interval_s
+PREFILL_TOK_S = float(PREFILL_ENV.partition("=")[2])  # what every lab image prefills at
+LONG_PROMPT = 200_000  # the stand-in's tokens: "a" is one, "17*23" three
 PROBE_FILE = "/run/sparkrig/watchdog-probe.json"  # the watchdog's last probe (sparkhost.wedge)
 CHAT = (
-    "curl -s -m {limit} -o /dev/null -w '%{{http_code}}' -H \"Authorization: Bearer $(cat "
-    + API_KEY
-    + ')" -H \'Content-Type: application/json\' -d \'{{"model": "glm-5.3-flash", '
-    '"messages": [{{"role": "user", "content": "17*23"}}]}}\' '
+    "curl -s -m {limit:.0f} -o /dev/null -w '%{{http_code}}' -H 'Expect:' -H \"Authorization: "
+    "Bearer $(cat " + API_KEY + ")\" -H 'Content-Type: application/json' -d @{body} "
     "http://127.0.0.1:8000/v1/chat/completions"
 )
 
 
-def standin_mode(head, mode: str) -> None:
-    head.sh(f"curl -sf -X POST --data '{mode}' http://127.0.0.1:8000/standin/mode >/dev/null")
+def chat_in_background(head, name: str, content_expr: str, limit: float, **extra) -> str:
+    """Write the request body on the guest, its prompt the Python expression ``content_expr``
+    (a 200K-token prompt is too long for an SSH command line), and send it with curl in the
+    background; its HTTP code lands in the returned file when the answer (or curl's limit) comes."""
+    body = {"model": "glm-5.3-flash", "messages": [{"role": "user", "content": "CONTENT"}],
+            **extra}  # fmt: skip
+    make = (
+        "import json,sys; b=json.loads(sys.argv[1]); b['messages'][0]['content']="
+        f"{content_expr}; json.dump(b, open('/tmp/{name}.json', 'w'))"
+    )
+    head.sh(f"python3 -c {shlex.quote(make)} {shlex.quote(json.dumps(body))}")
+    code = f"/tmp/{name}.code"
+    chat = CHAT.format(limit=limit, body=f"/tmp/{name}.json")
+    head.sh(f"rm -f {code}; ({chat} </dev/null >{code} 2>&1 &)")
+    return code
+
+
+def head_metrics(head) -> wedge.Sample:
+    return wedge.parse_metrics(head.sh("curl -s -m 10 http://127.0.0.1:8000/metrics"))
 
 
 def guest_clock(guest) -> float:
@@ -523,19 +544,70 @@ def watchdog_fired(head, mark: str) -> tuple[float, str] | None:
     return None
 
 
-def test_a_wedged_engine_is_restarted_within_stall_s_plus_an_interval(lab: Lab):
-    """/health stays 200, the request in flight never moves: the stall rule fires within
-    watchdog_stall_s plus one interval of the wedge (the probe's own few seconds of slack), the
-    journal names the rule and the counters, and the pair serves again in order."""
+def test_a_long_prefill_is_never_taken_for_a_wedge(lab: Lab):
+    """A 200K-token prompt held ~2.3 stall windows by its prefill, its KV usage moving: the
+    watchdog watches it (no canary queued behind it), restarts nothing, and the client gets its
+    answer."""
     head = lab.head
     watchdog_probing(head)
     before = head.unit_started("sparkrig-head")
     mark = cursor(head)
+    prefill_s = LONG_PROMPT / PREFILL_TOK_S
+    content = f"'a ' * {LONG_PROMPT - 3} + '17*23'"
+    code = chat_in_background(head, "long-prefill", content, prefill_s + 120, max_tokens=16)
+    probes: list[dict] = []
+    kv: list[float] = []
+
+    def answered() -> bool:
+        probes.append(json.loads(head.sh(f"cat {PROBE_FILE}")))
+        seen = head_metrics(head)
+        kv.extend([seen.kv_usage or 0.0] if seen.in_flight else [])
+        return head.sh(f"cat {code} 2>/dev/null || true").strip() != ""
+
+    took = wait_for("the long prefill answered", answered, prefill_s + 180)
+    assert head.sh(f"cat {code}").strip() == "200"
+    assert took >= prefill_s - 2 * INTERVAL_S, f"the stand-in held it {took:.0f} s only"
+    rules = {p["rule"] for p in probes}
+    assert "progress" in rules and "stall" not in rules, probes
+    assert any(p["rule"] == "progress" and p["detail"].endswith("; moved") for p in probes)
+    # what moved: the KV usage, chunk by chunk (one 4096-token chunk is 0.4% of the 1.1M-token
+    # pool; a canary that was in flight as the prompt arrived holds a dozen tokens, ~0.001%)
+    rising = [k for k in kv if k > 0.001]
+    assert len(set(rising)) >= 5 and rising == sorted(rising), kv
+    assert head.unit_started("sparkrig-head") == before
+    log = journal_after(head, mark, "sparkrig-watchdog")
+    assert " fired: " not in log and "restarting" not in log, log
+    assert serving(head)
+
+
+def test_a_wedged_engine_is_restarted_within_stall_s_plus_an_interval(lab: Lab):
+    """A request decodes, the engine wedges under it: /health stays 200, nothing in /metrics moves
+    again; the stall rule fires within watchdog_stall_s plus one interval of the wedge (and the
+    probes' own seconds on TCG), the journal names the rule and the counters, and the pair serves
+    again in order."""
+    head = lab.head
+    watchdog_probing(head)
+    before = head.unit_started("sparkrig-head")
+    mark = cursor(head)
+    # 20,000 forced tokens: 400 s at the stand-in's 50 tok/s, decoding whenever the wedge comes
+    chat_in_background(head, "decoding", "'tell a story'", 600, max_tokens=20000, ignore_eos=True)
+    last: list[wedge.Sample] = []
+
+    def decoding() -> bool:
+        seen = head_metrics(head)
+        moved = bool(last) and seen.generation_tokens > last[-1].generation_tokens
+        last.append(seen)
+        return moved and (seen.running, seen.waiting) == (1, 0)
+
+    wait_for("the request decodes", decoding, 120)
     start = time.monotonic()
-    standin_mode(head, "wedged")
+    head.sh("docker kill -s USR1 sparkrig-rank0 >/dev/null")
     wedged_at = guest_clock(head)
     health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health"
     assert head.sh(health).strip() == "200"  # what /health says of a wedged engine
+    frozen = head_metrics(head)
+    time.sleep(2)
+    assert head_metrics(head) == frozen and frozen.running == 1, frozen
     fired: list[tuple[float, str]] = []
 
     def stall_fired() -> bool:
@@ -554,33 +626,6 @@ def test_a_wedged_engine_is_restarted_within_stall_s_plus_an_interval(lab: Lab):
     back_serving(lab, "a wedged engine, restarted by the watchdog", start, before)
     print(f"wedge to serving again: {TIMES['a wedged engine, restarted by the watchdog']:.0f} s")
     assert "restarting the pair in order" in journal_after(head, mark, "sparkrig-watchdog")
-
-
-def test_a_long_prefill_is_never_taken_for_a_wedge(lab: Lab):
-    """One completion held three stall windows while its KV usage moves: the watchdog watches it
-    (no canary queued behind it), restarts nothing, and the client gets its answer."""
-    head = lab.head
-    watchdog_probing(head)
-    before = head.unit_started("sparkrig-head")
-    mark = cursor(head)
-    prefill_s = 3 * STALL_S
-    standin_mode(head, f"long-prefill {prefill_s}")
-    chat = CHAT.format(limit=prefill_s + 120)  # in the background, so the SSH call returns
-    head.sh(f"rm -f /tmp/long-prefill.code; ({chat} </dev/null >/tmp/long-prefill.code 2>&1 &)")
-    rules = set()
-
-    def answered() -> bool:
-        rules.add(json.loads(head.sh(f"cat {PROBE_FILE}"))["rule"])
-        return head.sh("cat /tmp/long-prefill.code 2>/dev/null || true").strip() != ""
-
-    took = wait_for("the long prefill answered", answered, prefill_s + 180)
-    assert head.sh("cat /tmp/long-prefill.code").strip() == "200"
-    assert took >= prefill_s - 2 * INTERVAL_S, f"the stand-in held it {took:.0f} s only"
-    assert "progress" in rules and "stall" not in rules, rules
-    assert head.unit_started("sparkrig-head") == before
-    log = journal_after(head, mark, "sparkrig-watchdog")
-    assert " fired: " not in log and "restarting" not in log, log
-    assert serving(head)
 
 
 def test_stopping_the_head_is_left_alone(lab: Lab):
