@@ -12,6 +12,7 @@ index_deploy_files()  # pyinfra orders operations by their stack: make that a lo
 local.include("tasks/preflight.py")
 local.include("tasks/release.py")
 local.include("tasks/host.py")
+local.include("tasks/baseline.py")
 local.include("tasks/fabric.py")
 local.include("tasks/weights.py")
 local.include("tasks/image.py")

@@ -132,6 +132,7 @@ class HostReport:
     pair_secret: str = ""  # the agents' secret installed here (sparkrig/pairsecret.py)
     api_key: str = ""  # the head: the API key installed here ("" elsewhere, or none installed)
     release: Any = None  # sparkrig.release.ReleaseReport: the release record, weights_dir entries
+    baseline: Any = None  # sparkrig.baseline.BaselineReport: kernel, driver, NIC firmware, ...
 
     def file(self, path: str) -> PathState | None:
         if path not in self.files:
@@ -228,6 +229,8 @@ def build_report(parts: tuple[Part, ...], values: dict[str, Any]) -> HostReport:
             report[kind] = value
         elif kind == "release":
             report["release"] = value
+        elif kind == "baseline":
+            report["baseline"] = value
     return HostReport(**report)
 
 
@@ -238,6 +241,7 @@ def build_report(parts: tuple[Part, ...], values: dict[str, Any]) -> HostReport:
 
 def owned_files(s: Settings) -> list[str]:
     """Every file the deploy writes whole on this host (a new owned file goes here)."""
+    from sparkrig.baseline import GRUB_DROPIN
     from sparkrig.paths import paths
     from sparkrig.weights import artifacts
 
@@ -253,6 +257,7 @@ def owned_files(s: Settings) -> list[str]:
         p["pair_unit"],
         p["pair_token"],
         *hostpkg.legacy_files(k.install_dir),  # removed once the units use the package
+        GRUB_DROPIN,  # kho=off at the next boot (sparkrig/baseline.py), removed when unwanted
     ]
     if s.me.is_head:
         files += [p["restart_script"], p["supervisor_unit"], p["watchdog_unit"]]
@@ -284,6 +289,7 @@ def units(s: Settings) -> list[str]:
 
 def parts_of(s: Settings) -> tuple[Part, ...]:
     """The parts of ``s``'s host's state read (the same whoever asks)."""
+    from sparkrig.baseline import part as baseline_part
     from sparkrig.fabric import RoceGids
     from sparkrig.image import ImageState, patched_tag
     from sparkrig.owned import OwnedPaths, UnitStates
@@ -309,6 +315,7 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
     if s.me.is_head:  # the API key lives with the head (sparkrig/pairsecret.py api_key)
         parts.append(Part("api_key", PairSecretFile, (("path", paths(s)["api_key"]),)))
     parts.append(release_part(s))
+    parts.append(baseline_part(s))
     owned = {"files": tuple(owned_files(s)), "dirs": tuple(owned_dirs(s))}
     parts.append(Part("paths", OwnedPaths, tuple(sorted(owned.items()))))
     parts.append(Part("units", UnitStates, (("units", tuple(units(s))),)))

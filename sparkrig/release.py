@@ -85,6 +85,9 @@ class Release:
     drafter_revision: str  # "" when the profile needs no drafter
     profile: str
     files: tuple[tuple[str, str], ...] = ()
+    # (field, value) of the host baseline it passed the gates on (sparkrig/baseline.py); not
+    # part of identity: a kernel or driver that moved is drift, not another release
+    baseline: tuple[tuple[str, str], ...] = ()
 
     @property
     def identity(self) -> tuple[str, str, str, str]:
@@ -106,7 +109,7 @@ class Release:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "image": self.image,
             "base": self.base,
             "model_revision": self.model_revision,
@@ -114,6 +117,9 @@ class Release:
             "profile": self.profile,
             "files": {path: sha for path, sha in self.files},
         }
+        if self.baseline:
+            data["baseline"] = dict(self.baseline)
+        return data
 
 
 def release_from(raw: Any) -> Release:
@@ -122,6 +128,9 @@ def release_from(raw: Any) -> Release:
     files = raw.get("files") or {}
     if not isinstance(files, dict):
         raise ValueError("a release's files are not an object")
+    baseline = raw.get("baseline") or {}
+    if not isinstance(baseline, dict):
+        raise ValueError("a release's baseline is not an object")
     return Release(
         image=str(raw["image"]),
         base=str(raw.get("base", "")),
@@ -129,6 +138,7 @@ def release_from(raw: Any) -> Release:
         drafter_revision=str(raw.get("drafter_revision") or ""),
         profile=str(raw["profile"]),
         files=tuple(sorted((str(p), str(h)) for p, h in files.items())),
+        baseline=tuple(sorted((str(k), str(v)) for k, v in baseline.items())),
     )
 
 

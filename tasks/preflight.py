@@ -2,13 +2,13 @@
 command reaches a host), report each node, and refuse a host that cannot be converged before
 anything on it changes."""
 
-from pyinfra import host, inventory, logger
+from pyinfra import host, inventory, logger, state
 
-from sparkrig import hoststate
+from sparkrig import baseline, hoststate
 from sparkrig.failhost import refuse
 from sparkrig.pairsecret import api_key, pair_secret
 from sparkrig.preflight import describe, problems, warnings
-from sparkrig.release import adoptable
+from sparkrig.release import adoptable, report_of
 from sparkrig.settings import current, for_inventory
 from sparkrig.weights import Artifact, artifacts
 
@@ -49,6 +49,28 @@ complete = all(complete_here(art) for art in artifacts(s))
 found = problems(s, node, peers, weights_complete=complete)
 found += [secret.problem] if secret.problem else []
 found += [api.problem] if api is not None and api.problem else []
+
+# The host baseline (sparkrig/baseline.py): every rank of the run on one kernel, driver and NIC
+# firmware, none on a known-bad combination. Each rank's read is shared: no command more.
+everyone = for_inventory(inventory)
+in_run = [r for r in s.ranks if state.is_host_in_limit(inventory.get_host(r.name))]
+mine = baseline.report_of(hoststate.read(s))
+logger.info(f"{host.print_prefix}baseline: {baseline.describe(mine)}")
+ranks = {r.name: baseline.report_of(hoststate.read(everyone[r.name])) for r in in_run}
+table = baseline.mismatch(ranks, [r.name for r in in_run])
+if table and not s.knobs.baseline_mismatch_ok:
+    found.append(table)
+elif table:
+    logger.warning(f"{host.print_prefix}{table} (accepted: baseline_mismatch_ok)")
+if not s.knobs.baseline_known_bad_ok:
+    found += baseline.known_bad(s, mine)
+recorded = report_of(hoststate.read(s)).serving
+moved = baseline.drift(dict(recorded.baseline), mine) if recorded is not None else []
+if moved:
+    logger.warning(
+        f"{host.print_prefix}baseline moved since the gates last passed: {'; '.join(moved)} "
+        "(recorded again once the gates pass on it)"
+    )
 
 # weights_verify = "full" re-hashes ~181 GiB through the page cache: never beside a serving rank
 # (REFERENCE §1.3: hard power-offs while sha256sum flooded the page cache; §5.2).

@@ -7,9 +7,12 @@ pruned only after the gates passed.
 Every operation exists on every host (acting only where its condition holds), so all hosts share
 one sequence and the per-operation barrier keeps the prune behind the gates."""
 
+from dataclasses import replace
+
 from pyinfra import inventory, state
 
 from sparkrig import hoststate
+from sparkrig.baseline import report_of as baseline_of
 from sparkrig.gates import gate_command, wait_command
 from sparkrig.image import images_to_keep, prune_old_images
 from sparkrig.ordering import on_head
@@ -73,10 +76,11 @@ rollback_operations(s, moving, record, boot, gates)
 # Under --limit worker nothing proves the pair healthy, so nothing is recorded or pruned.
 head_in_run = inventory.get_host(s.head.name) in state.activated_hosts
 kept = history(wanted(s), record.releases, k.keep_releases)
+baseline_now = baseline_of(hoststate.read(s))  # recorded with the release: the gates passed on it
 record_stamped(
     name="Record the release that passed the gates",
     path=record_path(k.config_dir),
-    release=wanted(s),
+    release=replace(wanted(s), baseline=tuple(sorted(baseline_now.fields().items()))),
     files=release_files(s),
     keep=k.keep_releases,
     _if=lambda: head_in_run,
