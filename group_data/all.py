@@ -106,5 +106,5 @@ known_bad_baselines = [
     # A base image built for a newer driver than the ranks run fails at start ("This container
     # was built for NVIDIA Driver Release 590.48 or later, but version 580.159.03 was detected",
     # https://github.com/eugr/spark-vllm-docker/issues/266). Pin such an image, then add e.g.:
-    # {"base_image": r"^registry/repo@", "driver_below": "590.48", "reason": "...", "source": "..."},
+    # {"base_image": r"^registry/repo@", "driver_below": "590.48", "reason": ..., "source": ...},
 ]

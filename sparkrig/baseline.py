@@ -35,8 +35,8 @@ MUST_MATCH = ("kernel", "driver", "nic_fw")
 # release by bind-mounting a file over it, which only this read sees (docs/baseline.md).
 _SCRIPT = r"""k=; read -r k < /proc/sys/kernel/osrelease; echo "kernel=$k"
 v=; read -r v < /proc/cmdline; echo "cmdline=$v"
-if [ -r /sys/module/nvidia/version ]; then read -r v < /sys/module/nvidia/version; echo "driver_module=$v"; fi
-if [ -r /proc/driver/nvidia/version ]; then read -r v < /proc/driver/nvidia/version; echo "driver_proc=$v"; fi
+f=/sys/module/nvidia/version; if [ -r $f ]; then read -r v < $f; echo "driver_module=$v"; fi
+f=/proc/driver/nvidia/version; if [ -r $f ]; then read -r v < $f; echo "driver_proc=$v"; fi
 for f in /sys/class/net/@IFACE@/device/infiniband/*/fw_ver @ROCE_FW@; do
   if [ -r "$f" ]; then read -r v < "$f"; echo "nic_fw=$v"; break; fi
 done
@@ -211,7 +211,7 @@ def mismatch(everyone: dict[str, BaselineReport], order: Sequence[str]) -> str:
     differ = [f for f in MUST_MATCH if len({getattr(everyone[n], f) for n in order}) > 1]
     if not differ:
         return ""
-    rows = [("rank", "host", *MUST_MATCH)]
+    rows: list[tuple[str, ...]] = [("rank", "host", *MUST_MATCH)]
     for rank, name in enumerate(order):
         b = everyone[name]
         rows.append((str(rank), name, *(getattr(b, f) or "-" for f in MUST_MATCH)))
@@ -393,4 +393,3 @@ def baseline_released(names: list[str]) -> Generator[Any, None, None]:
         host.noop("no baseline package is held")
         return
     yield StringCommand("apt-mark", "unhold", *[QuoteString(n) for n in todo])
-
