@@ -22,7 +22,16 @@ from sparkrig.image import serving_image
 from sparkrig.paths import paths
 from sparkrig.serving import api_key_file
 from sparkrig.settings import current
-from sparkrig.status import RankStatus, budget_line, budget_problems, fact_args, line, problems
+from sparkrig.status import (
+    RankStatus,
+    baseline_line,
+    baseline_problems,
+    budget_line,
+    budget_problems,
+    fact_args,
+    line,
+    problems,
+)
 
 s = current()
 p = paths(s)
@@ -32,6 +41,8 @@ age = now - state.weights_verified
 verified = f"{age / 3600:.1f} h ago" if state.weights_verified else "never"
 off = problems(s, state, serving_image(s))
 logger.info(f"{host.print_prefix}{line(s, state, verified)}")
+logger.info(f"{host.print_prefix}rank{s.me.rank} {baseline_line(state)}")
+off += baseline_problems(state)
 
 if s.me.is_head:
     k = s.knobs

@@ -12,9 +12,11 @@ from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
 
+from sparkrig.baseline import BaselineReport, describe, drift, parse_baseline
+from sparkrig.baseline import script as baseline_script
 from sparkrig.fabric import gid_table_command
 from sparkrig.factlines import END, parse_key_values
-from sparkrig.release import revision_dir
+from sparkrig.release import record_path, revision_dir
 from sparkrig.settings import Settings
 
 # Everything below only reads: systemctl show, docker inspect, cat/sed/grep of files, stat, awk.
@@ -39,8 +41,12 @@ done
 c=$(sed -n 's/^ *"commit": *"\\([0-9a-f]*\\)".*/\\1/p' {lock} 2>/dev/null)
 echo "weights_commit=${{c%%[!0-9a-f]*}}"
 echo "weights_verified=$(stat -c %Y {stamps} 2>/dev/null)"
+( {baseline}
+) | sed 's/^/bl./'
+echo "release_record=$(tr -d '\n' < {record} 2>/dev/null)"
 echo '{end}'
 """
+BASELINE_PREFIX = "bl."  # the host baseline's lines (sparkrig/baseline.py), inside this read
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,9 @@ class RankState:
     weights_verified: int = 0  # epoch seconds of the stamp DB's last write, 0 when none
     memtotal_kb: int = 0
     budgets: tuple[tuple[str, Budget], ...] = ()  # (helper, budget) of the head's helpers
+    baseline: BaselineReport | None = None  # None: the read had no baseline lines
+    recorded: tuple[tuple[str, str], ...] = ()  # the baseline the serving release passed on
+    record_error: str = ""
 
 
 def _int(raw: dict[str, str], key: str) -> int | None:
@@ -99,9 +108,26 @@ def _budget(helper: str, text: str) -> Budget:
         raise FactProcessError(f"rank status: {helper}'s restart budget: {err}") from None
 
 
+def _record(text: str) -> tuple[tuple[tuple[str, str], ...], str]:
+    """(the serving release's baseline, error) from release.json's text ('' : no record)."""
+    from sparkrig.release import RECORD, parse_record
+
+    if not text:
+        return (), ""
+    try:
+        releases = parse_record(text)
+    except ValueError as err:
+        return (), f"{RECORD} is unreadable ({err})"
+    return (releases[0].baseline if releases else ()), ""
+
+
 def parse_rank_state(lines: list[str]) -> RankState:
+    ours = [x[len(BASELINE_PREFIX) :] for x in lines if x.startswith(BASELINE_PREFIX)]
+    lines = [x for x in lines if not x.startswith(BASELINE_PREFIX)]
+    baseline = parse_baseline(ours) if ours else None
     table = [x for x in lines if x.startswith(GID_LINE_PREFIX)]
     raw = parse_key_values([x for x in lines if not x.startswith(GID_LINE_PREFIX)], "rank status")
+    recorded, record_error = _record(raw.get("release_record", ""))
     try:
         gids = tuple(parse_gid_lines(table))
     except ValueError as err:
@@ -125,6 +151,9 @@ def parse_rank_state(lines: list[str]) -> RankState:
         budgets=budgets,
         weights_commit=raw.get("weights_commit", ""),
         weights_verified=_int(raw, "weights_verified") or 0,
+        baseline=baseline,
+        recorded=recorded,
+        record_error=record_error,
     )
 
 
@@ -143,6 +172,8 @@ class RankStatus(FactBase[RankState]):
         lock: str,
         stamps: str,
         run_dir: str,
+        roce_device: str = "",
+        record: str = "/etc/sparkrig/release.json",
     ) -> StringCommand:
         q = shlex.quote
         script = _SCRIPT.format(
@@ -156,6 +187,8 @@ class RankStatus(FactBase[RankState]):
             lock=q(lock),
             stamps=q(stamps),
             run_dir=q(run_dir),
+            baseline=baseline_script(iface, roce_device or None),
+            record=q(record),
         )
         return StringCommand("sh", "-c", QuoteString(script))
 
@@ -174,6 +207,8 @@ def fact_args(s: Settings, env_file: str, gid_file: str, run_dir: str) -> dict[s
         "lock": f"{k.config_dir}/model.lock.json",
         "stamps": revision_dir(k.weights_dir, "model", k.model_revision) + ".stamps.json",
         "run_dir": run_dir,
+        "roce_device": s.me.roce_device or "",
+        "record": record_path(k.config_dir),
     }
 
 
@@ -230,6 +265,32 @@ def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
             f"{floor / 1024**2:.1f} GiB: the rank would refuse to start (sparkrig-prep lists "
             "what holds the memory)"
         )
+    return out
+
+
+def baseline_line(st: RankState) -> str:
+    """The rank's baseline, and what moved since the gates passed on the recorded one."""
+    if st.baseline is None:
+        return "baseline: not read"
+    moved = drift(dict(st.recorded), st.baseline)
+    since = (
+        f"moved since the gates passed: {'; '.join(moved)}"
+        if moved
+        else ("as recorded when the gates passed" if st.recorded else "none recorded yet")
+    )
+    return f"baseline: {describe(st.baseline)} | {since}"
+
+
+def baseline_problems(st: RankState) -> list[str]:
+    """A baseline that moved since the gates passed on it: the pair was not proven on it."""
+    out = [st.record_error] if st.record_error else []
+    if st.baseline is not None and st.recorded:
+        moved = drift(dict(st.recorded), st.baseline)
+        if moved:
+            out.append(
+                f"baseline moved since the gates passed ({'; '.join(moved)}): run the deploy, "
+                "whose gates prove and record it"
+            )
     return out
 
 

@@ -169,12 +169,18 @@ def release_state(record: str = "", entries: tuple[str, ...] = ()) -> list[str]:
     return [*record.splitlines(), "", LISTING, *entries, "##SPARKRIG-END##"]
 
 
-def rank_status(gids: tuple[str, ...] = (), **values: Any) -> list[str]:
+def rank_status(
+    gids: tuple[str, ...] = (), baseline: list[str] | None = None, record: str = "", **values: Any
+) -> list[str]:
     """sparkrig.status.RankStatus's output: key=value lines, the GID table's lines (``gids``),
-    then the end marker."""
+    the host baseline's lines (``baseline``: the Baseline fact's output, prefixed), the release
+    record on one line (``record``), then the end marker."""
     from sparkrig.factlines import END
+    from sparkrig.status import BASELINE_PREFIX
 
-    return [f"{key}={value}" for key, value in values.items()] + [*gids, END]
+    ours = [BASELINE_PREFIX + x for x in baseline or []]
+    out = [f"{key}={value}" for key, value in values.items()] + [*gids, *ours]
+    return [*out, f"release_record={record}", END]
 
 
 PING_CHECK = re.compile(r"^ping -M do .* 2>&1; echo rc=\$\?$")
@@ -507,6 +513,8 @@ def converged(
         memfree_kb=3 * 1024 * 1024,
         weights_commit=k.model_revision,
         weights_verified=1796000000,
+        baseline=canned[BASELINE],
+        record="".join(canned[RELEASE][: canned[RELEASE].index(LISTING) - 1]),
     )
     return canned
 
