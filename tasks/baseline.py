@@ -1,8 +1,10 @@
-"""Phase 2b, baseline: hold the running kernel and NVIDIA driver packages with ``apt-mark`` so a
-routine ``apt upgrade`` cannot move them (``hold_baseline``; ``accept_baseline`` releases the
-hold for a planned upgrade), and boot a kernel with kexec handover built in with ``kho=off``
-through a GRUB drop-in, effective at the next reboot (sparkrig never reboots). Preflight has
-already refused ranks that differ, or that match a known-bad combination (sparkrig/baseline.py)."""
+"""Phase 1c, baseline, before the host phase changes anything (so its operations decide from
+the read made while preparing): hold the running kernel and NVIDIA driver packages with
+``apt-mark`` so a routine ``apt upgrade`` cannot move them (``hold_baseline``;
+``accept_baseline`` releases the hold for a planned upgrade), and boot a kernel with kexec
+handover built in with ``kho=off`` through a GRUB drop-in, effective at the next reboot
+(sparkrig never reboots). Preflight has already refused ranks that differ, or that match a
+known-bad combination (sparkrig/baseline.py)."""
 
 from pyinfra import host, logger
 
