@@ -89,9 +89,9 @@ accept_baseline = False  # True for one run: release that hold for a planned ker
 baseline_mismatch_ok = False  # True: converge ranks that differ on kernel, driver or NIC firmware
 baseline_known_bad_ok = False  # True: converge a rank that matches known_bad_baselines
 kho_off = True  # a kernel with kexec handover built in boots with kho=off (GRUB drop-in)
-# Known-bad combinations: a rank matching every condition of an entry is refused with its reason.
-# Conditions: kernel, driver, nic_fw, base_image (regexes), driver_below (a version), kho_active.
-known_bad_baselines = [
+# A rank matching every condition of an entry is refused with its reason. Conditions: kernel,
+# driver, nic_fw, base_image (regexes), driver_below (a version), kho_active (docs/baseline.md).
+known_bad_baselines = [  # known-bad combinations, each with its reason and source thread
     {
         "kho_active": True,
         "reason": (

@@ -311,12 +311,10 @@ def held_packages(b: BaselineReport) -> list[Package]:
 
 
 def grub_text() -> str:
-    return (
-        "# Owned whole by sparkrig (kho_off): kexec handover off at every boot. KHO's scratch\n"
-        "# pageblocks cannot be pinned long-term, so NCCL's memory registration over RoCE fails\n"
-        "# with ENOMEM (https://github.com/NVIDIA/NV-Kernels/pull/590). Read by update-grub.\n"
-        'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX kho=off"\n'
-    )
+    """The GRUB drop-in's content (templates/grub-kho.cfg.j2)."""
+    from sparkrig.render import render
+
+    return render("grub-kho.cfg.j2")
 
 
 def wants_kho_off(s: Settings, b: BaselineReport) -> bool:
