@@ -43,7 +43,7 @@ echo "weights_commit=${{c%%[!0-9a-f]*}}"
 echo "weights_verified=$(stat -c %Y {stamps} 2>/dev/null)"
 ( {baseline}
 ) | sed 's/^/bl./'
-echo "release_record=$(tr -d '\n' < {record} 2>/dev/null)"
+echo "release_record=$(tr -d '\\n' < {record} 2>/dev/null)"
 echo '{end}'
 """
 BASELINE_PREFIX = "bl."  # the host baseline's lines (sparkrig/baseline.py), inside this read

@@ -233,3 +233,27 @@ def test_status_reads_the_baseline_and_the_recorded_one_in_its_one_read():
     assert got.baseline is not None and got.baseline.kernel == SPARK_KERNEL
     assert got.recorded == (("kernel", "6.17.0-1"),)
     assert parse_rank_state(["mtu=9000", "release_record=", END]).baseline is None
+
+
+def test_status_reads_the_baseline_and_the_record_with_a_real_shell(tmp_path):
+    """status.py's one read (sparkrig.status.RankStatus) run by a real shell: this machine's
+    baseline, and the one a release record kept, with what moved between them."""
+    from sparkrig.status import RankStatus, baseline_problems
+
+    record = tmp_path / "release.json"
+    kept = (("kernel", "6.17.0-1032-nvidia"),)
+    record.write_text(record_text([Release("i:t", "b:t", "a" * 40, "", "shared", baseline=kept)]))
+    fact = RankStatus()
+    none = str(tmp_path / "none")
+    command = fact.command(
+        unit="sparkrig-none", container="none", env_file=none, gid_file=none, iface="lo",
+        lock=none, stamps=none, run_dir=none, record=str(record),
+    )  # fmt: skip
+    done = subprocess.run(
+        ["sh", "-c", command.get_raw_value()], capture_output=True, text=True, check=True
+    )
+    st = fact.process(done.stdout.splitlines())
+    assert st.baseline is not None and st.baseline.kernel == platform.release()
+    assert st.recorded == kept
+    (moved,) = baseline_problems(st)
+    assert f"kernel 6.17.0-1032-nvidia -> {platform.release()}" in moved
