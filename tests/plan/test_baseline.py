@@ -232,3 +232,16 @@ def test_status_prints_the_baseline_and_fails_a_rank_whose_baseline_moved(monkey
     failed = [c for c in r.commands[WORKER] if fakehosts.FAIL_HOST.search(c)]
     assert len(failed) == 1 and f"kernel {fakehosts.SPARK_KERNEL} -> {NEW_KERNEL}" in failed[0]
     assert not [c for c in r.commands[HEAD] if fakehosts.FAIL_HOST.search(c)]
+
+
+def test_a_garbled_baseline_fails_its_host_only_and_nothing_changes(monkeypatch):
+    garbled = [
+        "pkg=ii linux-image-x 1" if x.startswith("pkg=ii |linux-firmware") else x
+        for x in fakehosts.baseline_report()
+    ]
+    fakehosts.inject("spark-b", {fakehosts.BASELINE: garbled})
+    r = apply(monkeypatch)
+    assert r.exit_code != 0 and changes(r) == []
+    failed = [x for x in r.output.splitlines() if "unreadable package line" in x]
+    assert failed and all(WORKER in x for x in failed), failed
+    assert not [x for x in r.output.splitlines() if HEAD in x and "unreadable" in x]
