@@ -1,6 +1,6 @@
 """The host baseline: what DGX OS runs under the pair (kernel and its command line, NVIDIA
 driver, the fabric NIC's ConnectX-7 firmware, BIOS, docker and the NVIDIA container toolkit),
-read as one part of the host's state read (sparkrig/hoststate.py), recorded with the release
+read as one part of the host's state read (sparkrig/stateread.py), recorded with the release
 that passed the gates (sparkrig/release.py), compared between ranks and against a catalogue of
 known-bad combinations (preflight), and held with ``apt-mark`` (tasks/baseline.py).
 
@@ -20,9 +20,11 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError
 
-from sparkrig import hoststate
 from sparkrig.factlines import END, parse_key_values
+from sparkrig.owned import owned_of, owned_put
+from sparkrig.render import render
 from sparkrig.settings import KnownBadBaseline, Settings
+from sparkrig.stateread import Part, Values, read_here
 
 GRUB_DROPIN = "/etc/default/grub.d/90-sparkrig-kho.cfg"  # owned whole (kho_off)
 GRUB_CFG = "/boot/grub/grub.cfg"  # what update-grub writes and GRUB boots from
@@ -185,19 +187,15 @@ class Baseline(FactBase[BaselineReport]):
         return parse_baseline(output)
 
 
-def part(s: Settings) -> Any:
-    """The baseline part of the host's state read (sparkrig/hoststate.py)."""
-    from sparkrig.hoststate import Part
-
+def baseline_part(s: Settings) -> Part:
+    """The state read's part of the host baseline (sparkrig/hoststate.py parts_of)."""
     args = {"fabric_interface": s.me.fabric_interface, "roce_device": s.me.roce_device or ""}
     return Part("baseline", Baseline, tuple(sorted(args.items())))
 
 
-def report_of(host_report: Any) -> BaselineReport:
-    got = getattr(host_report, "baseline", None)
-    if not isinstance(got, BaselineReport):
-        raise KeyError('the baseline part is not in this state read (hoststate.mine("baseline"))')
-    return got
+def baseline_of(values: Values) -> BaselineReport:
+    """The baseline part of a host's state read; KeyError when it was read without it."""
+    return values.get("baseline", Baseline)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -312,8 +310,6 @@ def held_packages(b: BaselineReport) -> list[Package]:
 
 def grub_text() -> str:
     """The GRUB drop-in's content (templates/grub-kho.cfg.j2)."""
-    from sparkrig.render import render
-
     return render("grub-kho.cfg.j2")
 
 
@@ -335,10 +331,8 @@ def grub_kho_off(wanted: bool, path: str = GRUB_DROPIN) -> Generator[Any, None, 
     + wanted: the running kernel has KHO built in and knob kho_off is on
     + path: the drop-in under /etc/default/grub.d (DGX OS's update-grub reads every *.cfg)
     """
-    from sparkrig.owned import owned_put
-
-    state = hoststate.mine("baseline", "paths")
-    b, have = report_of(state), state.file(path)
+    state = read_here("baseline", "paths")
+    b, have = baseline_of(state), owned_of(state).file(path)
     if not wanted:
         if have is None:
             host.noop(f"no {path}: the kernel has no KHO or kho_off is off")
@@ -368,7 +362,7 @@ def baseline_held(names: list[str]) -> Generator[Any, None, None]:
 
     + names: the packages to hold (``held_packages``); empty: nothing to hold
     """
-    b = report_of(hoststate.mine("baseline"))
+    b = baseline_of(read_here("baseline"))
     held = {p.name for p in b.packages if p.held}
     todo = [n for n in names if n not in held]
     if not todo:
@@ -384,7 +378,7 @@ def baseline_released(names: list[str]) -> Generator[Any, None, None]:
 
     + names: the packages that make the baseline (``held_packages``)
     """
-    b = report_of(hoststate.mine("baseline"))
+    b = baseline_of(read_here("baseline"))
     held = {p.name for p in b.packages if p.held}
     todo = [n for n in names if n in held]
     if not todo:

@@ -11,12 +11,17 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
+from sparkhost.wedge import Probe, parse_probe, probe_file
 
 from sparkrig.baseline import BaselineReport, describe, drift, parse_baseline
 from sparkrig.baseline import script as baseline_script
+from sparkrig.busbw import figure_text
 from sparkrig.fabric import gid_table_command
 from sparkrig.factlines import END, parse_key_values
-from sparkrig.release import record_path, revision_dir
+from sparkrig.paths import revision_dir
+from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value
+from sparkrig.release import RECORD, Release, parse_record, record_path
+from sparkrig.serving import rank_serve_args
 from sparkrig.settings import Settings
 
 # Everything below only reads: systemctl show, docker inspect, cat/sed/grep of files, stat, awk.
@@ -38,6 +43,11 @@ echo "memtotal_kb=$(awk '/^MemTotal:/ {{print $2}}' /proc/meminfo)"
 for h in watchdog supervisor; do
   [ -f {run_dir}/$h-restarts.json ] && echo "budget_$h=$(tr -d '\n' < {run_dir}/$h-restarts.json)"
 done
+[ -f {probe_file} ] && echo "probe=$(tr -d '\n' < {probe_file})"
+echo "gpu_clock_unit=$(systemctl show --property ActiveState --value sparkrig-gpu-clock.service \
+2>/dev/null)"
+echo "gpu_sm_mhz=$(nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits 2>/dev/null \
+| head -n 1 | tr -cd '0-9')"
 c=$(sed -n 's/^ *"commit": *"\\([0-9a-f]*\\)".*/\\1/p' {lock} 2>/dev/null)
 echo "weights_commit=${{c%%[!0-9a-f]*}}"
 echo "weights_verified=$(stat -c %Y {stamps} 2>/dev/null)"
@@ -79,6 +89,10 @@ class RankState:
     weights_verified: int = 0  # epoch seconds of the stamp DB's last write, 0 when none
     memtotal_kb: int = 0
     budgets: tuple[tuple[str, Budget], ...] = ()  # (helper, budget) of the head's helpers
+    fabric: tuple[tuple[str, Any], ...] = ()  # the serving release's smoke-test figure
+    probe: Probe | None = None  # the watchdog's last probe (files/sparkhost/wedge.py)
+    gpu_clock_unit: str = ""  # ActiveState of sparkrig-gpu-clock.service (knob gpu_clock_max_mhz)
+    gpu_sm_mhz: int | None = None  # the SM clock now, when nvidia-smi reports one
     baseline: BaselineReport | None = None  # None: the read had no baseline lines
     recorded: tuple[tuple[str, str], ...] = ()  # the baseline the serving release passed on
     record_error: str = ""
@@ -108,17 +122,14 @@ def _budget(helper: str, text: str) -> Budget:
         raise FactProcessError(f"rank status: {helper}'s restart budget: {err}") from None
 
 
-def _record(text: str) -> tuple[tuple[tuple[str, str], ...], str]:
-    """(the serving release's baseline, error) from release.json's text ('' : no record)."""
-    from sparkrig.release import RECORD, parse_record
-
-    if not text:
-        return (), ""
+def _serving_release(record: str) -> tuple[Release | None, str]:
+    """The newest release in release.json's text (None when absent or unreadable) and why it
+    is unreadable ('' when it is not): status shows its figure and judges its baseline."""
     try:
-        releases = parse_record(text)
+        releases = parse_record(record) if record else ()
     except ValueError as err:
-        return (), f"{RECORD} is unreadable ({err})"
-    return (releases[0].baseline if releases else ()), ""
+        return None, f"{RECORD} is unreadable ({err})"
+    return (releases[0] if releases else None), ""
 
 
 def parse_rank_state(lines: list[str]) -> RankState:
@@ -127,7 +138,7 @@ def parse_rank_state(lines: list[str]) -> RankState:
     baseline = parse_baseline(ours) if ours else None
     table = [x for x in lines if x.startswith(GID_LINE_PREFIX)]
     raw = parse_key_values([x for x in lines if not x.startswith(GID_LINE_PREFIX)], "rank status")
-    recorded, record_error = _record(raw.get("release_record", ""))
+    serving, record_error = _serving_release(raw.get("release_record", ""))
     try:
         gids = tuple(parse_gid_lines(table))
     except ValueError as err:
@@ -137,7 +148,14 @@ def parse_rank_state(lines: list[str]) -> RankState:
         for key, value in raw.items()
         if key.startswith("budget_")
     )
+    try:
+        probe = parse_probe(raw["probe"]) if raw.get("probe") else None
+    except ValueError as err:
+        raise FactProcessError(f"rank status: {err}") from None
     return RankState(
+        probe=probe,
+        gpu_clock_unit=raw.get("gpu_clock_unit", ""),
+        gpu_sm_mhz=_int(raw, "gpu_sm_mhz"),
         active=raw.get("unit_ActiveState", ""),
         sub=raw.get("unit_SubState", ""),
         since=raw.get("unit_StateChangeTimestamp", ""),
@@ -151,8 +169,9 @@ def parse_rank_state(lines: list[str]) -> RankState:
         budgets=budgets,
         weights_commit=raw.get("weights_commit", ""),
         weights_verified=_int(raw, "weights_verified") or 0,
+        fabric=serving.fabric if serving is not None else (),
         baseline=baseline,
-        recorded=recorded,
+        recorded=serving.baseline if serving is not None else (),
         record_error=record_error,
     )
 
@@ -172,8 +191,8 @@ class RankStatus(FactBase[RankState]):
         lock: str,
         stamps: str,
         run_dir: str,
+        record: str,
         roce_device: str = "",
-        record: str = "/etc/sparkrig/release.json",
     ) -> StringCommand:
         q = shlex.quote
         script = _SCRIPT.format(
@@ -187,8 +206,9 @@ class RankStatus(FactBase[RankState]):
             lock=q(lock),
             stamps=q(stamps),
             run_dir=q(run_dir),
-            baseline=baseline_script(iface, roce_device or None),
             record=q(record),
+            probe_file=q(probe_file(run_dir)),
+            baseline=baseline_script(iface, roce_device or None),
         )
         return StringCommand("sh", "-c", QuoteString(script))
 
@@ -207,8 +227,8 @@ def fact_args(s: Settings, env_file: str, gid_file: str, run_dir: str) -> dict[s
         "lock": f"{k.config_dir}/model.lock.json",
         "stamps": revision_dir(k.weights_dir, "model", k.model_revision) + ".stamps.json",
         "run_dir": run_dir,
-        "roce_device": s.me.roce_device or "",
         "record": record_path(k.config_dir),
+        "roce_device": s.me.roce_device or "",
     }
 
 
@@ -216,9 +236,6 @@ def memfree_floor_kb(s: Settings, memtotal_kb: int) -> int:
     """The MemFree the start gate requires of this rank, in kB: sparkrig-prep's own
     memory_floor, fed the flags the rank unit gives it (units.memory_gate_args)."""
     from sparkhost import prep
-
-    from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value
-    from sparkrig.serving import rank_serve_args
 
     k = s.knobs
     util = flag_value(rank_serve_args(s), "--gpu-memory-utilization") or GPU_MEMORY_UTILIZATION
@@ -254,6 +271,11 @@ def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
         out.append(f"GID index: start gate handed over {st.gid_handed}, live table {live}")
     if st.mtu != k.fabric_mtu:
         out.append(f"MTU {st.mtu} on {s.me.fabric_interface}, want {k.fabric_mtu}")
+    if k.gpu_clock_max_mhz is not None and st.gpu_clock_unit != "active":
+        out.append(
+            f"GPU clock lock sparkrig-gpu-clock is {st.gpu_clock_unit or 'absent'}: the clock is "
+            f"not capped at {k.gpu_clock_max_mhz} MHz (re-run the deploy)"
+        )
     if st.weights_commit != k.model_revision:
         out.append(f"weights {st.weights_commit or 'absent'}, want {k.model_revision}")
     # A serving rank holds its memory; a rank that is down must find the start gate's floor free,
@@ -318,6 +340,20 @@ def budget_line(st: RankState, watchdog_on: bool, now: float) -> str:
     return "; ".join(parts)
 
 
+def probe_line(st: RankState, watchdog_on: bool, now: float) -> str:
+    """The watchdog's last probe, as the pair helpers' line ends."""
+    if not watchdog_on:
+        return ""
+    return f"; last probe: {st.probe.text(now) if st.probe else 'none yet'}"
+
+
+def gpu_clock_text(s: Settings, st: RankState) -> str:
+    """The GPU clock cap as the rank's line shows it."""
+    mhz = s.knobs.gpu_clock_max_mhz
+    text = "unlocked" if mhz is None else f"<= {mhz} MHz ({st.gpu_clock_unit or 'absent'})"
+    return text + (f", sm {st.gpu_sm_mhz} MHz" if st.gpu_sm_mhz is not None else "")
+
+
 def line(s: Settings, st: RankState, verified: str) -> str:
     """The rank's one line of the status screen."""
     gid = f"gid env={st.gid_env} live={live_gid_index(s, st)}"
@@ -327,6 +363,7 @@ def line(s: Settings, st: RankState, verified: str) -> str:
         f"rank{s.me.rank} {s.unit_name} {st.active}/{st.sub} since {st.since or '-'} | "
         f"image {st.image.rsplit(':', 1)[-1] or '-'} | {gid} | mtu {st.mtu} | "
         f"weights {st.weights_commit[:12] or '-'} verified {verified} | "
+        f"{figure_text(dict(st.fabric))} | gpu clock {gpu_clock_text(s, st)} | "
         f"MemFree {st.memfree_kb // 1024} MiB"
         + (
             f" (start floor {memfree_floor_kb(s, st.memtotal_kb) // 1024} MiB)"

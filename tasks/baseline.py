@@ -14,30 +14,29 @@ from sparkrig.baseline import (
     baseline_released,
     grub_kho_off,
     held_packages,
-    report_of,
     wants_kho_off,
 )
 from sparkrig.settings import current
 
-s = current()
-k = s.knobs
-now = report_of(hoststate.read(s))
+settings = current()
+knobs = settings.knobs
+now = hoststate.read(settings).baseline
 
 grub_kho_off(
     name="Boot with kho=off from the next reboot (GRUB drop-in, update-grub)",
-    wanted=wants_kho_off(s, now),
+    wanted=wants_kho_off(settings, now),
 )
 names = [p.name for p in held_packages(now)]
-if k.accept_baseline:
+if knobs.accept_baseline:
     logger.warning(
         f"{host.print_prefix}accept_baseline: the kernel and driver packages are released for a "
         "planned upgrade; the next run that passes the gates records the new baseline"
     )
 baseline_held(
     name="Hold the running kernel and NVIDIA driver packages (apt-mark hold)",
-    names=names if k.hold_baseline and not k.accept_baseline else [],
+    names=names if knobs.hold_baseline and not knobs.accept_baseline else [],
 )
 baseline_released(
     name="Release the baseline packages for a planned upgrade (accept_baseline)",
-    names=names if k.accept_baseline else [],
+    names=names if knobs.accept_baseline else [],
 )

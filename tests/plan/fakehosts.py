@@ -151,7 +151,7 @@ def gid_table(device: str, netdev: str, ip: str | None, index: int = 3) -> list[
 OURS = r"/\S*sparkrig\S*"  # every path sparkrig owns has "sparkrig" in it
 UNITS_KNOWN = [
     "sparkrig-head", "sparkrig-worker", "sparkrig-pair", "sparkrig-agent", "sparkrig-watchdog",
-    "sparkrig-supervisor",
+    "sparkrig-supervisor", "sparkrig-gpu-clock",
 ]  # fmt: skip
 
 NODE = re.compile(r"^sh -c '\nd=\S+; while \[ ! -d \"\$d\" \]")
@@ -419,6 +419,11 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
             render("sparkrig-agent.service.j2", **agent_unit_context(s)),
             "644",
         )
+    if k.gpu_clock_max_mhz is not None:
+        text[p["gpu_clock_unit"]] = (
+            render("sparkrig-gpu-clock.service.j2", unit=s.unit_name, mhz=k.gpu_clock_max_mhz),
+            "644",
+        )
     files = {path: (body.encode(), mode) for path, (body, mode) in text.items()}
     package = hostpkg.remote_dir(k.install_dir)
     for module in hostpkg.modules():
@@ -428,6 +433,8 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
 
 def running_units(s: Settings) -> list[str]:
     units = [s.unit_name, "sparkrig-pair"]
+    if s.knobs.gpu_clock_max_mhz is not None:
+        units.append("sparkrig-gpu-clock")
     if not s.me.is_head:
         units.append("sparkrig-agent")
     else:
@@ -473,7 +480,8 @@ def converged(
             f"user=root group=root mode=drwxr-xr-x atime=0 mtime=0 ctime=0 size=4096 '{path}'"
         )
     for unit in running_units(s):
-        canned[unit_fact(unit, "SubState")] = [f"Id={unit}.service", "SubState=running"]
+        sub = "exited" if unit == "sparkrig-gpu-clock" else "running"  # a oneshot that stays
+        canned[unit_fact(unit, "SubState")] = [f"Id={unit}.service", f"SubState={sub}"]
         canned[unit_fact(unit, "UnitFileState")] = [f"Id={unit}.service", "UnitFileState=enabled"]
     ip = s.me.ip
     canned[GIDS] = gid_table(HCA, s.me.fabric_interface, ip, index=gid_index)
