@@ -25,6 +25,8 @@ from sparkrig.serving import api_key_file
 from sparkrig.settings import current
 from sparkrig.status import (
     RankStatus,
+    baseline_line,
+    baseline_problems,
     budget_line,
     budget_problems,
     fact_args,
@@ -44,6 +46,8 @@ age = now - state.weights_verified
 verified = f"{age / 3600:.1f} h ago" if state.weights_verified else "never"
 off = problems(settings, state, serving_image(settings))
 logger.info(f"{host.print_prefix}{line(settings, state, verified)}")
+logger.info(f"{host.print_prefix}rank{settings.me.rank} {baseline_line(state)}")
+off += baseline_problems(state)
 
 if settings.me.is_head:
     knobs = settings.knobs

@@ -2,7 +2,8 @@
 
 The pair stops in order (the head's supervisor and watchdog first, so nothing restarts it, then
 the head, then the workers, as the README's stop order says). Then everything sparkrig owns goes:
-its units, env and secret files, lockfiles, the sysctl.d file, the fabric netplan file (then the
+its units, env and secret files, lockfiles, the sysctl.d file, the kho=off GRUB drop-in (then
+update-grub; the baseline's package holds stay), the fabric netplan file (then the
 fabric profiles are generated and reloaded the way tasks/fabric.py applies them, so
 NetworkManager drops sparkrig's connection and the NIC is unconfigured again), the helper programs
 under install_dir, the JIT caches and the image transfer directory, every image of image_repo and
@@ -13,6 +14,7 @@ to move back. Live sysctl values stay until the next boot. A deploy afterwards c
 from pyinfra import host, logger
 from pyinfra.operations import files, server, systemd
 
+from sparkrig.baseline import GRUB_DROPIN
 from sparkrig.fabric import DISPLACED_DIR
 from sparkrig.image import ImageState, patched_tag, prune_commands, prune_old_images
 from sparkrig.node import SYSCTL_FILE
@@ -80,6 +82,14 @@ server.shell(
 
 files.file(name="Remove the sparkrig sysctl file", path=SYSCTL_FILE,
            present=False)  # fmt: skip
+# kho=off stays on the running command line until the next boot; the package holds stay (release
+# them first with `deploy.py --data accept_baseline=True`: sparkrig/baseline.py, docs/baseline.md)
+grub = files.file(name="Remove the kho=off GRUB drop-in", path=GRUB_DROPIN, present=False)
+server.shell(
+    name="Regenerate the GRUB menu without the drop-in (next boot)",
+    commands=["update-grub"],
+    _if=grub.did_change,
+)
 netplan = files.file(
     name="Remove the fabric netplan file", path=knobs.fabric_netplan_file, present=False
 )

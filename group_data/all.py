@@ -96,3 +96,29 @@ watchdog_window_s = 21600  # the restart budget's window (6 h)
 agent_port = 29601  # worker agent on the fabric: starts the worker rank when the head asks
 pair_token_file = ".sparkrig/pair-token"  # control side: agents' secret used when no rank holds one
 pair_token_rotate = False  # True for one run: a new agents' secret on every rank, helpers restarted
+
+# --- host baseline (sparkrig/baseline.py, docs/baseline.md) ----------------------------------
+hold_baseline = True  # apt-mark hold the running kernel and NVIDIA driver packages
+accept_baseline = False  # True for one run: release that hold for a planned kernel/driver upgrade
+baseline_mismatch_ok = False  # True: converge ranks that differ on kernel, driver or NIC firmware
+baseline_known_bad_ok = False  # True: converge a rank that matches known_bad_baselines
+kho_off = True  # a kernel with kexec handover built in boots with kho=off (GRUB drop-in)
+# A rank matching every condition of an entry is refused with its reason. Conditions: kernel,
+# driver, nic_fw, base_image (regexes), driver_below (a version), kho_active (docs/baseline.md).
+known_bad_baselines = [  # known-bad combinations, each with its reason and source thread
+    {
+        "kho_active": True,
+        "reason": (
+            "kexec handover is on (the 7.0 kernels enable it by default, e.g. 7.0.0-1019-nvidia): "
+            "its ~9.3 GiB of scratch pageblocks cannot be pinned long-term, so NCCL's memory "
+            "registration fails (ibv_reg_mr_iova2: Cannot allocate memory); 6.17 kernels work. "
+            "Boot with kho=off: sparkrig writes /etc/default/grub.d/90-sparkrig-kho.cfg once "
+            "this check passes, so add it by hand now (docs/baseline.md), update-grub, reboot"
+        ),
+        "source": "https://github.com/MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks/issues/14",
+    },
+    # A base image built for a newer driver than the ranks run fails at start ("This container
+    # was built for NVIDIA Driver Release 590.48 or later, but version 580.159.03 was detected",
+    # https://github.com/eugr/spark-vllm-docker/issues/266). Pin such an image, then add e.g.:
+    # {"base_image": r"^registry/repo@", "driver_below": "590.48", "reason": ..., "source": ...},
+]

@@ -15,6 +15,7 @@ from pyinfra.context import ctx_inventory
 from sparkhost.gid import GidEntry
 
 from sparkrig import hostpkg, stateread
+from sparkrig.baseline import GRUB_DROPIN, BaselineReport, baseline_of, baseline_part
 from sparkrig.fabric import RoceGids, gids_part
 from sparkrig.image import ImageReport, ImageState, image_of, image_part, repo_tags
 from sparkrig.node import SYSCTL_FILE, Node, NodeReport, node_part
@@ -42,6 +43,7 @@ def owned_files(s: Settings) -> list[str]:
         p["pair_token"],
         p["gpu_clock_unit"],  # removed again while gpu_clock_max_mhz is None
         *hostpkg.legacy_files(k.install_dir),  # removed once the units use the package
+        GRUB_DROPIN,  # kho=off at the next boot (sparkrig/baseline.py), removed when unwanted
     ]
     if s.me.is_head:
         files += [p["restart_script"], p["supervisor_unit"], p["watchdog_unit"]]
@@ -77,6 +79,7 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
     parts += weights_parts(s, hostpkg.remote_dir(s.knobs.install_dir))
     parts += secret_parts(s)
     parts.append(release_part(s))
+    parts.append(baseline_part(s))
     parts.append(paths_part(owned_files(s), owned_dirs(s)))
     parts.append(units_part(units(s)))
     return tuple(parts)
@@ -108,6 +111,11 @@ class HostReport:
     @property
     def release(self) -> ReleaseReport:
         return report_of(self.values)
+
+    @property
+    def baseline(self) -> BaselineReport:
+        """Kernel, driver, NIC firmware, ... (sparkrig/baseline.py)."""
+        return baseline_of(self.values)
 
     @property
     def pair_secret(self) -> str:

@@ -86,6 +86,9 @@ class Release:
     # the NCCL smoke test's figure on this rank (sparkrig/busbw.py), as sorted (key, value) pairs;
     # no part of identity: the same release measured again keeps its newest figure
     fabric: tuple[tuple[str, Any], ...] = ()
+    # (field, value) of the host baseline it passed the gates on (sparkrig/baseline.py); not
+    # part of identity: a kernel or driver that moved is drift, not another release
+    baseline: tuple[tuple[str, str], ...] = ()
 
     @property
     def identity(self) -> tuple[str, str, str, str]:
@@ -117,6 +120,8 @@ class Release:
         }
         if self.fabric:  # absent when unmeasured: a record from before the figure stays as it is
             out["fabric"] = dict(self.fabric)
+        if self.baseline:
+            out["baseline"] = dict(self.baseline)
         return out
 
 
@@ -126,6 +131,9 @@ def release_from(raw: Any) -> Release:
     files = raw.get("files") or {}
     if not isinstance(files, dict):
         raise ValueError("a release's files are not an object")
+    baseline = raw.get("baseline") or {}
+    if not isinstance(baseline, dict):
+        raise ValueError("a release's baseline is not an object")
     return Release(
         image=str(raw["image"]),
         base=str(raw.get("base", "")),
@@ -134,6 +142,7 @@ def release_from(raw: Any) -> Release:
         profile=str(raw["profile"]),
         files=tuple(sorted((str(p), str(h)) for p, h in files.items())),
         fabric=tuple(sorted(raw["fabric"].items())) if isinstance(raw.get("fabric"), dict) else (),
+        baseline=tuple(sorted((str(k), str(v)) for k, v in baseline.items())),
     )
 
 

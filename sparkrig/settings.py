@@ -13,7 +13,14 @@ import re
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pyinfra.api.exceptions import DeployError
 
 from sparkrig import lockfile
@@ -44,6 +51,39 @@ CLUSTER = {"cluster": True}
 def _cluster(**kw: Any) -> Any:
     """A cluster-wide knob: ``build`` refuses a value that differs between hosts."""
     return Field(json_schema_extra={"cluster": True}, **kw)
+
+
+class KnownBadBaseline(BaseModel):
+    """One entry of the catalogue ``known_bad_baselines``: a rank matching every condition it
+    names is refused with ``reason`` (sparkrig/baseline.py ``known_bad``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason: str = Field(min_length=1)
+    source: str = Field(pattern=r"^https?://\S+$")  # the thread the fact was taken from
+    kernel: str | None = None  # regex on the kernel release
+    driver: str | None = None  # regex on the NVIDIA driver version
+    driver_below: str | None = Field(default=None, pattern=r"^\d+(\.\d+)*$")
+    nic_fw: str | None = None  # regex on the fabric NIC's firmware version
+    base_image: str | None = None  # regex on the base_image reference
+    kho_active: bool | None = None  # kexec handover on in the running kernel
+
+    @field_validator("kernel", "driver", "nic_fw", "base_image")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as err:
+                raise ValueError(f"not a regular expression: {value!r} ({err})") from None
+        return value
+
+    @model_validator(mode="after")
+    def _names_a_condition(self) -> KnownBadBaseline:
+        conditions = ("kernel", "driver", "driver_below", "nic_fw", "base_image", "kho_active")
+        if all(getattr(self, c) is None for c in conditions):
+            raise ValueError(f"names no condition (one of {', '.join(conditions)})")
+        return self
 
 
 class Knobs(BaseModel):
@@ -129,6 +169,12 @@ class Knobs(BaseModel):
     pair_token_rotate: bool = _cluster()
     purge_weights: bool = _cluster()
     keep_releases: int = _cluster(ge=1, le=10)
+    hold_baseline: bool
+    accept_baseline: bool
+    baseline_mismatch_ok: bool = _cluster()
+    baseline_known_bad_ok: bool
+    kho_off: bool
+    known_bad_baselines: list[KnownBadBaseline] = _cluster()
 
     @field_validator("model_revision", "drafter_revision")
     @classmethod

@@ -13,12 +13,14 @@ from pyinfra.api.exceptions import FactProcessError
 from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
 from sparkhost.wedge import Probe, parse_probe, probe_file
 
+from sparkrig.baseline import BaselineReport, describe, drift, parse_baseline
+from sparkrig.baseline import script as baseline_script
 from sparkrig.busbw import figure_text
 from sparkrig.fabric import gid_table_command
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.paths import revision_dir
 from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value
-from sparkrig.release import parse_record, record_path
+from sparkrig.release import RECORD, Release, parse_record, record_path
 from sparkrig.serving import rank_serve_args
 from sparkrig.settings import Settings
 
@@ -49,9 +51,12 @@ echo "gpu_sm_mhz=$(nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounit
 c=$(sed -n 's/^ *"commit": *"\\([0-9a-f]*\\)".*/\\1/p' {lock} 2>/dev/null)
 echo "weights_commit=${{c%%[!0-9a-f]*}}"
 echo "weights_verified=$(stat -c %Y {stamps} 2>/dev/null)"
-echo "release_record=$(tr -d '\n' < {record} 2>/dev/null)"
+( {baseline}
+) | sed 's/^/bl./'
+echo "release_record=$(tr -d '\\n' < {record} 2>/dev/null)"
 echo '{end}'
 """
+BASELINE_PREFIX = "bl."  # the host baseline's lines (sparkrig/baseline.py), inside this read
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,9 @@ class RankState:
     probe: Probe | None = None  # the watchdog's last probe (files/sparkhost/wedge.py)
     gpu_clock_unit: str = ""  # ActiveState of sparkrig-gpu-clock.service (knob gpu_clock_max_mhz)
     gpu_sm_mhz: int | None = None  # the SM clock now, when nvidia-smi reports one
+    baseline: BaselineReport | None = None  # None: the read had no baseline lines
+    recorded: tuple[tuple[str, str], ...] = ()  # the baseline the serving release passed on
+    record_error: str = ""
 
 
 def _int(raw: dict[str, str], key: str) -> int | None:
@@ -114,9 +122,23 @@ def _budget(helper: str, text: str) -> Budget:
         raise FactProcessError(f"rank status: {helper}'s restart budget: {err}") from None
 
 
+def _serving_release(record: str) -> tuple[Release | None, str]:
+    """The newest release in release.json's text (None when absent or unreadable) and why it
+    is unreadable ('' when it is not): status shows its figure and judges its baseline."""
+    try:
+        releases = parse_record(record) if record else ()
+    except ValueError as err:
+        return None, f"{RECORD} is unreadable ({err})"
+    return (releases[0] if releases else None), ""
+
+
 def parse_rank_state(lines: list[str]) -> RankState:
+    ours = [x[len(BASELINE_PREFIX) :] for x in lines if x.startswith(BASELINE_PREFIX)]
+    lines = [x for x in lines if not x.startswith(BASELINE_PREFIX)]
+    baseline = parse_baseline(ours) if ours else None
     table = [x for x in lines if x.startswith(GID_LINE_PREFIX)]
     raw = parse_key_values([x for x in lines if not x.startswith(GID_LINE_PREFIX)], "rank status")
+    serving, record_error = _serving_release(raw.get("release_record", ""))
     try:
         gids = tuple(parse_gid_lines(table))
     except ValueError as err:
@@ -147,18 +169,11 @@ def parse_rank_state(lines: list[str]) -> RankState:
         budgets=budgets,
         weights_commit=raw.get("weights_commit", ""),
         weights_verified=_int(raw, "weights_verified") or 0,
-        fabric=_serving_fabric(raw.get("release_record", "")),
+        fabric=serving.fabric if serving is not None else (),
+        baseline=baseline,
+        recorded=serving.baseline if serving is not None else (),
+        record_error=record_error,
     )
-
-
-def _serving_fabric(record: str) -> tuple[tuple[str, Any], ...]:
-    """The newest release's figure in release.json; none when absent or unreadable (status
-    shows the figure; the deploy is what judges the record)."""
-    try:
-        releases = parse_record(record) if record else ()
-    except ValueError:
-        return ()
-    return releases[0].fabric if releases else ()
 
 
 class RankStatus(FactBase[RankState]):
@@ -177,6 +192,7 @@ class RankStatus(FactBase[RankState]):
         stamps: str,
         run_dir: str,
         record: str,
+        roce_device: str = "",
     ) -> StringCommand:
         q = shlex.quote
         script = _SCRIPT.format(
@@ -192,6 +208,7 @@ class RankStatus(FactBase[RankState]):
             run_dir=q(run_dir),
             record=q(record),
             probe_file=q(probe_file(run_dir)),
+            baseline=baseline_script(iface, roce_device or None),
         )
         return StringCommand("sh", "-c", QuoteString(script))
 
@@ -211,6 +228,7 @@ def fact_args(s: Settings, env_file: str, gid_file: str, run_dir: str) -> dict[s
         "stamps": revision_dir(k.weights_dir, "model", k.model_revision) + ".stamps.json",
         "run_dir": run_dir,
         "record": record_path(k.config_dir),
+        "roce_device": s.me.roce_device or "",
     }
 
 
@@ -269,6 +287,32 @@ def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
             f"{floor / 1024**2:.1f} GiB: the rank would refuse to start (sparkrig-prep lists "
             "what holds the memory)"
         )
+    return out
+
+
+def baseline_line(st: RankState) -> str:
+    """The rank's baseline, and what moved since the gates passed on the recorded one."""
+    if st.baseline is None:
+        return "baseline: not read"
+    moved = drift(dict(st.recorded), st.baseline)
+    since = (
+        f"moved since the gates passed: {'; '.join(moved)}"
+        if moved
+        else ("as recorded when the gates passed" if st.recorded else "none recorded yet")
+    )
+    return f"baseline: {describe(st.baseline)} | {since}"
+
+
+def baseline_problems(st: RankState) -> list[str]:
+    """A baseline that moved since the gates passed on it: the pair was not proven on it."""
+    out = [st.record_error] if st.record_error else []
+    if st.baseline is not None and st.recorded:
+        moved = drift(dict(st.recorded), st.baseline)
+        if moved:
+            out.append(
+                f"baseline moved since the gates passed ({'; '.join(moved)}): run the deploy, "
+                "whose gates prove and record it"
+            )
     return out
 
 

@@ -2,9 +2,9 @@
 command reaches a host), report each node, and refuse a host that cannot be converged before
 anything on it changes."""
 
-from pyinfra import host, inventory, logger
+from pyinfra import host, inventory, logger, state
 
-from sparkrig import hoststate
+from sparkrig import baseline, hoststate
 from sparkrig.failing import refuse
 from sparkrig.pairsecret import api_key, pair_secret
 from sparkrig.preflight import describe, problems, warnings
@@ -51,6 +51,28 @@ complete = all(complete_here(art) for art in artifacts(settings))
 found = problems(settings, node, peers, weights_complete=complete)
 found += [secret.problem] if secret.problem else []
 found += [api.problem] if api is not None and api.problem else []
+
+# The host baseline (sparkrig/baseline.py): every rank of the run on one kernel, driver and NIC
+# firmware, none on a known-bad combination. Each rank's read is shared: no command more.
+everyone = for_inventory(inventory)
+in_run = [r for r in settings.ranks if state.is_host_in_limit(inventory.get_host(r.name))]
+mine = hoststate.read(settings).baseline
+logger.info(f"{host.print_prefix}baseline: {baseline.describe(mine)}")
+ranks = {r.name: hoststate.read(everyone[r.name]).baseline for r in in_run}
+table = baseline.mismatch(ranks, [r.name for r in in_run])
+if table and not settings.knobs.baseline_mismatch_ok:
+    found.append(table)
+elif table:
+    logger.warning(f"{host.print_prefix}{table} (accepted: baseline_mismatch_ok)")
+if not settings.knobs.baseline_known_bad_ok:
+    found += baseline.known_bad(settings, mine)
+recorded = hoststate.read(settings).release.serving
+moved = baseline.drift(dict(recorded.baseline), mine) if recorded is not None else []
+if moved:
+    logger.warning(
+        f"{host.print_prefix}baseline moved since the gates last passed: {'; '.join(moved)} "
+        "(recorded again once the gates pass on it)"
+    )
 
 # weights_verify = "full" re-hashes ~181 GiB through the page cache: never beside a serving rank
 # (REFERENCE §1.3: hard power-offs while sha256sum flooded the page cache; §5.2).

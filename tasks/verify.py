@@ -7,6 +7,8 @@ pruned only after the gates passed.
 Every operation exists on every host (acting only where its condition holds), so all hosts share
 one sequence and the per-operation barrier keeps the prune behind the gates."""
 
+from dataclasses import replace
+
 from pyinfra import host, inventory, state
 
 from sparkrig import hoststate
@@ -79,10 +81,11 @@ roll_back(settings, release_change, record, boot, gates)
 # Under --limit worker nothing proves the pair healthy, so nothing is recorded or pruned.
 head_in_run = inventory.get_host(settings.head.name) in state.activated_hosts
 kept = history(wanted(settings), record.releases, knobs.keep_releases)
+baseline_now = hoststate.read(settings).baseline  # recorded with the release: gates passed on it
 record_stamped(
     name="Record the release that passed the gates",
     path=record_path(knobs.config_dir),
-    release=wanted(settings),
+    release=replace(wanted(settings), baseline=tuple(sorted(baseline_now.fields().items()))),
     files=release_files(settings),
     keep=knobs.keep_releases,
     fabric=smoke_figures().figure_of(host.name),

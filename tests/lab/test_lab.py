@@ -254,6 +254,39 @@ def test_second_run_changes_nothing_and_restarts_nothing(lab: Lab):
     assert after == before
 
 
+FAKE_RELEASE = "7.0.0-1019-nvidia"
+
+
+def test_a_rank_on_another_kernel_release_is_refused_before_any_change(lab: Lab):
+    """The worker's kernel release faked through the baseline read only: a file bind-mounted
+    over /proc/sys/kernel/osrelease (what the baseline reads) while uname(2), the node report and
+    everything else still see Debian's kernel. Refused on every rank with the table, nothing
+    changed, nothing restarted; unmounted, the next run changes nothing (docs/baseline.md)."""
+    worker = lab.workers[0]
+    real = worker.sh("uname -r").strip()
+    fake = "/run/sparkrig-lab-osrelease"
+    before = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
+    holds = {g.name: g.sh("apt-mark showhold") for g in lab.guests}
+    worker.sh(f"echo {FAKE_RELEASE} > {fake} && mount --bind {fake} /proc/sys/kernel/osrelease")
+    try:
+        assert worker.sh("cat /proc/sys/kernel/osrelease").strip() == FAKE_RELEASE
+        assert worker.sh("uname -r").strip() == real  # the syscall is not faked
+        r = pyinfra("-y", INV, "deploy.py")
+        assert r.rc != 0
+        assert "the ranks differ on kernel" in r.output, r.output[-4000:]
+        rows = [line.split() for line in r.output.splitlines() if FAKE_RELEASE in line]
+        assert any(row[:1] == ["1"] and worker.name in row for row in rows), rows
+        assert any(real in line for line in r.output.splitlines() if line.strip().startswith("0"))
+    finally:
+        worker.sh(f"umount /proc/sys/kernel/osrelease; rm -f {fake}", check=False)
+    after = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
+    assert after == before
+    assert {g.name: g.sh("apt-mark showhold") for g in lab.guests} == holds
+    r = pyinfra("-y", "--json", INV, "deploy.py")
+    assert r.rc == 0, r.output[-4000:]
+    assert changed_ops(r.stdout) == {}
+
+
 def test_the_old_layouts_programs_are_removed_and_nothing_restarts(lab: Lab):
     """A rank converged before the host package still holds bin/sparkrig-{prep,fetch,pair} and
     sparkrig_gate.py under /opt/sparkrig: --dry names their removal and leaves them, -y removes

@@ -26,6 +26,7 @@ DOMAINS = {
     "release",  # release record, keep/restore, rollback
     "pairsecret",  # the agents' secret and the API key on a rank
     "status",  # status.py's one read per rank
+    "baseline",  # kernel, driver, NIC firmware, BIOS, packages: read, compared, held, kho=off
 }
 # cross-cutting modules and the one fact or operation each exists for
 CROSS_CUTTING = {
