@@ -47,7 +47,8 @@ test: deps check
 # session".
 LAB_CI := dgx_os_network_stack or bad_inventory or dry_diff or first_converge or \
 	converged_hosts_verify or weights_came or four_gates or api_needs or second_run or \
-	another_kernel_release or claimed_fabric or dead_worker or stopping_the_head or firmware_reset or \
+	another_kernel_release or claimed_fabric or dead_worker or long_prefill or wedged_engine or \
+	stopping_the_head or firmware_reset or \
 	limit_worker_repairs or reboot_a or reboot_b or reboot_c or reboot_d or after_every or \
 	chaos_sample
 
