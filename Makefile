@@ -48,14 +48,17 @@ test: deps check
 # a bad inventory reaching no host, --dry --diff, the first converge and what it must leave
 # (verify, weights, gates, API key), the no-op second run, a claimed fabric NIC, a dead worker, the
 # operator's stop, the firmware reset, the --limit worker repair, reboot orders (a) (with a moved
-# GID index), (b), (c), (d) and the deploy after them changing nothing. Only in `make lab-test`:
+# GID index), (b), (c), (d) and the deploy after them changing nothing; then the chaos sample
+# (issue 27: three faults from a fixed seed, one of them docker's). Only in `make lab-test`:
 # --limit worker leaving the head alone, the old layout's programs, the second operator, rollback
 # and uninstall (about 17 more minutes of lab). Measured: docs/lab.md, "The whole suite, seventh
 # session".
 LAB_CI := dgx_os_network_stack or bad_inventory or dry_diff or first_converge or \
 	converged_hosts_verify or weights_came or four_gates or api_needs or second_run or \
-	claimed_fabric or dead_worker or stopping_the_head or firmware_reset or \
-	limit_worker_repairs or reboot_a or reboot_b or reboot_c or reboot_d or after_every
+	another_kernel_release or claimed_fabric or dead_worker or long_prefill or wedged_engine or \
+	stopping_the_head or firmware_reset or \
+	limit_worker_repairs or reboot_a or reboot_b or reboot_c or reboot_d or after_every or \
+	chaos_sample
 
 # Each requirements set installed into a fresh venv exactly as scripts/install-deps.sh does, and
 # the README's control-side commands run from a fresh clone (minutes; needs the package index).

@@ -11,6 +11,7 @@ refuse_unordered_run()  # --serial / --no-wait break worker-before-head: refused
 index_deploy_files()  # pyinfra orders operations by their stack: make that a lookup per frame
 local.include("tasks/preflight.py")
 local.include("tasks/release.py")
+local.include("tasks/baseline.py")
 local.include("tasks/host.py")
 local.include("tasks/fabric.py")
 local.include("tasks/weights.py")

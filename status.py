@@ -7,8 +7,9 @@ last written, and MemFree. The head adds the four serving gates (the gate script
 changes nothing). A rank with anything off fails alone with a message naming it, so the run exits
 non-zero; `--limit worker` reads the workers alone. Nothing on a host changes, ever: the only
 command that is not a read is `printf ... >&2; exit 1`. The head adds the restarts its supervisor
-and watchdog used in their windows (they write their budget to /run/sparkrig), and MemFree is
-judged against the start gate's floor when a rank is down."""
+and watchdog used in their windows (they write their budget to /run/sparkrig) and the watchdog's
+last probe (sparkhost.wedge), and MemFree is judged against the start gate's floor when a rank is
+down."""
 
 import shlex
 import time
@@ -16,33 +17,51 @@ import time
 from pyinfra import host, logger
 from pyinfra.facts.server import Command
 
-from sparkrig.failhost import refuse
+from sparkrig.failing import refuse
 from sparkrig.gates import gate_command, gates_passed, parse_gate_lines
 from sparkrig.image import serving_image
 from sparkrig.paths import paths
 from sparkrig.serving import api_key_file
 from sparkrig.settings import current
-from sparkrig.status import RankStatus, budget_line, budget_problems, fact_args, line, problems
+from sparkrig.status import (
+    RankStatus,
+    baseline_line,
+    baseline_problems,
+    budget_line,
+    budget_problems,
+    fact_args,
+    line,
+    probe_line,
+    problems,
+)
 
-s = current()
-p = paths(s)
-state = host.get_fact(RankStatus, **fact_args(s, p["env_file"], p["gid_env"], p["run_dir"]))
+settings = current()
+host_paths = paths(settings)
+state = host.get_fact(
+    RankStatus,
+    **fact_args(settings, host_paths["env_file"], host_paths["gid_env"], host_paths["run_dir"]),
+)
 now = time.time()
 age = now - state.weights_verified
 verified = f"{age / 3600:.1f} h ago" if state.weights_verified else "never"
-off = problems(s, state, serving_image(s))
-logger.info(f"{host.print_prefix}{line(s, state, verified)}")
+off = problems(settings, state, serving_image(settings))
+logger.info(f"{host.print_prefix}{line(settings, state, verified)}")
+logger.info(f"{host.print_prefix}rank{settings.me.rank} {baseline_line(state)}")
+off += baseline_problems(state)
 
-if s.me.is_head:
-    k = s.knobs
-    command = gate_command(k.install_dir, k.api_port, k.served_model_name, key_file=api_key_file(s))
+if settings.me.is_head:
+    knobs = settings.knobs
+    command = gate_command(
+        knobs.install_dir, knobs.api_port, knobs.served_model_name, key_file=api_key_file(settings)
+    )
     output = host.get_fact(Command, command=shlex.join(command) + " 2>&1 || true") or ""
     results = parse_gate_lines(output)
     report = "; ".join(f"{r.gate} {'ok' if r.ok else 'FAILED'}" for r in results)
     logger.info(f"{host.print_prefix}pair gates: {report or 'no answer'}")
     if not (results and gates_passed(results)):
         off.append(f"serving gates: {report or 'no answer from the gate script'}")
-    logger.info(f"{host.print_prefix}pair helpers: {budget_line(state, k.watchdog, now)}")
+    helpers = budget_line(state, knobs.watchdog, now) + probe_line(state, knobs.watchdog, now)
+    logger.info(f"{host.print_prefix}pair helpers: {helpers}")
     off += budget_problems(state, now)
 
 refuse(

@@ -2,7 +2,8 @@
 
 The pair stops in order (the head's supervisor and watchdog first, so nothing restarts it, then
 the head, then the workers, as the README's stop order says). Then everything sparkrig owns goes:
-its units, env and secret files, lockfiles, the sysctl.d file, the fabric netplan file (then the
+its units, env and secret files, lockfiles, the sysctl.d file, the kho=off GRUB drop-in (then
+update-grub; the baseline's package holds stay), the fabric netplan file (then the
 fabric profiles are generated and reloaded the way tasks/fabric.py applies them, so
 NetworkManager drops sparkrig's connection and the NIC is unconfigured again), the helper programs
 under install_dir, the JIT caches and the image transfer directory, every image of image_repo and
@@ -13,18 +14,19 @@ to move back. Live sysctl values stay until the next boot. A deploy afterwards c
 from pyinfra import host, logger
 from pyinfra.operations import files, server, systemd
 
+from sparkrig.baseline import GRUB_DROPIN
 from sparkrig.fabric import DISPLACED_DIR
-from sparkrig.host import SYSCTL_FILE
 from sparkrig.image import ImageState, patched_tag, prune_commands, prune_old_images
+from sparkrig.node import SYSCTL_FILE
 from sparkrig.ordering import on_head, on_workers
 from sparkrig.paths import paths
 from sparkrig.release import PREV
 from sparkrig.settings import current
 
-s = current()
-k = s.knobs
-p = paths(s)
-is_head = s.me.is_head
+settings = current()
+knobs = settings.knobs
+host_paths = paths(settings)
+is_head = settings.me.is_head
 
 # Every operation exists on every host (acting only where its condition holds), so the
 # per-operation barrier orders the stop across hosts: helpers, head, workers.
@@ -41,7 +43,7 @@ on_head(
     is_head,
     systemd.service,
     name="Stop the head rank (the workers follow)",
-    service=s.unit_name,
+    service=settings.unit_name,
     running=False,
     enabled=False,
 )
@@ -49,7 +51,7 @@ on_workers(
     is_head,
     systemd.service,
     name="Stop the worker ranks",
-    service=s.unit_name,
+    service=settings.unit_name,
     running=False,
     enabled=False,
 )
@@ -57,8 +59,15 @@ for helper in host.loop(["sparkrig-pair", "sparkrig-agent"]):
     systemd.service(name="Stop the stop-together watch and the agent", service=helper,
                     running=False, enabled=False)  # fmt: skip
 
-units = [p[u] for u in ("rank_unit", "pair_unit", "agent_unit", "supervisor_unit", "watchdog_unit")]
-units.append(p["rank_unit"] + PREV)  # the previous release's unit, kept by an upgrade
+systemd.service(name="Stop the GPU clock lock (its stop resets the clocks)",
+                service="sparkrig-gpu-clock", running=False, enabled=False)  # fmt: skip
+
+units = [
+    host_paths[u]
+    for u in ("rank_unit", "pair_unit", "agent_unit", "supervisor_unit", "watchdog_unit")
+]
+units.append(host_paths["gpu_clock_unit"])
+units.append(host_paths["rank_unit"] + PREV)  # the previous release's unit, kept by an upgrade
 removed = [
     files.file(name="Remove the sparkrig units", path=unit, present=False)
     for unit in host.loop(units)
@@ -73,8 +82,16 @@ server.shell(
 
 files.file(name="Remove the sparkrig sysctl file", path=SYSCTL_FILE,
            present=False)  # fmt: skip
+# kho=off stays on the running command line until the next boot; the package holds stay (release
+# them first with `deploy.py --data accept_baseline=True`: sparkrig/baseline.py, docs/baseline.md)
+grub = files.file(name="Remove the kho=off GRUB drop-in", path=GRUB_DROPIN, present=False)
+server.shell(
+    name="Regenerate the GRUB menu without the drop-in (next boot)",
+    commands=["update-grub"],
+    _if=grub.did_change,
+)
 netplan = files.file(
-    name="Remove the fabric netplan file", path=k.fabric_netplan_file, present=False
+    name="Remove the fabric netplan file", path=knobs.fabric_netplan_file, present=False
 )
 # As tasks/fabric.py applies it (never `netplan apply`): render, let NetworkManager re-read; the
 # fabric's netplan profile is gone, and deleting an active profile takes its device down (an active
@@ -86,26 +103,32 @@ server.shell(
 )
 
 prune_old_images(
-    name="Remove every image of the sparkrig image repository", image_repo=k.image_repo, keep=[]
+    name="Remove every image of the sparkrig image repository", image_repo=knobs.image_repo, keep=[]
 )
 # The head pulled the base by its digest: that reference keeps it after its local tag is gone.
-assert k.base_image is not None  # settings refuse a missing base_image
-base = k.base_image
-tag = patched_tag(base, k.image_skip_patches)
-pulled = host.get_fact(ImageState, image_repo=k.image_repo, base_image=base, tag=tag).ref
+assert knobs.base_image is not None  # settings refuse a missing base_image
+base = knobs.base_image
+tag = patched_tag(base, knobs.image_skip_patches)
+pulled = host.get_fact(ImageState, image_repo=knobs.image_repo, base_image=base, tag=tag).ref
 server.shell(
     name="Remove the base image pulled by its digest",
     commands=prune_commands([base], keep=[]),
     _if=lambda: pulled is not None,
 )
 
-gone = [k.config_dir, k.install_dir, k.cache_dir, k.image_transfer_dir, p["run_dir"]]
-if k.purge_weights:
-    gone.append(k.weights_dir)
+gone = [
+    knobs.config_dir,
+    knobs.install_dir,
+    knobs.cache_dir,
+    knobs.image_transfer_dir,
+    host_paths["run_dir"],
+]
+if knobs.purge_weights:
+    gone.append(knobs.weights_dir)
 for directory in host.loop(gone):
     files.directory(name="Remove the sparkrig directories", path=directory, present=False)
-if not k.purge_weights:
+if not knobs.purge_weights:
     logger.info(
-        f"{host.print_prefix}weights kept in {k.weights_dir} (purge_weights=True removes them)"
+        f"{host.print_prefix}weights kept in {knobs.weights_dir} (purge_weights=True removes them)"
     )
 logger.info(f"{host.print_prefix}kept: {DISPLACED_DIR}, what fabric_takeover moved aside")

@@ -3,7 +3,8 @@ output bytes go invalid.
 
 GLM-5.3's byte-level BPE spells most kanji as a 2-byte fragment plus a 1-byte continuation
 (測 = e6b8 + ac); the served model sometimes emits the fragment and skips the continuation, which
-decodes as U+FFFD (REFERENCE §2.5, seed 000). This processor masks, at every step and per request:
+decodes as U+FFFD (seed 000, the Classmethod article). This processor masks, at every step and
+per request:
 
 - after a token that ends mid-character: every token that does not start with the missing
   continuation byte(s) (an exact UTF-8 automaton, so E0/ED/F0/F4 second-byte ranges are honoured);
@@ -25,8 +26,8 @@ per draft token would need the drafts' states), so the guard profile runs withou
 Which runner: vLLM 0.33 picks Model Runner V2 unless VLLM_USE_V2_MODEL_RUNNER=0 or a feature V2
 lacks is configured (none of sparkrig's profiles configures one: config/vllm.py
 ``_get_v2_model_runner_unsupported_features``), so every profile, the guard included, runs on V2
-there. The default image's vLLM is an older dev build (REFERENCE §6.2); the class subclasses both
-interfaces, so the same FQCN loads on whichever runner that build picks.
+there. The default image's vLLM is an older dev build (docs/sources.md, "Image"); the class
+subclasses both interfaces, so the same FQCN loads on whichever runner that build picks.
 
 The tokenizer is read from ``$SPARKRIG_UTF8_GUARD_TOKENIZER`` (a tokenizer.json path or a directory
 holding one) or else from ``vllm_config.model_config.tokenizer`` (the mounted model directory).

@@ -31,6 +31,7 @@ swappiness = 0  # vm.swappiness; 0 keeps the engine's pages out of swap
 min_free_kbytes = None  # vm.min_free_kbytes to pin on every node; None: only check they are equal
 memfree_min_gib = None  # start gate MemFree floor, GiB; None: util x MemTotal + margin (vLLM)
 memfree_margin_gib = 1.5  # GiB above gpu_memory_utilization x MemTotal when the floor is derived
+gpu_clock_max_mhz = None  # cap the GPU clock (nvidia-smi -lgc 0,<MHz>) at every boot; None: off
 memfree_wait_s = 120  # how long the start gate keeps dropping caches before refusing to start
 fabric_wait_s = 300  # start gate: wait this long for fabric carrier, address and RoCE GID (polled)
 
@@ -71,14 +72,53 @@ extra_serve_args = []  # appended to the vllm serve command line of every rank
 ready_timeout_s = 3600  # how long the deploy waits for the head's /health
 nccl_smoke = True  # all-reduce in the serving image before each pair (re)start; must use IB/RoCE
 nccl_smoke_timeout_s = 300  # rendezvous + all-reduce limit of the smoke test
+nccl_smoke_bytes = 268435456  # 256 MiB per timed all-reduce, nccl-tests' plateau (docs/fabric.md)
+nccl_smoke_warmup = 5  # untimed all-reduces before the timed ones (nccl-tests' default -w)
+nccl_smoke_iters = 20  # timed all-reduces; their mean time gives busbw (nccl-tests' default -n)
+# The smoke test's all-reduce bus bandwidth floor, nccl-tests' busbw (docs/fabric.md "Bandwidth
+# floor"). Published: one RDMA function of the QSFP port 11.6-12.8 GB/s (himorishige/glm53-flash-
+# 2x-dgx-spark-recipe README; MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#172), both functions
+# 20.4-23.7 (MiaAI #118, #172; dgx-spark-playbooks#103), MTU 1500 1.5 (himorishige). Our env
+# file names ONE function (NCCL_IB_HCA, NCCL_IB_MERGE_NICS=0), so a healthy pair measures ~12:
+# a floor between one and both functions (16) would fail every deploy. 8 (2/3 of one function)
+# fails MTU 1500, a 13 Gb/s link (1.6), a dev NCCL build (3.04, #103), a function at half width;
+# raise it to 16 once NCCL_IB_HCA names both functions: that catches one of them down (12.8/20.9).
+fabric_busbw_min_gbs = 8.0  # GB/s; the smoke test fails below it (0: no floor)
 supervisor_max_restarts = 3  # head: ordered restarts of a pair that went down by itself, per window
 supervisor_window_s = 21600  # the supervisor's restart budget window (6 h); then a human decides
-watchdog = False  # opt-in: probe with a real completion and restart both ranks on failure
+watchdog = True  # head: restart the pair in order when the engine is wedged (/health can lie)
 watchdog_grace_s = 3600  # no probing this long after a start; >= ready_timeout_s (cold boot)
 watchdog_interval_s = 60  # seconds between probes
-watchdog_fails = 3  # consecutive failed completions before the pair restarts
+watchdog_fails = 3  # consecutive failed canary completions (idle engine) before the pair restarts
+watchdog_stall_s = 300  # requests in flight and nothing in /metrics moved this long: a wedge
 watchdog_max_restarts = 3  # restarts allowed per window; then the pair is left down for a human
 watchdog_window_s = 21600  # the restart budget's window (6 h)
 agent_port = 29601  # worker agent on the fabric: starts the worker rank when the head asks
 pair_token_file = ".sparkrig/pair-token"  # control side: agents' secret used when no rank holds one
 pair_token_rotate = False  # True for one run: a new agents' secret on every rank, helpers restarted
+
+# --- host baseline (sparkrig/baseline.py, docs/baseline.md) ----------------------------------
+hold_baseline = True  # apt-mark hold the running kernel and NVIDIA driver packages
+accept_baseline = False  # True for one run: release that hold for a planned kernel/driver upgrade
+baseline_mismatch_ok = False  # True: converge ranks that differ on kernel, driver or NIC firmware
+baseline_known_bad_ok = False  # True: converge a rank that matches known_bad_baselines
+kho_off = True  # a kernel with kexec handover built in boots with kho=off (GRUB drop-in)
+# A rank matching every condition of an entry is refused with its reason. Conditions: kernel,
+# driver, nic_fw, base_image (regexes), driver_below (a version), kho_active (docs/baseline.md).
+known_bad_baselines = [  # known-bad combinations, each with its reason and source thread
+    {
+        "kho_active": True,
+        "reason": (
+            "kexec handover is on (the 7.0 kernels enable it by default, e.g. 7.0.0-1019-nvidia): "
+            "its ~9.3 GiB of scratch pageblocks cannot be pinned long-term, so NCCL's memory "
+            "registration fails (ibv_reg_mr_iova2: Cannot allocate memory); 6.17 kernels work. "
+            "Boot with kho=off: sparkrig writes /etc/default/grub.d/90-sparkrig-kho.cfg once "
+            "this check passes, so add it by hand now (docs/baseline.md), update-grub, reboot"
+        ),
+        "source": "https://github.com/MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks/issues/14",
+    },
+    # A base image built for a newer driver than the ranks run fails at start ("This container
+    # was built for NVIDIA Driver Release 590.48 or later, but version 580.159.03 was detected",
+    # https://github.com/eugr/spark-vllm-docker/issues/266). Pin such an image, then add e.g.:
+    # {"base_image": r"^registry/repo@", "driver_below": "590.48", "reason": ..., "source": ...},
+]

@@ -254,6 +254,8 @@ def up(n_hosts: int, smp: int) -> None:
     state["image"] = f"{state['registry']}/{image.IMAGE_NAME}@{digest}"
     failing = image.failing_digest(STATE_DIR / "registry")
     state["image_failing"] = f"{state['registry']}/{image.IMAGE_NAME}@{failing}"
+    slow = image.slow_digest(STATE_DIR / "registry")  # 30% slower: the bench gate's lab test
+    state["image_slow"] = f"{state['registry']}/{image.IMAGE_NAME}@{slow}"
     start_server(
         state,
         "registry",

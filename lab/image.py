@@ -18,11 +18,19 @@ from lab import CACHE_DIR, LAB_DIR
 
 RECIPE = LAB_DIR / "build-image.sh"
 STANDIN_SRC = LAB_DIR / "standin_vllm.py"
+STANDIN_ENGINE = LAB_DIR / "standin_engine.py"  # the stand-in's timed engine, shipped beside it
 STANDIN_FLAGS = LAB_DIR / "vllm-flags.txt"  # pinned vLLM's serve flags; the stand-in refuses others
 IMAGE_NAME = "glm53-standin"
 IMAGE_TAG = "lab"
 FAILING_TAG = "lab-failing"  # the same stand-in whose math gate fails (an upgrade that rolls back)
 FAILING_ENV = "STANDIN_FAIL_GATES=math"
+SLOW_TAG = "lab-slow"  # the same stand-in, decode and prefill 30% slower (a bench gate refuses)
+SLOW_ENV = "STANDIN_SPEED=0.7"
+# every variant prefills at a real pair's long-prompt rate: "Prefill is flat at 1,391-1,510 tok/s
+# all the way to 200K ... a 200K token prompt, the first character takes 139.2 seconds" (seed 000,
+# Classmethod's two-Spark GLM-5.3-Flash measurements). A 200K-token prompt then holds the head
+# longer than the lab's watchdog_stall_s, as on a pair (tests/lab: a long prefill is no wedge).
+PREFILL_ENV = "STANDIN_PREFILL_TOK_S=1450"
 # what the stand-in image holds: python3 and what it needs at run time, plus a shell
 STANDIN_ROOTS = [
     "python3",
@@ -174,7 +182,7 @@ def build_standin(base: Path, registry_root: Path) -> str:
     and a /usr/local/bin/vllm wrapper. Deterministic: same inputs, same digest."""
     rootfs = base / "rootfs"
     src = STANDIN_SRC.read_bytes() if STANDIN_SRC.exists() else PLACEHOLDER.encode()
-    flags = STANDIN_FLAGS.read_bytes()
+    flags = STANDIN_FLAGS.read_bytes() + b"\0" + STANDIN_ENGINE.read_bytes()
     key = hashlib.sha256(src + flags + base.name.encode() + Path(__file__).read_bytes()).hexdigest()
     key = key[:16]
     cache = base / f"standin-{key}"
@@ -195,7 +203,15 @@ def failing_digest(registry_root: Path) -> str:
     return ref.read_text().strip()
 
 
-def _build_layer(rootfs: Path, src: bytes, cache: Path, flags: bytes) -> None:
+def slow_digest(registry_root: Path) -> str:
+    """The slow variant's manifest digest (STANDIN_SPEED=0.7), in the registry build_standin
+    wrote."""
+    ref = registry_root / "manifests" / IMAGE_NAME / f"{SLOW_TAG}.digest"
+    return ref.read_text().strip()
+
+
+def _build_layer(rootfs: Path, src: bytes, cache: Path, flags_and_engine: bytes) -> None:
+    flags, _, engine_src = flags_and_engine.partition(b"\0")
     tmp = cache.with_name(cache.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     blobs = tmp / "registry" / "blobs"
@@ -210,6 +226,7 @@ def _build_layer(rootfs: Path, src: bytes, cache: Path, flags: bytes) -> None:
             tar.addfile(ti)
         _add_bytes(tar, "opt/standin/standin_vllm.py", src, 0o644)
         _add_bytes(tar, "opt/standin/vllm-flags.txt", flags, 0o644)
+        _add_bytes(tar, "opt/standin/standin_engine.py", engine_src, 0o644)
         wrapper = b'#!/bin/sh\nexec python3 /opt/standin/standin_vllm.py "$@"\n'
         _add_bytes(tar, "usr/local/bin/vllm", wrapper, 0o755)
     layer_tar = raw.getvalue()
@@ -222,12 +239,15 @@ def _build_layer(rootfs: Path, src: bytes, cache: Path, flags: bytes) -> None:
     (blobs / layer_digest).write_bytes(layer)
     mdir = tmp / "registry" / "manifests" / IMAGE_NAME
     mdir.mkdir(parents=True)
-    # the stand-in, and its failing variant (same layer; STANDIN_FAIL_GATES=math in its config,
-    # so its math gate fails: an upgrade to it must roll back, tests/lab test_an_upgrade_...)
+    # the stand-in, its failing variant (same layer; STANDIN_FAIL_GATES=math in its config,
+    # so its math gate fails: an upgrade to it must roll back, tests/lab test_an_upgrade_...) and
+    # its slow variant (STANDIN_SPEED=0.7: every gate passes, the bench figures are 30% lower)
     for tag, env, out in (
         (IMAGE_TAG, [], "digest"),
         (FAILING_TAG, [FAILING_ENV], "digest-failing"),
+        (SLOW_TAG, [SLOW_ENV], "digest-slow"),
     ):
+        env = [PREFILL_ENV, *env]
         digest = _write_image(blobs, mdir, tag, diff_id, layer_digest, len(layer), env)
         (tmp / out).write_text(digest + "\n")
     mib = f"layer {len(layer_tar) >> 20} MiB, gzip {len(layer) >> 20} MiB"

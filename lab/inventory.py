@@ -26,11 +26,12 @@ _knobs = {
     "memfree_min_gib": 0.2,
     "nccl_smoke": False,  # the stand-in image has no torch/NCCL to smoke-test
     "image_skip_patches": ["sm121-topk"],  # ... and no vLLM for the SM121 top-k patch
-    # lab-sized timings (the stand-in boots in seconds); the watchdog stays off, as shipped
+    # lab-sized timings (the stand-in boots in seconds); the watchdog is on, as shipped
     "pair_grace_s": 150,  # a rank's wait for its peers at start: the head's start-gate bound
     "watchdog_grace_s": 180,  # the stand-in boots in about a minute under TCG
     "watchdog_interval_s": 5,
     "watchdog_fails": 3,
+    "watchdog_stall_s": 60,  # tests/lab STALL_S: the wedge is timed against it
     "ready_timeout_s": 180,  # <= watchdog_grace_s (settings.py); the stand-in boots in ~1 min
 }
 # model_repo / model_revision / drafter_* etc.: whatever generated the Hub stand-in's repos put in

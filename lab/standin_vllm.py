@@ -28,6 +28,18 @@ be proven on the lab VMs:
   <key>` (scheme case-insensitive) or gets 401 {"error": "Unauthorized"}; /health, /version etc.
   stay open.
 
+- Answers are timed by lab/standin_engine.py: an exact prefill and decode rate, max_tokens,
+  min_tokens, ignore_eos and stream_options as vLLM 0.33 honours them, real streaming (SSE over
+  chunked transfer), /tokenize, and /metrics with vLLM's own metric names; its knobs (rates, a
+  wedged and a long-prefill mode, the slow variant's speed) are described there.
+- SIGUSR1 wedges the running head (standin_engine.Engine.wedge): /metrics freezes as it is at that
+  moment, /health stays 200, no token comes again; a restarted process starts as configured. In
+  the lab, `docker kill -s USR1 sparkrig-rank0` delivers it: this process is the container's PID 1
+  (the image's `vllm` wrapper execs python3, the rank unit runs no --init) and installs a handler,
+  so PID 1 takes the signal. There is no HTTP mode switch: vLLM has none, and a wedge or a long
+  prefill is driven as it happens on a pair (tests/lab: a request decoding when the signal comes; a
+  200K-token prompt at the lab images' STANDIN_PREFILL_TOK_S, lab/image.py).
+
 Env STANDIN_FAIL_GATES=math (set in the lab's failing image variant): arithmetic answers are
 wrong, so the math gate fails.
 
@@ -52,6 +64,9 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # standin_engine, shipped beside it
+import standin_engine as engine  # noqa: E402
+
 VERSION = "0.0.0+standin"
 
 # The real `vllm serve` options (lab/vllm-flags.txt, extracted from the pinned vLLM's own parser by
@@ -59,6 +74,7 @@ VERSION = "0.0.0+standin"
 FLAGS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm-flags.txt")
 STANDIN_FLAGS = {
     "--standin-delay": "1", "--standin-rendezvous-timeout": "1", "--standin-exit-on-peer-loss": "0",
+    **engine.FLAGS,
 }  # fmt: skip
 
 
@@ -254,38 +270,65 @@ def message_text(messages: Any) -> str:
     return "\n".join(parts)
 
 
-def chat_completion(req: dict[str, Any], served_name: str) -> dict[str, Any]:
-    """Body of a /v1/chat/completions answer (non-streaming)."""
-    messages = req.get("messages") or []
-    text = message_text(messages)
-    tools = req.get("tools") or []
-    choice = req.get("tool_choice")
+class Answer:
+    """What the stand-in's model answers a chat request: tool calls, or text (natural length,
+    before the sampling limits), Japanese or not."""
+
+    def __init__(self, req: dict[str, Any]) -> None:
+        messages = req.get("messages") or []
+        text = message_text(messages)
+        tools = req.get("tools") or []
+        choice = req.get("tool_choice")
+        self.tool_calls: list[dict[str, Any]] | None = None
+        self.japanese = False
+        self.text = ""
+        chosen = None
+        if tools and choice == "required":
+            chosen = tools[0]
+        elif tools and isinstance(choice, dict):
+            want = (choice.get("function") or {}).get("name")
+            chosen = next((t for t in tools if (t.get("function") or {}).get("name") == want), None)
+        if chosen is not None:
+            fn = chosen.get("function") or {}
+            self.tool_calls = [
+                {
+                    "id": "chatcmpl-tool-" + uuid.uuid4().hex[:16],
+                    "type": "function",
+                    "function": {
+                        "name": fn.get("name", "tool"),
+                        "arguments": json.dumps(tool_arguments(fn.get("parameters"))),
+                    },
+                }
+            ]
+            self.text = self.tool_calls[0]["function"]["arguments"]
+            return
+        users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+        last = engine.content_text(users[-1].get("content")) if users else ""
+        self.japanese = bool(engine._JAPANESE.search(last))
+        arith = arithmetic_answer(text)
+        recall = engine.recall_answer(messages)
+        if arith is not None:
+            self.text = arith
+        elif recall is not None:
+            self.text = recall
+        elif self.japanese:
+            self.text = engine.JAPANESE
+        else:
+            self.text = engine.PROSE
+
+    @property
+    def natural_tokens(self) -> int:
+        return max(1, len(engine.pieces_of(self.text, self.japanese)))
+
+
+def chat_body(served_name: str, answer: Answer, content: str, finish: str, prompt: int,
+              completion: int) -> dict[str, Any]:  # fmt: skip
     message: dict[str, Any] = {"role": "assistant", "content": None}
-    finish = "stop"
-    chosen = None
-    if tools and choice == "required":
-        chosen = tools[0]
-    elif tools and isinstance(choice, dict):
-        want = (choice.get("function") or {}).get("name")
-        chosen = next((t for t in tools if (t.get("function") or {}).get("name") == want), None)
-    if chosen is not None:
-        fn = chosen.get("function") or {}
-        message["tool_calls"] = [
-            {
-                "id": "chatcmpl-tool-" + uuid.uuid4().hex[:16],
-                "type": "function",
-                "function": {
-                    "name": fn.get("name", "tool"),
-                    "arguments": json.dumps(tool_arguments(fn.get("parameters"))),
-                },
-            }
-        ]
+    if answer.tool_calls is not None:
+        message["tool_calls"] = answer.tool_calls
         finish = "tool_calls"
     else:
-        answer = arithmetic_answer(text)
-        message["content"] = answer if answer is not None else "standin reply: " + text[:200]
-    completion_tokens = len((message["content"] or "x").split())
-    prompt_tokens = max(1, len(text.split()))
+        message["content"] = content
     return {
         "id": "chatcmpl-" + uuid.uuid4().hex,
         "object": "chat.completion",
@@ -293,11 +336,19 @@ def chat_completion(req: dict[str, Any], served_name: str) -> dict[str, Any]:
         "model": served_name,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
         "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
         },
     }
+
+
+def chat_completion(req: dict[str, Any], served_name: str) -> dict[str, Any]:
+    """Body of a /v1/chat/completions answer (non-streaming, untimed)."""
+    answer = Answer(req)
+    n = answer.natural_tokens
+    prompt = engine.prompt_tokens(req.get("messages"))
+    return chat_body(served_name, answer, answer.text, "stop", prompt, n)
 
 
 def text_completion(req: dict[str, Any], served_name: str) -> dict[str, Any]:
@@ -489,11 +540,18 @@ class Api(ThreadingHTTPServer):
     opts: Options
     peers: Peers
     tokens: list[str]
+    engine: engine.Engine
 
 
 class Handler(BaseHTTPRequestHandler):
     server: Api
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        # no Nagle delay between a stream's small writes (uvicorn's asyncio transports set
+        # TCP_NODELAY too): without it the first token waits ~40 ms for the client's delayed ACK
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         log(f'{self.client_address[0]} "{self.requestline}" {args[1] if len(args) > 1 else ""}')
@@ -537,10 +595,14 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"object": "list", "data": [model]})
         elif path == "/version":
             self._send(200, {"version": VERSION})
+        elif path == "/metrics":  # outside /v1: vLLM's key does not guard it
+            text = self.server.engine.metrics().encode()
+            self._send(200, text, "text/plain; version=0.0.4; charset=utf-8")
         else:
             self._error(404, f"no route {path}", "NotFoundError")
 
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        arrival = time.monotonic()
         opts = self.server.opts
         path = self.path.split("?", 1)[0]
         length = int(self.headers.get("Content-Length") or 0)
@@ -554,6 +616,9 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError as exc:
             self._error(400, f"invalid JSON: {exc}", "BadRequestError")
             return
+        if path == "/tokenize":  # outside /v1: vLLM's key does not guard it
+            self._tokenize(req)
+            return
         if path not in ("/v1/chat/completions", "/v1/completions"):
             self._error(404, f"no route {path}", "NotFoundError")
             return
@@ -566,20 +631,80 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/v1/completions":
             self._send(200, text_completion(req, opts.served_name))
             return
-        body = chat_completion(req, opts.served_name)
-        if req.get("stream"):
-            self._stream(body)
-        else:
-            self._send(200, body)
+        try:
+            self._chat(req, arrival)
+        except engine.BadRequest as exc:
+            self._error(400, str(exc), "BadRequestError")
 
-    def _stream(self, body: dict[str, Any]) -> None:
-        msg = body["choices"][0]["message"]
-        delta = {k: v for k, v in msg.items() if v is not None}
-        chunk = {**body, "object": "chat.completion.chunk"}
-        chunk["choices"] = [{"index": 0, "delta": delta,
-                             "finish_reason": body["choices"][0]["finish_reason"]}]  # fmt: skip
-        data = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
-        self._send(200, data, "text/event-stream")
+    def _tokenize(self, req: dict[str, Any]) -> None:
+        if "messages" in req:
+            n = engine.prompt_tokens(req.get("messages"))
+        else:
+            n = engine.count_tokens(str(req.get("prompt") or ""))
+        limit = self.server.engine.knobs.max_model_len
+        self._send(200, {"count": n, "max_model_len": limit, "tokens": list(range(n))})
+
+    def _chat(self, req: dict[str, Any], arrival: float) -> None:
+        eng = self.server.engine
+        answer = Answer(req)
+        prompt = engine.prompt_tokens(req.get("messages"))
+        limit = eng.knobs.max_model_len
+        n, finish = engine.output_length(req, prompt, answer.natural_tokens, limit)
+        if answer.tool_calls is not None:
+            n, finish = answer.natural_tokens, "tool_calls"
+        pieces = engine.generate(answer.text, n, answer.japanese, eng.knobs.fffd_per_10k)
+        if not req.get("stream"):
+            with eng.slot() as admitted:
+                eng.generate(prompt, pieces, lambda *_: None, admitted or arrival)
+            self._send(200, chat_body(eng.served_name, answer, "".join(pieces), finish, prompt, n))
+            return
+        options = req.get("stream_options") or {}
+        usage = bool(options.get("include_usage"))
+        continuous = usage and bool(options.get("continuous_usage_stats"))
+        rid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
+        sent = [0]
+
+        def event(choices: list[dict[str, Any]], done: int | None) -> None:
+            chunk: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk",
+                                     "created": created, "model": eng.served_name,
+                                     "choices": choices}  # fmt: skip
+            if done is not None:
+                chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": done,
+                                  "total_tokens": prompt + done}  # fmt: skip
+            self._write_chunk(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
+
+        def emit(part: list[str], first: bool, last: bool) -> None:
+            if first:
+                role = {"role": "assistant", "content": ""}
+                event([{"index": 0, "delta": role, "logprobs": None, "finish_reason": None}],
+                      0 if continuous else None)  # fmt: skip
+            sent[0] += len(part)
+            if answer.tool_calls is not None:
+                delta: dict[str, Any] = {"tool_calls": [{"index": 0, **answer.tool_calls[0]}]}
+                if not last:
+                    return
+            else:
+                delta = {"content": "".join(part)}
+            choice = {"index": 0, "delta": delta, "logprobs": None,
+                      "finish_reason": finish if last else None}  # fmt: skip
+            event([choice], sent[0] if continuous else None)
+
+        self.send_response(200)  # the headers go out at once, as vLLM's StreamingResponse does
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+        with eng.slot() as admitted:
+            eng.generate(prompt, pieces, emit, admitted or arrival)
+        if usage:
+            event([], n)
+        self._write_chunk(b"data: [DONE]\n\n")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _write_chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -587,6 +712,9 @@ HELP = """usage: vllm serve MODEL_DIR [options]   (sparkrig lab stand-in for vLL
   --host H --port P --served-model-name NAME --nnodes N --node-rank R --headless
   --master-addr A --master-port P   (any flag of the pinned vLLM; others are refused)
   --standin-delay S --standin-rendezvous-timeout S --standin-exit-on-peer-loss
+  --standin-decode-tok-s R --standin-prefill-tok-s R --standin-speed F --standin-tokens-per-chunk K
+  --standin-fffd-per-10k N --standin-mode normal|wedged|long-prefill --standin-wedge-after N
+  --standin-long-prefill-s S   (or the STANDIN_* environment: lab/standin_engine.py)
 """
 
 
@@ -680,6 +808,12 @@ def run_worker(opts: Options, timeout: float) -> int:
 
 
 def run_head(opts: Options, timeout: float) -> int:
+    knobs = engine.knobs_from(
+        opts.get,
+        max_num_seqs=opts.num("--max-num-seqs", engine.DEFAULT_MAX_NUM_SEQS),
+        max_model_len=opts.num("--max-model-len", 262144),
+        batched_tokens=opts.num("--max-num-batched-tokens", engine.DEFAULT_BATCHED_TOKENS),
+    )
     peers = Peers(opts.nnodes - 1)
     exit_on_loss = "--standin-exit-on-peer-loss" in opts.switches
 
@@ -711,6 +845,13 @@ def run_head(opts: Options, timeout: float) -> int:
     port = opts.num("--port", 8000)
     api = Api((host, port), Handler)
     api.opts, api.peers, api.tokens = opts, peers, api_tokens(opts)
+    api.engine = engine.Engine(knobs, opts.served_name)
+    signal.signal(signal.SIGUSR1, lambda *_: api.engine.wedge())
+    k = api.engine.knobs
+    log(
+        f"stand-in engine: decode {k.decode_tok_s:g} tok/s per stream, prefill "
+        f"{k.prefill_tok_s:g} tok/s, {k.tokens_per_chunk} token(s) per chunk, mode {k.mode}"
+    )
     log(f"Starting vLLM API server 0 on http://{host}:{port}")
     log(f"Available routes: /health, /v1/models, /v1/chat/completions (model {opts.served_name})")
     print("INFO:     Application startup complete.", flush=True)

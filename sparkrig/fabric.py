@@ -21,12 +21,12 @@ from pyinfra.facts.server import Command
 from sparkhost import rankenv
 from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
 
-from sparkrig import hoststate
 from sparkrig.factlines import END
-from sparkrig.failhost import fail_host
-from sparkrig.owned import put_text
+from sparkrig.failing import fail_host
+from sparkrig.owned import owned_of, put_text
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
+from sparkrig.stateread import Part, read_here
 
 # where fabric_takeover moves other claims on the fabric NIC (their original path kept below it)
 DISPLACED_DIR = "/var/lib/sparkrig/displaced"
@@ -60,6 +60,11 @@ class RoceGids(FactBase[list[GidEntry]]):
             return parse_gid_lines(output, end=END)
         except ValueError as err:
             raise FactProcessError(str(err)) from None
+
+
+def gids_part() -> Part:
+    """The state read's part of the RoCE GID table."""
+    return Part("gids", RoceGids)
 
 
 def env_context(s: Settings) -> dict[str, Any]:
@@ -183,7 +188,7 @@ def rank_env_file(
     + roce_port: HCA port
     + moved_gid_only: write only a file whose GID index alone moved (else the other way round)
     """
-    entries = list(hoststate.mine("gids").gids)
+    entries: list[GidEntry] = read_here("gids").get("gids", RoceGids)
     try:
         entry = select_gid(entries, fabric_ip, fabric_interface, roce_device, roce_port)
         hca, index = entry.device, str(entry.index)
@@ -198,7 +203,7 @@ def rank_env_file(
         hca = roce_device or "<detected after the fabric address is applied>"
         index = "<detected after the fabric address is applied>"
     text = render(template, **context, hca=hca, gid_index=index)
-    have = hoststate.mine("paths").file(dest)
+    have = owned_of(read_here("paths")).file(dest)
     moved = moved_gid_index(text, index, have.sha256 if have is not None else None)
     if moved is not None and not moved_gid_only:
         host.noop(f"{dest}: only the RoCE GID index moved ({moved} -> {index}), recorded next")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkrig import REPO
+from sparkrig.runscope import Watch, watch
 
 SOURCE = REPO / "files" / "sparkhost"
 PYTHON = "/usr/bin/python3"
@@ -116,13 +117,8 @@ def uses(job: str) -> frozenset[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _shipped_ops() -> dict[str, dict[str, Any]]:
-    from pyinfra.context import ctx_state
-
-    from sparkrig.runscope import once_per_run
-
-    state = ctx_state.get()
-    return once_per_run("host package", state, dict)
+def _shipped() -> Watch:
+    return watch("host package", Watch)  # "<host>:<module>" -> its install operation
 
 
 def shipped(ops: dict[str, Any]) -> None:
@@ -131,7 +127,9 @@ def shipped(ops: dict[str, Any]) -> None:
 
     if set(ops) != set(modules()):
         raise ValueError(f"every module of {PACKAGE} is installed by one operation")
-    _shipped_ops()[ctx_host.get().name] = ops
+    name = ctx_host.get().name
+    for module, meta in ops.items():
+        _shipped().add(f"{name}:{module}", meta)
 
 
 def changed(job: str) -> Callable[[], bool]:
@@ -139,8 +137,8 @@ def changed(job: str) -> Callable[[], bool]:
     from pyinfra.context import ctx_host
 
     name = ctx_host.get().name
-    ops = _shipped_ops().get(name)
-    if ops is None:
+    keys = [f"{name}:{m}" for m in sorted(uses(job))]
+    ops = _shipped()
+    if any(key not in ops.metas for key in keys):
         raise KeyError(f"{name}: the host package is not installed in this deploy (tasks/host.py)")
-    metas = [ops[m] for m in sorted(uses(job))]
-    return lambda: any(m.is_complete() and m.did_change() for m in metas)
+    return lambda: bool(ops.changed(*keys))

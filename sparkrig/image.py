@@ -32,11 +32,12 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError, OperationValueError
 from sparkhost.units import transient_command
 
-from sparkrig import REPO, hoststate
+from sparkrig import REPO
 from sparkrig.factlines import END, parse_key_values
-from sparkrig.failhost import fail_host
+from sparkrig.failing import fail_host
 from sparkrig.imagehash import base_digest, context_files, image_ref, image_tag
 from sparkrig.settings import Settings
+from sparkrig.stateread import NotDeclared, Part, Values, read_here
 
 FILES_DIR = REPO / "files"
 MARKER = "sparkrig-image-state"  # in every image fact command (fakes match on it)
@@ -454,6 +455,34 @@ def _log(message: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Its part of the state read, and the typed reader of it
+# ---------------------------------------------------------------------------------------------
+
+
+def image_part(s: Settings) -> Part:
+    """The state read's part of the images: the base, the local base, the patched tag."""
+    k = s.knobs
+    assert k.base_image is not None  # settings refuse a missing base_image
+    tag = patched_tag(k.base_image, k.image_skip_patches)
+    image = {"image_repo": k.image_repo, "base_image": k.base_image, "tag": tag}
+    return Part("image", ImageState, tuple(sorted(image.items())))
+
+
+def image_of(values: Values, **args: Any) -> ImageReport:
+    """The image part of ``values``, read with ``args`` (KeyError when read with others)."""
+    if "image" not in values or values.args("image") != args:
+        raise KeyError(f"image state for {args} is not in the state read")
+    return values.get("image", ImageState)
+
+
+def repo_tags(values: Values, image_repo: str) -> list[str]:
+    """Every ``<image_repo>:<tag>`` on the host (the image part lists them)."""
+    if "image" not in values or values.args("image").get("image_repo") != image_repo:
+        raise KeyError(f"tags of {image_repo} are not in the state read")
+    return list(values.get("image", ImageState).tags)
+
+
+# ---------------------------------------------------------------------------------------------
 # Operations
 # ---------------------------------------------------------------------------------------------
 
@@ -468,7 +497,7 @@ def base_image_pulled(image_repo: str, base_image: str, tag: str) -> Generator[A
     + base_image: ``repo@sha256:<digest>``
     + tag: the patched tag this run wants (read by the same fact)
     """
-    report = hoststate.mine("image").image_of(image_repo=image_repo, base_image=base_image, tag=tag)
+    report = image_of(read_here("image"), image_repo=image_repo, base_image=base_image, tag=tag)
     local = local_base(image_repo, base_image)
     if report.pulled(base_image):
         host.noop(f"{local} is {base_image} (pulled by digest)")
@@ -546,7 +575,7 @@ def base_image_loaded(
     + source: ``http://<head fabric IP>:<port>`` the head serves on
     + source_absent: non-empty when the head is not in this run: fail with it as the reason
     """
-    report = hoststate.mine("image").image_of(image_repo=image_repo, base_image=base_image, tag=tag)
+    report = image_of(read_here("image"), image_repo=image_repo, base_image=base_image, tag=tag)
     local = local_base(image_repo, base_image)
     if report.base_ok(base_image):
         host.noop(f"{local} is present ({len(report.base.layers) if report.base else 0} layers)")
@@ -596,7 +625,7 @@ def patched_image_built(
     + skip_patches: patch names the build skips on purpose (SPARKRIG_SKIP_PATCHES)
     + files_dir: local files/ holding the Dockerfile and patches
     """
-    report = hoststate.mine("image").image_of(image_repo=image_repo, base_image=base_image, tag=tag)
+    report = image_of(read_here("image"), image_repo=image_repo, base_image=base_image, tag=tag)
     ref = image_ref(image_repo, tag)
     if report.patched is not None:
         host.noop(f"{ref} is present")
@@ -622,8 +651,8 @@ def prune_old_images(image_repo: str, keep: list[str]) -> Generator[Any, None, N
     + keep: references to keep (``images_to_keep``: the serving image and its local base)
     """
     try:
-        tags = hoststate.mine("image").repo_tags(image_repo)
-    except hoststate.NotDeclared:  # a deploy without the state read (uninstall.py)
+        tags = repo_tags(read_here("image"), image_repo)
+    except NotDeclared:  # a deploy without the state read (uninstall.py)
         tags = host.get_fact(RepoTags, image_repo=image_repo)
     commands = prune_commands(tags, keep)
     if not commands:

@@ -22,8 +22,10 @@ import json
 import os
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
+from pyinfra.api.exceptions import DeployError
 from sparkhost import lockfile as host_lockfile
 from sparkhost.lockfile import HEX40, LOCK_VERSION, LockfileError, validate
 from sparkhost.tokenfile import read_secret
@@ -149,6 +151,31 @@ def diff(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, list[str]
 def lock_name(repo: str) -> str:
     """Default lockfile name for a repo: 'org/Name' -> 'Name.lock.json'."""
     return repo.split("/")[-1] + ".lock.json"
+
+
+def checked(
+    lockfile_dir: str, repo: str, revision: str, endpoint: str
+) -> tuple[str, dict[str, Any]]:
+    """The lockfile of ``repo`` in ``lockfile_dir`` (its text and content), checked against the
+    pinned ``revision``; DeployError naming the command that makes it when it is missing, bad or
+    for another commit (the deploy stops before any host command)."""
+    path = Path(lockfile_dir) / lock_name(repo)
+    refresh = (
+        f"python3 -m sparkrig.lockfile refresh --repo {repo} --revision {revision} "
+        f"--endpoint {endpoint} --out {path}"
+    )
+    if not path.exists():
+        raise DeployError(f"no lockfile {path} for {repo}; make it with:\n  {refresh}")
+    try:
+        lock = load(str(path))
+    except (OSError, ValueError) as err:
+        raise DeployError(f"lockfile {path}: {err}") from None
+    if lock.get("repo") != repo or lock.get("commit") != revision:
+        raise DeployError(
+            f"lockfile {path} is for {lock.get('repo')}@{lock.get('commit')}, not "
+            f"{repo}@{revision}; refresh it with:\n  {refresh}"
+        )
+    return path.read_text(), lock
 
 
 def _gib(n: int) -> str:

@@ -1,6 +1,6 @@
 """What sparkrig owns on a host, as pyinfra's ``files.put``, ``files.directory``, ``files.file``
 and ``systemd.service`` do it (same commands, same ``--diff`` output, same no-op reasons), but
-decided from the host's one state read (sparkrig/hoststate.py) instead of facts per operation:
+decided from the host's one state read (sparkrig/stateread.py) instead of facts per operation:
 whole files (text, secrets, programs), directories, and the deploy's systemd units."""
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations.util import files as file_utils
 from pyinfra.operations.util.files import generate_color_diff
 
-from sparkrig import hoststate
-from sparkrig.failhost import fail_host
+from sparkrig.failing import fail_host
+from sparkrig.stateread import Part, Values, read_here
 
 # ---------------------------------------------------------------------------------------------
-# The facts: owned files and directories, owned units (parts of the state read, hoststate.py)
+# The facts: owned files and directories, owned units (parts of the state read, stateread.py)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -164,6 +164,66 @@ class UnitStates(FactBase[dict[str, tuple[bool, bool]]]):
 
 
 # ---------------------------------------------------------------------------------------------
+# Their parts of the state read, and the typed reader of them
+# ---------------------------------------------------------------------------------------------
+
+
+def paths_part(files: list[str], dirs: list[str]) -> Part:
+    """The state read's part of every owned file and directory."""
+    return Part("paths", OwnedPaths, (("dirs", tuple(dirs)), ("files", tuple(files))))
+
+
+def units_part(units: list[str]) -> Part:
+    """The state read's part of every unit an operation looks at (with ``.service``)."""
+    return Part("units", UnitStates, (("units", tuple(units)),))
+
+
+@dataclass(frozen=True)
+class OwnedReport:
+    """What a state read says of the owned paths and units it was asked for (another path or
+    unit raises KeyError: it was not read)."""
+
+    files: dict[str, PathState | None]
+    dirs: dict[str, PathState | None]
+    running: dict[str, bool]  # unit (with .service) -> running
+    enabled: dict[str, bool]
+
+    def file(self, path: str) -> PathState | None:
+        if path not in self.files:
+            raise KeyError(f"{path} is not in the state read (sparkrig/hoststate.py owned_files)")
+        return self.files[path]
+
+    def dir(self, path: str) -> PathState | None:
+        if path not in self.dirs:
+            raise KeyError(f"{path} is not in the state read (sparkrig/hoststate.py owned_dirs)")
+        return self.dirs[path]
+
+    def unit(self, service: str) -> tuple[bool, bool]:
+        """(running, enabled) of ``service`` (``.service`` added when missing)."""
+        name = service if "." in service else f"{service}.service"
+        if name not in self.running:
+            raise KeyError(f"{name} is not in the state read (sparkrig/hoststate.py units)")
+        return self.running[name], self.enabled.get(name, False)
+
+
+def owned_of(values: Values) -> OwnedReport:
+    """The owned paths and units of ``values`` (those parts read, or none)."""
+    report: dict[str, dict[str, Any]] = {"files": {}, "dirs": {}, "running": {}, "enabled": {}}
+    if "paths" in values:
+        said = values.get("paths", OwnedPaths)
+        for what, asked in values.part("paths").args:
+            unsaid = set(asked) - set(said[what])
+            if unsaid:
+                raise FactProcessError(f"state read: nothing said of {unsaid}")
+            report[what] = {p: said[what][p] for p in asked}
+    if "units" in values:
+        states = values.get("units", UnitStates)
+        for unit in values.args("units")["units"]:
+            report["running"][unit], report["enabled"][unit] = states.get(unit, (False, False))
+    return OwnedReport(**report)
+
+
+# ---------------------------------------------------------------------------------------------
 # The operations
 # ---------------------------------------------------------------------------------------------
 
@@ -194,7 +254,7 @@ def owned_put(
     output ("Will create"/"Will modify" and a unified diff, mode and chown lines). The current
     content of a differing file is read (one command) only under ``--diff``. ``secret``: never
     diffed, written 0600 beside ``dest`` and renamed over it."""
-    have = hoststate.mine("paths").file(dest)
+    have = owned_of(read_here("paths")).file(dest)
     want_mode = int(mode)
     diff = host.state.config.DIFF
     if have is not None and have.kind == "file" and have.sha256 == hashlib.sha256(data).hexdigest():
@@ -255,7 +315,7 @@ def owned_directory(
     + user: owner
     + group: group
     """
-    have = hoststate.mine("paths").dir(path)
+    have = owned_of(read_here("paths")).dir(path)
     want_mode = int(mode)
     if have is None:
         yield StringCommand("mkdir", "-p", QuoteString(path))
@@ -283,7 +343,7 @@ def owned_file_absent(path: str) -> Generator[Any, None, None]:
 
     + path: remote path
     """
-    if hoststate.mine("paths").file(path) is None:
+    if owned_of(read_here("paths")).file(path) is None:
         host.noop(f"file {path} does not exist")
         return
     yield StringCommand("rm", "-f", QuoteString(path))
@@ -308,7 +368,7 @@ def service(
     + daemon_reload: ``systemctl daemon-reload`` first
     """
     name = service if "." in service else f"{service}.service"
-    is_running, is_enabled = hoststate.mine("units").unit(name)
+    is_running, is_enabled = owned_of(read_here("units")).unit(name)
     if daemon_reload:
         yield StringCommand("systemctl", "daemon-reload")
     if running is False:

@@ -3,12 +3,9 @@ triggers declared here."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from pyinfra.api.operation import OperationMeta
-from pyinfra.context import ctx_state
 
-from sparkrig.runscope import once_per_run
+from sparkrig.runscope import Watch, watch
 
 RESTART_TRIGGERS = {
     "fabric": "the fabric connection was re-applied (MTU reset, address lost)",
@@ -20,29 +17,23 @@ RESTART_TRIGGERS = {
 }
 
 
-class PairRestart:
+class PairRestart(Watch):
     """The run's one decision whether the whole pair restarts (in order): any declared trigger
     (``RESTART_TRIGGERS``) changed on any host. Phases hand it the operations that are triggers;
     the service and verify phases gate on it (``_if=restart``), evaluated when they execute."""
 
-    def __init__(self, state: Any) -> None:
-        self.state = state
-        self.metas: dict[str, list[OperationMeta]] = {name: [] for name in RESTART_TRIGGERS}
+    def __init__(self) -> None:
+        super().__init__(RESTART_TRIGGERS)
 
     def trigger(self, name: str, meta: OperationMeta) -> OperationMeta:
         """Declare ``meta`` (on the current host) as trigger ``name``; returns it."""
-        if name not in self.metas:
+        if name not in RESTART_TRIGGERS:
             raise KeyError(f"{name!r} is not a declared pair-restart trigger ({RESTART_TRIGGERS})")
-        self.metas[name].append(meta)
-        return meta
+        return self.add(name, meta)
 
     def fired(self) -> list[str]:
         """The triggers whose operation changed something on some host, so far."""
-        return [
-            name
-            for name, metas in self.metas.items()
-            if any(m.is_complete() and m.did_change() for m in metas)
-        ]
+        return self.changed()
 
     def __call__(self) -> bool:
         """For ``_if=``: does the pair restart?"""
@@ -51,5 +42,4 @@ class PairRestart:
 
 def pair_restart() -> PairRestart:
     """The current run's pair-restart decision (one object for every host and phase)."""
-    state = ctx_state.get()
-    return once_per_run("pair restart", state, lambda: PairRestart(state))
+    return watch("pair restart", PairRestart)

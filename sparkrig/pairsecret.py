@@ -21,8 +21,10 @@ from pyinfra.api.exceptions import FactProcessError
 from sparkhost.tokenfile import read_secret
 
 from sparkrig.factlines import END
+from sparkrig.paths import paths
 from sparkrig.runscope import once_per_run
-from sparkrig.settings import Settings
+from sparkrig.settings import Settings, for_inventory
+from sparkrig.stateread import Part, Values
 
 
 class PairSecretFile(FactBase[str]):
@@ -44,6 +46,16 @@ class PairSecretFile(FactBase[str]):
         if len(lines) > 1:
             raise FactProcessError("the installed secret is not a single line")
         return lines[0].strip() if lines else ""
+
+
+def secret_parts(s: Settings) -> list[Part]:
+    """The state read's parts of the secrets installed on ``s``'s host: the agents' secret, and
+    on the head the API key (it lives with the head)."""
+    p = paths(s)
+    parts = [Part("pair_secret", PairSecretFile, (("path", p["pair_token"]),))]
+    if s.me.is_head:
+        parts.append(Part("api_key", PairSecretFile, (("path", p["api_key"]),)))
+    return parts
 
 
 @dataclass(frozen=True)
@@ -158,13 +170,11 @@ def decide(
     return Secret(make(), f"{kind.none_held}: a new one made")
 
 
-def pair_secret(s: Settings) -> Secret:
-    """The run's decision, made once (every host of the run installs the same secret)."""
+def pair_secret(s: Settings, read: Callable[[Settings], Values]) -> Secret:
+    """The run's decision, made once (every host of the run installs the same secret); ``read``
+    gives a rank's state read (sparkrig/hoststate.py ``values``)."""
     from pyinfra import host
     from pyinfra.context import ctx_state
-
-    from sparkrig import hoststate
-    from sparkrig.settings import for_inventory
 
     state = ctx_state.get()
 
@@ -176,7 +186,7 @@ def pair_secret(s: Settings) -> Secret:
         for rank in s.ranks:
             other = inventory.get_host(rank.name)
             if state.is_host_in_limit(other):
-                held[rank.name] = hoststate.read(everyone[rank.name]).pair_secret
+                held[rank.name] = read(everyone[rank.name]).get("pair_secret", PairSecretFile)
             else:
                 missing.append(rank.name)
         k = s.knobs
@@ -187,15 +197,12 @@ def pair_secret(s: Settings) -> Secret:
     return once_per_run("pair secret", state, make_decision)
 
 
-def api_key(s: Settings) -> Secret | None:
-    """The run's API key, decided once from the head's installed key (its state read); None when
-    nothing about the key is decided: the API is open (``api_auth = False``) or the head is not in
-    the run (``--limit worker``; rotating then is refused)."""
+def api_key(s: Settings, read: Callable[[Settings], Values]) -> Secret | None:
+    """The run's API key, decided once from the head's installed key (its state read: ``read``);
+    None when nothing about the key is decided: the API is open (``api_auth = False``) or the head
+    is not in the run (``--limit worker``; rotating then is refused)."""
     from pyinfra import host
     from pyinfra.context import ctx_state
-
-    from sparkrig import hoststate
-    from sparkrig.settings import for_inventory
 
     state = ctx_state.get()
 
@@ -210,7 +217,7 @@ def api_key(s: Settings) -> Secret | None:
             if k.api_key_rotate:  # refused, never silently skipped
                 return decide(control, {}, [s.head.name], True, k.api_key_file, kind=API_KEY)
             return None
-        held = {s.head.name: hoststate.read(head).api_key}
+        held = {s.head.name: read(head).get("api_key", PairSecretFile)}
         return decide(control, held, [], k.api_key_rotate, k.api_key_file, kind=API_KEY)
 
     return once_per_run("api key", state, make_decision)

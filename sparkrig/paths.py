@@ -5,8 +5,12 @@ from __future__ import annotations
 from sparkhost import rankenv
 
 from sparkrig import hostpkg
-from sparkrig.release import revision_dir
 from sparkrig.settings import Settings
+
+
+def revision_dir(weights_dir: str, name: str, commit: str) -> str:
+    """Where one revision of an artifact lives: ``<weights_dir>/<name>-<commit>``."""
+    return f"{weights_dir.rstrip('/')}/{name}-{commit}"
 
 
 def paths(s: Settings) -> dict[str, str]:
@@ -29,4 +33,5 @@ def paths(s: Settings) -> dict[str, str]:
         "drafter_dir": revision_dir(k.weights_dir, "drafter", k.drafter_revision),
         "rank_unit": f"/etc/systemd/system/{s.unit_name}.service",
         "pair_unit": "/etc/systemd/system/sparkrig-pair.service",
+        "gpu_clock_unit": "/etc/systemd/system/sparkrig-gpu-clock.service",
     }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sparkrig.fabric import DISPLACED_DIR
-from sparkrig.host import NodeReport
+from sparkrig.node import NodeReport
 from sparkrig.settings import Settings
 
 GIB = 1024**3

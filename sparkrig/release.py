@@ -25,7 +25,8 @@ weights revisions of releases that fell out of it are pruned. A run whose releas
 copies nothing, restarts nothing and rolls nothing back.
 
 Everything here is read in the host's one state read (``ReleaseState``, a part of
-sparkrig/hoststate.py): the record and the entries of ``weights_dir``.
+sparkrig/stateread.py): the record and the entries of ``weights_dir``. The rollback's ordered
+path, a group of these operations, is tasks/rollback.py.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import json
 import re
 import shlex
 import time
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, replace
 from io import BytesIO
 from typing import Any
@@ -44,26 +45,23 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError
-from pyinfra.context import ctx_state
 from sparkhost.lockfile import installed_path
 
-from sparkrig import hoststate
 from sparkrig.factlines import END
-from sparkrig.failhost import fail_host
-from sparkrig.ordering import on_head, on_workers
-from sparkrig.runscope import once_per_run
+from sparkrig.failing import fail_host
+from sparkrig.image import local_base, serving_image
+from sparkrig.owned import PathState, owned_of
+from sparkrig.paths import paths
+from sparkrig.runscope import Watch, watch
 from sparkrig.settings import Settings
+from sparkrig.stateread import Part, Values, read_here
+from sparkrig.weights import Artifact
 
 RECORD = "release.json"
 PREV = ".prev"
 LISTING = "##SPARKRIG-WEIGHTS-DIR"
 REVISION_DIR = re.compile(r"^(?P<name>model|drafter)-(?P<commit>[0-9a-f]{40})$")
 LEGACY_DIRS = ("model", "drafter")  # the layout before per-revision directories
-
-
-def revision_dir(weights_dir: str, name: str, commit: str) -> str:
-    """Where one revision of an artifact lives: ``<weights_dir>/<name>-<commit>``."""
-    return f"{weights_dir.rstrip('/')}/{name}-{commit}"
 
 
 def record_path(config_dir: str) -> str:
@@ -86,6 +84,12 @@ class Release:
     drafter_revision: str  # "" when the profile needs no drafter
     profile: str
     files: tuple[tuple[str, str], ...] = ()
+    # the NCCL smoke test's figure on this rank (sparkrig/busbw.py), as sorted (key, value) pairs;
+    # no part of identity: the same release measured again keeps its newest figure
+    fabric: tuple[tuple[str, Any], ...] = ()
+    # (field, value) of the host baseline it passed the gates on (sparkrig/baseline.py); not
+    # part of identity: a kernel or driver that moved is drift, not another release
+    baseline: tuple[tuple[str, str], ...] = ()
 
     @property
     def identity(self) -> tuple[str, str, str, str]:
@@ -107,7 +111,7 @@ class Release:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "image": self.image,
             "base": self.base,
             "model_revision": self.model_revision,
@@ -115,6 +119,11 @@ class Release:
             "profile": self.profile,
             "files": {path: sha for path, sha in self.files},
         }
+        if self.fabric:  # absent when unmeasured: a record from before the figure stays as it is
+            out["fabric"] = dict(self.fabric)
+        if self.baseline:
+            out["baseline"] = dict(self.baseline)
+        return out
 
 
 def release_from(raw: Any) -> Release:
@@ -123,6 +132,9 @@ def release_from(raw: Any) -> Release:
     files = raw.get("files") or {}
     if not isinstance(files, dict):
         raise ValueError("a release's files are not an object")
+    baseline = raw.get("baseline") or {}
+    if not isinstance(baseline, dict):
+        raise ValueError("a release's baseline is not an object")
     return Release(
         image=str(raw["image"]),
         base=str(raw.get("base", "")),
@@ -130,6 +142,8 @@ def release_from(raw: Any) -> Release:
         drafter_revision=str(raw.get("drafter_revision") or ""),
         profile=str(raw["profile"]),
         files=tuple(sorted((str(p), str(h)) for p, h in files.items())),
+        fabric=tuple(sorted(raw["fabric"].items())) if isinstance(raw.get("fabric"), dict) else (),
+        baseline=tuple(sorted((str(k), str(v)) for k, v in baseline.items())),
     )
 
 
@@ -255,8 +269,6 @@ def parse_release_state(lines: list[str]) -> ReleaseReport:
 def release_files(s: Settings) -> list[str]:
     """The files that make a release on a rank: its unit (image, weights directories, serve
     flags) and the weights lockfiles. Kept as ``.prev`` during an upgrade."""
-    from sparkrig.paths import paths
-
     k = s.knobs
     files = [paths(s)["rank_unit"], installed_path(k.config_dir, "model")]
     if s.needs_drafter:
@@ -266,8 +278,6 @@ def release_files(s: Settings) -> list[str]:
 
 def wanted(s: Settings, shas: dict[str, str] | None = None) -> Release:
     """The release this run installs; with ``shas`` (path -> sha256) its files' digests."""
-    from sparkrig.image import local_base, serving_image
-
     k = s.knobs
     assert k.base_image is not None  # settings refuse a missing base_image
     files: tuple[tuple[str, str], ...] = ()
@@ -370,22 +380,17 @@ def prune_weights_command(weights_dir: str, names: Sequence[str]) -> str:
     return "rm -rf " + " ".join(paths)
 
 
-def part(s: Settings) -> Any:
-    """The release part of the host's state read (sparkrig/hoststate.py)."""
-    from sparkrig.hoststate import Part
-
+def release_part(s: Settings) -> Part:
+    """The state read's part of the release record and the entries of weights_dir."""
     args = {"record": record_path(s.knobs.config_dir), "weights_dir": s.knobs.weights_dir}
     return Part("release", ReleaseState, tuple(sorted(args.items())))
 
 
-def report_of(host_report: Any) -> ReleaseReport:
-    """The release part of a host's state read; KeyError when the report was made without it
-    (``hoststate.mine`` without "release"), as the report's own accessors do: an empty record
-    there would write a history without the kept releases."""
-    got = getattr(host_report, "release", None)
-    if not isinstance(got, ReleaseReport):
-        raise KeyError('the release part is not in this state read (hoststate.mine("release"))')
-    return got
+def report_of(values: Values) -> ReleaseReport:
+    """The release part of a host's state read; KeyError when it was read without it
+    (``mine`` without "release"): an empty record there would write a history without the
+    kept releases."""
+    return values.get("release", ReleaseState)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,21 +412,17 @@ def weights_adopted(weights_dir: str, artifact: str, lock: str) -> Generator[Any
     + lock: that artifact's lockfile on the host (names the checkout's revision; read before
       this run installs a new one)
     """
-    if not report_of(hoststate.mine("release")).has_dir(artifact):
+    if not report_of(read_here("release")).has_dir(artifact):
         host.noop(f"no {weights_dir}/{artifact} of the old layout")
         return
     yield _sh(adopt_command(weights_dir, artifact, lock))
 
 
-def adoptable(art: Any, state: Any) -> bool:
+def adoptable(art: Artifact, lock: PathState | None, record: ReleaseReport) -> bool:
     """A checkout of the old layout (``<weights_dir>/<name>``) that the weights phase adopts as
-    ``art``'s revision: the lockfile installed beside it is ``art``'s (a sparkrig.weights
-    Artifact; ``state`` the host's state read)."""
-    lock = state.file(art.remote_lock)
+    ``art``'s revision: the lockfile installed beside it (``lock``, its state) is ``art``'s."""
     return bool(
-        report_of(state).has_dir(art.name)
-        and lock is not None
-        and lock.sha256 == sha256_text(art.lock_text)
+        record.has_dir(art.name) and lock is not None and lock.sha256 == sha256_text(art.lock_text)
     )
 
 
@@ -466,26 +467,39 @@ def gates_passed_again(command: list[str]) -> Generator[Any, None, None]:
 
 @operation()
 def record_stamped(
-    path: str, release: Release, files: list[str], keep: int
+    path: str,
+    release: Release,
+    files: list[str],
+    keep: int,
+    fabric: Callable[[], dict[str, Any] | None] | None = None,
 ) -> Generator[Any, None, None]:
     """
     Record ``release`` (run only after the gates passed) first in the rank's release record,
-    with its files' sha256 as they are now, keeping ``keep`` releases; a no-op when the record
-    already says so.
+    with its files' sha256 as they are now and the fabric's measured bandwidth, keeping ``keep``
+    releases; a no-op when the record already says so.
 
     + path: release.json on the rank
     + release: the release the rank runs (its files unset)
     + files: the files that make it on the rank (``release_files``)
     + keep: releases the record keeps (knob keep_releases)
+    + fabric: called when the operation runs: this run's NCCL smoke-test figure on the rank
+      (sparkrig/busbw.py), None when none was measured (the recorded one of the release stays)
     """
-    state = hoststate.mine("release", "paths")
+    state = read_here("release", "paths")
     have = report_of(state)
+    owned = owned_of(state)
     digests = []
     for f in files:
-        got = state.file(f)
+        got = owned.file(f)
         if got is not None and got.sha256:
             digests.append((f, got.sha256))
-    now = replace(release, files=tuple(sorted(digests)))
+    measured = fabric() if fabric is not None else None
+    kept = next((r.fabric for r in have.releases if r.identity == release.identity), ())
+    now = replace(
+        release,
+        files=tuple(sorted(digests)),
+        fabric=tuple(sorted(measured.items())) if measured else kept,
+    )
     text = record_text(history(now, have.releases, keep))
     if not have.error and record_text(have.releases) == text:
         host.noop(f"{path} already records this release")
@@ -504,7 +518,7 @@ def old_weights_pruned(weights_dir: str, keep: list[str]) -> Generator[Any, None
     + weights_dir: where the revisions live
     + keep: revision directory names to keep (every kept release's)
     """
-    names = weights_to_prune(report_of(hoststate.mine("release")).entries, keep)
+    names = weights_to_prune(report_of(read_here("release")).entries, keep)
     if not names:
         host.noop("no weights revision to prune")
         return
@@ -517,27 +531,25 @@ def old_weights_pruned(weights_dir: str, keep: list[str]) -> Generator[Any, None
 # ---------------------------------------------------------------------------------------------
 
 
-class Rollback:
+class Rollback(Watch):
     """The run's one decision whether the pair rolls back: a watched operation of the new
     release failed on some rank (its NCCL smoke test, a rank's start, the head's boot wait, the
     gates). Those run with ``_ignore_errors`` during an upgrade, so the run goes on to the
     rollback operations (``_if=rollback()``)."""
 
     def __init__(self) -> None:
-        self.watched: list[tuple[str, Any]] = []
+        super().__init__()
         self.decided_at: float | None = None  # monotonic time the failure was first seen
 
     def watch(self, what: str, meta: Any) -> Any:
-        self.watched.append((what, meta))
-        return meta
+        return self.add(what, meta)
 
     def failures(self) -> list[str]:
         """'<what>: <last lines of its output>' of every watched operation that failed."""
         out = []
-        for what, meta in self.watched:
-            if meta.is_complete() and meta.did_error():
-                lines = [x for x in meta.stderr_lines if x.strip()] or meta.stdout_lines
-                out.append(f"{what}: {' / '.join(x.strip() for x in lines[-3:]) or 'failed'}")
+        for what, meta in self.failed():
+            lines = [x for x in meta.stderr_lines if x.strip()] or meta.stdout_lines
+            out.append(f"{what}: {' / '.join(x.strip() for x in lines[-3:]) or 'failed'}")
         return out
 
     def __call__(self) -> bool:
@@ -549,117 +561,27 @@ class Rollback:
 
 def rollback() -> Rollback:
     """The current run's rollback decision (one object for every host and phase)."""
-    state = ctx_state.get()
-    return once_per_run("rollback", state, Rollback)
+    return watch("rollback", Rollback)
 
 
 @operation(is_idempotent=False)
-def upgrade_failed(moving: str, previous: str) -> Generator[Any, None, None]:
+def upgrade_failed(release_change: str, previous: str) -> Generator[Any, None, None]:
     """
     Fail this rank after a rollback, naming what failed and that the previous release serves.
 
-    + moving: the release change that was attempted ('<old> -> <new>')
+    + release_change: the release change that was attempted ('<old> -> <new>')
     + previous: the previous release's label
     """
-    back = rollback()
-    failed = "; ".join(back.failures()) or "a gate failed"
+    rolls_back = rollback()
+    failed = "; ".join(rolls_back.failures()) or "a gate failed"
     took = (
-        f" {time.monotonic() - back.decided_at:.0f} s after the failure" if back.decided_at else ""
+        f" {time.monotonic() - rolls_back.decided_at:.0f} s after the failure"
+        if rolls_back.decided_at
+        else ""
     )
     reason = (
-        f"upgrade failed ({moving}): {failed}. Rolled back: the previous release ({previous}) "
-        f"passed the four gates and serves again{took}"
+        f"upgrade failed ({release_change}): {failed}. Rolled back: the previous release "
+        f"({previous}) passed the four gates and serves again{took}"
     )
     logger.error(f"{host.print_prefix}{reason}")
     yield fail_host(reason)
-
-
-def rollback_operations(
-    s: Settings, moving: str, record: ReleaseReport, boot: list[str], gates: list[str]
-) -> None:
-    """The rollback path, present on every host (acting only once ``rollback()`` decided it):
-    the previous release's files back on every rank, the helpers paused, every rank stopped,
-    the workers started, their containers awaited, the head started, its boot awaited, the four
-    gates, the helpers resumed, and the run failed naming what failed and what serves now. The
-    same worker-then-head order as the deploy's ordered pair restart (tasks/service.py)."""
-    from sparkrig.owned import service
-    from sparkrig.serving import wait_for_ranks, wait_until_serving, worker_wait_args
-
-    is_head = s.me.is_head
-    back = rollback()
-    serving = record.serving
-    files = list(serving.files) if moving and serving is not None else []
-    previous = serving.label() if serving is not None else "none recorded"
-    helpers = ["sparkrig-supervisor", "sparkrig-watchdog"]  # the watchdog's stop is a no-op if off
-
-    previous_restored(
-        name="Put the previous release's unit and lockfiles back",
-        files=files,
-        _if=lambda: bool(moving) and back(),
-    )
-    for unit in host.loop(helpers):
-        on_head(
-            is_head,
-            service,
-            name="Pause the head's supervisor and watchdog during the rollback",
-            service=unit,
-            running=False,
-            _if=back,
-        )
-    service(
-        name="Stop every rank to roll back",
-        service=s.unit_name,
-        running=False,
-        _if=back,
-    )
-    on_workers(
-        is_head,
-        service,
-        name="Start the worker rank of the previous release",
-        service=s.unit_name,
-        running=True,
-        _if=back,
-    )
-    on_head(
-        is_head,
-        wait_for_ranks,
-        name="Wait until every worker of the previous release runs",
-        **worker_wait_args(s),
-        _if=back,
-    )
-    on_head(
-        is_head,
-        service,
-        name="Start the head rank of the previous release",
-        service=s.unit_name,
-        running=True,
-        _if=back,
-    )
-    on_head(
-        is_head,
-        wait_until_serving,
-        name="Wait for the previous release's API to finish booting",
-        command=boot,
-        _if=back,
-    )
-    on_head(
-        is_head,
-        gates_passed_again,
-        name="Pass the four serving gates on the previous release",
-        command=gates,
-        _if=back,
-    )
-    on_head(
-        is_head,
-        service,
-        name="Resume the head's supervisor after the rollback",
-        service="sparkrig-supervisor",
-        running=True,
-        _if=back,
-    )
-    upgrade_failed(
-        name="Fail the run: the upgrade failed and the previous release serves again",
-        moving=moving or "the release",
-        previous=previous,
-        _if=back,
-    )

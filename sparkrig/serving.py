@@ -18,7 +18,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.server import Command
 
 from sparkrig import hostpkg
-from sparkrig.failhost import fail_host
+from sparkrig.failing import fail_host
 from sparkrig.gates import gates_passed, parse_gate_lines, probe_command
 from sparkrig.owned import put_text, service
 from sparkrig.paths import paths
@@ -104,7 +104,8 @@ SMOKE_CONTAINER = "sparkrig-nccl-smoke"
 
 
 def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
-    """``docker run`` argv of the NCCL smoke test: the rank's own flags and env, one all-reduce,
+    """``docker run`` argv of the NCCL smoke test: the rank's own flags and env, one all-reduce
+    and the bus bandwidth measurement with its floor (knob fabric_busbw_min_gbs),
     run by the image's python3 from the host package mounted read-only at its own path (the image
     does not carry it). Detached (workers) keeps the container for ``docker wait``."""
     k = s.knobs
@@ -118,6 +119,8 @@ def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
         "--volume", f"{package}:{package}:ro",
         "--entrypoint", "python3", image,
         package, "nccl-smoke", "--timeout", str(k.nccl_smoke_timeout_s),
+        "--bytes", str(k.nccl_smoke_bytes), "--warmup", str(k.nccl_smoke_warmup),
+        "--iters", str(k.nccl_smoke_iters), "--min-busbw-gbs", f"{k.fabric_busbw_min_gbs:g}",
     ]  # fmt: skip
 
 
@@ -167,7 +170,8 @@ def rank_unit_context(s: Settings, image: str, weights_id: str) -> dict[str, Any
         "pair_port": k.pair_port,
         "pair_grace_s": k.pair_grace_s,
         "agent_port": k.agent_port,
-        "start_timeout_s": k.fabric_wait_s + k.pair_grace_s + k.memfree_wait_s + 120,
+        # the start gate may wait memfree_wait_s twice: a dead engine's memory, then the floor
+        "start_timeout_s": k.fabric_wait_s + k.pair_grace_s + 2 * k.memfree_wait_s + 120,
     }
 
 
@@ -211,6 +215,8 @@ def watchdog_unit_context(s: Settings) -> dict[str, Any]:
             probe_command(k.install_dir, k.api_port, k.served_model_name, key_file=api_key_file(s))
         ),
         "health_url": f"http://127.0.0.1:{k.api_port}/health",
+        "metrics_url": f"http://127.0.0.1:{k.api_port}/metrics",
+        "stall": k.watchdog_stall_s,
         "interval": k.watchdog_interval_s,
         "fails": k.watchdog_fails,
         "grace": k.watchdog_grace_s,

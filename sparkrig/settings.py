@@ -13,9 +13,17 @@ import re
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pyinfra.api.exceptions import DeployError
 
+from sparkrig import lockfile
 from sparkrig.runscope import once_per_run
 
 HEAD_GROUP = "head"
@@ -45,6 +53,39 @@ def _cluster(**kw: Any) -> Any:
     return Field(json_schema_extra={"cluster": True}, **kw)
 
 
+class KnownBadBaseline(BaseModel):
+    """One entry of the catalogue ``known_bad_baselines``: a rank matching every condition it
+    names is refused with ``reason`` (sparkrig/baseline.py ``known_bad``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason: str = Field(min_length=1)
+    source: str = Field(pattern=r"^https?://\S+$")  # the thread the fact was taken from
+    kernel: str | None = None  # regex on the kernel release
+    driver: str | None = None  # regex on the NVIDIA driver version
+    driver_below: str | None = Field(default=None, pattern=r"^\d+(\.\d+)*$")
+    nic_fw: str | None = None  # regex on the fabric NIC's firmware version
+    base_image: str | None = None  # regex on the base_image reference
+    kho_active: bool | None = None  # kexec handover on in the running kernel
+
+    @field_validator("kernel", "driver", "nic_fw", "base_image")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as err:
+                raise ValueError(f"not a regular expression: {value!r} ({err})") from None
+        return value
+
+    @model_validator(mode="after")
+    def _names_a_condition(self) -> KnownBadBaseline:
+        conditions = ("kernel", "driver", "driver_below", "nic_fw", "base_image", "kho_active")
+        if all(getattr(self, c) is None for c in conditions):
+            raise ValueError(f"names no condition (one of {', '.join(conditions)})")
+        return self
+
+
 class Knobs(BaseModel):
     """Every knob of group_data/all.py, typed. Unknown keys are ignored (pyinfra adds its own).
 
@@ -72,6 +113,8 @@ class Knobs(BaseModel):
     min_free_kbytes: int | None = _cluster(ge=1024)
     memfree_min_gib: float | None = Field(ge=0)
     memfree_margin_gib: float = Field(ge=0)
+    # MHz for nvidia-smi -lgc 0,<MHz> (a value `nvidia-smi -q -d SUPPORTED_CLOCKS` lists)
+    gpu_clock_max_mhz: int | None = _cluster(ge=100, le=5000)
     thinking_default: bool | None
     memfree_wait_s: int = Field(ge=0)
     fabric_wait_s: int = Field(ge=0)
@@ -106,10 +149,17 @@ class Knobs(BaseModel):
     ready_timeout_s: int = Field(ge=1)
     nccl_smoke: bool = _cluster()
     nccl_smoke_timeout_s: int = _cluster(ge=10)
+    # equal on every rank: the ranks' collectives must match. At most 4 GiB: a 16 GiB nccl-tests
+    # buffer froze a Spark (NVIDIA/dgx-spark-playbooks#102)
+    nccl_smoke_bytes: int = _cluster(ge=2**20, le=2**32)
+    nccl_smoke_warmup: int = _cluster(ge=0, le=1000)
+    nccl_smoke_iters: int = _cluster(ge=1, le=10000)
+    fabric_busbw_min_gbs: float = _cluster(ge=0)
     watchdog: bool
     watchdog_grace_s: int = Field(ge=0)
     watchdog_interval_s: int = Field(ge=1)
     watchdog_fails: int = Field(ge=1)
+    watchdog_stall_s: int = Field(ge=1)
     watchdog_max_restarts: int = Field(ge=0)
     watchdog_window_s: int = Field(ge=60)
     supervisor_max_restarts: int = Field(ge=0)
@@ -119,6 +169,12 @@ class Knobs(BaseModel):
     pair_token_rotate: bool = _cluster()
     purge_weights: bool = _cluster()
     keep_releases: int = _cluster(ge=1, le=10)
+    hold_baseline: bool
+    accept_baseline: bool
+    baseline_mismatch_ok: bool = _cluster()
+    baseline_known_bad_ok: bool
+    kho_off: bool
+    known_bad_baselines: list[KnownBadBaseline] = _cluster()
 
     @field_validator("model_revision", "drafter_revision")
     @classmethod
@@ -250,6 +306,16 @@ class Settings(BaseModel):
     @property
     def needs_drafter(self) -> bool:
         return self.knobs.profile == "single"
+
+    @property
+    def locked_artifacts(self) -> list[tuple[str, str, str]]:
+        """(name, repo, revision) of every artifact a rank needs, each pinned by a lockfile:
+        the model, and the drafter when the profile needs it."""
+        k = self.knobs
+        wanted = [("model", k.model_repo, k.model_revision)]
+        if self.needs_drafter:
+            wanted.append(("drafter", k.drafter_repo, k.drafter_revision))
+        return wanted
 
 
 class InventoryView:
@@ -401,6 +467,12 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                     f"{name}: watchdog_grace_s: {k.watchdog_grace_s} is below ready_timeout_s "
                     f"{k.ready_timeout_s}; it must not judge a boot the deploy still waits for"
                 )
+            if k.watchdog and k.watchdog_stall_s <= k.watchdog_interval_s:
+                problems.append(
+                    f"{name}: watchdog_stall_s: {k.watchdog_stall_s} must exceed "
+                    f"watchdog_interval_s {k.watchdog_interval_s}: a stall is no progress seen "
+                    "over several probes, never one"
+                )
             if (
                 k.base_image is not None
                 and (why := known_bad_image(k.base_image))
@@ -440,11 +512,26 @@ def for_inventory(inventory: Any) -> dict[str, Settings]:
     included: a missing or stale lockfile stops the run before any command reaches a host."""
 
     def validate() -> dict[str, Settings]:
-        from sparkrig.weights import artifacts  # imports this module
-
         settings = build(view_of(inventory))
-        for s in settings.values():
-            artifacts(s)  # raises DeployError naming the lockfile and the command to make it
+        for s in settings.values():  # DeployError naming the lockfile and the command to make it
+            for _, repo, revision in s.locked_artifacts:
+                lockfile.checked(s.knobs.lockfile_dir, repo, revision, s.knobs.hub_endpoint)
         return settings
 
     return once_per_run("settings", inventory, validate)
+
+
+def api_target(inventory: Any) -> dict[str, Any]:
+    """What `python3 -m sparkrig.bench --inventory` measures: the head's API as the control
+    machine reaches it (the host's ssh_hostname, else its inventory name), the served model,
+    the profile and the control side's API key file (None when api_auth is off)."""
+    s = next(v for v in build(view_of(inventory)).values() if v.me.is_head)
+    head = inventory.get_group(HEAD_GROUP)[0]
+    address = head.data.get("ssh_hostname") or head.name
+    k = s.knobs
+    return {
+        "url": f"http://{address}:{k.api_port}",
+        "model": k.served_model_name,
+        "profile": k.profile,
+        "api_key_file": k.api_key_file if k.api_auth else None,
+    }

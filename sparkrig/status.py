@@ -12,10 +12,17 @@ from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost import lockfile, rankenv
 from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
+from sparkhost.wedge import Probe, parse_probe, probe_file
 
+from sparkrig.baseline import BaselineReport, describe, drift, parse_baseline
+from sparkrig.baseline import script as baseline_script
+from sparkrig.busbw import figure_text
 from sparkrig.fabric import gid_table_command
 from sparkrig.factlines import END, parse_key_values
-from sparkrig.release import revision_dir
+from sparkrig.paths import revision_dir
+from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value
+from sparkrig.release import RECORD, Release, parse_record, record_path
+from sparkrig.serving import rank_serve_args
 from sparkrig.settings import Settings
 
 # Everything below only reads: systemctl show, docker inspect, cat/sed/grep of files, stat, awk.
@@ -37,11 +44,20 @@ echo "memtotal_kb=$(awk '/^MemTotal:/ {{print $2}}' /proc/meminfo)"
 for h in watchdog supervisor; do
   [ -f {run_dir}/$h-restarts.json ] && echo "budget_$h=$(tr -d '\n' < {run_dir}/$h-restarts.json)"
 done
+[ -f {probe_file} ] && echo "probe=$(tr -d '\n' < {probe_file})"
+echo "gpu_clock_unit=$(systemctl show --property ActiveState --value sparkrig-gpu-clock.service \
+2>/dev/null)"
+echo "gpu_sm_mhz=$(nvidia-smi --query-gpu=clocks.sm --format=csv,noheader,nounits 2>/dev/null \
+| head -n 1 | tr -cd '0-9')"
 c=$(sed -n 's/^ *"commit": *"\\([0-9a-f]*\\)".*/\\1/p' {lock} 2>/dev/null)
 echo "weights_commit=${{c%%[!0-9a-f]*}}"
 echo "weights_verified=$(stat -c %Y {stamps} 2>/dev/null)"
+( {baseline}
+) | sed 's/^/bl./'
+echo "release_record=$(tr -d '\\n' < {record} 2>/dev/null)"
 echo '{end}'
 """
+BASELINE_PREFIX = "bl."  # the host baseline's lines (sparkrig/baseline.py), inside this read
 
 
 @dataclass(frozen=True)
@@ -74,6 +90,13 @@ class RankState:
     weights_verified: int = 0  # epoch seconds of the stamp DB's last write, 0 when none
     memtotal_kb: int = 0
     budgets: tuple[tuple[str, Budget], ...] = ()  # (helper, budget) of the head's helpers
+    fabric: tuple[tuple[str, Any], ...] = ()  # the serving release's smoke-test figure
+    probe: Probe | None = None  # the watchdog's last probe (files/sparkhost/wedge.py)
+    gpu_clock_unit: str = ""  # ActiveState of sparkrig-gpu-clock.service (knob gpu_clock_max_mhz)
+    gpu_sm_mhz: int | None = None  # the SM clock now, when nvidia-smi reports one
+    baseline: BaselineReport | None = None  # None: the read had no baseline lines
+    recorded: tuple[tuple[str, str], ...] = ()  # the baseline the serving release passed on
+    record_error: str = ""
 
 
 def _int(raw: dict[str, str], key: str) -> int | None:
@@ -100,9 +123,23 @@ def _budget(helper: str, text: str) -> Budget:
         raise FactProcessError(f"rank status: {helper}'s restart budget: {err}") from None
 
 
+def _serving_release(record: str) -> tuple[Release | None, str]:
+    """The newest release in release.json's text (None when absent or unreadable) and why it
+    is unreadable ('' when it is not): status shows its figure and judges its baseline."""
+    try:
+        releases = parse_record(record) if record else ()
+    except ValueError as err:
+        return None, f"{RECORD} is unreadable ({err})"
+    return (releases[0] if releases else None), ""
+
+
 def parse_rank_state(lines: list[str]) -> RankState:
+    ours = [x[len(BASELINE_PREFIX) :] for x in lines if x.startswith(BASELINE_PREFIX)]
+    lines = [x for x in lines if not x.startswith(BASELINE_PREFIX)]
+    baseline = parse_baseline(ours) if ours else None
     table = [x for x in lines if x.startswith(GID_LINE_PREFIX)]
     raw = parse_key_values([x for x in lines if not x.startswith(GID_LINE_PREFIX)], "rank status")
+    serving, record_error = _serving_release(raw.get("release_record", ""))
     try:
         gids = tuple(parse_gid_lines(table))
     except ValueError as err:
@@ -112,7 +149,14 @@ def parse_rank_state(lines: list[str]) -> RankState:
         for key, value in raw.items()
         if key.startswith("budget_")
     )
+    try:
+        probe = parse_probe(raw["probe"]) if raw.get("probe") else None
+    except ValueError as err:
+        raise FactProcessError(f"rank status: {err}") from None
     return RankState(
+        probe=probe,
+        gpu_clock_unit=raw.get("gpu_clock_unit", ""),
+        gpu_sm_mhz=_int(raw, "gpu_sm_mhz"),
         active=raw.get("unit_ActiveState", ""),
         sub=raw.get("unit_SubState", ""),
         since=raw.get("unit_StateChangeTimestamp", ""),
@@ -126,6 +170,10 @@ def parse_rank_state(lines: list[str]) -> RankState:
         budgets=budgets,
         weights_commit=raw.get("weights_commit", ""),
         weights_verified=_int(raw, "weights_verified") or 0,
+        fabric=serving.fabric if serving is not None else (),
+        baseline=baseline,
+        recorded=serving.baseline if serving is not None else (),
+        record_error=record_error,
     )
 
 
@@ -144,6 +192,8 @@ class RankStatus(FactBase[RankState]):
         lock: str,
         stamps: str,
         run_dir: str,
+        record: str,
+        roce_device: str = "",
     ) -> StringCommand:
         q = shlex.quote
         script = _SCRIPT.format(
@@ -158,6 +208,9 @@ class RankStatus(FactBase[RankState]):
             lock=q(lock),
             stamps=q(stamps),
             run_dir=q(run_dir),
+            record=q(record),
+            probe_file=q(probe_file(run_dir)),
+            baseline=baseline_script(iface, roce_device or None),
         )
         return StringCommand("sh", "-c", QuoteString(script))
 
@@ -176,6 +229,8 @@ def fact_args(s: Settings, env_file: str, gid_file: str, run_dir: str) -> dict[s
         "lock": lockfile.installed_path(k.config_dir, "model"),
         "stamps": revision_dir(k.weights_dir, "model", k.model_revision) + ".stamps.json",
         "run_dir": run_dir,
+        "record": record_path(k.config_dir),
+        "roce_device": s.me.roce_device or "",
     }
 
 
@@ -183,9 +238,6 @@ def memfree_floor_kb(s: Settings, memtotal_kb: int) -> int:
     """The MemFree the start gate requires of this rank, in kB: sparkrig-prep's own
     memory_floor, fed the flags the rank unit gives it (units.memory_gate_args)."""
     from sparkhost import prep
-
-    from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value
-    from sparkrig.serving import rank_serve_args
 
     k = s.knobs
     util = flag_value(rank_serve_args(s), "--gpu-memory-utilization") or GPU_MEMORY_UTILIZATION
@@ -221,6 +273,11 @@ def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
         out.append(f"GID index: start gate handed over {st.gid_handed}, live table {live}")
     if st.mtu != k.fabric_mtu:
         out.append(f"MTU {st.mtu} on {s.me.fabric_interface}, want {k.fabric_mtu}")
+    if k.gpu_clock_max_mhz is not None and st.gpu_clock_unit != "active":
+        out.append(
+            f"GPU clock lock sparkrig-gpu-clock is {st.gpu_clock_unit or 'absent'}: the clock is "
+            f"not capped at {k.gpu_clock_max_mhz} MHz (re-run the deploy)"
+        )
     if st.weights_commit != k.model_revision:
         out.append(f"weights {st.weights_commit or 'absent'}, want {k.model_revision}")
     # A serving rank holds its memory; a rank that is down must find the start gate's floor free,
@@ -232,6 +289,32 @@ def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
             f"{floor / 1024**2:.1f} GiB: the rank would refuse to start (sparkrig-prep lists "
             "what holds the memory)"
         )
+    return out
+
+
+def baseline_line(st: RankState) -> str:
+    """The rank's baseline, and what moved since the gates passed on the recorded one."""
+    if st.baseline is None:
+        return "baseline: not read"
+    moved = drift(dict(st.recorded), st.baseline)
+    since = (
+        f"moved since the gates passed: {'; '.join(moved)}"
+        if moved
+        else ("as recorded when the gates passed" if st.recorded else "none recorded yet")
+    )
+    return f"baseline: {describe(st.baseline)} | {since}"
+
+
+def baseline_problems(st: RankState) -> list[str]:
+    """A baseline that moved since the gates passed on it: the pair was not proven on it."""
+    out = [st.record_error] if st.record_error else []
+    if st.baseline is not None and st.recorded:
+        moved = drift(dict(st.recorded), st.baseline)
+        if moved:
+            out.append(
+                f"baseline moved since the gates passed ({'; '.join(moved)}): run the deploy, "
+                "whose gates prove and record it"
+            )
     return out
 
 
@@ -259,6 +342,20 @@ def budget_line(st: RankState, watchdog_on: bool, now: float) -> str:
     return "; ".join(parts)
 
 
+def probe_line(st: RankState, watchdog_on: bool, now: float) -> str:
+    """The watchdog's last probe, as the pair helpers' line ends."""
+    if not watchdog_on:
+        return ""
+    return f"; last probe: {st.probe.text(now) if st.probe else 'none yet'}"
+
+
+def gpu_clock_text(s: Settings, st: RankState) -> str:
+    """The GPU clock cap as the rank's line shows it."""
+    mhz = s.knobs.gpu_clock_max_mhz
+    text = "unlocked" if mhz is None else f"<= {mhz} MHz ({st.gpu_clock_unit or 'absent'})"
+    return text + (f", sm {st.gpu_sm_mhz} MHz" if st.gpu_sm_mhz is not None else "")
+
+
 def line(s: Settings, st: RankState, verified: str) -> str:
     """The rank's one line of the status screen."""
     gid = f"gid env={st.gid_env} live={live_gid_index(s, st)}"
@@ -268,6 +365,7 @@ def line(s: Settings, st: RankState, verified: str) -> str:
         f"rank{s.me.rank} {s.unit_name} {st.active}/{st.sub} since {st.since or '-'} | "
         f"image {st.image.rsplit(':', 1)[-1] or '-'} | {gid} | mtu {st.mtu} | "
         f"weights {st.weights_commit[:12] or '-'} verified {verified} | "
+        f"{figure_text(dict(st.fabric))} | gpu clock {gpu_clock_text(s, st)} | "
         f"MemFree {st.memfree_kb // 1024} MiB"
         + (
             f" (start floor {memfree_floor_kb(s, st.memtotal_kb) // 1024} MiB)"

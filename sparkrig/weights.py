@@ -10,20 +10,21 @@ import os
 import shlex
 from collections.abc import Generator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
-from pyinfra.api.exceptions import DeployError, FactProcessError
+from pyinfra.api.exceptions import FactProcessError
 from sparkhost.lockfile import installed_path
 from sparkhost.tokenfile import read_secret
 from sparkhost.units import transient_command
 
-from sparkrig import hoststate, lockfile
-from sparkrig.failhost import fail_host
-from sparkrig.release import revision_dir
+from sparkrig import lockfile
+from sparkrig.failing import fail_host
+from sparkrig.hostpkg import PYTHON
+from sparkrig.paths import revision_dir
 from sparkrig.settings import Settings
+from sparkrig.stateread import Part, Values, read_here
 
 
 @dataclass(frozen=True)
@@ -41,33 +42,15 @@ class Artifact:
 def artifacts(s: Settings) -> list[Artifact]:
     """The model, plus the drafter when the profile needs it; each with its checked lockfile."""
     k = s.knobs
-    wanted = [("model", k.model_repo, k.model_revision)]
-    if s.needs_drafter:
-        wanted.append(("drafter", k.drafter_repo, k.drafter_revision))
     out = []
-    for name, repo, revision in wanted:
-        path = Path(k.lockfile_dir) / lockfile.lock_name(repo)
-        refresh = (
-            f"python3 -m sparkrig.lockfile refresh --repo {repo} --revision {revision} "
-            f"--endpoint {k.hub_endpoint} --out {path}"
-        )
-        if not path.exists():
-            raise DeployError(f"no lockfile {path} for {repo}; make it with:\n  {refresh}")
-        try:
-            lock = lockfile.load(str(path))
-        except (OSError, ValueError) as err:
-            raise DeployError(f"lockfile {path}: {err}") from None
-        if lock.get("repo") != repo or lock.get("commit") != revision:
-            raise DeployError(
-                f"lockfile {path} is for {lock.get('repo')}@{lock.get('commit')}, not "
-                f"{repo}@{revision}; refresh it with:\n  {refresh}"
-            )
+    for name, repo, revision in s.locked_artifacts:
+        text, lock = lockfile.checked(k.lockfile_dir, repo, revision, k.hub_endpoint)
         totals = lockfile.summary(lock)
         out.append(
             Artifact(
                 name=name,
                 subdir=f"{name}-{revision}",
-                lock_text=path.read_text(),
+                lock_text=text,
                 remote_lock=installed_path(k.config_dir, name),
                 dest=revision_dir(k.weights_dir, name, revision),
                 commit=revision,
@@ -137,8 +120,6 @@ class WeightsState(FactBase[WeightsReport]):
     default = WeightsReport
 
     def command(self, sparkhost: str, lock: str, dest: str) -> StringCommand:
-        from sparkrig.hostpkg import PYTHON
-
         return StringCommand(
             "test -f", QuoteString(f"{sparkhost}/state.py"), "&& test -f", QuoteString(lock),
             "&&", PYTHON, QuoteString(sparkhost), "state --lock", QuoteString(lock),
@@ -158,6 +139,25 @@ class WeightsState(FactBase[WeightsReport]):
 # ---------------------------------------------------------------------------------------------
 # Operations
 # ---------------------------------------------------------------------------------------------
+
+
+def weights_key(lock: str) -> str:
+    return f"weights:{lock}"
+
+
+def weights_parts(s: Settings, sparkhost: str) -> list[Part]:
+    """The state read's parts of the weights: one per artifact, judged by the host package's
+    ``state`` job (installed under ``sparkhost``) against its lockfile on the host."""
+    parts = []
+    for a in artifacts(s):
+        args = {"sparkhost": sparkhost, "lock": a.remote_lock, "dest": a.dest}
+        parts.append(Part(weights_key(a.remote_lock), WeightsState, tuple(sorted(args.items()))))
+    return parts
+
+
+def weights_of(values: Values, lock: str) -> WeightsReport:
+    """What ``values`` say of the weights of the lockfile ``lock`` (on the host)."""
+    return values.get(weights_key(lock), WeightsState)
 
 
 @operation()
@@ -193,7 +193,7 @@ def weights_present(
     + source_absent: non-empty when the source is not in this run (the head, under --limit
       worker): fail with this as the reason instead of fetching from no one
     """
-    state = hoststate.mine(f"weights:{lock}").weights_of(lock)
+    state = weights_of(read_here(weights_key(lock)), lock)
     current = state.ok and state.commit == commit
     if current and state.complete:
         host.noop(f"{dest}: all {state.total_files} files of {commit[:12]} verified")

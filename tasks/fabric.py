@@ -19,25 +19,27 @@ from sparkrig.paths import paths
 from sparkrig.render import base_context, render
 from sparkrig.settings import current
 
-s = current()
-k = s.knobs
-iface, address = s.me.fabric_interface, s.me.fabric_address.with_prefixlen
-node = hoststate.read(s).node
+settings = current()
+knobs = settings.knobs
+iface, address = settings.me.fabric_interface, settings.me.fabric_address.with_prefixlen
+node = hoststate.read(settings).node
 
 # preflight refused these unless fabric_takeover is set
 takeover = displace_claims(
     name="Move other configurations of the fabric NIC aside (fabric_takeover)",
-    netplan_files=list(node.netplan_claims) if k.fabric_takeover else [],
-    nm_profiles=[p.path for p in node.nm_claims] if k.fabric_takeover else [],
+    netplan_files=list(node.netplan_claims) if knobs.fabric_takeover else [],
+    nm_profiles=[p.path for p in node.nm_claims] if knobs.fabric_takeover else [],
     dest_dir=DISPLACED_DIR,
 )
 netplan = put_text(
     name="Persist the fabric address and MTU with netplan",
-    text=render("netplan-fabric.yaml.j2", **base_context(s), address=address, mtu=k.fabric_mtu),
-    dest=k.fabric_netplan_file,
+    text=render(
+        "netplan-fabric.yaml.j2", **base_context(settings), address=address, mtu=knobs.fabric_mtu
+    ),
+    dest=knobs.fabric_netplan_file,
     mode="600",
 )
-link_drift = node.mtu != k.fabric_mtu or address not in node.ipv4
+link_drift = node.mtu != knobs.fabric_mtu or address not in node.ipv4
 # Not `netplan apply`: with the NetworkManager renderer it disconnects every netplan-rendered
 # device, flushes their addresses and restarts NetworkManager (docs/fabric.md). Render the
 # profiles, let NM re-read them (active connections are left as they are), and (re)activate the
@@ -55,17 +57,17 @@ pair_restart().trigger("fabric", applied)  # a re-applied fabric breaks NCCL's l
 fabric_path(
     name="Prove the fabric MTU end to end with do-not-fragment pings",
     interface=iface,
-    peers=[r.ip for r in s.others],
-    mtu=k.fabric_mtu,
+    peers=[r.ip for r in settings.others],
+    mtu=knobs.fabric_mtu,
 )
 rank_env = dict(
-    dest=paths(s)["env_file"],
+    dest=paths(settings)["env_file"],
     template="rank.env.j2",
-    context=env_context(s),
-    fabric_ip=s.me.ip,
+    context=env_context(settings),
+    fabric_ip=settings.me.ip,
     fabric_interface=iface,
-    roce_device=s.me.roce_device,
-    roce_port=k.roce_port,
+    roce_device=settings.me.roce_device,
+    roce_port=knobs.roce_port,
 )
 env = rank_env_file(name="Write the rank environment with the detected RoCE GID index", **rank_env)
 pair_restart().trigger("env", env)

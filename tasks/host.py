@@ -6,23 +6,25 @@ from pyinfra import host
 from pyinfra.operations import server
 
 from sparkrig import hostpkg, hoststate
-from sparkrig.host import SYSCTL_FILE
-from sparkrig.owned import owned_directory, program, put_text
+from sparkrig.node import SYSCTL_FILE
+from sparkrig.owned import owned_directory, owned_file_absent, program, put_text, service
 from sparkrig.paths import paths
 from sparkrig.render import render
 from sparkrig.settings import current
 
-s = current()
-k = s.knobs
-node = hoststate.read(s).node
+settings = current()
+knobs = settings.knobs
+node = hoststate.read(settings).node
 
 sysctl = put_text(
     name="Own the sparkrig sysctl file",
-    text=render("sysctl.conf.j2", swappiness=k.swappiness, min_free_kbytes=k.min_free_kbytes),
+    text=render(
+        "sysctl.conf.j2", swappiness=knobs.swappiness, min_free_kbytes=knobs.min_free_kbytes
+    ),
     dest=SYSCTL_FILE,
 )
-live_drift = node.swappiness != k.swappiness or (
-    k.min_free_kbytes is not None and node.min_free_kbytes != k.min_free_kbytes
+live_drift = node.swappiness != knobs.swappiness or (
+    knobs.min_free_kbytes is not None and node.min_free_kbytes != knobs.min_free_kbytes
 )
 server.shell(
     name="Apply the sparkrig sysctl file",
@@ -30,10 +32,14 @@ server.shell(
     _if=lambda: sysctl.did_change() or live_drift,
 )
 
-directories = [k.install_dir, paths(s)["bin_dir"], *hostpkg.remote_dirs(k.install_dir)]
-for directory in host.loop([*directories, k.config_dir]):
+directories = [
+    knobs.install_dir,
+    paths(settings)["bin_dir"],
+    *hostpkg.remote_dirs(knobs.install_dir),
+]
+for directory in host.loop([*directories, knobs.config_dir]):
     owned_directory(name="Create sparkrig directories", path=directory, mode="755")
-package = hostpkg.remote_dir(k.install_dir)
+package = hostpkg.remote_dir(knobs.install_dir)
 shipped = {
     module: program(
         name="Install the host package (files/sparkhost)",
@@ -43,3 +49,41 @@ shipped = {
     for module in host.loop(hostpkg.modules())
 }
 hostpkg.shipped(shipped)  # the service phase restarts the helpers whose modules changed
+
+# Opt-in GPU clock cap (knob gpu_clock_max_mhz, reported to stop overheat shutdowns during long
+# prefills): a oneshot unit applies `nvidia-smi -lgc 0,<MHz>` at every boot, ordered before the
+# rank unit, and now; switched off, it is stopped (its ExecStop resets the clocks) and removed.
+clock_unit = paths(settings)["gpu_clock_unit"]
+if knobs.gpu_clock_max_mhz is not None:
+    clock = put_text(
+        name="Install the GPU clock lock unit",
+        text=render(
+            "sparkrig-gpu-clock.service.j2", unit=settings.unit_name, mhz=knobs.gpu_clock_max_mhz
+        ),
+        dest=clock_unit,
+    )
+    service(
+        name="Apply the GPU clock lock after its unit changed",
+        service="sparkrig-gpu-clock",
+        running=True,
+        enabled=True,
+        restarted=True,
+        daemon_reload=True,
+        _if=clock.did_change,
+    )
+    service(
+        name="Keep the GPU clock lock applied and enabled at boot",
+        service="sparkrig-gpu-clock",
+        running=True,
+        enabled=True,
+    )
+else:
+    service(
+        name="Stop the GPU clock lock while it is switched off",
+        service="sparkrig-gpu-clock",
+        running=False,
+        enabled=False,
+    )
+    owned_file_absent(
+        name="Remove the GPU clock lock unit while it is switched off", path=clock_unit
+    )

@@ -22,17 +22,17 @@ from sparkrig.image import (
 from sparkrig.ordering import on_head, on_workers
 from sparkrig.settings import current, for_inventory
 
-s = current()
-k = s.knobs
-assert k.base_image is not None  # settings refuse a missing base_image before any task runs
-base = k.base_image
-tag = patched_tag(base, k.image_skip_patches)
-is_head = s.me.is_head
+settings = current()
+knobs = settings.knobs
+assert knobs.base_image is not None  # settings refuse a missing base_image before any task runs
+base = knobs.base_image
+tag = patched_tag(base, knobs.image_skip_patches)
+is_head = settings.me.is_head
 
 
 def _state(name: str) -> ImageReport:
     return hoststate.read(for_inventory(inventory)[name]).image_of(
-        image_repo=k.image_repo, base_image=base, tag=tag
+        image_repo=knobs.image_repo, base_image=base, tag=tag
     )
 
 
@@ -41,13 +41,13 @@ def _state(name: str) -> ImageReport:
 missing: list[str] = []
 mismatched: list[str] = []
 if is_head:
-    mine = _state(s.me.name)
-    workers = {w.name: _state(w.name) for w in s.workers}
+    mine = _state(settings.me.name)
+    workers = {w.name: _state(w.name) for w in settings.workers}
     plan = copy_plan(mine, workers, base)
     missing, mismatched = plan.missing, plan.mismatched
-    host.log(f"image: {describe(mine, base, k.image_repo, tag)}")
+    host.log(f"image: {describe(mine, base, knobs.image_repo, tag)}")
     for name, report in workers.items():
-        host.log(f"image on {name}: {describe(report, base, k.image_repo, tag)}")
+        host.log(f"image on {name}: {describe(report, base, knobs.image_repo, tag)}")
 
 # Every operation below exists on every host (acting only where its condition holds), so all
 # hosts share one sequence: the head pulls, saves and serves, the workers copy, the head stops
@@ -56,7 +56,7 @@ on_head(
     is_head,
     base_image_pulled,
     name="Pull the pinned base image on the head",
-    image_repo=k.image_repo,
+    image_repo=knobs.image_repo,
     base_image=base,
     tag=tag,
 )
@@ -64,42 +64,42 @@ served = on_head(
     is_head,
     base_image_served,
     name="Serve the base image to the workers over the fabric",
-    image_repo=k.image_repo,
+    image_repo=knobs.image_repo,
     base_image=base,
-    fetcher=hostpkg.invocation(k.install_dir),
-    directory=k.image_transfer_dir,
-    listen=f"{s.me.ip}:{k.image_copy_port}",
+    fetcher=hostpkg.invocation(knobs.install_dir),
+    directory=knobs.image_transfer_dir,
+    listen=f"{settings.me.ip}:{knobs.image_copy_port}",
     workers=missing,
     mismatched=mismatched,
-    bind_device=s.me.fabric_interface,
+    bind_device=settings.me.fabric_interface,
 )
 on_workers(
     is_head,
     base_image_loaded,
     name="Copy the base image from the head over the fabric",
-    image_repo=k.image_repo,
+    image_repo=knobs.image_repo,
     base_image=base,
     tag=tag,
-    directory=k.image_transfer_dir,
-    source=f"http://{s.head.ip}:{k.image_copy_port}",
+    directory=knobs.image_transfer_dir,
+    source=f"http://{settings.head.ip}:{knobs.image_copy_port}",
     source_absent=""
-    if state.is_host_in_limit(inventory.get_host(s.head.name))
-    else f"the head ({s.head.name}) serves it to the workers and is not in this run: run "
+    if state.is_host_in_limit(inventory.get_host(settings.head.name))
+    else f"the head ({settings.head.name}) serves it to the workers and is not in this run: run "
     "`pyinfra inventory.py deploy.py` with the head (no --limit)",
 )
 on_head(
     is_head,
     base_image_unserved,
     name="Stop serving the base image",
-    directory=k.image_transfer_dir,
+    directory=knobs.image_transfer_dir,
     served=bool(missing),
     _if=served.did_change,
 )
 patched_image_built(
     name="Build the patched serving image",
-    image_repo=k.image_repo,
+    image_repo=knobs.image_repo,
     base_image=base,
     tag=tag,
-    build_dir=f"{k.install_dir}/image-build",
-    skip_patches=list(k.image_skip_patches),
+    build_dir=f"{knobs.install_dir}/image-build",
+    skip_patches=list(knobs.image_skip_patches),
 )

@@ -2,62 +2,86 @@
 command reaches a host), report each node, and refuse a host that cannot be converged before
 anything on it changes."""
 
-from pyinfra import host, inventory, logger
+from pyinfra import host, inventory, logger, state
 
-from sparkrig import hoststate
-from sparkrig.failhost import refuse
+from sparkrig import baseline, hoststate
+from sparkrig.failing import refuse
 from sparkrig.pairsecret import api_key, pair_secret
 from sparkrig.preflight import describe, problems, warnings
 from sparkrig.release import adoptable
 from sparkrig.settings import current, for_inventory
 from sparkrig.weights import Artifact, artifacts
 
-s = current()
-node = hoststate.read(s).node  # this host's one state read, kept for every phase
+settings = current()
+node = hoststate.read(settings).node  # this host's one state read, kept for every phase
 peers = {}
-if s.me.is_head:  # the head compares itself with every worker (drivers, vm.min_free_kbytes)
+if settings.me.is_head:  # the head compares itself with every worker (drivers, vm.min_free_kbytes)
     everyone = for_inventory(inventory)
-    peers = {w.name: hoststate.read(everyone[w.name]).node for w in s.workers}
+    peers = {w.name: hoststate.read(everyone[w.name]).node for w in settings.workers}
 
-logger.info(f"{host.print_prefix}rank {s.me.rank}: {describe(node)}")
-for warning in warnings(s, node, peers):
+logger.info(f"{host.print_prefix}rank {settings.me.rank}: {describe(node)}")
+for warning in warnings(settings, node, peers):
     logger.warning(f"{host.print_prefix}{warning}")
 
 # The agents' secret: the pair's own, unless no rank holds one or the operator rotates it.
-secret = pair_secret(s)
+secret = pair_secret(settings, hoststate.values)
 if secret.warning:
     logger.warning(f"{host.print_prefix}{secret.warning}")
 if secret.source:
     logger.info(f"{host.print_prefix}agents' secret: {secret.source}")
 # The API key: the head's own, decided only when the head is in the run (said on the head).
-api = api_key(s)
-if api is not None and api.warning and s.me.is_head:
+api = api_key(settings, hoststate.values)
+if api is not None and api.warning and settings.me.is_head:
     logger.warning(f"{host.print_prefix}{api.warning}")
-if api is not None and api.source and s.me.is_head:
+if api is not None and api.source and settings.me.is_head:
     logger.info(f"{host.print_prefix}API key: {api.source}")
 
 
 # A checkout already complete at the pinned revisions needs no free space for the weights; nor
 # does one of the old layout the weights phase renames (its lockfile is the pinned one).
 def complete_here(art: Artifact) -> bool:
-    state = hoststate.read(s)
+    state = hoststate.read(settings)
     held = state.weights_of(art.remote_lock)
-    return (held.complete and held.commit == art.commit) or adoptable(art, state)
+    return (held.complete and held.commit == art.commit) or adoptable(
+        art, state.file(art.remote_lock), state.release
+    )
 
 
-complete = all(complete_here(art) for art in artifacts(s))
-found = problems(s, node, peers, weights_complete=complete)
+complete = all(complete_here(art) for art in artifacts(settings))
+found = problems(settings, node, peers, weights_complete=complete)
 found += [secret.problem] if secret.problem else []
 found += [api.problem] if api is not None and api.problem else []
 
+# The host baseline (sparkrig/baseline.py): every rank of the run on one kernel, driver and NIC
+# firmware, none on a known-bad combination. Each rank's read is shared: no command more.
+everyone = for_inventory(inventory)
+in_run = [r for r in settings.ranks if state.is_host_in_limit(inventory.get_host(r.name))]
+mine = hoststate.read(settings).baseline
+logger.info(f"{host.print_prefix}baseline: {baseline.describe(mine)}")
+ranks = {r.name: hoststate.read(everyone[r.name]).baseline for r in in_run}
+table = baseline.mismatch(ranks, [r.name for r in in_run])
+if table and not settings.knobs.baseline_mismatch_ok:
+    found.append(table)
+elif table:
+    logger.warning(f"{host.print_prefix}{table} (accepted: baseline_mismatch_ok)")
+if not settings.knobs.baseline_known_bad_ok:
+    found += baseline.known_bad(settings, mine)
+recorded = hoststate.read(settings).release.serving
+moved = baseline.drift(dict(recorded.baseline), mine) if recorded is not None else []
+if moved:
+    logger.warning(
+        f"{host.print_prefix}baseline moved since the gates last passed: {'; '.join(moved)} "
+        "(recorded again once the gates pass on it)"
+    )
+
 # weights_verify = "full" re-hashes ~181 GiB through the page cache: never beside a serving rank
 # (hard power-offs while sha256sum flooded the page cache: docs/sources.md, "Memory gate").
-if s.knobs.weights_verify == "full":
-    unit = f"{s.unit_name}.service"
-    if hoststate.read(s).unit(unit)[0]:
+if settings.knobs.weights_verify == "full":
+    unit = f"{settings.unit_name}.service"
+    if hoststate.read(settings).unit(unit)[0]:
         found.append(
             f"weights_verify = 'full' re-hashes every weights file through the page cache and "
             f"{unit} is serving: stop the pair first (on the head: `sudo systemctl stop "
-            f"{s.head_unit_name}`, the workers follow), then run again"
+            f"{settings.head_unit_name}`, the workers follow), then run again"
         )
 refuse(name="Refuse a host that fails preflight", problems=found)

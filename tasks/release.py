@@ -6,27 +6,27 @@ the gates. An upgrade needs the whole pair: refused, before anything changes, wi
 from pyinfra import host, inventory, logger, state
 
 from sparkrig import hoststate
-from sparkrig.failhost import refuse
-from sparkrig.release import change, previous_kept, report_of
+from sparkrig.failing import refuse
+from sparkrig.release import change, previous_kept
 from sparkrig.settings import current
 
-s = current()
-record = report_of(hoststate.read(s))
-moving = change(s, record)
-head_in_run = state.is_host_in_limit(inventory.get_host(s.head.name))
+settings = current()
+record = hoststate.read(settings).release
+release_change = change(settings, record)
+head_in_run = state.is_host_in_limit(inventory.get_host(settings.head.name))
 
 found = []
 if record.error:
     logger.warning(f"{host.print_prefix}{record.error}: no rollback until a run passes the gates")
-if moving:
+if release_change:
     logger.info(
-        f"{host.print_prefix}release changes ({moving}): the previous release is kept and "
+        f"{host.print_prefix}release changes ({release_change}): the previous release is kept and "
         "rolled back to if the new one fails to boot or fails a gate"
     )
     if not head_in_run:
         found.append(
-            f"the release changes ({moving}): an upgrade restarts the whole pair and rolls it "
-            "back if it fails; run `pyinfra inventory.py deploy.py` with the head (no --limit)"
+            f"the release changes ({release_change}): an upgrade restarts the whole pair and rolls "
+            "it back if it fails; run `pyinfra inventory.py deploy.py` with the head (no --limit)"
         )
 refuse(
     name="Refuse an upgrade of half a pair",
@@ -37,5 +37,5 @@ refuse(
 serving = record.serving
 previous_kept(
     name="Keep the serving release's unit and lockfiles until the new release passes the gates",
-    files=list(serving.files) if moving and serving is not None else [],
+    files=list(serving.files) if release_change and serving is not None else [],
 )

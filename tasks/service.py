@@ -10,13 +10,14 @@ from pyinfra import host, inventory, logger
 from pyinfra.operations import python, server, systemd
 
 from sparkrig import hostpkg, hoststate
+from sparkrig.busbw import smoke_figures
 from sparkrig.image import serving_image
 from sparkrig.ordering import on_head, on_workers
 from sparkrig.owned import owned_file_absent, put_text, secret_file, service
 from sparkrig.pairrestart import pair_restart
 from sparkrig.pairsecret import api_key, control_token, pair_secret, write_control_copy_later
 from sparkrig.paths import paths
-from sparkrig.release import change, report_of, rollback
+from sparkrig.release import change, rollback
 from sparkrig.render import base_context, render
 from sparkrig.serving import (
     SMOKE_CONTAINER,
@@ -29,23 +30,22 @@ from sparkrig.serving import (
     role_template,
     smoke_run_args,
     supervisor_unit_context,
-    wait_for_ranks,
     watchdog_unit_context,
-    worker_wait_args,
 )
 from sparkrig.settings import current, for_inventory
+from tasks.pair_start import pair_started_in_order
 
-s = current()
-k = s.knobs
-p = paths(s)
-weights_id = f"{k.model_repo}@{k.model_revision}"
-if s.needs_drafter:
-    weights_id += f" + {k.drafter_repo}@{k.drafter_revision}"
+settings = current()
+knobs = settings.knobs
+host_paths = paths(settings)
+weights_id = f"{knobs.model_repo}@{knobs.model_revision}"
+if settings.needs_drafter:
+    weights_id += f" + {knobs.drafter_repo}@{knobs.drafter_revision}"
 
 # The stop-together watch and the helpers run the host package's pair job (shipped by the host
 # phase): a change to any module that job loads restarts them, a change elsewhere does not.
 pair_program = hostpkg.changed("pair")
-image = serving_image(s)  # the patched image every rank runs (tasks/image.py builds it)
+image = serving_image(settings)  # the patched image every rank runs (tasks/image.py builds it)
 # The API key (knob api_auth) lives with the head, like the agents' secret (sparkrig/pairsecret.py):
 # the head's installed key wins, the control side's copy (api_key_file) is used only when the head
 # has none, a new one is made only when neither has one or on request (api_key_rotate). On the head
@@ -54,23 +54,25 @@ image = serving_image(s)  # the patched image every rank runs (tasks/image.py bu
 # pair (vLLM reads it at start). The control side gets a copy of the head's key when it lacks it,
 # for the clients. Without the head in the run (--limit worker) nothing about the key is decided.
 # Off: both files go and the rank unit loses its --env-file.
-is_head = s.me.is_head
-head_knobs = for_inventory(inventory)[s.head.name].knobs  # head-only knobs, the same everywhere
-api = api_key(s)
+is_head = settings.me.is_head
+head_knobs = for_inventory(inventory)[
+    settings.head.name
+].knobs  # head-only knobs, the same everywhere
+api = api_key(settings, hoststate.values)
 if head_knobs.api_auth and api is not None and api.token:
     on_head(
         is_head,
         secret_file,
         name="Install the API key",
         text=api.token + "\n",
-        dest=p["api_key"],
+        dest=host_paths["api_key"],
     )
     key_env = on_head(
         is_head,
         secret_file,
         name="Install the API key env file for vLLM",
         text=api_key_env(api.token),
-        dest=p["api_key_env"],
+        dest=host_paths["api_key_env"],
     )
     pair_restart().trigger("api_key", key_env)
     if control_token(head_knobs.api_key_file) != api.token:
@@ -81,7 +83,7 @@ if head_knobs.api_auth and api is not None and api.token:
             function=write_control_copy_later(head_knobs.api_key_file, api.token),
         )
 elif not head_knobs.api_auth:
-    for path in host.loop([p["api_key"], p["api_key_env"]]):
+    for path in host.loop([host_paths["api_key"], host_paths["api_key_env"]]):
         on_head(
             is_head,
             owned_file_absent,
@@ -90,13 +92,13 @@ elif not head_knobs.api_auth:
         )
 rank_unit = put_text(
     name="Install the rank unit",
-    text=render("sparkrig-rank.service.j2", **rank_unit_context(s, image, weights_id)),
-    dest=p["rank_unit"],
+    text=render("sparkrig-rank.service.j2", **rank_unit_context(settings, image, weights_id)),
+    dest=host_paths["rank_unit"],
 )
 pair_unit = put_text(
     name="Install the stop-together unit",
-    text=render("sparkrig-pair.service.j2", **pair_unit_context(s)),
-    dest=p["pair_unit"],
+    text=render("sparkrig-pair.service.j2", **pair_unit_context(settings)),
+    dest=host_paths["pair_unit"],
 )
 restart = pair_restart()
 restart.trigger("rank_unit", rank_unit)
@@ -114,16 +116,16 @@ systemd.daemon_reload(
 # restarts them.
 secret = secret_file(
     name="Install the agents' shared secret",
-    text=pair_secret(s).token + "\n",
-    dest=p["pair_token"],
+    text=pair_secret(settings, hoststate.values).token + "\n",
+    dest=host_paths["pair_token"],
 )
 agent_unit = role_template(
     on_workers,
     is_head,
     name="Install the worker agent unit",
     template="sparkrig-agent.service.j2",
-    context=agent_unit_context(s),
-    dest=p["agent_unit"],
+    context=agent_unit_context(settings),
+    dest=host_paths["agent_unit"],
 )
 keep_helper_running(
     on_workers,
@@ -136,8 +138,8 @@ role_template(
     is_head,
     name="Install the ordered pair restart command",
     template="sparkrig-restart-pair.j2",
-    context={**base_context(s), "restart_args": restart_args(s)},
-    dest=p["restart_script"],
+    context={**base_context(settings), "restart_args": restart_args(settings)},
+    dest=host_paths["restart_script"],
     mode="755",
 )
 supervisor_unit = role_template(
@@ -145,8 +147,8 @@ supervisor_unit = role_template(
     is_head,
     name="Install the pair supervisor unit",
     template="sparkrig-supervisor.service.j2",
-    context=supervisor_unit_context(s),
-    dest=p["supervisor_unit"],
+    context=supervisor_unit_context(settings),
+    dest=host_paths["supervisor_unit"],
 )
 watchdog_on = head_knobs.watchdog
 if watchdog_on:
@@ -155,8 +157,8 @@ if watchdog_on:
         is_head,
         name="Install the watchdog unit",
         template="sparkrig-watchdog.service.j2",
-        context=watchdog_unit_context(s),
-        dest=p["watchdog_unit"],
+        context=watchdog_unit_context(settings),
+        dest=host_paths["watchdog_unit"],
     )
 else:
     on_head(
@@ -171,7 +173,7 @@ else:
         is_head,
         owned_file_absent,
         name="Remove the watchdog unit while it is switched off",
-        path=p["watchdog_unit"],
+        path=host_paths["watchdog_unit"],
     )
 
 # The stop-together watch runs beside a live rank: a new program restarts the watch, not the rank.
@@ -185,19 +187,20 @@ service(
 # Ordered pair restart and start. Every operation below exists on every host (acting only where
 # its condition holds), so all hosts share one sequence and pyinfra's per-operation barrier orders
 # them: stop every rank together, start the workers, wait for their containers, start the head.
-rank_active, _ = hoststate.read(s).unit(s.unit_name)
+rank_active, _ = hoststate.read(settings).unit(settings.unit_name)
 # During an upgrade a failed smoke test or start does not stop the run: it decides the rollback
 # (sparkrig/release.py, tasks/verify.py), and what would start the new release is skipped.
-upgrading = bool(change(s, report_of(hoststate.read(s))))
-back = rollback()
+upgrading = bool(change(settings, hoststate.read(settings).release))
+rolls_back = rollback()
 # --limit worker: the head is not in this run. The worker then leaves its rank to the head's
 # supervisor (an authenticated request below); anything needing the head is skipped, and said so.
-head_in_run = host.state.is_host_in_limit(inventory.get_host(s.head.name))
+head_in_run = host.state.is_host_in_limit(inventory.get_host(settings.head.name))
 if not head_in_run:
     logger.info(
-        f"{host.print_prefix}the head ({s.head.name}) is not in this run: a pair restart is asked "
-        "of its supervisor; the NCCL smoke test and the serving gates are skipped, and so is "
-        "the image prune: run `pyinfra inventory.py deploy.py` with the head (no --limit) for them"
+        f"{host.print_prefix}the head ({settings.head.name}) is not in this run: a pair restart "
+        "is asked of its supervisor; the NCCL smoke test and the serving gates are skipped, and so "
+        "is the image prune: run `pyinfra inventory.py deploy.py` with the head (no --limit) "
+        "for them"
     )
 on_head(
     is_head,
@@ -217,7 +220,7 @@ on_head(
 )
 service(
     name="Stop every rank for an ordered pair restart",
-    service=s.unit_name,
+    service=settings.unit_name,
     running=False,
     _if=lambda: head_in_run and restart(),
 )
@@ -225,14 +228,14 @@ service(
 # workers launched first (they wait in the rendezvous), the head in the foreground, then the
 # workers' verdicts. It fails the deploy, naming the transport, when NCCL did not use IB/RoCE.
 # Without the head in the run there is no one to all-reduce with: skipped (logged above).
-smoke = k.nccl_smoke and head_in_run
+smoke = knobs.nccl_smoke and head_in_run
 on_workers(
     is_head,
     server.shell,
     name="Launch the NCCL smoke test on the workers",
     commands=[
         f"docker rm --force {SMOKE_CONTAINER} >/dev/null 2>&1 || true",
-        shlex.join(smoke_run_args(s, image, detach=True)),
+        shlex.join(smoke_run_args(settings, image, detach=True)),
     ],
     _if=lambda: smoke and (restart() or not rank_active),
 )
@@ -240,11 +243,11 @@ smoke_head = on_head(
     is_head,
     server.shell,
     name="Run the NCCL smoke test on the head",
-    commands=[shlex.join(smoke_run_args(s, image))],
+    commands=[shlex.join(smoke_run_args(settings, image))],
     _if=lambda: smoke and (restart() or not rank_active),
     _ignore_errors=upgrading,
 )
-back.watch("NCCL smoke test", smoke_head)
+rolls_back.watch("NCCL smoke test", smoke_head)
 smoke_workers = on_workers(
     is_head,
     server.shell,
@@ -256,53 +259,38 @@ smoke_workers = on_workers(
     _if=lambda: smoke and (restart() or not rank_active),
     _ignore_errors=upgrading,
 )
-back.watch("NCCL smoke test", smoke_workers)
-worker_start = on_workers(
-    is_head,
-    service,
-    name="Start the worker rank",
-    service=s.unit_name,
-    running=True,
+rolls_back.watch("NCCL smoke test", smoke_workers)
+smoke_figures().watch(host.name, smoke_head if settings.me.is_head else smoke_workers)
+pair_started_in_order(
+    settings,
+    names=(
+        "Start the worker rank", "Wait until every worker's container runs", "Start the head rank"
+    ),
+    when=(
+        lambda: (head_in_run or not (restart() or not rank_active)) and not rolls_back(),
+        lambda: (restart() or not rank_active) and not rolls_back(),
+        lambda: not rolls_back(),
+    ),
     enabled=True,
-    _if=lambda: (head_in_run or not (restart() or not rank_active)) and not back(),
-    _ignore_errors=upgrading,
-)
-back.watch("worker start", worker_start)
-on_workers(
-    is_head,
-    server.shell,
-    name="Ask the head's supervisor to restart the pair in order",
-    commands=[
-        shlex.join(
-            [
-                *hostpkg.command(k.install_dir, "pair"), "request", "--head", s.head.ip,
-                "--port", str(k.pair_port), "--agent-port", str(k.agent_port),
-                "--token-file", p["pair_token"], "--timeout", "900",
-            ]
-        )
-    ],
-    _if=lambda: not head_in_run and (restart() or not rank_active),
+    ignore_errors=upgrading,
+    watch=rolls_back,
+    after_workers=lambda: on_workers(
+        is_head,
+        server.shell,
+        name="Ask the head's supervisor to restart the pair in order",
+        commands=[
+            shlex.join(
+                [
+                    *hostpkg.command(knobs.install_dir, "pair"), "request",
+                    "--head", settings.head.ip,
+                    "--port", str(knobs.pair_port), "--agent-port", str(knobs.agent_port),
+                    "--token-file", host_paths["pair_token"], "--timeout", "900",
+                ]
+            )
+        ],
+        _if=lambda: not head_in_run and (restart() or not rank_active),
+    ),
 )  # fmt: skip
-workers_up = on_head(
-    is_head,
-    wait_for_ranks,
-    name="Wait until every worker's container runs",
-    **worker_wait_args(s),
-    _if=lambda: (restart() or not rank_active) and not back(),
-    _ignore_errors=upgrading,
-)
-back.watch("workers' containers", workers_up)
-head_start = on_head(
-    is_head,
-    service,
-    name="Start the head rank",
-    service=s.unit_name,
-    running=True,
-    enabled=True,
-    _if=lambda: not back(),
-    _ignore_errors=upgrading,
-)
-back.watch("head start", head_start)
 
 keep_helper_running(
     on_head,
@@ -322,7 +310,7 @@ if watchdog_on:
 # package, so nothing starts them any more. Kept while the release changes: a rollback puts the
 # previous release's rank unit back (sparkrig/release.py), and one from before the package runs
 # them; the first run without a release change removes them.
-for legacy in host.loop(hostpkg.legacy_files(k.install_dir)):
+for legacy in host.loop(hostpkg.legacy_files(knobs.install_dir)):
     owned_file_absent(
         name="Remove the programs the host package replaced",
         path=legacy,

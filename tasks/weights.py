@@ -24,12 +24,12 @@ from sparkrig.weights import (
     weights_rehashed,
 )
 
-s = current()
-k = s.knobs
-p = paths(s)
-fetcher = hostpkg.invocation(k.install_dir)  # + fetch, verify, serve, follow (tasks/host.py)
+settings = current()
+knobs = settings.knobs
+host_paths = paths(settings)
+fetcher = hostpkg.invocation(knobs.install_dir)  # + fetch, verify, serve, follow (tasks/host.py)
 
-for directory in host.loop([k.weights_dir, k.cache_dir]):
+for directory in host.loop([knobs.weights_dir, knobs.cache_dir]):
     owned_directory(name="Create the weights and cache directories", path=directory, mode="755")
 
 # Weights live per revision (<weights_dir>/<name>-<commit>) so an upgrade keeps the previous
@@ -38,30 +38,36 @@ for directory in host.loop([k.weights_dir, k.cache_dir]):
 for legacy in host.loop(LEGACY_DIRS):
     weights_adopted(
         name="Adopt a weights checkout of the old layout as its revision's directory",
-        weights_dir=k.weights_dir,
+        weights_dir=knobs.weights_dir,
         artifact=legacy,
-        lock=installed_path(k.config_dir, legacy),
+        lock=installed_path(knobs.config_dir, legacy),
     )
-wanted = artifacts(s)  # lockfiles read and checked on the control machine
+wanted = artifacts(settings)  # lockfiles read and checked on the control machine
 for art in host.loop(wanted):
     put_text(name="Install the weights lockfiles", text=art.lock_text, dest=art.remote_lock)
 
-is_head = s.me.is_head
+is_head = settings.me.is_head
 # The Hub token is the control machine's (HF_TOKEN or hf_token_file): the same for every host, so
 # every host has the operation when there is one; only the head fetches from the Hub.
-token = token_text(k.hf_token_file)
+token = token_text(knobs.hf_token_file)
 source_token: list[str] = []
 if token is not None:
-    on_head(is_head, secret_file, name="Install the Hub token", text=token, dest=p["token_file"])
-    source_token = ["--token-file", p["token_file"]]
+    on_head(
+        is_head,
+        secret_file,
+        name="Install the Hub token",
+        text=token,
+        dest=host_paths["token_file"],
+    )
+    source_token = ["--token-file", host_paths["token_file"]]
 
 # Every operation below exists on every host (acting only where its condition holds), so all
 # hosts share one sequence: the head fetches, serves, the workers copy, the head stops serving.
-head_in_run = state.is_host_in_limit(inventory.get_host(s.head.name))
+head_in_run = state.is_host_in_limit(inventory.get_host(settings.head.name))
 
 # weights_verify = "full": every rank re-hashes its files first (preflight refused it beside a
 # serving rank); only files that fail are fetched again below, so a healthy pair is not restarted.
-full = k.weights_verify == "full"
+full = knobs.weights_verify == "full"
 for art in host.loop(wanted):
     weights_rehashed(
         name="Re-hash every weights file (weights_verify = full)",
@@ -71,8 +77,8 @@ for art in host.loop(wanted):
         _if=lambda: full,
     )
 
-lanes = [f"--uplink={i}" for i in s.me.uplink_interfaces] or ["--uplink=default"]
-if len(s.me.uplink_interfaces) > 1:
+lanes = [f"--uplink={i}" for i in settings.me.uplink_interfaces] or ["--uplink=default"]
+if len(settings.me.uplink_interfaces) > 1:
     lanes.append("--install-routes")  # per uplink: table 10N + "from <ip> lookup 10N" rule
 for art in host.loop(wanted):
     fetched = on_head(
@@ -83,7 +89,7 @@ for art in host.loop(wanted):
         lock=art.remote_lock,
         dest=art.dest,
         unit=f"sparkrig-fetch-{art.name}",
-        source=["--endpoint", k.hub_endpoint, *lanes, *source_token],
+        source=["--endpoint", knobs.hub_endpoint, *lanes, *source_token],
         commit=art.commit,
         total_files=art.total_files,
         total_bytes=art.total_bytes,
@@ -99,7 +105,7 @@ everyone = for_inventory(inventory)
 def workers_lack() -> bool:
     return any(
         not hoststate.read(everyone[w.name]).weights_of(a.remote_lock).complete
-        for w in s.workers
+        for w in settings.workers
         for a in wanted
     )
 
@@ -111,8 +117,9 @@ serving = on_head(
     name="Serve the verified weights to the workers over the fabric",
     unit="sparkrig-weights-serve",
     command=[
-        *fetcher, "serve", "--dir", k.weights_dir,
-        "--listen", f"{s.me.ip}:{k.copy_port}", "--bind-device", s.me.fabric_interface,
+        *fetcher, "serve", "--dir", knobs.weights_dir,
+        "--listen", f"{settings.me.ip}:{knobs.copy_port}",
+        "--bind-device", settings.me.fabric_interface,
         "--max-seconds", "86400",
     ],
     _if=lambda: workers_lack() if full else lacking,
@@ -127,16 +134,16 @@ for art in host.loop(wanted):
         dest=art.dest,
         unit=f"sparkrig-fetch-{art.name}",
         source=[
-            "--base-url", f"http://{s.head.ip}:{k.copy_port}/{art.subdir}",
-            f"--uplink={s.me.fabric_interface}", "--no-bind-src", "--streams", "4",
+            "--base-url", f"http://{settings.head.ip}:{knobs.copy_port}/{art.subdir}",
+            f"--uplink={settings.me.fabric_interface}", "--no-bind-src", "--streams", "4",
         ],
         commit=art.commit,
         total_files=art.total_files,
         total_bytes=art.total_bytes,
         source_absent=""
         if head_in_run
-        else f"the head ({s.head.name}) serves the weights to the workers and is not in this "
-        "run: run `pyinfra inventory.py deploy.py` with the head (no --limit)",
+        else f"the head ({settings.head.name}) serves the weights to the workers and is not in "
+        "this run: run `pyinfra inventory.py deploy.py` with the head (no --limit)",
     )  # fmt: skip
     pair_restart().trigger("weights", copied)
 on_head(

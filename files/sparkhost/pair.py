@@ -26,9 +26,11 @@ rank died, a node rebooted, the head's start gate timed out) and every worker's 
 ready again, at most `--max-restarts` per `--window` seconds; never after an operator's stop. It
 also takes an authenticated POST /restart-pair, which `request` sends from a worker whose deploy
 ran without the head (`--limit worker`).
-`watchdog` (on the head, opt-in) restarts the pair that way when a real completion fails `--fails`
-times in a row; at most `--max-restarts` per `--window` seconds, never within `--grace` seconds of
-a start. A pair that is down is the supervisor's business, not the watchdog's.
+`watchdog` (on the head) restarts the pair that way when the engine is wedged: requests in flight
+and nothing in vLLM's /metrics moved for `--stall` seconds, or, while idle, a short real completion
+(the canary) failed `--fails` times in a row (sparkhost.wedge); at most `--max-restarts` per
+`--window` seconds, never within `--grace` seconds of a start. A pair that is down is the
+supervisor's business, not the watchdog's.
 
 Stdlib only. Exit codes: 0 ok, 1 timed out / failed / usage.
 """
@@ -47,7 +49,7 @@ import time
 import urllib.error
 import urllib.request
 
-from sparkhost import tokenfile
+from sparkhost import tokenfile, wedge
 from sparkhost.common import read_text as read_flag
 from sparkhost.units import unit_state
 
@@ -391,11 +393,17 @@ class WatchdogPolicy:
         self.restarts: list[float] = []
 
     def observe(
-        self, now: float, active: bool, probe_ok: bool | None, health_ok: bool | None = None
+        self,
+        now: float,
+        active: bool,
+        probe_ok: bool | None,
+        health_ok: bool | None = None,
+        stalled: bool = False,
     ) -> str:
         """Returns "restart", "give-up" or "" (nothing to do). Failed completions count only
         after the first /health 200 since the start: a cold boot (~25-36 min) is not a failure,
-        and a boot that never gets healthy is the start's (and its ready timeout's) to fail."""
+        and a boot that never gets healthy is the start's (and its ready timeout's) to fail.
+        ``stalled`` (work in flight that did not move for stall_s) restarts at once."""
         self.restarts = [t for t in self.restarts if now - t < self.window]
         if self.restarts and now - self.restarts[-1] < self.grace:
             return ""  # a restart is still taking (the unit may not even be activating yet)
@@ -405,7 +413,11 @@ class WatchdogPolicy:
         if self.started_at is None:
             self.started_at = now
         self.healthy = self.healthy or bool(health_ok)
-        if now - self.started_at < self.grace or probe_ok is None or not self.healthy:
+        if now - self.started_at < self.grace or not self.healthy:
+            return ""
+        if stalled:
+            return self._restart(now, "stall")
+        if probe_ok is None:
             return ""
         self.misses = 0 if probe_ok else self.misses + 1
         return self._restart(now, "completions fail") if self.misses >= self.fails else ""
@@ -429,30 +441,56 @@ def http_ok(url: str, timeout: float = 10.0) -> bool:
 
 def watchdog(args: argparse.Namespace) -> int:
     policy = WatchdogPolicy(args.fails, args.grace, args.max_restarts, args.window)
+    clock = wedge.StallClock(args.stall)
     write_budget("watchdog", policy.restarts, args.max_restarts, args.window)
     gave_up = False
     log(
         f"watchdog for {args.head_unit}: probe every {args.interval:.0f} s after {args.grace:.0f} s"
+        f"; stalled when requests in flight move nothing in {args.metrics_url} for "
+        f"{args.stall:.0f} s; while idle a short completion, {args.fails} failures in a row"
     )
     while True:
         now = time.monotonic()
         active, _ = unit_state(args.head_unit)
-        probe_ok = health_ok = None
+        health_ok = None
+        seen: wedge.Probe | None = None
         if active and policy.started_at is not None and now - policy.started_at >= args.grace:
             if not policy.healthy:
                 health_ok = http_ok(args.health_url)
             if policy.healthy or health_ok:
-                probe_ok = subprocess.run(args.probe, shell=True, check=False).returncode == 0
-        verdict = policy.observe(now, active, probe_ok, health_ok)
-        if verdict == "restart":
+                seen = wedge.probe(args.metrics_url, clock, now, lambda: canary(args.probe))
+                wedge.write_probe(wedge.probe_file(RUN), seen)
+        else:
+            clock.reset()
+        probe_ok = None if seen is None else seen.ok
+        stalled = seen is not None and seen.rule == "stall"
+        verdict = policy.observe(now, active, probe_ok, health_ok, stalled=stalled)
+        if verdict == "restart" and seen is not None:
             gave_up = False
+            clock.reset()
             write_budget("watchdog", policy.restarts, args.max_restarts, args.window)
-            log("restarting the pair in order")
+            rule = fired(seen, args.fails)
+            log(f"rule {rule} fired: {seen.detail}; restarting the pair in order")
             restart_pair(args)
         elif verdict == "give-up" and not gave_up:
             gave_up = True
-            log(f"{args.max_restarts} restarts in {args.window:.0f} s: giving up, pair stays down")
+            log(
+                f"{args.max_restarts} restarts in {args.window:.0f} s: giving up, pair stays down "
+                f"(last probe: {seen.text(time.time()) if seen else '-'})"
+            )
         time.sleep(args.interval)
+
+
+def canary(command: str) -> bool:
+    """The short real completion (the gate job's probe) run while the engine is idle."""
+    return subprocess.run(command, shell=True, check=False).returncode == 0
+
+
+def fired(seen: wedge.Probe, fails: int) -> str:
+    """The rule a restart came from, as the journal names it."""
+    if seen.rule == "stall":
+        return "stall"
+    return f"canary ({fails} failed completions in a row)"
 
 
 class SupervisorPolicy:
@@ -648,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--unit", required=True)
     a.add_argument("--token-file", required=True)
     r = sub.add_parser("restart", help="head: restart the pair in order")
-    d = sub.add_parser("watchdog", help="head: restart the pair when completions fail")
+    d = sub.add_parser("watchdog", help="head: restart the pair when the engine is wedged")
     su = sub.add_parser("supervise", help="head: restart a pair that went down by itself")
     for sp in (r, d, su):
         sp.add_argument("--head-unit", required=True)
@@ -660,6 +698,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--probe", required=True, help="shell command: a real completion")
     d.add_argument("--health-url", default="http://127.0.0.1:8000/health",
                    help="probing starts after this answers 200 once since the start")  # fmt: skip
+    d.add_argument("--metrics-url", default="http://127.0.0.1:8000/metrics",
+                   help="vLLM's Prometheus metrics on the head")  # fmt: skip
+    d.add_argument("--stall", type=float, default=300,
+                   help="seconds requests in flight may move nothing in /metrics")  # fmt: skip
     d.add_argument("--interval", type=float, default=60)
     d.add_argument("--fails", type=int, default=3)
     d.add_argument("--grace", type=float, default=1800)

@@ -11,6 +11,11 @@
 4. Drop the page cache (it counts as used GPU memory on unified memory) and wait until MemFree,
    not MemAvailable, reaches the floor; otherwise list the top consumers and refuse to start.
 
+4a. Leftovers of a crash: this rank's own container, by its name, when it is still there (an
+   engine that outlived its unit, a removal docker did not finish) is removed; then, while GPU
+   compute processes are left without another container (a dead engine's, still exiting) or the
+   container was just removed, wait (bounded by --wait, said in the journal) for them to go and
+   MemFree to reach the floor before the checks below decide.
 5. Refuse (exit 4, listing them) while another container or a GPU compute process
    (`nvidia-smi --query-compute-apps`, when present) runs on this node. The MemFree floor is
    --memfree-min-gib when given, else ceil(MemTotal x --gpu-memory-utilization) + the margin:
@@ -178,18 +183,75 @@ def memory_floor(
 def foreign_holders(own: str | None) -> list[str]:
     """Other containers and GPU compute processes on this node (jayleaton: a stale one
     holds 30-90 GiB; refuse instead of failing minutes into the boot)."""
-    out: list[str] = []
-    if shutil.which("docker"):
-        ps = subprocess.run(["docker", "ps", "--format", "{{.Names}} ({{.Image}})"],
-                            capture_output=True, text=True, check=False)  # fmt: skip
-        out += [f"container {n}" for n in ps.stdout.split("\n") if n and n.split()[0] != own]
-    if shutil.which("nvidia-smi"):
-        q = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
-             "--format=csv,noheader"], capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        out += [f"GPU process {ln.strip()}" for ln in q.stdout.splitlines() if ln.strip()]
-    return out
+    return [f"container {n}" for n in other_containers(own)] + [
+        f"GPU process {p}" for p in gpu_processes()
+    ]
+
+
+def other_containers(own: str | None) -> list[str]:
+    """Running containers but this rank's own, as "name (image)"."""
+    if not shutil.which("docker"):
+        return []
+    ps = subprocess.run(["docker", "ps", "--format", "{{.Names}} ({{.Image}})"],
+                        capture_output=True, text=True, check=False)  # fmt: skip
+    return [n for n in ps.stdout.split("\n") if n and n.split()[0] != own]
+
+
+def gpu_processes() -> list[str]:
+    """GPU compute processes as nvidia-smi lists them ("pid, name, used memory")."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    q = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+         "--format=csv,noheader"], capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return [ln.strip() for ln in q.stdout.splitlines() if ln.strip()]
+
+
+def remove_own_container(name: str) -> bool:
+    """This rank's container, left by a crash, removed by its known name; True when there was
+    one (the memory its engine held comes back only as its processes exit)."""
+    if not shutil.which("docker"):
+        return False
+    ps = subprocess.run(["docker", "ps", "--all", "--format", "{{.Names}} {{.State}}"],
+                        capture_output=True, text=True, check=False)  # fmt: skip
+    states = [ln.split()[1:] for ln in ps.stdout.splitlines() if ln.split()[:1] == [name]]
+    if not states:
+        return False
+    state = " ".join(states[0]) or "unknown"
+    log(f"removing this rank's stale container {name} ({state}), left by a crash")
+    subprocess.run(["docker", "rm", "--force", name], capture_output=True, check=False)
+    return True
+
+
+def await_release(
+    floor: int,
+    wait_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Wait, up to ``wait_s``, until no GPU compute process is left and MemFree reaches the floor
+    (a dead engine's memory comes back as its processes exit); True when it did. Says what it
+    waits for, and how it ended; the checks after it decide either way."""
+    start = clock()
+    drop_caches()
+    procs, free = gpu_processes(), memfree()
+    if not procs and free >= floor:
+        return True
+    log(
+        f"waiting up to {wait_s:.0f} s for the memory a dead engine held to come back: MemFree "
+        f"{free / GIB:.1f} GiB of {floor / GIB:.1f} GiB"
+        + (f"; GPU processes left: {'; '.join(procs)}" if procs else "")
+    )
+    while clock() - start < wait_s:
+        sleep(2)
+        drop_caches()
+        procs, free = gpu_processes(), memfree()
+        if not procs and free >= floor:
+            log(f"memory back after {clock() - start:.0f} s: MemFree {free / GIB:.1f} GiB")
+            return True
+    log(f"after {wait_s:.0f} s MemFree is {free / GIB:.1f} GiB; the checks below decide")
+    return False
 
 
 def drop_caches() -> None:
@@ -249,13 +311,16 @@ def main(argv: list[str] | None = None) -> int:
     if not gate_fabric(env, args.fabric_wait, args.gid_env):
         warn("refusing to start; if the fabric itself is wrong, re-run the deploy to fix it")
         return 2
+    floor = memory_floor(args.memfree_min_gib, args.gpu_memory_utilization,
+                         args.memfree_margin_gib)  # fmt: skip
+    removed = bool(args.container) and remove_own_container(args.container)
+    if removed or (gpu_processes() and not other_containers(args.container)):
+        await_release(floor, args.wait)
     holders = foreign_holders(args.container)
     if holders:
         warn("refusing to start: memory on this node is held by:\n  " + "\n  ".join(holders)
              + "\nstop them (docker rm -f / kill), then start again")  # fmt: skip
         return 4
-    floor = memory_floor(args.memfree_min_gib, args.gpu_memory_utilization,
-                         args.memfree_margin_gib)  # fmt: skip
     if not gate_memory(floor, args.wait):
         return 3
     return 0

@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import time
 
 import pytest
+from sparkhost import wedge
 
-from sparkrig.fabric import RoceGids
+from lab.guest import API_KEY, SPARKHOST, gid_index_for, gid_table, serving
+from lab.image import PREFILL_ENV
 from tests.lab.conftest import ROOT, STATE, Lab, pyinfra
 
 pytestmark = pytest.mark.lab
+TIMES: dict[str, float] = {}  # measured times to serving again, by what happened
 INV = "lab/inventory.py"
 OWNED = ["/etc/sysctl.d/90-sparkrig.conf", "/etc/sparkrig/rank.env"]
-API_KEY = "/etc/sparkrig/api-key"  # api_auth is on by default: the head's key file
-SPARKHOST = "/usr/bin/python3 /opt/sparkrig/lib/sparkhost"  # runs each job (sparkrig/hostpkg.py)
 
 
 def lab_state() -> dict:
@@ -63,21 +65,6 @@ def sudo_commands_since(lab: Lab, since: int) -> int:
     return total
 
 
-def gid_table(guest) -> list:
-    """The guest's own GID table, read the way the fact reads it (one grep)."""
-    return RoceGids().process(guest.sh(RoceGids().command()).splitlines())
-
-
-def gid_index_for(guest, ip: str) -> int:
-    """The guest's own RoCE v2 index for ::ffff:<ip>."""
-    table = gid_table(guest)
-    a, b, c, d = (int(x) for x in ip.split("."))
-    want = f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
-    found = [e.index for e in table if e.gid == want and e.type == "RoCE v2"]
-    assert len(found) == 1, f"RoCE v2 entries for {ip}: {found}\n{table}"
-    return found[0]
-
-
 def has_gid_for(guest, ip: str) -> bool:
     try:
         gid_index_for(guest, ip)
@@ -95,16 +82,6 @@ def cursor(guest) -> str:
 def journal_after(guest, mark: str, *units: str) -> str:
     flags = " ".join(f"-u {u}" for u in units)
     return guest.sh(f"journalctl --after-cursor='{mark}' {flags} --no-pager -o cat")
-
-
-def serving(head) -> bool:
-    out = head.sh(
-        f"{SPARKHOST} gate probe --url http://127.0.0.1:8000 "
-        f"--model glm-5.3-flash --timeout 10 --api-key-file {API_KEY} >/dev/null 2>&1 "
-        "&& echo ok || true",
-        check=False,
-    )
-    return out.strip() == "ok"
 
 
 def container_gid(guest) -> str:
@@ -275,6 +252,39 @@ def test_second_run_changes_nothing_and_restarts_nothing(lab: Lab):
     assert changed_ops(r.stdout) == {}
     after = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
     assert after == before
+
+
+FAKE_RELEASE = "7.0.0-1019-nvidia"
+
+
+def test_a_rank_on_another_kernel_release_is_refused_before_any_change(lab: Lab):
+    """The worker's kernel release faked through the baseline read only: a file bind-mounted
+    over /proc/sys/kernel/osrelease (what the baseline reads) while uname(2), the node report and
+    everything else still see Debian's kernel. Refused on every rank with the table, nothing
+    changed, nothing restarted; unmounted, the next run changes nothing (docs/baseline.md)."""
+    worker = lab.workers[0]
+    real = worker.sh("uname -r").strip()
+    fake = "/run/sparkrig-lab-osrelease"
+    before = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
+    holds = {g.name: g.sh("apt-mark showhold") for g in lab.guests}
+    worker.sh(f"echo {FAKE_RELEASE} > {fake} && mount --bind {fake} /proc/sys/kernel/osrelease")
+    try:
+        assert worker.sh("cat /proc/sys/kernel/osrelease").strip() == FAKE_RELEASE
+        assert worker.sh("uname -r").strip() == real  # the syscall is not faked
+        r = pyinfra("-y", INV, "deploy.py")
+        assert r.rc != 0
+        assert "the ranks differ on kernel" in r.output, r.output[-4000:]
+        rows = [line.split() for line in r.output.splitlines() if FAKE_RELEASE in line]
+        assert any(row[:1] == ["1"] and worker.name in row for row in rows), rows
+        assert any(real in line for line in r.output.splitlines() if line.strip().startswith("0"))
+    finally:
+        worker.sh(f"umount /proc/sys/kernel/osrelease; rm -f {fake}", check=False)
+    after = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
+    assert after == before
+    assert {g.name: g.sh("apt-mark showhold") for g in lab.guests} == holds
+    r = pyinfra("-y", "--json", INV, "deploy.py")
+    assert r.rc == 0, r.output[-4000:]
+    assert changed_ops(r.stdout) == {}
 
 
 def test_the_old_layouts_programs_are_removed_and_nothing_restarts(lab: Lab):
@@ -481,7 +491,8 @@ def wait_down(guest, unit: str, what: str) -> None:
 
 def test_a_dead_worker_takes_the_head_down_and_the_supervisor_brings_both_back(lab: Lab):
     worker, head = lab.workers[0], lab.head
-    assert head.sh("systemctl is-active sparkrig-watchdog || true").strip() != "active"
+    # the watchdog ships on; a pair that went down is the supervisor's, never the watchdog's
+    assert head.sh("systemctl is-active sparkrig-watchdog || true").strip() == "active"
     before = head.unit_started("sparkrig-head")
     mark = cursor(head)
     worker.sh("docker kill sparkrig-rank1")
@@ -491,6 +502,163 @@ def test_a_dead_worker_takes_the_head_down_and_the_supervisor_brings_both_back(l
     assert worker.sh("systemctl is-active sparkrig-worker").strip() == "active"
     log = journal_after(head, mark, "sparkrig-supervisor")
     assert "went down by itself" in log and "restarting the pair" in log, log
+    assert " fired: " not in journal_after(head, mark, "sparkrig-watchdog")
+
+
+# --- the wedge (issue 24) ------------------------------------------------------------------------
+# Both driven as they happen on a pair, through what the stand-in already has (and what
+# tests/serving/test_watchdog_on_standin.py runs locally against the watchdog's own probe):
+# - a long prefill is a genuinely long prompt at a real pair's prefill rate: the lab's images
+#   prefill at 1,450 tok/s (lab/image.py PREFILL_ENV, seed 000's measured 1,391-1,510 tok/s), so a
+#   200,000-token prompt holds the head ~138 s, 2.3 stall windows, while its KV usage rises by one
+#   4096-token chunk (the shared profile's --max-num-batched-tokens) every 2.8 s and its prompt
+#   counter stands still until the first token, as in vLLM 0.33 (docs/vllm.md);
+# - a wedge happens while the engine runs: a request decodes, then SIGUSR1 reaches the stand-in
+#   through `docker kill -s USR1 sparkrig-rank0` (the container's PID 1 is the stand-in: the image's
+#   `vllm` wrapper execs python3 and the rank unit runs no --init; the handler is installed, so PID
+#   1 gets it). /metrics freezes at that moment, the request running; /health stays 200. The
+#   restarted container starts normal (the mode lives in the process, not the image).
+STALL_S, INTERVAL_S = 60, 5  # lab/inventory.py: watchdog_stall_s, watchdog_interval_s
+PREFILL_TOK_S = float(PREFILL_ENV.partition("=")[2])  # what every lab image prefills at
+LONG_PROMPT = 200_000  # the stand-in's tokens: "a" is one, "17*23" three
+PROBE_FILE = "/run/sparkrig/watchdog-probe.json"  # the watchdog's last probe (sparkhost.wedge)
+CHAT = (
+    "curl -s -m {limit:.0f} -o /dev/null -w '%{{http_code}}' -H 'Expect:' -H \"Authorization: "
+    "Bearer $(cat " + API_KEY + ")\" -H 'Content-Type: application/json' -d @{body} "
+    "http://127.0.0.1:8000/v1/chat/completions"
+)
+
+
+def chat_in_background(head, name: str, content_expr: str, limit: float, **extra) -> str:
+    """Write the request body on the guest, its prompt the Python expression ``content_expr``
+    (a 200K-token prompt is too long for an SSH command line), and send it with curl in the
+    background; its HTTP code lands in the returned file when the answer (or curl's limit) comes."""
+    body = {"model": "glm-5.3-flash", "messages": [{"role": "user", "content": "CONTENT"}],
+            **extra}  # fmt: skip
+    make = (
+        "import json,sys; b=json.loads(sys.argv[1]); b['messages'][0]['content']="
+        f"{content_expr}; json.dump(b, open('/tmp/{name}.json', 'w'))"
+    )
+    head.sh(f"python3 -c {shlex.quote(make)} {shlex.quote(json.dumps(body))}")
+    code = f"/tmp/{name}.code"
+    chat = CHAT.format(limit=limit, body=f"/tmp/{name}.json")
+    head.sh(f"rm -f {code}; ({chat} </dev/null >{code} 2>&1 &)")
+    return code
+
+
+def head_metrics(head) -> wedge.Sample:
+    return wedge.parse_metrics(head.sh("curl -s -m 10 http://127.0.0.1:8000/metrics"))
+
+
+def guest_clock(guest) -> float:
+    return float(guest.sh("date +%s.%N"))
+
+
+def watchdog_probing(head) -> None:
+    """Wait until the watchdog judges the pair (past its grace since the last start, /health seen):
+    it writes its probe file anew on every probe."""
+    since = guest_clock(head)
+    wait_for(
+        "the watchdog probes the pair",
+        lambda: float(head.sh(f"stat -c %Y {PROBE_FILE} 2>/dev/null || echo 0")) > since,
+        600,
+    )
+
+
+def watchdog_fired(head, mark: str) -> tuple[float, str] | None:
+    """(guest epoch, line) of the watchdog's first "rule ... fired" after ``mark``."""
+    out = head.sh(
+        f"journalctl --after-cursor='{mark}' -u sparkrig-watchdog --no-pager -o short-unix"
+    )
+    for entry in out.splitlines():
+        if " fired: " in entry:
+            stamp, _, text = entry.partition(" ")
+            return float(stamp), text
+    return None
+
+
+def test_a_long_prefill_is_never_taken_for_a_wedge(lab: Lab):
+    """A 200K-token prompt held ~2.3 stall windows by its prefill, its KV usage moving: the
+    watchdog watches it (no canary queued behind it), restarts nothing, and the client gets its
+    answer."""
+    head = lab.head
+    watchdog_probing(head)
+    before = head.unit_started("sparkrig-head")
+    mark = cursor(head)
+    prefill_s = LONG_PROMPT / PREFILL_TOK_S
+    content = f"'a ' * {LONG_PROMPT - 3} + '17*23'"
+    code = chat_in_background(head, "long-prefill", content, prefill_s + 120, max_tokens=16)
+    probes: list[dict] = []
+    kv: list[float] = []
+
+    def answered() -> bool:
+        probes.append(json.loads(head.sh(f"cat {PROBE_FILE}")))
+        seen = head_metrics(head)
+        kv.extend([seen.kv_usage or 0.0] if seen.in_flight else [])
+        return head.sh(f"cat {code} 2>/dev/null || true").strip() != ""
+
+    took = wait_for("the long prefill answered", answered, prefill_s + 180)
+    assert head.sh(f"cat {code}").strip() == "200"
+    assert took >= prefill_s - 2 * INTERVAL_S, f"the stand-in held it {took:.0f} s only"
+    rules = {p["rule"] for p in probes}
+    assert "progress" in rules and "stall" not in rules, probes
+    assert any(p["rule"] == "progress" and p["detail"].endswith("; moved") for p in probes)
+    # what moved: the KV usage, chunk by chunk (one 4096-token chunk is 0.4% of the 1.1M-token
+    # pool; a canary that was in flight as the prompt arrived holds a dozen tokens, ~0.001%)
+    rising = [k for k in kv if k > 0.001]
+    assert len(set(rising)) >= 5 and rising == sorted(rising), kv
+    assert head.unit_started("sparkrig-head") == before
+    log = journal_after(head, mark, "sparkrig-watchdog")
+    assert " fired: " not in log and "restarting" not in log, log
+    assert serving(head)
+
+
+def test_a_wedged_engine_is_restarted_within_stall_s_plus_an_interval(lab: Lab):
+    """A request decodes, the engine wedges under it: /health stays 200, nothing in /metrics moves
+    again; the stall rule fires within watchdog_stall_s plus one interval of the wedge (and the
+    probes' own seconds on TCG), the journal names the rule and the counters, and the pair serves
+    again in order."""
+    head = lab.head
+    watchdog_probing(head)
+    before = head.unit_started("sparkrig-head")
+    mark = cursor(head)
+    # 20,000 forced tokens: 400 s at the stand-in's 50 tok/s, decoding whenever the wedge comes
+    chat_in_background(head, "decoding", "'tell a story'", 600, max_tokens=20000, ignore_eos=True)
+    last: list[wedge.Sample] = []
+
+    def decoding() -> bool:
+        seen = head_metrics(head)
+        moved = bool(last) and seen.generation_tokens > last[-1].generation_tokens
+        last.append(seen)
+        return moved and (seen.running, seen.waiting) == (1, 0)
+
+    wait_for("the request decodes", decoding, 120)
+    start = time.monotonic()
+    head.sh("docker kill -s USR1 sparkrig-rank0 >/dev/null")
+    wedged_at = guest_clock(head)
+    health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health"
+    assert head.sh(health).strip() == "200"  # what /health says of a wedged engine
+    frozen = head_metrics(head)
+    time.sleep(2)
+    assert head_metrics(head) == frozen and frozen.running == 1, frozen
+    fired: list[tuple[float, str]] = []
+
+    def stall_fired() -> bool:
+        seen = watchdog_fired(head, mark)
+        fired.extend([seen] if seen else [])
+        return bool(seen)
+
+    wait_for("the watchdog's stall rule fired", stall_fired, STALL_S + INTERVAL_S + 300)
+    fired_at, text = fired[0]
+    took = fired_at - wedged_at
+    TIMES["wedge to the stall rule"] = took
+    print(f"wedge -> stall rule fired: {took:.0f} s (stall_s {STALL_S}, interval {INTERVAL_S})")
+    assert "rule stall fired: running=1 waiting=0 prompt_tokens=" in text, text
+    assert "generation_tokens=" in text and f"(stall_s {STALL_S})" in text, text
+    assert took <= STALL_S + INTERVAL_S + 10, f"{took:.0f} s"  # 10 s: probes' own time on TCG
+    back_serving(lab, "a wedged engine, restarted by the watchdog", start, before)
+    print(f"wedge to serving again: {TIMES['a wedged engine, restarted by the watchdog']:.0f} s")
+    assert "restarting the pair in order" in journal_after(head, mark, "sparkrig-watchdog")
 
 
 def test_stopping_the_head_is_left_alone(lab: Lab):
@@ -595,9 +763,7 @@ def test_limit_worker_repairs_the_workers_fabric_env_and_unit_and_the_pair_serve
     wait_for("the pair answers after the worker-only run", lambda: serving(head), 300)
 
 
-# --- reboot orders: no deploy in between, the shipped defaults (no watchdog) ---------------------
-
-TIMES: dict[str, float] = {}
+# --- reboot orders: no deploy in between, the shipped defaults ----------------------------------
 
 
 def boot_id(guest) -> str:

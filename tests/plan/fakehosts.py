@@ -69,6 +69,63 @@ def node_report(
     ]
 
 
+SPARK_KERNEL = "6.11.0-1016-nvidia"
+SPARK_PACKAGES = (  # the kernel and driver packages of a DGX OS node (names: sparkrig/baseline.py)
+    ("linux-image-{k}", "{v}"),
+    ("linux-modules-{k}", "{v}"),
+    ("linux-headers-{k}", "{v}"),
+    ("linux-image-nvidia-hwe-24.04", "{v}"),
+    ("linux-nvidia-hwe-24.04", "{v}"),
+    ("linux-modules-nvidia-580-open-{k}", "{v}"),
+    ("nvidia-driver-580-open", "580.95.05-0ubuntu1"),
+    ("libnvidia-compute-580", "580.95.05-0ubuntu1"),
+)
+
+
+def baseline_report(
+    *,
+    kernel: str = SPARK_KERNEL,
+    driver: str = "580.95.05",
+    nic_fw: str = "28.45.4028",
+    kho: tuple[str, ...] = (),
+    cmdline: str = "BOOT_IMAGE=/boot/vmlinuz-{k} root=UUID=0000 ro quiet splash",
+    held: bool = False,
+    grub_kho: bool = False,
+) -> list[str]:
+    """sparkrig.baseline.Baseline's output for a DGX Spark: ``kho`` the CONFIG_KEXEC_HANDOVER
+    lines of its kernel config, ``held`` whether its kernel and driver packages are held."""
+    version = kernel.replace("-nvidia", "").replace("-", ".", 1)
+    want = "h" if held else "i"
+    packages = [
+        f"pkg={want}i |{name.format(k=kernel)}|{v.format(v=version)}" for name, v in SPARK_PACKAGES
+    ]
+    return [
+        f"kernel={kernel}",
+        f"cmdline={cmdline.format(k=kernel)}",
+        f"driver_module={driver}",
+        f"driver_proc=NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  {driver}  "
+        "Release Build  (dvs-builder@U22-I3-AF03-09-1)  Thu Sep 18 20:36:04 UTC 2025",
+        f"nic_fw={nic_fw}",
+        "dmi_bios_vendor=NVIDIA",
+        "dmi_bios_version=5.36_0ACUM018",
+        "dmi_bios_date=09/12/2025",
+        "dmi_sys_vendor=NVIDIA",
+        "dmi_product_name=DGX Spark",
+        "dmi_board_name=P4242",
+        *kho,
+        *(["grub_kho=1"] if grub_kho else []),
+        *packages,
+        "pkg=ii |linux-firmware|20240318.git3b128b60-0ubuntu2.17",
+        "pkg=ii |docker-ce|5:28.3.3-1~ubuntu.24.04~noble",
+        "pkg=ii |nvidia-container-toolkit|1.17.8-1",
+        "pkg=un |docker.io|",
+        "##SPARKRIG-END##",
+    ]
+
+
+KHO_DEFAULT_ON = ("CONFIG_KEXEC_HANDOVER=y", "CONFIG_KEXEC_HANDOVER_ENABLE_DEFAULT=y")
+
+
 def gid_table(device: str, netdev: str, ip: str | None, index: int = 3) -> list[str]:
     base = f"/sys/class/infiniband/{device}/ports/1"
     lines = [
@@ -94,7 +151,7 @@ def gid_table(device: str, netdev: str, ip: str | None, index: int = 3) -> list[
 OURS = r"/\S*sparkrig\S*"  # every path sparkrig owns has "sparkrig" in it
 UNITS_KNOWN = [
     "sparkrig-head", "sparkrig-worker", "sparkrig-pair", "sparkrig-agent", "sparkrig-watchdog",
-    "sparkrig-supervisor",
+    "sparkrig-supervisor", "sparkrig-gpu-clock",
 ]  # fmt: skip
 
 NODE = re.compile(r"^sh -c '\nd=\S+; while \[ ! -d \"\$d\" \]")
@@ -103,6 +160,7 @@ RANK_STATUS = re.compile(r"echo \"gid_env=\$\(sed ")  # status.py's one read per
 PAIR_SECRET = re.compile(r"^cat /etc/sparkrig/pair-token 2>/dev/null; echo ")  # installed secret
 API_KEY = re.compile(r"^cat /etc/sparkrig/api-key 2>/dev/null; echo ")  # the head's installed key
 RELEASE = re.compile(re.escape(LISTING))  # the release record and weights_dir's entries
+BASELINE = re.compile(r"^sh -c 'k=; read -r k < /proc/sys/kernel/osrelease")  # sparkrig/baseline
 
 
 def release_state(record: str = "", entries: tuple[str, ...] = ()) -> list[str]:
@@ -111,12 +169,18 @@ def release_state(record: str = "", entries: tuple[str, ...] = ()) -> list[str]:
     return [*record.splitlines(), "", LISTING, *entries, "##SPARKRIG-END##"]
 
 
-def rank_status(gids: tuple[str, ...] = (), **values: Any) -> list[str]:
+def rank_status(
+    gids: tuple[str, ...] = (), baseline: list[str] | None = None, record: str = "", **values: Any
+) -> list[str]:
     """sparkrig.status.RankStatus's output: key=value lines, the GID table's lines (``gids``),
-    then the end marker."""
+    the host baseline's lines (``baseline``: the Baseline fact's output, prefixed), the release
+    record on one line (``record``), then the end marker."""
     from sparkrig.factlines import END
+    from sparkrig.status import BASELINE_PREFIX
 
-    return [f"{key}={value}" for key, value in values.items()] + [*gids, END]
+    ours = [BASELINE_PREFIX + x for x in baseline or []]
+    out = [f"{key}={value}" for key, value in values.items()] + [*gids, *ours]
+    return [*out, f"release_record={record}", END]
 
 
 PING_CHECK = re.compile(r"^ping -M do .* 2>&1; echo rc=\$\?$")
@@ -153,6 +217,8 @@ RESTORE = re.compile(r"^sh -c 'set -e\nsha\(\) \{.*cannot roll back", re.S)
 ADOPT = re.compile(r"^sh -c 'set -e\nold=")
 PRUNE_WEIGHTS = re.compile(rf"^rm -rf {OURS}/(model|drafter)-[0-9a-f]{{40}} ")
 ROLLBACK_GATES = re.compile(rf"^{PACKAGE} gate gates ")
+APT_MARK = re.compile(r"^apt-mark (hold|unhold)( [a-z0-9][a-z0-9.+-]*)+$")  # sparkrig/baseline.py
+UPDATE_GRUB = re.compile(r"^update-grub$")
 
 
 def stat_of(path: str) -> re.Pattern[str]:
@@ -183,6 +249,7 @@ def bare(ip: str) -> dict[Any, Any]:
         PAIR_SECRET: ["##SPARKRIG-END##"],  # no secret installed
         API_KEY: ["##SPARKRIG-END##"],  # no API key installed
         RELEASE: release_state(),  # no release record, weights_dir empty
+        BASELINE: baseline_report(),  # DGX OS as shipped: nothing held, no KHO in the kernel
         GIDS: gid_table(HCA, "enp1s0f1np1", ip),  # the GID appears once the address is applied
         re.compile(rf"^p={OURS}; if \[ -L "): "",  # nothing sparkrig owns exists yet
         re.compile(rf"^! \(test -e {OURS} \|\| test -L "): "",
@@ -215,6 +282,7 @@ def bare(ip: str) -> dict[Any, Any]:
         SMOKE_CLEAN, SMOKE_WORKER, SMOKE_HEAD, SMOKE_CHECK,
         PAIR_WAIT, PAIR_REQUEST, BOOT_WAIT, PRUNE,
         KEEP, RESTORE, ADOPT, PRUNE_WEIGHTS,
+        APT_MARK, UPDATE_GRUB,
     ]  # fmt: skip
     for action in actions:
         matcher = action if isinstance(action, re.Pattern) else re.compile(action)
@@ -351,6 +419,11 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
             render("sparkrig-agent.service.j2", **agent_unit_context(s)),
             "644",
         )
+    if k.gpu_clock_max_mhz is not None:
+        text[p["gpu_clock_unit"]] = (
+            render("sparkrig-gpu-clock.service.j2", unit=s.unit_name, mhz=k.gpu_clock_max_mhz),
+            "644",
+        )
     files = {path: (body.encode(), mode) for path, (body, mode) in text.items()}
     package = hostpkg.remote_dir(k.install_dir)
     for module in hostpkg.modules():
@@ -360,6 +433,8 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
 
 def running_units(s: Settings) -> list[str]:
     units = [s.unit_name, "sparkrig-pair"]
+    if s.knobs.gpu_clock_max_mhz is not None:
+        units.append("sparkrig-gpu-clock")
     if not s.me.is_head:
         units.append("sparkrig-agent")
     else:
@@ -405,7 +480,8 @@ def converged(
             f"user=root group=root mode=drwxr-xr-x atime=0 mtime=0 ctime=0 size=4096 '{path}'"
         )
     for unit in running_units(s):
-        canned[unit_fact(unit, "SubState")] = [f"Id={unit}.service", "SubState=running"]
+        sub = "exited" if unit == "sparkrig-gpu-clock" else "running"  # a oneshot that stays
+        canned[unit_fact(unit, "SubState")] = [f"Id={unit}.service", f"SubState={sub}"]
         canned[unit_fact(unit, "UnitFileState")] = [f"Id={unit}.service", "UnitFileState=enabled"]
     ip = s.me.ip
     canned[GIDS] = gid_table(HCA, s.me.fabric_interface, ip, index=gid_index)
@@ -432,6 +508,7 @@ def converged(
             }
         )
     canned.update(converged_image_state(IMAGE, pulled=s.me.is_head))
+    canned[BASELINE] = baseline_report(held=True)
     canned[RELEASE] = converged_release(s, owned)
     canned[RANK_STATUS] = rank_status(
         unit_ActiveState="active",
@@ -444,6 +521,8 @@ def converged(
         memfree_kb=3 * 1024 * 1024,
         weights_commit=k.model_revision,
         weights_verified=1796000000,
+        baseline=canned[BASELINE],
+        record="".join(canned[RELEASE][: canned[RELEASE].index(LISTING) - 1]),
     )
     return canned
 
@@ -455,12 +534,21 @@ def release_shas(s: Settings, owned: dict[str, tuple[bytes, str]]) -> dict[str, 
 
 
 def converged_release(
-    s: Settings, owned: dict[str, tuple[bytes, str]], older: tuple[Any, ...] = ()
+    s: Settings,
+    owned: dict[str, tuple[bytes, str]],
+    older: tuple[Any, ...] = (),
+    baseline: list[str] | None = None,
 ) -> list[str]:
-    """A rank whose record holds the release it runs (its files' digests), then ``older``
-    releases; weights_dir holds every recorded release's revision directories."""
+    """A rank whose record holds the release it runs (its files' digests) and the baseline it
+    passed the gates on (``baseline``: the Baseline fact's output, default ``baseline_report()``),
+    then ``older`` releases; weights_dir holds every recorded release's revision directories."""
+    from dataclasses import replace
+
+    from sparkrig.baseline import parse_baseline
     from sparkrig.release import record_text, wanted
 
-    releases = (wanted(s, release_shas(s, owned)), *older)
+    fields = parse_baseline(baseline or baseline_report()).fields()
+    now = replace(wanted(s, release_shas(s, owned)), baseline=tuple(sorted(fields.items())))
+    releases = (now, *older)
     dirs = sorted({f"dir {name}" for r in releases for name in r.weights})
     return release_state(record_text(releases), tuple(dirs))

@@ -18,7 +18,7 @@ from pyinfra.connectors.fake import FakeConnector
 from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_state
 
-from sparkrig import hoststate
+from sparkrig import stateread
 from sparkrig.factlines import END
 
 UNIT_ACTION = re.compile(r"^systemctl (start|stop|restart) (sparkrig-[\w-]+?)(?:\.service)?$")
@@ -146,10 +146,10 @@ def run(
     def state_read(self: FakeConnector, command: str) -> tuple[bool, CommandOutput] | None:
         """sparkrig's one state read per host: each part answered as if it ran alone."""
         words = shlex.split(command)
-        if words[:2] != ["sh", "-c"] or hoststate.PART not in words[2]:
+        if words[:2] != ["sh", "-c"] or stateread.PART not in words[2]:
             return None
         lines: list[str] = []
-        for key, part in hoststate.split_script(words[2]):
+        for key, part in stateread.split_script(words[2]):
 
             def ask(question: str, key: str = key) -> tuple[bool, CommandOutput]:
                 got = answer(self, question)
@@ -159,8 +159,8 @@ def run(
                 return got
 
             got = batched(key, part, ask) or ask(part)
-            lines += [f"{hoststate.PART} {key}", *got[1].stdout_lines]
-            lines.append(f"{hoststate.RC} {0 if got[0] else 1}")
+            lines += [f"{stateread.PART} {key}", *got[1].stdout_lines]
+            lines.append(f"{stateread.RC} {0 if got[0] else 1}")
         lines.append(END)
         return True, CommandOutput([OutputLine("stdout", x) for x in lines])
 

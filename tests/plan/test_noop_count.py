@@ -13,6 +13,7 @@ from glob import glob
 import pytest
 
 from sparkrig import hostpkg
+from sparkrig.baseline import GRUB_DROPIN
 from tests.plan import fakehosts
 from tests.plan.harness import Run, run
 
@@ -96,8 +97,10 @@ def test_dry_diff_shows_every_file_the_run_would_write(monkeypatch):
     secrets = {f"/etc/sparkrig/{n}" for n in ("pair-token", "hf-token", "api-key", "api-key.env")}
     for s in everyone.values():
         watchdog = paths(s)["watchdog_unit"]  # owned (removed) while the watchdog is off
+        clock = paths(s)["gpu_clock_unit"]  # owned (removed) while gpu_clock_max_mhz is None
         legacy = set(hostpkg.legacy_files(s.knobs.install_dir))  # owned to be removed
-        for path in set(owned_files(s)) - secrets - {watchdog} - legacy:
+        grub = GRUB_DROPIN  # owned (removed) while the kernel has no KHO
+        for path in set(owned_files(s)) - secrets - {watchdog, clock, grub} - legacy:
             assert f"Will create {path}" in bare.output, path
     assert "Will write /etc/sparkrig/pair-token (secret: content not shown)" in bare.output
 

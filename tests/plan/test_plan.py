@@ -347,7 +347,8 @@ def test_nccl_smoke_test_runs_workers_first_before_a_pair_start_and_not_when_con
     # the image's python3 runs the host package, mounted read-only at its own path
     package = "/opt/sparkrig/lib/sparkhost"
     assert f"--volume {package}:{package}:ro" in head[0]
-    assert re.search(rf"--entrypoint python3 \S+ {package} nccl-smoke --timeout 300$", head[0])
+    assert re.search(rf"--entrypoint python3 \S+ {package} nccl-smoke --timeout 300 --bytes "
+                     r"268435456 --warmup 5 --iters 20 --min-busbw-gbs 8$", head[0])  # fmt: skip
     converge_state()
     again = apply(monkeypatch)
     assert not any("sparkrig-nccl-smoke" in c for cmds in again.commands.values() for c in cmds)
@@ -746,6 +747,7 @@ HELPER_RESTART = re.compile(
     [
         ("pair.py", True),  # the pair job itself
         ("tokenfile.py", True),  # imported by the pair job (the agents' secret)
+        ("wedge.py", True),  # imported by the pair job (the watchdog's probe)
         ("__main__.py", True),  # every job starts through it
         ("gid.py", False),  # the start gate's: read again at the next start, restarts nothing
         ("fetch.py", False),
@@ -754,9 +756,9 @@ HELPER_RESTART = re.compile(
 def test_a_changed_host_module_restarts_exactly_the_helpers_that_run_it(
     monkeypatch, module, helpers
 ):
-    """The helpers (stop-together watch, agent, supervisor) have the pair job's modules loaded:
-    a change to one of them restarts them, beside a serving pair; any other module restarts
-    nothing. Neither restarts the pair."""
+    """The helpers (stop-together watch, agent, supervisor, watchdog) have the pair job's modules
+    loaded: a change to one of them restarts them, beside a serving pair; any other module
+    restarts nothing. Neither restarts the pair."""
     path = f"{PACKAGE}/{module}"
     converge_state(
         **{n: {"files": {path: (b"# an older module\n", "644")}} for n in ("spark-a", "spark-b")}
@@ -765,7 +767,7 @@ def test_a_changed_host_module_restarts_exactly_the_helpers_that_run_it(
     for name in (HEAD, WORKER):
         assert path in r.uploads[name], r.uploads[name].keys()
         restarted = {m.group(1) for c in r.commands[name] if (m := HELPER_RESTART.match(c))}
-        want = {"pair", "supervisor"} if name == HEAD else {"pair", "agent"}
+        want = {"pair", "supervisor", "watchdog"} if name == HEAD else {"pair", "agent"}
         assert restarted == (want if helpers else set()), (name, r.commands[name])
     assert_no_restart(r)
 

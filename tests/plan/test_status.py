@@ -100,10 +100,46 @@ def test_the_head_shows_the_restarts_its_helpers_used_in_their_window(monkeypatc
 def test_a_spent_restart_budget_is_off(monkeypatch):
     converge_state()
     rank_lines("spark-a", budget_supervisor=budget(100, 200, 300))
-    r = status(monkeypatch)
+    r = status(monkeypatch, "--data", "watchdog=False")
     assert r.exit_code != 0
     assert "the supervisor spent its restart budget (3/3 in 6 h)" in r.output
     assert "pair helpers: supervisor restarts 3/3 in 6 h; watchdog off" in r.output
+
+
+def test_the_head_shows_the_watchdogs_last_probe(monkeypatch):
+    """As the watchdog wrote it (sparkhost.wedge.format_probe); none yet before its first."""
+    from sparkhost import wedge
+
+    converge_state()
+    r = status(monkeypatch)
+    assert "; last probe: none yet" in r.output, r.output
+    seen = wedge.Probe("progress", None, "running=1 waiting=0; nothing moved for 120 s",
+                       at=time.time() - 30)  # fmt: skip
+    rank_lines("spark-a", probe=wedge.format_probe(seen))
+    r = status(monkeypatch)
+    assert r.exit_code == 0, r.output
+    only_reads(r)
+    assert "last probe: progress watching (running=1 waiting=0; nothing moved for 120 s, 3" in (
+        r.output
+    )
+
+
+def test_the_gpu_clock_cap_is_shown_and_a_lock_that_is_not_active_is_off(monkeypatch):
+    converge_state()
+    r = status(monkeypatch)
+    assert "| gpu clock unlocked |" in r.output, r.output
+    for short in ("spark-a", "spark-b"):
+        rank_lines(short, gpu_clock_unit="active", gpu_sm_mhz="2405")
+    r = status(monkeypatch, "--data", "gpu_clock_max_mhz=2400")
+    assert r.exit_code == 0, r.output
+    only_reads(r)
+    assert "| gpu clock <= 2400 MHz (active), sm 2405 MHz |" in r.output
+    rank_lines("spark-b", gpu_clock_unit="inactive")
+    r = status(monkeypatch, "--data", "gpu_clock_max_mhz=2400")
+    assert r.exit_code != 0
+    assert "GPU clock lock sparkrig-gpu-clock is inactive: the clock is not capped at 2400" in (
+        r.output
+    )
 
 
 @pytest.mark.parametrize(

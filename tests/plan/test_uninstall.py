@@ -92,3 +92,20 @@ def test_a_bare_node_is_left_alone(monkeypatch):
     r = uninstall(monkeypatch, "-y")
     assert r.exit_code == 0, r.output
     assert r.changed_ops == {}, r.changed_ops
+
+
+def test_uninstall_removes_the_grub_drop_in_and_regenerates_the_menu(monkeypatch):
+    from sparkrig.baseline import GRUB_DROPIN
+
+    converge_state()
+    fakehosts.inject(
+        "spark-b",
+        {fakehosts.stat_of(GRUB_DROPIN): f"user=root group=root mode=-rw-r--r-- atime=0 mtime=0 "
+         f"ctime=0 size=300 '{GRUB_DROPIN}'"},
+    )  # fmt: skip
+    r = uninstall(monkeypatch, "-y")
+    assert r.exit_code == 0, r.output
+    worker = r.commands[WORKER]
+    removed = [i for i, c in enumerate(worker) if c.startswith("rm -f") and GRUB_DROPIN in c]
+    assert removed and worker.index("update-grub") > removed[0]
+    assert "update-grub" not in r.commands[HEAD]  # it had no drop-in

@@ -132,9 +132,14 @@ def _launch(world: int, port: int, *extra: str) -> list[subprocess.Popen[str]]:
     return procs
 
 
+SMALL = ("--bytes", str(2**20), "--warmup", "2", "--iters", "4")  # quick; the real loop
+
+
 def test_gloo_all_reduce_two_ranks() -> None:
+    """Two ranks of the real job on loopback (gloo): the sum, then the timed loop; each rank's
+    line carries the same figure, and that figure is nccl-tests' arithmetic on its own time."""
     pytest.importorskip("torch")
-    procs = _launch(2, _free_port(), "--backend", "gloo", "--timeout", "60")
+    procs = _launch(2, _free_port(), "--backend", "gloo", "--timeout", "60", *SMALL)
     reports = []
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -142,6 +147,130 @@ def test_gloo_all_reduce_two_ranks() -> None:
         reports.append(json.loads(out.strip().splitlines()[-1]))
     assert sorted(r["rank"] for r in reports) == [0, 1]
     assert all(r["ok"] and r["sum"] == 3.0 for r in reports)
+    for r in reports:
+        assert (r["bytes"], r["warmup"], r["iters"]) == (2**20, 2, 4)
+        assert r["time_us"] == reports[0]["time_us"] > 0  # the ranks' mean, as nccl-tests
+        algbw = r["bytes"] / 1e9 / (r["time_us"] / 1e6)
+        assert r["algbw_gbs"] == pytest.approx(algbw, rel=1e-3, abs=1e-3)  # both rounded
+        assert r["busbw_gbs"] == r["algbw_gbs"]  # 2(n-1)/n = 1 for two ranks
+        result = ns.parse_result(["some log line", json.dumps(r)])
+        assert result is not None and result.ok and result.rank == r["rank"]
+        assert result.figure() == {"busbw_gbs": r["busbw_gbs"], "algbw_gbs": r["algbw_gbs"],
+                                   "bytes": 2**20, "iters": 4, "transport": None}  # fmt: skip
+
+
+def test_gloo_busbw_below_the_floor_fails_both_ranks_naming_the_figure() -> None:
+    """The floor verdict on a real measurement, launched by the job's own --spawn."""
+    pytest.importorskip("torch")
+    res = subprocess.run([sys.executable, *SCRIPT, "--spawn", "2", "--backend", "gloo",
+                          "--timeout", "60", *SMALL, "--min-busbw-gbs", "100000"],
+                         capture_output=True, text=True, timeout=180,
+                         env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"})  # fmt: skip
+    assert res.returncode == ns.EXIT_SLOW, res.stderr
+    lines = res.stdout.strip().splitlines()
+    reports = [json.loads(x) for x in lines]
+    assert [r["rank"] for r in reports] == [0, 1]
+    for r in reports:
+        assert r["ok"] is False and r["busbw_gbs"] > 0
+        assert f"all-reduce bus bandwidth {r['busbw_gbs']:.2f} GB/s" in r["error"]
+        assert "below the floor 100000 GB/s (fabric_busbw_min_gbs)" in r["error"]
+        assert "transport gloo" in r["error"]
+        assert "ethtool" in r["error"] and "mtu 9000" in r["error"]
+        assert "NCCL_IB_HCA" in r["error"]
+    assert res.stderr.count("below the floor") == 2
+
+
+# --- the arithmetic against nccl-tests' own formula and its own printed rows -----------------
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "seconds", "ranks", "algbw", "busbw"),
+    [
+        # by hand: 256 MiB in 22.4 ms over 2 ranks; 268435456 / 1e9 / 0.0224 = 11.98373 GB/s,
+        # x 2(2-1)/2 = 1
+        (268435456, 0.0224, 2, 11.98373, 11.98373),
+        # by hand: 1 GiB in 100 ms over 8 ranks: 10.73742 GB/s, x 2*7/8 = 1.75 -> 18.79048
+        (1073741824, 0.1, 8, 10.73742, 18.79048),
+        # nccl-tests all_reduce_perf rows as printed (2 decimals): 16 ranks (2 x p3dn.24xlarge,
+        # gist jacobkahn/a92f4425) "32768 ... 184.8 us 0.18 0.33"; 24 ranks (NVIDIA/nccl-tests
+        # #119) "127926280 ... 2560.7 us 49.96 95.75"
+        (32768, 184.8e-6, 16, 0.18, 0.33),
+        (127926280, 2560.7e-6, 24, 49.96, 95.75),
+    ],
+)
+def test_busbw_is_nccl_tests_formula(nbytes, seconds, ranks, algbw, busbw) -> None:
+    got_alg, got_bus = ns.bandwidth(nbytes, seconds, ranks)
+    places = 2 if algbw == round(algbw, 2) else 5
+    assert (round(got_alg, places), round(got_bus, places)) == (algbw, busbw)
+
+
+# --- the verdicts: NET/IB AND busbw >= floor ------------------------------------------------
+
+
+def smoke_args(**over: object) -> ns.argparse.Namespace:
+    base = {"backend": "nccl", "timeout": 5.0, "allow_socket": False, "bytes": 2**28,
+            "warmup": 5, "iters": 20, "min_busbw_gbs": 8.0}  # fmt: skip
+    return ns.argparse.Namespace(**{**base, **over})
+
+
+def judged(monkeypatch: pytest.MonkeyPatch, log: Path, seconds: float, **over: object):
+    """``run`` on the real verdict path: the collectives replaced by a measured time (256 MiB
+    each), NCCL's log where NCCL_DEBUG_FILE points."""
+
+    def timed(*_: object) -> ns.Timing:
+        return ns.Timing(3.0, seconds, 2**28, 5, 20)
+
+    monkeypatch.setattr(ns, "run_collectives", timed)
+    pytest.importorskip("torch")
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29883",
+           "NCCL_IB_HCA": "rocep1s0f1", "SPARKRIG_FABRIC_INTERFACE": "enp1s0f1np1",
+           "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
+           "NCCL_DEBUG_FILE": str(log)}  # fmt: skip
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return ns.run(smoke_args(**over), dict(os.environ))
+
+
+def test_net_ib_at_the_plateau_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "nccl.log").write_text(IB_LOG)
+    code, report = judged(monkeypatch, tmp_path / "nccl.log", 2**28 / 12.1e9)  # 12.1 GB/s
+    assert code == ns.EXIT_OK and report["ok"] and report["transport"] == "IB"
+    assert report["busbw_gbs"] == 12.1 and "busbw 12.10 GB/s" in report["detail"]
+
+
+def test_net_ib_below_the_floor_fails_naming_figure_transport_and_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An MTU-1500 fabric: NET/IB, 1.5 GB/s (himorishige's June baseline)."""
+    (tmp_path / "nccl.log").write_text(IB_LOG)
+    code, report = judged(monkeypatch, tmp_path / "nccl.log", 2**28 / 1.5e9)
+    assert code == ns.EXIT_SLOW and report["ok"] is False
+    err = report["error"]
+    assert "all-reduce bus bandwidth 1.50 GB/s" in err and "below the floor 8 GB/s" in err
+    assert "transport NET/IB (RoCE)" in err and "rocep1s0f1:1/RoCE" in err
+    assert "ip link show enp1s0f1np1: mtu 9000" in err and "ethtool enp1s0f1np1" in err
+    assert "NCCL_IB_HCA=rocep1s0f1" in err
+
+
+@pytest.mark.parametrize("case", ["default", "forced_net"])
+def test_a_real_socket_fallback_fails_on_transport_with_the_figure(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NCCL 2.28.9's real logs of a socket fallback: the transport verdict decides (exit 3),
+    however fast the figure, and the message carries the figure."""
+    logs = REAL / case / "nccl.%h.%p.log"
+    code, report = judged(monkeypatch, logs, 2**28 / 20.0e9)
+    assert code == ns.EXIT_TRANSPORT and report["transport"] == "Socket"
+    assert "fell back to NET/Socket" in report["error"]
+    assert "measured busbw 20.00 GB/s" in report["error"]
+    code, report = judged(monkeypatch, logs, 2**28 / 20.0e9, allow_socket=True)
+    assert code == ns.EXIT_OK and report["busbw_gbs"] == 20.0
+
+
+def test_result_lines_that_are_not_reports_are_skipped() -> None:
+    assert ns.parse_result(["", "nccl_smoke: rank 1: failed", '{"gate": "x"}', "[1]"]) is None
+    r = ns.SmokeResult.from_line('{"ok": false, "rank": 1, "error": "e", "busbw_gbs": true}')
+    assert r is not None and r.busbw_gbs is None and r.figure() is None and r.error == "e"
 
 
 def test_gloo_lonely_worker_times_out() -> None:
@@ -197,15 +326,14 @@ def test_run_names_the_missing_device_on_net_plugin_failure(
     def fail(*_: object) -> float:
         raise RuntimeError(cause)
 
-    monkeypatch.setattr(ns, "all_reduce_once", fail)
+    monkeypatch.setattr(ns, "run_collectives", fail)
     pytest.importorskip("torch")
     env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29883",
            "NCCL_NET": "IB", "NCCL_IB_HCA": "rocep1s0f1",
            "NCCL_DEBUG_FILE": str(REAL / "net_ib_env" / "nccl.%h.%p.log")}  # fmt: skip
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    args = ns.argparse.Namespace(backend="nccl", timeout=5.0, allow_socket=False)
-    code, report = ns.run(args, dict(os.environ))
+    code, report = ns.run(smoke_args(), dict(os.environ))
     assert code == ns.EXIT_TRANSPORT and report["ok"] is False
     assert "HCA rocep1s0f1" in report["error"] and "/dev/infiniband" in report["error"]
     assert "NET/IB : No device found" in report["error"]  # the real log line, quoted

@@ -7,7 +7,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from sparkrig.host import Node
+from sparkrig.node import Node
 
 
 def node_report(tmp_path: Path, interface: str = "lo"):

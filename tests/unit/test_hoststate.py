@@ -12,8 +12,9 @@ import subprocess
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
-from sparkrig.hoststate import Part, assemble, script, split_script
+from sparkrig.hoststate import assemble
 from sparkrig.owned import OwnedPaths, PathState, UnitStates
+from sparkrig.stateread import Part, script, split_script
 
 
 def run_script(parts: tuple[Part, ...]) -> list[str]:

@@ -4,9 +4,12 @@ none beyond the one each exists for, so no grab-bag module collects them again."
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import pkgutil
+import re
+from pathlib import Path
 
 from pyinfra.api import FactBase
 
@@ -14,7 +17,7 @@ import sparkrig
 
 # the domain modules: each holds its facts, operations and command builders
 DOMAINS = {
-    "host",  # the node report
+    "node",  # the node report
     "fabric",  # RoCE GID table, fabric configs, rank env file
     "weights",  # weights state, fetch/copy/re-hash/serve
     "image",  # image state, base pull/save/serve/load, patched build, prune
@@ -23,12 +26,14 @@ DOMAINS = {
     "release",  # release record, keep/restore, rollback
     "pairsecret",  # the agents' secret and the API key on a rank
     "status",  # status.py's one read per rank
+    "baseline",  # kernel, driver, NIC firmware, BIOS, packages: read, compared, held, kho=off
 }
 # cross-cutting modules and the one fact or operation each exists for
 CROSS_CUTTING = {
-    "hoststate": {"HostState"},  # the one state read: the domain facts are its parts
+    "stateread": {"HostState"},  # the one state read: the domain facts are its parts
+    "hoststate": set(),  # assembles the domains' parts for the tasks
     "ordering": {"acting_where"},  # on_head/on_workers
-    "failhost": {"refuse"},  # fail a host with its reasons
+    "failing": {"refuse"},  # fail a host with its reasons
 }
 
 
@@ -62,3 +67,126 @@ def test_facts_and_operations_live_in_their_domain_module():
     assert stray == {}, f"facts or operations outside a domain module: {stray}"
     for module, allowed in CROSS_CUTTING.items():
         assert found[module] == allowed, module
+
+
+# ---------------------------------------------------------------------------------------------
+# One-way imports: the layers README "Layout" draws
+# ---------------------------------------------------------------------------------------------
+
+LIBRARY = Path(sparkrig.__file__).resolve().parent
+README = LIBRARY.parent / "README.md"
+LAYER_LINE = re.compile(r"^  layer (\d) +(\S+): +(.+)$")
+
+
+def sparkrig_imports(tree: ast.Module) -> list[tuple[str, bool]]:
+    """(module imported, at module level) of every ``sparkrig`` import of a module's tree:
+    one inside a function or under ``if TYPE_CHECKING`` is not at module level."""
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            names: list[str] = []
+            if isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                if child.module == "sparkrig":
+                    names = [a.name for a in child.names if (LIBRARY / f"{a.name}.py").exists()]
+                    names = names or ["__init__"]
+                elif child.module.startswith("sparkrig."):
+                    names = [child.module.split(".")[1]]
+            elif isinstance(child, ast.Import):
+                names = [a.name.split(".")[1] for a in child.names if a.name[:9] == "sparkrig."]
+            found.extend((name, top) for name in names)
+            nested = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) or (
+                isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)
+            )
+            visit(child, top and not nested)
+
+    visit(tree, True)
+    return found
+
+
+def import_graph(root: Path = LIBRARY) -> dict[str, set[str]]:
+    """module -> the sparkrig modules it imports (at module level), for every module."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        graph[path.stem] = {m for m, _ in sparkrig_imports(tree)} - {path.stem, "__init__"}
+    return graph
+
+
+def cycle_in(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of ``graph`` (its modules in order, the first repeated), or []."""
+    done: set[str] = set()
+
+    def walk(module: str, path: list[str]) -> list[str]:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        if module in done:
+            return []
+        for dep in sorted(graph.get(module, ())):
+            found = walk(dep, [*path, module])
+            if found:
+                return found
+        done.add(module)
+        return []
+
+    for module in sorted(graph):
+        found = walk(module, [])
+        if found:
+            return found
+    return []
+
+
+def drawn_layers(text: str) -> dict[str, int]:
+    """module -> layer, from README's layer picture ("  layer N name: module module ...")."""
+    layers: dict[str, int] = {}
+    for line in text.splitlines():
+        m = LAYER_LINE.match(line)
+        if m:
+            for module in m[3].split():
+                layers[module.removesuffix(",")] = int(m[1])
+    return layers
+
+
+def test_no_sparkrig_import_hides_in_a_function_or_under_type_checking():
+    hidden = {
+        path.stem: sorted(m for m, top in sparkrig_imports(ast.parse(path.read_text())) if not top)
+        for path in sorted(LIBRARY.glob("*.py"))
+    }
+    hidden = {module: names for module, names in hidden.items() if names}
+    assert hidden == {}, f"sparkrig imports inside a function or under TYPE_CHECKING: {hidden}"
+
+
+def test_the_library_has_no_import_cycle():
+    graph = import_graph()
+    assert {"stateread", "hoststate", "release", "settings"} <= set(graph)  # it sees the modules
+    assert "stateread" in graph["hoststate"]  # and their imports
+    cycle = cycle_in(graph)
+    assert cycle == [], f"import cycle: {' -> '.join(cycle)}"
+
+
+def test_the_readme_draws_every_module_in_a_layer_and_imports_only_go_down():
+    graph = import_graph()
+    layers = drawn_layers(README.read_text())
+    assert set(layers) == set(graph) - {"__init__"}, "README's layer picture lists other modules"
+    upward = {
+        f"{module} (layer {layers[module]}) imports {dep} (layer {layers[dep]})"
+        for module, deps in graph.items()
+        if module in layers
+        for dep in deps
+        if layers[dep] > layers[module]
+    }
+    assert upward == set(), f"imports against README's layers: {sorted(upward)}"
+    # the state-reading machinery knows no domain; only the tasks read the assembled state
+    assert all(layers[dep] == 0 for dep in graph["stateread"]), graph["stateread"]
+    assert [m for m, deps in graph.items() if "hoststate" in deps] == []
+
+
+def test_the_cycle_finder_finds_a_cycle_and_a_hidden_import():
+    assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle_in({"a": {"b"}, "b": set()}) == []
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\nfrom sparkrig.paths import paths\n"
+        "if TYPE_CHECKING:\n    from sparkrig.owned import PathState\n"
+        "def f():\n    from sparkrig import hostpkg\n"
+    )
+    assert sparkrig_imports(tree) == [("paths", True), ("owned", False), ("hostpkg", False)]

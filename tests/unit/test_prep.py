@@ -194,3 +194,51 @@ def test_the_floor_follows_vllms_start_check_unless_pinned(tree, capsys):
     assert prep.main([*base, "--gpu-memory-utilization", "0.45", "--memfree-margin-gib", "2"]) == 0
     assert "MemFree 100.0 GiB >= 92.0 GiB" in capsys.readouterr().out
     assert prep.main([*base, "--memfree-min-gib", "99"]) == 0  # the knob pins it
+
+
+def script(bindir: Path, name: str, body: str) -> None:
+    path = bindir / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+def test_a_crash_leftover_is_removed_and_its_memory_awaited_before_the_gates_decide(tree, capsys):
+    """The rank's own container outlived its engine's unit: removed by its name; its engine's GPU
+    process and memory go a moment later, and the start gate waits for that instead of
+    refusing (exit 4) or failing the MemFree floor (exit 3)."""
+    tree.gid(3, WANT)
+    tree.memfree(2)
+    gone = tree.root / "engine-gone"
+    script(tree.bin, "docker",
+           f'case "$*" in\n'
+           f'  "ps --all"*) printf "sparkrig-worker running\\n" ;;\n'
+           f'  rm*) echo "$@" >> {tree.root}/docker-rm.log ;;\n'
+           f'esac\n')  # fmt: skip
+    script(tree.bin, "nvidia-smi", f'[ -e {gone} ] || echo "4242, VLLM::EngineCore, 90000 MiB"\n')
+
+    def engine_exits() -> None:
+        gone.write_text("")
+        tree.memfree(100)
+
+    timer = threading.Timer(1.5, engine_exits)
+    timer.start()
+    try:
+        assert tree.run("--fabric-wait", "5", "--container", "sparkrig-worker", "--wait", "60") == 0
+    finally:
+        timer.cancel()
+    out = capsys.readouterr().out
+    assert "removing this rank's stale container sparkrig-worker (running)" in out
+    assert (tree.root / "docker-rm.log").read_text() == "rm --force sparkrig-worker\n"
+    assert "waiting up to 60 s for the memory a dead engine held to come back" in out
+    assert "GPU processes left: 4242, VLLM::EngineCore, 90000 MiB" in out
+    assert "memory back after" in out
+
+
+def test_the_wait_for_a_dead_engines_memory_is_bounded_then_the_gates_decide(tree, capsys):
+    tree.gid(3, WANT)
+    script(tree.bin, "nvidia-smi", 'echo "4242, python3, 61440 MiB"\n')  # never goes
+    assert tree.run("--fabric-wait", "5", "--container", "sparkrig-worker", "--wait", "2") == 4
+    captured = capsys.readouterr()
+    assert "waiting up to 2 s for the memory a dead engine held" in captured.out
+    assert "after 2 s MemFree is 100.0 GiB; the checks below decide" in captured.out
+    assert "GPU process 4242, python3, 61440 MiB" in captured.err

@@ -19,7 +19,7 @@ class Meta:
 
 
 def test_any_declared_trigger_that_changed_on_any_host_restarts_the_pair():
-    restart = PairRestart(state=None)
+    restart = PairRestart()
     restart.trigger("fabric", Meta(True, False))  # head: fabric right
     restart.trigger("env", Meta(False, True))  # not run yet: not a decision
     assert not restart() and restart.fired() == []
@@ -29,7 +29,7 @@ def test_any_declared_trigger_that_changed_on_any_host_restarts_the_pair():
 
 def test_an_undeclared_trigger_is_refused():
     with pytest.raises(KeyError, match="not a declared pair-restart trigger"):
-        PairRestart(state=None).trigger("rank-unit", Meta(True, True))
+        PairRestart().trigger("rank-unit", Meta(True, True))
     assert set(RESTART_TRIGGERS) == {
         "fabric",
         "env",

@@ -75,6 +75,14 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
             "spark-0: fabric_mtu: Input should be greater",
         ),
         (
+            lambda v: edit(v, "head", 0, nccl_smoke_bytes=16 * 2**30),  # froze a Spark (#102)
+            "spark-0: nccl_smoke_bytes: Input should be less than or equal to 4294967296",
+        ),
+        (
+            lambda v: edit(v, "head", 0, fabric_busbw_min_gbs=-1),
+            "spark-0: fabric_busbw_min_gbs: Input should be greater than or equal to 0",
+        ),
+        (
             lambda v: edit(v, "head", 0, profile="turbo"),
             "spark-0: profile: Input should be 'single'",
         ),
@@ -106,6 +114,18 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
                 edit(v, g, 0, watchdog=True, watchdog_grace_s=1800) for g in ("head", "worker")
             ],
             "spark-0: watchdog_grace_s: 1800 is below ready_timeout_s 3600",
+        ),
+        (
+            lambda v: edit(v, "head", 0, watchdog_stall_s=60),
+            "spark-0: watchdog_stall_s: 60 must exceed watchdog_interval_s 60",
+        ),
+        (
+            lambda v: [edit(v, g, 0, gpu_clock_max_mhz=50) for g in ("head", "worker")],
+            "spark-0: gpu_clock_max_mhz: Input should be greater than or equal to 100",
+        ),
+        (
+            lambda v: edit(v, "worker", 0, gpu_clock_max_mhz=2400),
+            "spark-1: gpu_clock_max_mhz: 2400 differs from spark-0's None",
         ),
         (
             lambda v: edit(v, "head", 0, api_auth=False, api_key_rotate=True),
@@ -187,6 +207,9 @@ def test_a_knob_missing_from_group_data_is_an_error_not_a_silent_default(default
         ("config_dir", "/etc/elsewhere"),
         ("pair_token_file", ".sparkrig/other-token"),
         ("nccl_smoke_timeout_s", 600),
+        ("nccl_smoke_bytes", 2**20),  # the ranks' collectives must match
+        ("nccl_smoke_iters", 5),
+        ("fabric_busbw_min_gbs", 16.0),
         ("image_transfer_dir", "/srv/images"),
         ("pair_grace_s", 60),
         ("weights_dir", "/srv/models"),

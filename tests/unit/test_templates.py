@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkrig.baseline import grub_text
 from sparkrig.fabric import env_context
 from sparkrig.render import base_context, render
 from sparkrig.serving import pair_unit_context, rank_unit_context
@@ -36,6 +37,7 @@ def owned_files(s: Settings) -> dict[str, str]:
             "sparkrig-rank.service.j2", **rank_unit_context(s, k.base_image or "", weights)
         ),
         "sparkrig-pair.service": render("sparkrig-pair.service.j2", **pair_unit_context(s)),
+        "90-sparkrig-kho.cfg": grub_text(),  # written where the kernel has KHO (kho_off)
     }
 
 

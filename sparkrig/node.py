@@ -14,6 +14,7 @@ from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.settings import Rank, Settings
+from sparkrig.stateread import Part
 
 SYSCTL_FILE = "/etc/sysctl.d/90-sparkrig.conf"  # owned whole: vm.swappiness, vm.min_free_kbytes
 
@@ -149,10 +150,15 @@ class Node(FactBase[NodeReport]):
 
 def node_args(s: Settings, rank: Rank | None = None) -> dict[str, str]:
     """Arguments of the Node fact for ``rank`` (default: this host): a part of its state read
-    (sparkrig/hoststate.py; pyinfra 3.10 caches no fact, so it is read there once per host)."""
+    (sparkrig/stateread.py; pyinfra 3.10 caches no fact, so it is read there once per host)."""
     rank = rank or s.me
     return {
         "weights_dir": s.knobs.weights_dir,
         "fabric_interface": rank.fabric_interface,
         "netplan_file": s.knobs.fabric_netplan_file,
     }
+
+
+def node_part(s: Settings) -> Part:
+    """The state read's part of this host's node report."""
+    return Part("node", Node, tuple(sorted(node_args(s).items())))

@@ -1,0 +1,109 @@
+"""python3 -m sparkrig.bench: the seeds' measurement protocol against the pair or any endpoint.
+
+    python3 -m sparkrig.bench --inventory inventory.py          # the head the deploy made
+    python3 -m sparkrig.bench --url http://host:8000 --model NAME [--api-key-file F] [--profile P]
+
+One JSON per run under --results-dir (default bench/results), or at --json PATH; a PNG beside it;
+a table on stdout with each figure against the running profile's expected one (docs/bench.md).
+Exit status: 0 when every measurement ran, 1 when one failed (an error listed), 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from sparkhost.gate import read_api_key
+
+from . import expected, report, target
+from .client import Endpoint
+from .protocol import SHORT, Protocol, measure
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILES = ("single", "shared", "guard", "long")
+
+
+def ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x.strip().upper().removesuffix("K")) * (1024 if x.strip().upper()
+                     .endswith("K") else 1) for x in text.split(",") if x.strip())  # fmt: skip
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python3 -m sparkrig.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--inventory", help="measure this inventory's head (url, model, profile, "
+                       "key file as the deploy made them)")  # fmt: skip
+    where.add_argument("--url", help="an OpenAI-compatible endpoint, e.g. http://host:8000")
+    p.add_argument("--model", help="served model name (with --url)")
+    p.add_argument("--api-key-file", help="file holding the API key (sent as a Bearer token)")
+    p.add_argument("--profile", choices=PROFILES, help="compare with this profile's figures")
+    p.add_argument("--json", type=Path, help="write the run's JSON here (PNG beside it)")
+    p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--short", action="store_true", help="the release gate's short bench")
+    p.add_argument("--decode-tokens", type=int, help="forced tokens per request (512)")
+    p.add_argument("--repeats", type=int, help="passes / waves per figure, median taken (3)")
+    p.add_argument("--prompts", type=int, help="prose prompts per pass (8)")
+    p.add_argument("--streams", type=ints, help="parallel streams (2,4,8)")
+    p.add_argument("--contexts", type=ints, help="prefill prompt sizes (8K,32K,128K); longer "
+                   "ones are opt-in, up to the model's context")  # fmt: skip
+    p.add_argument("--fffd-tokens", type=int, help="length of the Japanese answer (4096; 0: skip)")
+    p.add_argument("--no-tool", action="store_true", help="skip the tool-call probe")
+    p.add_argument("--tolerance", type=float, default=expected.DEFAULT_TOLERANCE)
+    return p
+
+
+def protocol_of(args: argparse.Namespace) -> Protocol:
+    base = SHORT if args.short else Protocol()
+    changes = {
+        "decode_tokens": args.decode_tokens, "repeats": args.repeats, "prompts": args.prompts,
+        "streams": args.streams, "contexts": args.contexts, "fffd_tokens": args.fffd_tokens,
+    }  # fmt: skip
+    p = Protocol(**{**base.as_dict(), **{k: v for k, v in changes.items() if v is not None}})
+    p.tool = p.tool and not args.no_tool
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.inventory:
+        t = target.read(args.inventory, Path.cwd())
+        url, model, profile = t["url"], args.model or t["model"], args.profile or t["profile"]
+        key_file = args.api_key_file or t["api_key_file"]
+    else:
+        if not args.model:
+            parser().error("--url needs --model (the served model name)")
+        url, model, profile, key_file = args.url, args.model, args.profile, args.api_key_file
+    try:
+        key = read_api_key(key_file) if key_file else ""
+    except (OSError, ValueError) as exc:
+        print(f"bench: API key file {key_file}: {exc}", file=sys.stderr)
+        return 2
+    proto = protocol_of(args)
+    ep = Endpoint(url, model, key)
+    started = time.time()
+    print(f"bench: {url} model {model} profile {profile or '-'}; protocol {proto.as_dict()}",
+          flush=True)  # fmt: skip
+    result = {
+        "schema": "sparkrig-bench/1",
+        "started_unix": round(started, 3),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "url": url, "model": model, "profile": profile, "protocol": proto.as_dict(),
+        "tolerance": args.tolerance,
+    }  # fmt: skip
+    result.update(measure(ep, proto, log=lambda m: print(f"  {m}", flush=True)))
+    result["duration_s"] = round(time.time() - started, 1)
+    result["verdicts"] = expected.verdicts(result, profile, args.tolerance)
+    out, picture = report.write(result, args.results_dir, args.json)
+    print(report.table(result))
+    print(f"\nJSON: {out}\nPNG:  {picture}")
+    return 1 if result["errors"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

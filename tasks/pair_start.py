@@ -1,0 +1,70 @@
+"""The pair started in order, one group of operations (pyinfra's ``@deploy``) that the deploy's
+start and restart (tasks/service.py) and the rollback (tasks/rollback.py) both add: the workers'
+ranks first, then the head waits until every worker's container runs (its beacon answers over
+the fabric), then the head's rank: the order of the head's own ordered restart
+(files/sparkhost/pair.py) and of its start gate. Every operation exists on every host and acts
+only where its condition holds, so pyinfra's barrier orders them across hosts."""
+
+from collections.abc import Callable
+
+from pyinfra.api import deploy
+
+from sparkrig.ordering import on_head, on_workers
+from sparkrig.owned import service
+from sparkrig.release import Rollback
+from sparkrig.serving import wait_for_ranks, worker_wait_args
+from sparkrig.settings import Settings
+
+Condition = Callable[[], bool]
+
+
+@deploy("Start the pair in order")
+def pair_started_in_order(
+    s: Settings,
+    names: tuple[str, str, str],
+    when: tuple[Condition, Condition, Condition],
+    enabled: bool | None = None,
+    ignore_errors: bool = False,
+    watch: Rollback | None = None,
+    after_workers: Callable[[], object] | None = None,
+) -> None:
+    """The workers' ranks started, every worker's container awaited from the head, the head's
+    rank started.
+
+    + s: this host's settings
+    + names: the three operations' names (workers' start, the wait, the head's start)
+    + when: the three operations' conditions (``_if``)
+    + enabled: also enable (True) the rank units; None leaves that alone
+    + ignore_errors: a failure does not stop the run (an upgrade: it decides the rollback)
+    + watch: the rollback decision that watches the three operations (an upgrade)
+    + after_workers: adds the operations that run between the workers' start and the wait
+    """
+    is_head = s.me.is_head
+    workers, wait, head = names
+    workers_if, wait_if, head_if = when
+    steps = [
+        (
+            "worker start",
+            on_workers(is_head, service, name=workers, service=s.unit_name, running=True,
+                       enabled=enabled, _if=workers_if, _ignore_errors=ignore_errors),
+        ),
+    ]  # fmt: skip
+    if after_workers is not None:
+        after_workers()
+    steps.append(
+        (
+            "workers' containers",
+            on_head(is_head, wait_for_ranks, name=wait, **worker_wait_args(s), _if=wait_if,
+                    _ignore_errors=ignore_errors),
+        )
+    )  # fmt: skip
+    steps.append(
+        (
+            "head start",
+            on_head(is_head, service, name=head, service=s.unit_name, running=True,
+                    enabled=enabled, _if=head_if, _ignore_errors=ignore_errors),
+        )
+    )  # fmt: skip
+    for what, meta in steps:
+        if watch is not None:
+            watch.watch(what, meta)

@@ -1,0 +1,96 @@
+"""The rollback: a failed upgrade's way back to the previous release, as one group of operations
+(pyinfra's ``@deploy``) that tasks/verify.py adds on every host; each acts only once
+``rollback()`` decided it (sparkrig/release.py): the previous release's files back on every rank,
+then the pair restarted in order (workers, then the head, as tasks/service.py starts it), the
+four gates, and the run failed naming what failed and what serves now."""
+
+from pyinfra import host
+from pyinfra.api import deploy
+
+from sparkrig.ordering import on_head
+from sparkrig.owned import service
+from sparkrig.release import (
+    ReleaseReport,
+    gates_passed_again,
+    previous_restored,
+    rollback,
+    upgrade_failed,
+)
+from sparkrig.serving import wait_until_serving
+from sparkrig.settings import Settings
+from tasks.pair_start import pair_started_in_order
+
+
+@deploy("Roll back to the previous release")
+def roll_back(
+    s: Settings, release_change: str, record: ReleaseReport, boot: list[str], gates: list[str]
+) -> None:
+    """The rollback path, present on every host (acting only once ``rollback()`` decided it):
+    the previous release's files back on every rank, the helpers paused, every rank stopped,
+    the workers started, their containers awaited, the head started, its boot awaited, the four
+    gates, the helpers resumed, and the run failed naming what failed and what serves now. The
+    same worker-then-head order as the deploy's ordered pair restart (tasks/service.py)."""
+    is_head = s.me.is_head
+    rolls_back = rollback()
+    serving = record.serving
+    files = list(serving.files) if release_change and serving is not None else []
+    previous = serving.label() if serving is not None else "none recorded"
+    helpers = ["sparkrig-supervisor", "sparkrig-watchdog"]  # the watchdog's stop is a no-op if off
+
+    previous_restored(
+        name="Put the previous release's unit and lockfiles back",
+        files=files,
+        _if=lambda: bool(release_change) and rolls_back(),
+    )
+    for unit in host.loop(helpers):
+        on_head(
+            is_head,
+            service,
+            name="Pause the head's supervisor and watchdog during the rollback",
+            service=unit,
+            running=False,
+            _if=rolls_back,
+        )
+    service(
+        name="Stop every rank to roll back",
+        service=s.unit_name,
+        running=False,
+        _if=rolls_back,
+    )
+    pair_started_in_order(
+        s,
+        names=(
+            "Start the worker rank of the previous release",
+            "Wait until every worker of the previous release runs",
+            "Start the head rank of the previous release",
+        ),
+        when=(rolls_back, rolls_back, rolls_back),
+    )
+    on_head(
+        is_head,
+        wait_until_serving,
+        name="Wait for the previous release's API to finish booting",
+        command=boot,
+        _if=rolls_back,
+    )
+    on_head(
+        is_head,
+        gates_passed_again,
+        name="Pass the four serving gates on the previous release",
+        command=gates,
+        _if=rolls_back,
+    )
+    on_head(
+        is_head,
+        service,
+        name="Resume the head's supervisor after the rollback",
+        service="sparkrig-supervisor",
+        running=True,
+        _if=rolls_back,
+    )
+    upgrade_failed(
+        name="Fail the run: the upgrade failed and the previous release serves again",
+        release_change=release_change or "the release",
+        previous=previous,
+        _if=rolls_back,
+    )
