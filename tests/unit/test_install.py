@@ -117,12 +117,6 @@ def test_the_readme_control_side_commands_work_in_a_fresh_clone_and_venv(readme_
     assert bad.returncode != 0 and "Traceback" not in said and "has none" in said, said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 25 item 6: a failed state read ends in a traceback until engineer arch's fix "
-    "is merged; then remove this mark (strict: the test turns red when the fix lands)",
-)
 def test_the_readme_dry_run_of_bare_fake_sparks_works_in_a_fresh_clone(readme_clone):
     """The README's no-host dry run: every host it cannot read fails alone, in one line, and
     nothing ends in a Python traceback (issue 25 item 6)."""
