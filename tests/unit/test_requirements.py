@@ -13,9 +13,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL = ["sparkrig", "tasks", "group_data", "deploy.py", "status.py", "config.py", "inventory.py"]
 LOCAL = {"sparkrig", "sparkhost", "tasks", "group_data", "files", "config"}
-# Listed for a user that is not the deploy: requests is the serving benchmark's HTTP client (the
-# performance-proof issue). When that client lands, name its file here instead.
-PLANNED = {"requests"}
 
 
 def control_sources() -> list[Path]:
@@ -56,8 +53,7 @@ def test_requirements_txt_lists_exactly_what_the_control_side_imports():
     for mod in imported_top_modules(control_sources()):
         assert mod in dists, f"{mod}: imported by the control side but installed by no package"
         wanted.update(norm(d) for d in dists[mod])
-    listed = required() - PLANNED
-    assert PLANNED <= required(), f"PLANNED but not in requirements.txt: {PLANNED - required()}"
+    listed = required()
     assert wanted == listed, (
         f"missing from requirements.txt: {sorted(wanted - listed)}; "
         f"listed but never imported: {sorted(listed - wanted)}"
