@@ -1,6 +1,6 @@
 # README quick start: `make deploy-lab`, then `make test`. .ci/run calls `make test`.
 PY ?= python3
-PKG := sparkrig lab files
+PKG := sparkrig lab files bench/chaos
 export PYTHONDONTWRITEBYTECODE := 1
 
 .PHONY: deps deps-lab check test unit install-test deploy-lab lab-test lab-down
