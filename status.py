@@ -17,7 +17,7 @@ import time
 from pyinfra import host, logger
 from pyinfra.facts.server import Command
 
-from sparkrig.failing import refuse
+from sparkrig.failing import problems_absent
 from sparkrig.gates import gate_command, gates_passed, parse_gate_lines
 from sparkrig.image import serving_image
 from sparkrig.paths import paths
@@ -64,7 +64,7 @@ if settings.me.is_head:
     logger.info(f"{host.print_prefix}pair helpers: {helpers}")
     off += budget_problems(state, now)
 
-refuse(
+problems_absent(
     name="Report what is off on this rank",
     problems=off,
     heading="status: off",

@@ -16,7 +16,7 @@ from pyinfra.operations import files, server, systemd
 
 from sparkrig.baseline import GRUB_DROPIN
 from sparkrig.fabric import DISPLACED_DIR
-from sparkrig.image import ImageState, patched_tag, prune_commands, prune_old_images
+from sparkrig.image import ImageState, old_images_pruned, patched_tag, prune_commands
 from sparkrig.node import SYSCTL_FILE
 from sparkrig.ordering import on_head, on_workers
 from sparkrig.paths import paths
@@ -102,7 +102,7 @@ server.shell(
     _if=netplan.did_change,
 )
 
-prune_old_images(
+old_images_pruned(
     name="Remove every image of the sparkrig image repository", image_repo=knobs.image_repo, keep=[]
 )
 # The head pulled the base by its digest: that reference keeps it after its local tag is gone.

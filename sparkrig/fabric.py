@@ -2,9 +2,10 @@
 ranks reaches each other at full MTU.
 
 Facts: the RoCE GID table (``RoceGids``, one command). Operations: move other configurations of
-the fabric NIC aside (``displace_claims``), prove the MTU end to end (``fabric_path``), write the
-rank's env file with the GID index read at that moment (``rank_env_file``, twice: a GID index
-that moved alone is recorded without restarting the pair). The netplan file is an owned file
+the fabric NIC aside (``fabric_claims_displaced``), prove the MTU end to end
+(``fabric_path_proven``), write the rank's env file with the GID index read at that moment
+(``rank_env_written``, twice: a GID index that moved alone is recorded without restarting the
+pair). The netplan file is an owned file
 (sparkrig/owned.py) applied by tasks/fabric.py."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
 
 from sparkrig.factlines import END
 from sparkrig.failing import fail_host
-from sparkrig.owned import owned_of, put_text
+from sparkrig.owned import file_present, owned_of
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
 from sparkrig.stateread import Part, read_here
@@ -69,7 +70,7 @@ def gids_part() -> Part:
 
 def env_context(s: Settings) -> dict[str, Any]:
     """The rank env file's template context (rank.env.j2): fabric MTU, RoCE port, subnet and
-    the NCCL environment; ``rank_env_file`` adds the HCA and GID index read on the host."""
+    the NCCL environment; ``rank_env_written`` adds the HCA and GID index read on the host."""
     k = s.knobs
     return {
         **base_context(s),
@@ -86,7 +87,7 @@ def env_context(s: Settings) -> dict[str, Any]:
 
 
 @operation()
-def displace_claims(
+def fabric_claims_displaced(
     netplan_files: list[str], nm_profiles: list[str], dest_dir: str
 ) -> Generator[Any, None, None]:
     """
@@ -123,7 +124,7 @@ def ping_command(interface: str, peers: list[str], mtu: int) -> str:
 
 
 @operation()
-def fabric_path(interface: str, peers: list[str], mtu: int) -> Generator[Any, None, None]:
+def fabric_path_proven(interface: str, peers: list[str], mtu: int) -> Generator[Any, None, None]:
     """
     Prove every peer answers full-size do-not-fragment pings over the fabric (MTU end to end).
 
@@ -158,7 +159,7 @@ def moved_gid_index(text: str, index: str, have_sha256: str | None) -> int | Non
 
 
 @operation()
-def rank_env_file(
+def rank_env_written(
     dest: str,
     template: str,
     context: Mapping[str, Any],
@@ -210,4 +211,4 @@ def rank_env_file(
     elif moved is None and moved_gid_only:
         host.noop(f"{dest}: its RoCE GID index did not move alone")
     else:
-        yield from put_text._inner(text=text, dest=dest, mode="644")
+        yield from file_present._inner(text=text, dest=dest, mode="644")

@@ -16,7 +16,7 @@ def fail_host(reason: str) -> StringCommand:
 
 
 @operation(is_idempotent=False)
-def refuse(
+def problems_absent(
     problems: list[str],
     heading: str = "preflight failed",
     passed: str = "every preflight check passes",

@@ -90,7 +90,7 @@ def serving_image(settings: Settings, files_dir: str | Path = FILES_DIR) -> str:
 
 
 def images_to_keep(settings: Settings, files_dir: str | Path = FILES_DIR) -> list[str]:
-    """What ``prune_old_images`` keeps: the serving image and the base it was built from."""
+    """What ``old_images_pruned`` keeps: the serving image and the base it was built from."""
     k = settings.knobs
     assert k.base_image is not None
     return [serving_image(settings, files_dir), local_base(k.image_repo, k.base_image)]
@@ -643,7 +643,7 @@ def patched_image_built(
 
 
 @operation()
-def prune_old_images(image_repo: str, keep: list[str]) -> Generator[Any, None, None]:
+def old_images_pruned(image_repo: str, keep: list[str]) -> Generator[Any, None, None]:
     """
     Remove every ``<image_repo>`` tag but ``keep`` (call it only once the new pair is healthy).
 

@@ -94,7 +94,7 @@ def _role_op(acting: bool, elsewhere: str, op: Any, name: str, **kwargs: Any) ->
 
 
 def on_head(is_head: bool, op: Any, name: str, **kwargs: Any) -> OperationMeta:
-    """The idiom for "only on the head": ``on_head(s.me.is_head, put_text, name=..., ...)``."""
+    """The idiom for "only on the head": ``on_head(s.me.is_head, file_present, name=..., ...)``."""
     return _role_op(is_head, "the head alone acts here", op, name, **kwargs)
 
 

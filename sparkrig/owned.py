@@ -229,7 +229,7 @@ def owned_of(values: Values) -> OwnedReport:
 
 
 @operation()
-def put_text(
+def file_present(
     text: str, dest: str, mode: str = "644", user: str = "root", group: str = "root"
 ) -> Generator[Any, None, None]:
     """
@@ -303,7 +303,7 @@ def owned_put(
 
 
 @operation()
-def owned_directory(
+def directory_owned(
     path: str, mode: str = "755", user: str = "root", group: str = "root"
 ) -> Generator[Any, None, None]:
     """
@@ -337,7 +337,7 @@ def owned_directory(
 
 
 @operation()
-def owned_file_absent(path: str) -> Generator[Any, None, None]:
+def file_absent(path: str) -> Generator[Any, None, None]:
     """
     Remove a file sparkrig owned (decided from the host's state read).
 
@@ -350,7 +350,7 @@ def owned_file_absent(path: str) -> Generator[Any, None, None]:
 
 
 @operation()
-def service(
+def unit_state_set(
     service: str,
     running: bool | None = None,
     enabled: bool | None = None,
@@ -390,7 +390,7 @@ def service(
 
 
 @operation()
-def secret_file(text: str, dest: str) -> Generator[Any, None, None]:
+def secret_installed(text: str, dest: str) -> Generator[Any, None, None]:
     """
     Own a 0600 root file whose content is never printed (no diff, not in any command line).
 
@@ -401,12 +401,12 @@ def secret_file(text: str, dest: str) -> Generator[Any, None, None]:
 
 
 def secret_temp(dest: str) -> str:
-    """Where ``secret_file`` writes a secret before renaming it over ``dest`` (same directory)."""
+    """Where ``secret_installed`` writes a secret before renaming it over ``dest`` (same dir)."""
     return f"{dest}.sparkrig-new"
 
 
 @operation()
-def program(src: str, dest: str) -> Generator[Any, None, None]:
+def program_installed(src: str, dest: str) -> Generator[Any, None, None]:
     """
     Install a module of the host package (files/sparkhost) as root, mode 0644: python3 runs it
     (sparkrig/hostpkg.py); its directory must exist.

@@ -455,9 +455,9 @@ def previous_restored(files: list[tuple[str, str]]) -> Generator[Any, None, None
 
 
 @operation(is_idempotent=False)
-def gates_passed_again(command: list[str]) -> Generator[Any, None, None]:
+def previous_gates_passed(command: list[str]) -> Generator[Any, None, None]:
     """
-    Run the four serving gates (exit 1 when one fails). Unlike ``serving_gates`` it reads
+    Run the four serving gates (exit 1 when one fails). Unlike ``serving_gates_passed`` it reads
     nothing while the run is prepared: it only ever runs after a failed upgrade.
 
     + command: the gate script's ``gates`` argv

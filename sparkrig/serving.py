@@ -20,7 +20,7 @@ from pyinfra.facts.server import Command
 from sparkrig import hostpkg
 from sparkrig.failing import fail_host
 from sparkrig.gates import gates_passed, parse_gate_lines, probe_command
-from sparkrig.owned import put_text, service
+from sparkrig.owned import file_present, unit_state_set
 from sparkrig.paths import paths
 from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value, serve_args
 from sparkrig.render import base_context, render
@@ -242,7 +242,7 @@ def supervisor_unit_context(s: Settings) -> dict[str, Any]:
 
 
 def worker_wait_args(s: Settings) -> dict[str, Any]:
-    """``wait_for_ranks``'s arguments for the head waiting on every worker (ordered start and
+    """``workers_running``'s arguments for the head waiting on every worker (ordered start and
     rollback alike)."""
     k = s.knobs
     return {
@@ -254,7 +254,7 @@ def worker_wait_args(s: Settings) -> dict[str, Any]:
 
 
 @operation(is_idempotent=False)
-def wait_for_ranks(
+def workers_running(
     sparkhost: list[str], peers: list[str], port: int, timeout: int
 ) -> Generator[Any, None, None]:
     """
@@ -281,7 +281,7 @@ def wait_for_ranks(
 
 
 @operation(is_idempotent=False)
-def wait_until_serving(command: list[str]) -> Generator[Any, None, None]:
+def api_serving(command: list[str]) -> Generator[Any, None, None]:
     """
     Wait for the head's API to boot, failing early when the container dies or logs an error.
 
@@ -291,7 +291,7 @@ def wait_until_serving(command: list[str]) -> Generator[Any, None, None]:
 
 
 @operation()
-def serving_gates(command: list[str]) -> Generator[Any, None, None]:
+def serving_gates_passed(command: list[str]) -> Generator[Any, None, None]:
     """
     Prove the endpoint answers: /health, /v1/models, a math completion and a forced tool call.
 
@@ -334,7 +334,7 @@ def role_template(
     + mode: octal permissions
     """
     text = render(template, **context)
-    return on_role(is_head, put_text, name=name, text=text, dest=dest, mode=mode)
+    return on_role(is_head, file_present, name=name, text=text, dest=dest, mode=mode)
 
 
 HELPERS = {
@@ -354,7 +354,7 @@ def keep_helper_running(
     what = HELPERS[unit]
     on_role(
         is_head,
-        service,
+        unit_state_set,
         name=f"Restart {what} after its unit or program changed",
         service=unit,
         running=True,
@@ -365,7 +365,7 @@ def keep_helper_running(
     )
     on_role(
         is_head,
-        service,
+        unit_state_set,
         name=f"Keep {what} enabled and running",
         service=unit,
         running=True,

@@ -234,7 +234,7 @@ def weights_rehashed(fetcher: list[str], lock: str, dest: str) -> Generator[Any,
 
 
 @operation(is_idempotent=False)
-def transient_service(unit: str, command: list[str]) -> Generator[Any, None, None]:
+def transient_unit_started(unit: str, command: list[str]) -> Generator[Any, None, None]:
     """
     Run ``command`` as a transient systemd unit (replacing one of the same name).
 

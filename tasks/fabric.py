@@ -8,12 +8,12 @@ from pyinfra.operations import server
 from sparkrig import hoststate
 from sparkrig.fabric import (
     DISPLACED_DIR,
-    displace_claims,
     env_context,
-    fabric_path,
-    rank_env_file,
+    fabric_claims_displaced,
+    fabric_path_proven,
+    rank_env_written,
 )
-from sparkrig.owned import put_text
+from sparkrig.owned import file_present
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
 from sparkrig.render import base_context, render
@@ -25,13 +25,13 @@ iface, address = settings.me.fabric_interface, settings.me.fabric_address.with_p
 node = hoststate.read(settings).node
 
 # preflight refused these unless fabric_takeover is set
-takeover = displace_claims(
+takeover = fabric_claims_displaced(
     name="Move other configurations of the fabric NIC aside (fabric_takeover)",
     netplan_files=list(node.netplan_claims) if knobs.fabric_takeover else [],
     nm_profiles=[p.path for p in node.nm_claims] if knobs.fabric_takeover else [],
     dest_dir=DISPLACED_DIR,
 )
-netplan = put_text(
+netplan = file_present(
     name="Persist the fabric address and MTU with netplan",
     text=render(
         "netplan-fabric.yaml.j2", **base_context(settings), address=address, mtu=knobs.fabric_mtu
@@ -54,7 +54,7 @@ applied = server.shell(
     _if=lambda: takeover.did_change() or netplan.did_change() or link_drift,
 )
 pair_restart().trigger("fabric", applied)  # a re-applied fabric breaks NCCL's links
-fabric_path(
+fabric_path_proven(
     name="Prove the fabric MTU end to end with do-not-fragment pings",
     interface=iface,
     peers=[r.ip for r in settings.others],
@@ -69,9 +69,11 @@ rank_env = dict(
     roce_device=settings.me.roce_device,
     roce_port=knobs.roce_port,
 )
-env = rank_env_file(name="Write the rank environment with the detected RoCE GID index", **rank_env)
+env = rank_env_written(
+    name="Write the rank environment with the detected RoCE GID index", **rank_env
+)
 pair_restart().trigger("env", env)
 # Not a trigger: a rank resolves its GID index at every start, so the running pair already has it.
-rank_env_file(
+rank_env_written(
     name="Record a RoCE GID index that moved alone (no restart)", moved_gid_only=True, **rank_env
 )

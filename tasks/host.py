@@ -7,7 +7,13 @@ from pyinfra.operations import server
 
 from sparkrig import hostpkg, hoststate
 from sparkrig.node import SYSCTL_FILE
-from sparkrig.owned import owned_directory, owned_file_absent, program, put_text, service
+from sparkrig.owned import (
+    directory_owned,
+    file_absent,
+    file_present,
+    program_installed,
+    unit_state_set,
+)
 from sparkrig.paths import paths
 from sparkrig.render import render
 from sparkrig.settings import current
@@ -16,7 +22,7 @@ settings = current()
 knobs = settings.knobs
 node = hoststate.read(settings).node
 
-sysctl = put_text(
+sysctl = file_present(
     name="Own the sparkrig sysctl file",
     text=render(
         "sysctl.conf.j2", swappiness=knobs.swappiness, min_free_kbytes=knobs.min_free_kbytes
@@ -38,10 +44,10 @@ directories = [
     *hostpkg.remote_dirs(knobs.install_dir),
 ]
 for directory in host.loop([*directories, knobs.config_dir]):
-    owned_directory(name="Create sparkrig directories", path=directory, mode="755")
+    directory_owned(name="Create sparkrig directories", path=directory, mode="755")
 package = hostpkg.remote_dir(knobs.install_dir)
 shipped = {
-    module: program(
+    module: program_installed(
         name="Install the host package (files/sparkhost)",
         src=f"files/sparkhost/{module}",
         dest=f"{package}/{module}",
@@ -55,14 +61,14 @@ hostpkg.shipped(shipped)  # the service phase restarts the helpers whose modules
 # rank unit, and now; switched off, it is stopped (its ExecStop resets the clocks) and removed.
 clock_unit = paths(settings)["gpu_clock_unit"]
 if knobs.gpu_clock_max_mhz is not None:
-    clock = put_text(
+    clock = file_present(
         name="Install the GPU clock lock unit",
         text=render(
             "sparkrig-gpu-clock.service.j2", unit=settings.unit_name, mhz=knobs.gpu_clock_max_mhz
         ),
         dest=clock_unit,
     )
-    service(
+    unit_state_set(
         name="Apply the GPU clock lock after its unit changed",
         service="sparkrig-gpu-clock",
         running=True,
@@ -71,19 +77,17 @@ if knobs.gpu_clock_max_mhz is not None:
         daemon_reload=True,
         _if=clock.did_change,
     )
-    service(
+    unit_state_set(
         name="Keep the GPU clock lock applied and enabled at boot",
         service="sparkrig-gpu-clock",
         running=True,
         enabled=True,
     )
 else:
-    service(
+    unit_state_set(
         name="Stop the GPU clock lock while it is switched off",
         service="sparkrig-gpu-clock",
         running=False,
         enabled=False,
     )
-    owned_file_absent(
-        name="Remove the GPU clock lock unit while it is switched off", path=clock_unit
-    )
+    file_absent(name="Remove the GPU clock lock unit while it is switched off", path=clock_unit)

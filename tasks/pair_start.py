@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pyinfra.api import deploy
 
 from sparkrig.ordering import on_head, on_workers
-from sparkrig.owned import service
+from sparkrig.owned import unit_state_set
 from sparkrig.release import Rollback
-from sparkrig.serving import wait_for_ranks, worker_wait_args
+from sparkrig.serving import worker_wait_args, workers_running
 from sparkrig.settings import Settings
 
 Condition = Callable[[], bool]
@@ -45,7 +45,7 @@ def pair_started_in_order(
     steps = [
         (
             "worker start",
-            on_workers(is_head, service, name=workers, service=s.unit_name, running=True,
+            on_workers(is_head, unit_state_set, name=workers, service=s.unit_name, running=True,
                        enabled=enabled, _if=workers_if, _ignore_errors=ignore_errors),
         ),
     ]  # fmt: skip
@@ -54,14 +54,14 @@ def pair_started_in_order(
     steps.append(
         (
             "workers' containers",
-            on_head(is_head, wait_for_ranks, name=wait, **worker_wait_args(s), _if=wait_if,
+            on_head(is_head, workers_running, name=wait, **worker_wait_args(s), _if=wait_if,
                     _ignore_errors=ignore_errors),
         )
     )  # fmt: skip
     steps.append(
         (
             "head start",
-            on_head(is_head, service, name=head, service=s.unit_name, running=True,
+            on_head(is_head, unit_state_set, name=head, service=s.unit_name, running=True,
                     enabled=enabled, _if=head_if, _ignore_errors=ignore_errors),
         )
     )  # fmt: skip

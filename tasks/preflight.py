@@ -5,7 +5,7 @@ anything on it changes."""
 from pyinfra import host, inventory, logger, state
 
 from sparkrig import baseline, hoststate
-from sparkrig.failing import refuse
+from sparkrig.failing import problems_absent
 from sparkrig.pairsecret import api_key, pair_secret
 from sparkrig.preflight import describe, problems, warnings
 from sparkrig.release import adoptable
@@ -84,4 +84,4 @@ if settings.knobs.weights_verify == "full":
             f"{unit} is serving: stop the pair first (on the head: `sudo systemctl stop "
             f"{settings.head_unit_name}`, the workers follow), then run again"
         )
-refuse(name="Refuse a host that fails preflight", problems=found)
+problems_absent(name="Refuse a host that fails preflight", problems=found)

@@ -6,7 +6,7 @@ the gates. An upgrade needs the whole pair: refused, before anything changes, wi
 from pyinfra import host, inventory, logger, state
 
 from sparkrig import hoststate
-from sparkrig.failing import refuse
+from sparkrig.failing import problems_absent
 from sparkrig.release import change, previous_kept
 from sparkrig.settings import current
 
@@ -28,7 +28,7 @@ if release_change:
             f"the release changes ({release_change}): an upgrade restarts the whole pair and rolls "
             "it back if it fails; run `pyinfra inventory.py deploy.py` with the head (no --limit)"
         )
-refuse(
+problems_absent(
     name="Refuse an upgrade of half a pair",
     problems=found,
     heading="release",

@@ -8,15 +8,15 @@ from pyinfra import host
 from pyinfra.api import deploy
 
 from sparkrig.ordering import on_head
-from sparkrig.owned import service
+from sparkrig.owned import unit_state_set
 from sparkrig.release import (
     ReleaseReport,
-    gates_passed_again,
+    previous_gates_passed,
     previous_restored,
     rollback,
     upgrade_failed,
 )
-from sparkrig.serving import wait_until_serving
+from sparkrig.serving import api_serving
 from sparkrig.settings import Settings
 from tasks.pair_start import pair_started_in_order
 
@@ -45,13 +45,13 @@ def roll_back(
     for unit in host.loop(helpers):
         on_head(
             is_head,
-            service,
+            unit_state_set,
             name="Pause the head's supervisor and watchdog during the rollback",
             service=unit,
             running=False,
             _if=rolls_back,
         )
-    service(
+    unit_state_set(
         name="Stop every rank to roll back",
         service=s.unit_name,
         running=False,
@@ -68,21 +68,21 @@ def roll_back(
     )
     on_head(
         is_head,
-        wait_until_serving,
+        api_serving,
         name="Wait for the previous release's API to finish booting",
         command=boot,
         _if=rolls_back,
     )
     on_head(
         is_head,
-        gates_passed_again,
+        previous_gates_passed,
         name="Pass the four serving gates on the previous release",
         command=gates,
         _if=rolls_back,
     )
     on_head(
         is_head,
-        service,
+        unit_state_set,
         name="Resume the head's supervisor after the rollback",
         service="sparkrig-supervisor",
         running=True,

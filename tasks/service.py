@@ -13,7 +13,7 @@ from sparkrig import hostpkg, hoststate
 from sparkrig.busbw import smoke_figures
 from sparkrig.image import serving_image
 from sparkrig.ordering import on_head, on_workers
-from sparkrig.owned import owned_file_absent, put_text, secret_file, service
+from sparkrig.owned import file_absent, file_present, secret_installed, unit_state_set
 from sparkrig.pairrestart import pair_restart
 from sparkrig.pairsecret import api_key, control_token, pair_secret, write_control_copy_later
 from sparkrig.paths import paths
@@ -62,14 +62,14 @@ api = api_key(settings, hoststate.values)
 if head_knobs.api_auth and api is not None and api.token:
     on_head(
         is_head,
-        secret_file,
+        secret_installed,
         name="Install the API key",
         text=api.token + "\n",
         dest=host_paths["api_key"],
     )
     key_env = on_head(
         is_head,
-        secret_file,
+        secret_installed,
         name="Install the API key env file for vLLM",
         text=api_key_env(api.token),
         dest=host_paths["api_key_env"],
@@ -86,16 +86,16 @@ elif not head_knobs.api_auth:
     for path in host.loop([host_paths["api_key"], host_paths["api_key_env"]]):
         on_head(
             is_head,
-            owned_file_absent,
+            file_absent,
             name="Remove the API key while api_auth is off",
             path=path,
         )
-rank_unit = put_text(
+rank_unit = file_present(
     name="Install the rank unit",
     text=render("sparkrig-rank.service.j2", **rank_unit_context(settings, image, weights_id)),
     dest=host_paths["rank_unit"],
 )
-pair_unit = put_text(
+pair_unit = file_present(
     name="Install the stop-together unit",
     text=render("sparkrig-pair.service.j2", **pair_unit_context(settings)),
     dest=host_paths["pair_unit"],
@@ -114,7 +114,7 @@ systemd.daemon_reload(
 # ranks holding different ones); the head gets `sparkrig-restart-pair` and, when the watchdog knob
 # is on, the watchdog that uses it. The helpers read the secret once at start: a changed secret
 # restarts them.
-secret = secret_file(
+secret = secret_installed(
     name="Install the agents' shared secret",
     text=pair_secret(settings, hoststate.values).token + "\n",
     dest=host_paths["pair_token"],
@@ -163,7 +163,7 @@ if watchdog_on:
 else:
     on_head(
         is_head,
-        service,
+        unit_state_set,
         name="Stop the watchdog while it is switched off",
         service="sparkrig-watchdog",
         running=False,
@@ -171,13 +171,13 @@ else:
     )
     on_head(
         is_head,
-        owned_file_absent,
+        file_absent,
         name="Remove the watchdog unit while it is switched off",
         path=host_paths["watchdog_unit"],
     )
 
 # The stop-together watch runs beside a live rank: a new program restarts the watch, not the rank.
-service(
+unit_state_set(
     name="Restart the stop-together watch after its program changed",
     service="sparkrig-pair",
     restarted=True,
@@ -204,7 +204,7 @@ if not head_in_run:
     )
 on_head(
     is_head,
-    service,
+    unit_state_set,
     name="Pause the watchdog during an ordered pair restart",
     service="sparkrig-watchdog",
     running=False,
@@ -212,13 +212,13 @@ on_head(
 )
 on_head(
     is_head,
-    service,
+    unit_state_set,
     name="Pause the supervisor during the deploy's pair start",
     service="sparkrig-supervisor",
     running=False,
     _if=lambda: restart() or not rank_active,
 )
-service(
+unit_state_set(
     name="Stop every rank for an ordered pair restart",
     service=settings.unit_name,
     running=False,
@@ -311,7 +311,7 @@ if watchdog_on:
 # previous release's rank unit back (sparkrig/release.py), and one from before the package runs
 # them; the first run without a release change removes them.
 for legacy in host.loop(hostpkg.legacy_files(knobs.install_dir)):
-    owned_file_absent(
+    file_absent(
         name="Remove the programs the host package replaced",
         path=legacy,
         _if=lambda: not upgrading,

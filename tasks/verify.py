@@ -14,7 +14,7 @@ from pyinfra import host, inventory, state
 from sparkrig import hoststate
 from sparkrig.busbw import smoke_figures
 from sparkrig.gates import gate_command, wait_command
-from sparkrig.image import images_to_keep, prune_old_images
+from sparkrig.image import images_to_keep, old_images_pruned
 from sparkrig.ordering import on_head
 from sparkrig.pairrestart import pair_restart
 from sparkrig.release import (
@@ -29,7 +29,7 @@ from sparkrig.release import (
     wanted,
     weights_kept,
 )
-from sparkrig.serving import api_key_file, serving_gates, wait_until_serving
+from sparkrig.serving import api_key_file, api_serving, serving_gates_passed
 from sparkrig.settings import current
 from tasks.rollback import roll_back
 
@@ -58,7 +58,7 @@ rolls_back.watch(
     "boot",
     on_head(
         is_head,
-        wait_until_serving,
+        api_serving,
         name="Wait for the head's API to finish booting",
         command=boot,
         _if=lambda: (restart() or not was_running) and not rolls_back(),
@@ -69,7 +69,7 @@ rolls_back.watch(
     "gates",
     on_head(
         is_head,
-        serving_gates,
+        serving_gates_passed,
         name="Pass the four serving gates",
         command=gates,
         _if=lambda: not rolls_back(),
@@ -91,7 +91,7 @@ record_stamped(
     fabric=smoke_figures().figure_of(host.name),
     _if=lambda: head_in_run,
 )
-prune_old_images(
+old_images_pruned(
     name="Prune old sparkrig images once the pair is healthy",
     image_repo=knobs.image_repo,
     keep=sorted({*images_to_keep(settings), *images_kept(kept)}),

@@ -11,7 +11,7 @@ from sparkhost.lockfile import installed_path
 
 from sparkrig import hostpkg, hoststate
 from sparkrig.ordering import on_head, on_workers
-from sparkrig.owned import owned_directory, put_text, secret_file
+from sparkrig.owned import directory_owned, file_present, secret_installed
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
 from sparkrig.release import LEGACY_DIRS, weights_adopted
@@ -19,7 +19,7 @@ from sparkrig.settings import current, for_inventory
 from sparkrig.weights import (
     artifacts,
     token_text,
-    transient_service,
+    transient_unit_started,
     weights_present,
     weights_rehashed,
 )
@@ -30,7 +30,7 @@ host_paths = paths(settings)
 fetcher = hostpkg.invocation(knobs.install_dir)  # + fetch, verify, serve, follow (tasks/host.py)
 
 for directory in host.loop([knobs.weights_dir, knobs.cache_dir]):
-    owned_directory(name="Create the weights and cache directories", path=directory, mode="755")
+    directory_owned(name="Create the weights and cache directories", path=directory, mode="755")
 
 # Weights live per revision (<weights_dir>/<name>-<commit>) so an upgrade keeps the previous
 # revision for a rollback; a checkout of the old layout is renamed in place (nothing fetched),
@@ -44,7 +44,7 @@ for legacy in host.loop(LEGACY_DIRS):
     )
 wanted = artifacts(settings)  # lockfiles read and checked on the control machine
 for art in host.loop(wanted):
-    put_text(name="Install the weights lockfiles", text=art.lock_text, dest=art.remote_lock)
+    file_present(name="Install the weights lockfiles", text=art.lock_text, dest=art.remote_lock)
 
 is_head = settings.me.is_head
 # The Hub token is the control machine's (HF_TOKEN or hf_token_file): the same for every host, so
@@ -54,7 +54,7 @@ source_token: list[str] = []
 if token is not None:
     on_head(
         is_head,
-        secret_file,
+        secret_installed,
         name="Install the Hub token",
         text=token,
         dest=host_paths["token_file"],
@@ -113,7 +113,7 @@ def workers_lack() -> bool:
 lacking = is_head and workers_lack()
 serving = on_head(
     is_head,
-    transient_service,
+    transient_unit_started,
     name="Serve the verified weights to the workers over the fabric",
     unit="sparkrig-weights-serve",
     command=[

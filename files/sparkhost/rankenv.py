@@ -1,7 +1,7 @@
 """The rank unit's two environment files, each written and read here alone.
 
 ``<config_dir>/rank.env``: the rank's environment, written by the deploy (templates/rank.env.j2,
-sparkrig.fabric.rank_env_file) and read by the rank unit (``EnvironmentFile=``), its container
+sparkrig.fabric.rank_env_written) and read by the rank unit (``EnvironmentFile=``), its container
 (``docker run --env-file``), its start gate (``sparkhost prep --env``, ``read``) and the status
 read (``GID_INDEX``, by the shell line ``value_command``).
 

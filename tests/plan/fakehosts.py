@@ -266,7 +266,7 @@ def bare(ip: str) -> dict[Any, Any]:
         FAIL_HOST,
         rf"^(chown root:root|chmod [0-7]{{3}}|mkdir -p) {OURS}$",
         rf"^install -m 600 -o root -g root /dev/null {OURS}$",
-        rf"^mv -f {OURS} {OURS}$",  # secret_file: the 0600 temp file renamed over the secret
+        rf"^mv -f {OURS} {OURS}$",  # secret_installed: the 0600 temp file renamed over the secret
         rf"^rm -f {OURS}$",
         rf"^rm -rf {OURS}$",  # uninstall.py removes sparkrig's directories
         r"^systemctl (start|stop|enable|disable|restart) sparkrig-[\w-]+(\.service)?$",

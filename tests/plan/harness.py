@@ -130,7 +130,7 @@ def run(
                 acted = UNIT_ACTION.match(command)
                 if ok and acted:
                     units[(self.host.name, acted[2])] = acted[1]
-                # a rename moves what was uploaded (secret_file writes a temp file, then mv)
+                # a rename moves what was uploaded (secret_installed writes a temp file, then mv)
                 moved = RENAME.match(command)
                 if ok and moved and moved[1] in uploads.get(self.host.name, {}):
                     files = uploads[self.host.name]

@@ -31,7 +31,7 @@ def settings(**knobs) -> Settings:
 
 
 def rank_env(s: Settings, gid_index: int) -> str:
-    """The rank env file as the deploy writes it (sparkrig.fabric.rank_env_file)."""
+    """The rank env file as the deploy writes it (sparkrig.fabric.rank_env_written)."""
     return render("rank.env.j2", **env_context(s), hca="rocep1s0f1", gid_index=str(gid_index))
 
 

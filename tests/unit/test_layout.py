@@ -33,7 +33,7 @@ CROSS_CUTTING = {
     "stateread": {"HostState"},  # the one state read: the domain facts are its parts
     "hoststate": set(),  # assembles the domains' parts for the tasks
     "ordering": {"acting_where"},  # on_head/on_workers
-    "failing": {"refuse"},  # fail a host with its reasons
+    "failing": {"problems_absent"},  # fail a host with its reasons
 }
 
 
@@ -190,3 +190,48 @@ def test_the_cycle_finder_finds_a_cycle_and_a_hidden_import():
         "def f():\n    from sparkrig import hostpkg\n"
     )
     assert sparkrig_imports(tree) == [("paths", True), ("owned", False), ("hostpkg", False)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Operation names: the resource and its wanted state, as pyinfra names its operations
+# ---------------------------------------------------------------------------------------------
+
+# the last word of an operation's name: a past participle (regular ones end in "ed") or a state
+PARTICIPLES = {"held", "kept", "built", "set", "proven", "written"}
+STATES = {"present", "absent", "running", "serving", "off"}
+# a first word that is an order, not a resource ("wait_for_ranks", "put_text")
+VERBS = {"wait", "put", "prune", "displace", "run", "start", "stop", "install", "write", "ensure"}
+# operations that wrap another operation, whose own name states the resource and its state
+WRAPPERS = {"acting_where"}
+
+
+def misnamed(name: str) -> str | None:
+    """Why ``name`` is not ``<resource>_<wanted state>``, or None when it is."""
+    words = name.split("_")
+    if len(words) < 2:
+        return "no resource and state (one word)"
+    if words[0] in VERBS:
+        return f"starts with the verb {words[0]!r}"
+    last = words[-1]
+    if not (last.endswith("ed") or last in PARTICIPLES or last in STATES):
+        return f"ends in {last!r}, neither a past participle nor a state word"
+    return None
+
+
+def test_every_operation_names_its_resource_and_wanted_state():
+    operations = {
+        name
+        for m in pkgutil.iter_modules(sparkrig.__path__)
+        for name in defined_in(importlib.import_module(f"sparkrig.{m.name}"))
+        if name[0].islower()  # facts are classes
+    }
+    assert {"file_present", "weights_present", "old_images_pruned"} <= operations  # it sees them
+    wrong = {n: misnamed(n) for n in sorted(operations - WRAPPERS) if misnamed(n)}
+    assert wrong == {}, f"operations not named <resource>_<wanted state>: {wrong}"
+
+
+def test_the_name_check_rejects_an_action_and_a_noun():
+    assert misnamed("put_text") == "starts with the verb 'put'"
+    assert misnamed("service") == "no resource and state (one word)"
+    assert misnamed("rank_env_file") == "ends in 'file', neither a past participle nor a state word"
+    assert misnamed("rank_env_written") is None and misnamed("workers_running") is None
