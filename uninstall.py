@@ -1,15 +1,15 @@
 """`pyinfra inventory.py uninstall.py`: take sparkrig off every rank. `--dry --diff` shows it.
 
-The pair stops in order (the head's supervisor and watchdog first, so nothing restarts it, then
-the head, then the workers, as the README's stop order says). Then everything sparkrig owns goes:
-its units, env and secret files, lockfiles, the sysctl.d file, the kho=off GRUB drop-in (then
-update-grub; the baseline's package holds stay), the fabric netplan file (then the
-fabric profiles are generated and reloaded the way tasks/fabric.py applies them, so
-NetworkManager drops sparkrig's connection and the NIC is unconfigured again), the helper programs
-under install_dir, the JIT caches and the image transfer directory, every image of image_repo and
-the base image the head pulled. The weights stay unless `--data purge_weights=True`. Files that
-fabric_takeover moved aside stay where they are (/var/lib/sparkrig/displaced), for the operator
-to move back. Live sysctl values stay until the next boot. A deploy afterwards converges again."""
+The pair stops in order, as the deploy's ordered restart stops it (tasks/pair_stop.py): the head's
+supervisor and watchdog first, so nothing starts a rank again, then every rank. Then everything
+sparkrig owns goes: its units, env and secret files, lockfiles, the sysctl.d file, the kho=off GRUB
+drop-in (then update-grub; the baseline's package holds stay), the fabric netplan file (then the
+fabric profiles are generated and reloaded the way tasks/fabric.py applies them, so NetworkManager
+drops sparkrig's connection and the NIC is unconfigured again), the helper programs under
+install_dir, the JIT caches and the image transfer directory, every image of image_repo and the
+base image the head pulled. The weights stay unless `--data purge_weights=True`. Files that
+fabric_takeover moved aside stay where they are (/var/lib/sparkrig/displaced), for the operator to
+move back. Live sysctl values stay until the next boot. A deploy afterwards converges again."""
 
 from pyinfra import host, logger
 from pyinfra.operations import files, server, systemd
@@ -18,41 +18,25 @@ from sparkrig.baseline import GRUB_DROPIN
 from sparkrig.fabric import DISPLACED_DIR
 from sparkrig.image import ImageState, old_images_pruned, patched_tag, prune_commands
 from sparkrig.node import SYSCTL_FILE
-from sparkrig.ordering import on_head, on_workers
 from sparkrig.paths import paths
 from sparkrig.release import PREV
 from sparkrig.settings import current
+from tasks.pair_stop import pair_stopped_in_order
 
 settings = current()
 knobs = settings.knobs
 host_paths = paths(settings)
 is_head = settings.me.is_head
 
-# Every operation exists on every host (acting only where its condition holds), so the
-# per-operation barrier orders the stop across hosts: helpers, head, workers.
-for helper in host.loop(["sparkrig-supervisor", "sparkrig-watchdog"]):
-    on_head(
-        is_head,
-        systemd.service,
-        name="Stop the head's supervisor and watchdog",
-        service=helper,
-        running=False,
-        enabled=False,
-    )
-on_head(
-    is_head,
-    systemd.service,
-    name="Stop the head rank (the workers follow)",
-    service=settings.unit_name,
-    running=False,
-    enabled=False,
-)
-on_workers(
-    is_head,
-    systemd.service,
-    name="Stop the worker ranks",
-    service=settings.unit_name,
-    running=False,
+# The pair stops as the deploy's ordered restart stops it (tasks/pair_stop.py): the head's
+# supervisor and watchdog first, so neither starts a rank again, then every rank; all disabled.
+pair_stopped_in_order(
+    settings,
+    helpers=[
+        ("Stop the head's supervisor and watchdog", unit, None)
+        for unit in ("sparkrig-supervisor", "sparkrig-watchdog")
+    ],
+    ranks=("Stop every rank (the head's supervisor and watchdog are stopped)", None),
     enabled=False,
 )
 for helper in host.loop(["sparkrig-pair", "sparkrig-agent"]):

@@ -25,7 +25,7 @@ from pyinfra.operations.util import files as file_utils
 from pyinfra.operations.util.files import generate_color_diff
 
 from sparkrig.failing import fail_host
-from sparkrig.stateread import Part, Values, read_here
+from sparkrig.stateread import NotDeclared, Part, Values, read_here
 
 # ---------------------------------------------------------------------------------------------
 # The facts: owned files and directories, owned units (parts of the state read, stateread.py)
@@ -368,7 +368,13 @@ def unit_state_set(
     + daemon_reload: ``systemctl daemon-reload`` first
     """
     name = service if "." in service else f"{service}.service"
-    is_running, is_enabled = owned_of(read_here("units")).unit(name)
+    try:
+        is_running, is_enabled = owned_of(read_here("units")).unit(name)
+    except NotDeclared:  # a deploy without the state read (uninstall.py): pyinfra's facts
+        is_running = bool(host.get_fact(SystemdStatus, services=[name]).get(name))
+        is_enabled = enabled is not None and bool(
+            host.get_fact(SystemdEnabled, services=[name]).get(name)
+        )
     if daemon_reload:
         yield StringCommand("systemctl", "daemon-reload")
     if running is False:

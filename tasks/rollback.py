@@ -4,7 +4,6 @@
 then the pair restarted in order (workers, then the head, as tasks/service.py starts it), the
 four gates, and the run failed naming what failed and what serves now."""
 
-from pyinfra import host
 from pyinfra.api import deploy
 
 from sparkrig.ordering import on_head
@@ -19,6 +18,7 @@ from sparkrig.release import (
 from sparkrig.serving import api_serving
 from sparkrig.settings import Settings
 from tasks.pair_start import pair_started_in_order
+from tasks.pair_stop import pair_stopped_in_order
 
 
 @deploy("Roll back to the previous release")
@@ -42,20 +42,11 @@ def roll_back(
         files=files,
         _if=lambda: bool(release_change) and rolls_back(),
     )
-    for unit in host.loop(helpers):
-        on_head(
-            is_head,
-            unit_state_set,
-            name="Pause the head's supervisor and watchdog during the rollback",
-            service=unit,
-            running=False,
-            _if=rolls_back,
-        )
-    unit_state_set(
-        name="Stop every rank to roll back",
-        service=s.unit_name,
-        running=False,
-        _if=rolls_back,
+    pause = "Pause the head's supervisor and watchdog during the rollback"
+    pair_stopped_in_order(
+        s,
+        helpers=[(pause, unit, rolls_back) for unit in helpers],
+        ranks=("Stop every rank to roll back", rolls_back),
     )
     pair_started_in_order(
         s,

@@ -34,6 +34,7 @@ from sparkrig.serving import (
 )
 from sparkrig.settings import current, for_inventory
 from tasks.pair_start import pair_started_in_order
+from tasks.pair_stop import pair_stopped_in_order
 
 settings = current()
 knobs = settings.knobs
@@ -202,27 +203,21 @@ if not head_in_run:
         "is the image prune: run `pyinfra inventory.py deploy.py` with the head (no --limit) "
         "for them"
     )
-on_head(
-    is_head,
-    unit_state_set,
-    name="Pause the watchdog during an ordered pair restart",
-    service="sparkrig-watchdog",
-    running=False,
-    _if=lambda: watchdog_on and restart(),
-)
-on_head(
-    is_head,
-    unit_state_set,
-    name="Pause the supervisor during the deploy's pair start",
-    service="sparkrig-supervisor",
-    running=False,
-    _if=lambda: restart() or not rank_active,
-)
-unit_state_set(
-    name="Stop every rank for an ordered pair restart",
-    service=settings.unit_name,
-    running=False,
-    _if=lambda: head_in_run and restart(),
+pair_stopped_in_order(
+    settings,
+    helpers=[
+        (
+            "Pause the watchdog during an ordered pair restart",
+            "sparkrig-watchdog",
+            lambda: watchdog_on and restart(),
+        ),
+        (
+            "Pause the supervisor during the deploy's pair start",
+            "sparkrig-supervisor",
+            lambda: restart() or not rank_active,
+        ),
+    ],
+    ranks=("Stop every rank for an ordered pair restart", lambda: head_in_run and restart()),
 )
 # NCCL smoke test before a pair (re)start: one all-reduce in the serving image on every rank, the
 # workers launched first (they wait in the rendezvous), the head in the foreground, then the

@@ -37,13 +37,18 @@ def test_uninstall_stops_the_head_first_and_removes_what_sparkrig_owns(monkeypat
     r = uninstall(monkeypatch, "-y")
     assert r.exit_code == 0, r.output
     head, worker = r.commands[HEAD], r.commands[WORKER]
-    stop_head = position(r, "Stop the head rank (the workers follow)")
-    assert position(r, "Stop the head's supervisor and watchdog") < stop_head
-    assert stop_head < position(r, "Stop the worker ranks")
-    assert head.index("systemctl stop sparkrig-supervisor.service") < head.index(
-        "systemctl stop sparkrig-head.service"
-    )
-    assert "systemctl stop sparkrig-worker.service" in worker
+    # the deploy's ordered stop (tasks/pair_stop.py): the head's supervisor and watchdog first, so
+    # neither starts a rank again, then every rank in one operation; all of them disabled
+    stop_ranks = position(r, "Stop every rank (the head's supervisor and watchdog are stopped)")
+    assert position(r, "Stop the head's supervisor and watchdog") < stop_ranks
+    for helper in ("sparkrig-supervisor", "sparkrig-watchdog"):
+        assert head.index(f"systemctl stop {helper}.service") < head.index(
+            "systemctl stop sparkrig-head.service"
+        )
+        assert f"systemctl disable {helper}.service" in head
+    for cmds, unit in ((head, "sparkrig-head"), (worker, "sparkrig-worker")):
+        assert f"systemctl stop {unit}.service" in cmds
+        assert f"systemctl disable {unit}.service" in cmds
     for path in OWNED:
         assert f"rm -f {path}" in head, path
     assert "rm -f /etc/systemd/system/sparkrig-agent.service" in worker
