@@ -86,6 +86,8 @@ class Release:
     # the NCCL smoke test's figure on this rank (sparkrig/busbw.py), as sorted (key, value) pairs;
     # no part of identity: the same release measured again keeps its newest figure
     fabric: tuple[tuple[str, Any], ...] = ()
+    # the release gate's short-bench figures on the pair (sparkrig/benchgate.py), the same way
+    bench: tuple[tuple[str, Any], ...] = ()
 
     @property
     def identity(self) -> tuple[str, str, str, str]:
@@ -117,6 +119,8 @@ class Release:
         }
         if self.fabric:  # absent when unmeasured: a record from before the figure stays as it is
             out["fabric"] = dict(self.fabric)
+        if self.bench:
+            out["bench"] = dict(self.bench)
         return out
 
 
@@ -134,6 +138,7 @@ def release_from(raw: Any) -> Release:
         profile=str(raw["profile"]),
         files=tuple(sorted((str(p), str(h)) for p, h in files.items())),
         fabric=tuple(sorted(raw["fabric"].items())) if isinstance(raw.get("fabric"), dict) else (),
+        bench=tuple(sorted(raw["bench"].items())) if isinstance(raw.get("bench"), dict) else (),
     )
 
 
@@ -462,6 +467,7 @@ def record_stamped(
     files: list[str],
     keep: int,
     fabric: Callable[[], dict[str, Any] | None] | None = None,
+    bench: Callable[[], dict[str, Any] | None] | None = None,
 ) -> Generator[Any, None, None]:
     """
     Record ``release`` (run only after the gates passed) first in the rank's release record,
@@ -474,6 +480,7 @@ def record_stamped(
     + keep: releases the record keeps (knob keep_releases)
     + fabric: called when the operation runs: this run's NCCL smoke-test figure on the rank
       (sparkrig/busbw.py), None when none was measured (the recorded one of the release stays)
+    + bench: likewise, the release gate's short-bench figures (sparkrig/benchgate.py)
     """
     state = read_here("release", "paths")
     have = report_of(state)
@@ -484,11 +491,13 @@ def record_stamped(
         if got is not None and got.sha256:
             digests.append((f, got.sha256))
     measured = fabric() if fabric is not None else None
-    kept = next((r.fabric for r in have.releases if r.identity == release.identity), ())
+    same = next((r for r in have.releases if r.identity == release.identity), None)
+    benched = bench() if bench is not None else None
     now = replace(
         release,
         files=tuple(sorted(digests)),
-        fabric=tuple(sorted(measured.items())) if measured else kept,
+        fabric=tuple(sorted(measured.items())) if measured else (same.fabric if same else ()),
+        bench=tuple(sorted(benched.items())) if benched else (same.bench if same else ()),
     )
     text = record_text(history(now, have.releases, keep))
     if not have.error and record_text(have.releases) == text:
