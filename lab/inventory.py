@@ -53,6 +53,8 @@ def _host(h: dict) -> tuple:
         "roce_device": h["roce_device"],
         "uplink_interfaces": list(h["uplink_interfaces"]),
     }
+    if h["role"] == "head" and "api_forward_port" in _state:  # the control side's way to the API
+        data["api_url"] = f"http://127.0.0.1:{_state['api_forward_port']}"
     data.update(_knobs)
     return (h["name"], data)
 
