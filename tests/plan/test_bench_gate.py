@@ -7,11 +7,9 @@ run whose release does not change never run it."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
-from sparkrig.release import Release, parse_record, record_text
+from sparkrig.release import Release
 from tests.plan import fakebench, fakehosts
 from tests.plan.test_plan import HEAD, INVENTORY, WORKER, apply, converge_state, run, settings
 from tests.plan.test_release import UPGRADE, uploaded_record
@@ -32,13 +30,7 @@ def converge_with_figures(figures: dict[str, object] | None = PREVIOUS) -> None:
     before the gate) on every rank."""
     converge_state()
     for name in settings():
-        short = name.split("/")[1]
-        lines = fakehosts.STATE[short][fakehosts.RELEASE]
-        cut = lines.index("")
-        record = parse_record("\n".join(lines[:cut]))
-        serving = replace(record[0], bench=tuple(sorted((figures or {}).items())))
-        fakehosts.inject(short, {fakehosts.RELEASE: fakehosts.release_state(
-            record_text((serving, *record[1:])), tuple(lines[cut + 2 : -1]))})  # fmt: skip
+        fakehosts.serving_recorded(name.split("/")[1], bench=tuple(sorted((figures or {}).items())))
 
 
 def bench_of(release: Release) -> dict[str, object]:
