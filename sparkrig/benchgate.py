@@ -184,7 +184,8 @@ def _measure_into(box: dict[str, Any], target: Target, timeout_s: int) -> None:
 def verdict(
     result: dict[str, Any], previous: dict[str, Any], tolerance: float
 ) -> tuple[dict[str, Any] | None, str]:
-    """(the figures to record or None, the reason the release fails or '') of a bench run."""
+    """(the figures to record, None when the release fails; the line the run logs: why it
+    fails, or what it measured against the previous release's figures) of a bench run."""
     now = figures_of(result)
     said = f"short bench: {summary(now)}"
     if result.get("json_path"):
