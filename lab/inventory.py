@@ -34,6 +34,8 @@ _knobs = {
     "watchdog_stall_s": 60,  # tests/lab STALL_S: the wedge is timed against it
     "ready_timeout_s": 180,  # <= watchdog_grace_s (settings.py); the stand-in boots in ~1 min
 }
+if "api_forward_port" not in _state:  # a lab from before the API forward: no bench reaches it
+    _knobs["bench_gate"] = False
 # model_repo / model_revision / drafter_* etc.: whatever generated the Hub stand-in's repos put in
 # <hub_root>/knobs.json, copied to state["knobs"] by `lab up`
 _knobs.update(_state.get("knobs", {}))
