@@ -944,6 +944,44 @@ def unit(guest) -> str:
     return "sparkrig-head" if guest.role == "head" else "sparkrig-worker"
 
 
+def test_an_upgrade_30_percent_slower_is_rolled_back_naming_both_figures(lab: Lab):
+    """Issue 23 item 3: the first converge recorded the short bench's figures as the baseline
+    (sparkrig/benchgate.py, run from this machine through the forwarded API port); an upgrade to
+    the stand-in's slow variant (STANDIN_SPEED=0.7 in the image, lab/image.py: every gate
+    passes) measures below 90% of them, so the previous release is put back and the run fails
+    naming both figures. About 8-12 min: the slow release's start and short bench (~3 min at
+    35 tok/s), the rollback's ordered restart and gates."""
+    head = lab.head
+    assert serving(head)
+    state = lab_state()
+    slow = state.get("image_slow")
+    assert slow and state.get("api_forward_port"), (
+        "a lab built before the slow variant or the API forward: python3 -m lab down && up"
+    )
+    record = head.sh("cat /etc/sparkrig/release.json")
+    baseline = json.loads(record)["releases"][0].get("bench")
+    assert baseline, f"the serving release recorded no bench figures: {record}"
+    before = {g.name: rank_image(g) for g in lab.guests}
+    r = pyinfra("-y", INV, "deploy.py", "--data", f"base_image={slow}")
+    assert r.rc != 0, r.output[-4000:]
+    m = re.search(
+        r"single-stream decode ([\d.]+) tok/s is below 90% of the previous release's "
+        r"([\d.]+) tok/s",
+        r.output,
+    )
+    assert m, r.output[-4000:]
+    assert float(m[2]) == pytest.approx(baseline["single_stream_tok_s"], abs=0.006)
+    ratio = float(m[1]) / float(m[2])
+    print(f"bench gate: slow variant {m[1]} tok/s against {m[2]} (ratio {ratio:.2f})")
+    assert "upgrade failed (" in r.output and "): bench: short bench below 90%" in r.output
+    m = re.search(r"passed the four gates and serves again (\d+) s after the failure", r.output)
+    assert m, r.output[-4000:]
+    print(f"bench gate: shortfall to the old endpoint passing its gates: {m[1]} s")
+    assert serving(head)
+    assert {g.name: rank_image(g) for g in lab.guests} == before
+    assert head.sh("cat /etc/sparkrig/release.json") == record  # nothing recorded
+
+
 def test_uninstall_leaves_no_sparkrig_and_a_deploy_converges_again(lab: Lab):
     """Issue 11 item 4: uninstall stops the pair head first and removes what sparkrig owns (the
     fabric NIC unconfigured again, the weights kept); a deploy then brings the pair back."""

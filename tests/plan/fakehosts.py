@@ -169,6 +169,20 @@ def release_state(record: str = "", entries: tuple[str, ...] = ()) -> list[str]:
     return [*record.splitlines(), "", LISTING, *entries, "##SPARKRIG-END##"]
 
 
+def serving_recorded(short: str, **fields: Any) -> None:
+    """Change fields (e.g. ``fabric``, ``bench``) of the serving release in the converged rank
+    ``short``'s release record, as a later run reads it."""
+    from dataclasses import replace
+
+    from sparkrig.release import parse_record, record_text
+
+    lines = STATE[short][RELEASE]
+    cut = lines.index("")
+    record = parse_record("\n".join(lines[:cut]))
+    kept = (replace(record[0], **fields), *record[1:])
+    inject(short, {RELEASE: release_state(record_text(kept), tuple(lines[cut + 2 : -1]))})
+
+
 def rank_status(
     gids: tuple[str, ...] = (), baseline: list[str] | None = None, record: str = "", **values: Any
 ) -> list[str]:
