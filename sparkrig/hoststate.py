@@ -143,6 +143,10 @@ class HostReport:
             raise KeyError(f"{path} is not in the state read (sparkrig/hoststate.py owned_dirs)")
         return self.dirs[path]
 
+    def docker_running(self) -> bool:
+        """docker.service and its socket both running, as the units part read them."""
+        return all(self.unit(u)[0] for u in DOCKER_UNITS)
+
     def unit(self, service: str) -> tuple[bool, bool]:
         """(running, enabled) of ``service`` (``.service`` added when missing)."""
         name = service if "." in service else f"{service}.service"
@@ -276,10 +280,13 @@ def owned_dirs(s: Settings) -> list[str]:
     ]
 
 
+DOCKER_UNITS = ("docker.socket", "docker.service")  # docker.io and docker-ce name them alike
+
+
 def units(s: Settings) -> list[str]:
     """Every unit an operation of any host looks at (each host runs the same operations)."""
     names = [s.unit_name, "sparkrig-pair", "sparkrig-agent", "sparkrig-supervisor"]
-    return [f"{n}.service" for n in [*names, "sparkrig-watchdog"]]
+    return [f"{n}.service" for n in [*names, "sparkrig-watchdog"]] + list(DOCKER_UNITS)
 
 
 def parts_of(s: Settings) -> tuple[Part, ...]:
