@@ -38,7 +38,8 @@ test: deps check
 
 # The lab tests CI runs, in the suite's order: everything issue 9 names. The NetworkManager guests,
 # a bad inventory reaching no host, --dry --diff, the first converge and what it must leave
-# (verify, weights, gates, API key), the no-op second run, a claimed fabric NIC, a dead worker, the
+# (verify, weights, gates, API key), the no-op second run, a claimed fabric NIC, a dead worker,
+# docker restarted on a rank and docker stopped on the worker (issue 27, docs/docker.md), the
 # operator's stop, the firmware reset, the --limit worker repair, reboot orders (a) (with a moved
 # GID index), (b), (c), (d) and the deploy after them changing nothing. Only in `make lab-test`:
 # --limit worker leaving the head alone, the old layout's programs, the second operator, rollback
@@ -46,8 +47,9 @@ test: deps check
 # session".
 LAB_CI := dgx_os_network_stack or bad_inventory or dry_diff or first_converge or \
 	converged_hosts_verify or weights_came or four_gates or api_needs or second_run or \
-	claimed_fabric or dead_worker or stopping_the_head or firmware_reset or \
-	limit_worker_repairs or reboot_a or reboot_b or reboot_c or reboot_d or after_every
+	claimed_fabric or dead_worker or docker_restarted or docker_stopped or stopping_the_head or \
+	firmware_reset or limit_worker_repairs or reboot_a or reboot_b or reboot_c or reboot_d or \
+	after_every
 
 # Everything but the VM lab (minutes, not tens of minutes): the loop while editing.
 unit: check

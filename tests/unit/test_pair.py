@@ -191,7 +191,7 @@ def fake_systemctl(tmp_path):
     script = bin_dir / "systemctl"
     # docker's state (sparkhost.pair.docker_state) is answered, not logged: FAKE_DOCKER or active
     script.write_text(
-        "#!/bin/sh\ncase \"$1\" in is-active) echo \"${FAKE_DOCKER:-active}\"; exit 0 ;;"
+        '#!/bin/sh\ncase "$1" in is-active) echo "${FAKE_DOCKER:-active}"; exit 0 ;;'
         f' list-jobs) exit 0 ;; esac\necho "$@" >> {log}\n'
     )
     script.chmod(0o755)
