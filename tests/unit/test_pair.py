@@ -198,27 +198,35 @@ def fake_systemctl(tmp_path):
     return bin_dir, log
 
 
-def test_agent_starts_the_unit_only_for_the_right_token(tmp_path, fake_systemctl):
-    bin_dir, log = fake_systemctl
+def start_agent(tmp_path: Path, bin_dir: Path, **env: str) -> tuple[subprocess.Popen, int]:
+    """The worker agent on loopback (token s3cret, run dir tmp_path/run), once it listens."""
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    run = tmp_path / "run"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SPARKRIG_RUN_DIR": str(run)}
+    path = f"{bin_dir}:{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "SPARKRIG_RUN_DIR": str(tmp_path / "run"), **env}
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, str(SOURCE), "pair", "agent", "--listen", f"127.0.0.1:{port}",
          "--unit", "sparkrig-worker.service", "--token-file", str(token)],
         env=env,
     )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            return proc, port
+        except OSError:
+            if time.monotonic() >= deadline:
+                proc.terminate()
+                raise AssertionError("agent did not start") from None
+            time.sleep(0.1)
+
+
+def test_agent_starts_the_unit_only_for_the_right_token(tmp_path, fake_systemctl):
+    bin_dir, log = fake_systemctl
+    run = tmp_path / "run"
+    proc, port = start_agent(tmp_path, bin_dir)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "agent did not start"
-                time.sleep(0.1)
         assert pair.ask("127.0.0.1", port, "wrong", "start") is False
         assert pair.ask("127.0.0.1", port, "s3cret", "reboot") is False
         assert not log.exists()
@@ -485,30 +493,9 @@ def test_an_agent_answers_not_ready_while_docker_is_down_and_an_operator_stop_wi
     tmp_path, fake_systemctl
 ):
     bin_dir, log = fake_systemctl
-    token = tmp_path / "token"
-    token.write_text("s3cret\n")
     run = tmp_path / "run"
-    env = {
-        **os.environ,
-        "PATH": f"{bin_dir}:{os.environ['PATH']}",
-        "SPARKRIG_RUN_DIR": str(run),
-        "FAKE_DOCKER": "inactive",
-    }
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, str(SOURCE), "pair", "agent", "--listen", f"127.0.0.1:{port}",
-         "--unit", "sparkrig-worker.service", "--token-file", str(token)],
-        env=env,
-    )  # fmt: skip
+    proc, port = start_agent(tmp_path, bin_dir, FAKE_DOCKER="inactive")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "agent did not start"
-                time.sleep(0.1)
         assert pair.agent_ready("127.0.0.1", port) == (False, "docker.service is inactive")
         run.mkdir(exist_ok=True)
         (run / "operator-stop").write_text("sparkrig-worker.service stopped by request\n")
