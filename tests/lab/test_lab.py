@@ -494,11 +494,12 @@ def test_a_dead_worker_takes_the_head_down_and_the_supervisor_brings_both_back(l
 
 
 def rank_starts(guest, mark: str, unit: str) -> int:
-    """How many times systemd started ``unit`` on ``guest`` since the journal cursor ``mark``."""
+    """How many start jobs systemd ran for ``unit`` on ``guest`` since the journal cursor
+    ``mark`` ("Starting ...": a start cancelled by a stop before "Started" counts too)."""
     return sum(
         1
         for line in journal_after(guest, mark, unit).splitlines()
-        if line.startswith("Started ") and "sparkrig" in line
+        if line.startswith("Starting ") and "sparkrig" in line
     )
 
 
@@ -517,7 +518,8 @@ def test_docker_restarted_on_a_rank_heals_by_itself(lab: Lab):
     worker_log = journal_after(worker, worker_mark, "sparkrig-worker")
     assert "went down with docker" in worker_log, worker_log
     assert "stopped by request" not in worker_log, worker_log
-    # started once, by the supervisor's ordered restart (Requires= started it alone first)
+    # started once, by the supervisor's ordered restart (with Requires= systemd started it alone
+    # right after docker, then the ordered restart stopped it again)
     assert rank_starts(worker, worker_mark, "sparkrig-worker") == 1, worker_log
     log = journal_after(head, head_mark, "sparkrig-supervisor")
     assert "went down by itself" in log and "restarting the pair" in log, log
