@@ -44,19 +44,20 @@ test: deps check
 	$(PYTEST_INSTALL)
 	SPARKRIG_LAB=1 $(PYTEST) -m lab tests/lab -k "$(LAB_CI)" --durations=12; rc=$$?; [ "$$SPARKRIG_LAB_KEEP" = 1 ] || $(PY) -m lab down; exit $$rc
 
-# The lab tests CI runs, in the suite's order: everything issue 9 names. The NetworkManager guests,
-# a bad inventory reaching no host, --dry --diff, the first converge and what it must leave
-# (verify, weights, gates, API key), the no-op second run, a claimed fabric NIC, a dead worker, the
-# operator's stop, the firmware reset, the --limit worker repair, reboot orders (a) (with a moved
-# GID index), (b), (c), (d) and the deploy after them changing nothing; then the chaos sample
-# (issue 27: three faults from a fixed seed, one of them docker's). Only in `make lab-test`:
-# --limit worker leaving the head alone, the old layout's programs, the second operator, rollback
-# and uninstall (about 17 more minutes of lab). Measured: docs/lab.md, "The whole suite, seventh
-# session".
+# The lab tests CI runs, in the suite's order: the NetworkManager guests, a bad inventory reaching
+# no host, --dry --diff, the first converge and what it must leave (verify, weights, gates, API
+# key), the no-op second run, a rank on another kernel release refused, a claimed fabric NIC, a
+# dead worker, a long prefill left alone and a wedged engine restarted by the watchdog, docker
+# restarted (heals by itself) and stopped (one deploy heals it), the operator's stop, the firmware
+# reset, the --limit worker repair, reboot orders (a) (with a moved GID index), (b), (c), (d) and
+# the deploy after them changing nothing; then the chaos sample (issue 27: three faults from a
+# fixed seed, one of them docker's). Only in `make lab-test`: --limit worker leaving the head
+# alone, the old layout's programs, the second operator, the two rollbacks (a failing gate, a
+# release 30% slower) and uninstall. Measured: docs/lab.md.
 LAB_CI := dgx_os_network_stack or bad_inventory or dry_diff or first_converge or \
 	converged_hosts_verify or weights_came or four_gates or api_needs or second_run or \
 	another_kernel_release or claimed_fabric or dead_worker or long_prefill or wedged_engine or \
-	stopping_the_head or firmware_reset or \
+	docker_restarted or docker_stopped or stopping_the_head or firmware_reset or \
 	limit_worker_repairs or reboot_a or reboot_b or reboot_c or reboot_d or after_every or \
 	chaos_sample
 

@@ -11,6 +11,7 @@ head = [
             "fabric_address": "192.168.100.10/24",
             # "roce_device": "rocep1s0f1",  # optional: detected from the GID table when absent
             "uplink_interfaces": ["enP7s7", "wlP9s9"],  # weights download lanes, one per uplink
+            # "api_url": "http://spark-a.local:8000",  # optional: how the bench reaches the API
         },
     ),
 ]

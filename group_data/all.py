@@ -1,7 +1,7 @@
 """Every knob sparkrig has, once, with its default. Override per group (head.py, worker.py), per
 host in the inventory, or on the command line with `--data key=value`. Validation lives in
 sparkrig/settings.py; per-host keys (fabric_interface, fabric_address, roce_device,
-uplink_interfaces) belong in the inventory, not here."""
+uplink_interfaces, the head's api_url) belong in the inventory, not here."""
 
 # --- connection -----------------------------------------------------------------------------
 _sudo = True  # operators log in as a sudo-capable user (DGX OS default), not root
@@ -18,6 +18,9 @@ weights_verify = "quick"  # stamps (quick) or re-hash everything (full: refused 
 lockfile_dir = "locks"  # control-side directory holding <repo>.lock.json lockfiles
 purge_weights = False  # uninstall.py: True removes weights_dir too (kept by default)
 keep_releases = 2  # releases (image, weights) kept after an upgrade passed its gates; 1: the new
+bench_gate = True  # a changed release must reach 1 - bench_tolerance of the previous one's bench
+bench_tolerance = 0.10  # share a bench figure may fall below the previous release's (bench.md)
+bench_timeout_s = 1800  # the gate's short bench, run from the control machine, must end by then
 
 # --- install paths on the nodes ---------------------------------------------------------------
 install_dir = "/opt/sparkrig"  # helper programs and patch files

@@ -20,6 +20,11 @@ from lab import LAB_DIR, REPO, STATE_DIR, STATE_FILE, image, net, vm
 REGISTRY_PORT = 5000
 HUB_PORT = 8080
 HUB_CDN_PORT = 8081  # LFS downloads redirect here, like the Hub's CDN
+# The head's API (api_port, the default 8000: the lab keeps it) forwarded to this loopback port:
+# the control machine's bench and the release's bench gate reach it there (lab/inventory.py
+# sets the head's api_url to it)
+API_FORWARD_PORT = 28000
+HEAD_API_PORT = 8000
 BOOT_TIMEOUT_S = 360  # two guests; more share the same host cores under TCG
 
 
@@ -275,6 +280,9 @@ def up(n_hosts: int, smp: int) -> None:
         state["knobs"]["lockfile_dir"] = make_lockfiles(state)
 
     forwards = [f"{h['ssh_port']}={h['mgmt_address']}:22" for h in state["hosts"]]
+    head = next(h for h in state["hosts"] if h["role"] == "head")
+    forwards.append(f"{API_FORWARD_PORT}={head['mgmt_address']}:{HEAD_API_PORT}")
+    state["api_forward_port"] = API_FORWARD_PORT
     state["pids"]["forwarder"] = net.spawn(
         [sys.executable, "-m", "lab.forward", *forwards],
         STATE_DIR / "forwarder.log",

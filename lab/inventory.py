@@ -34,6 +34,8 @@ _knobs = {
     "watchdog_stall_s": 60,  # tests/lab STALL_S: the wedge is timed against it
     "ready_timeout_s": 180,  # <= watchdog_grace_s (settings.py); the stand-in boots in ~1 min
 }
+if "api_forward_port" not in _state:  # a lab from before the API forward: no bench reaches it
+    _knobs["bench_gate"] = False
 # model_repo / model_revision / drafter_* etc.: whatever generated the Hub stand-in's repos put in
 # <hub_root>/knobs.json, copied to state["knobs"] by `lab up`
 _knobs.update(_state.get("knobs", {}))
@@ -53,6 +55,8 @@ def _host(h: dict) -> tuple:
         "roce_device": h["roce_device"],
         "uplink_interfaces": list(h["uplink_interfaces"]),
     }
+    if h["role"] == "head" and "api_forward_port" in _state:  # the control side's way to the API
+        data["api_url"] = f"http://127.0.0.1:{_state['api_forward_port']}"
     data.update(_knobs)
     return (h["name"], data)
 

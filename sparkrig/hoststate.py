@@ -65,10 +65,14 @@ def owned_dirs(s: Settings) -> list[str]:
     ]
 
 
+DOCKER_UNITS = ("docker.socket", "docker.service")  # docker.io and docker-ce name them alike
+
+
 def units(s: Settings) -> list[str]:
     """Every unit an operation of any host looks at (each host runs the same operations)."""
     names = [s.unit_name, "sparkrig-pair", "sparkrig-agent", "sparkrig-supervisor"]
-    return [f"{n}.service" for n in [*names, "sparkrig-watchdog", "sparkrig-gpu-clock"]]
+    own = [f"{n}.service" for n in [*names, "sparkrig-watchdog", "sparkrig-gpu-clock"]]
+    return own + list(DOCKER_UNITS)
 
 
 def parts_of(s: Settings) -> tuple[Part, ...]:
@@ -136,6 +140,10 @@ class HostReport:
 
     def dir(self, path: str) -> PathState | None:
         return self.owned.dir(path)
+
+    def docker_running(self) -> bool:
+        """docker.service and its socket both running, as the units part read them."""
+        return all(self.unit(u)[0] for u in DOCKER_UNITS)
 
     def unit(self, service: str) -> tuple[bool, bool]:
         """(running, enabled) of ``service`` (``.service`` added when missing)."""

@@ -137,8 +137,9 @@ pick() {{ printf '%s\\n' "$all" | while IFS= read -r l; do case "$l" in
 echo "ref=$(pick {ref_keys})"
 echo "base=$(pick {base_keys})"
 echo "patched=$(pick {patched_keys})"
-echo "tags=$(docker image ls --format '{{{{.Repository}}}}:{{{{.Tag}}}}' {repo} 2>/dev/null \
-| sort | paste -sd, -)"
+if ls=$(docker image ls --format '{{{{.Repository}}}}:{{{{.Tag}}}}' {repo} 2>/dev/null); then
+  echo "tags=$(printf '%s\\n' "$ls" | sort | paste -sd, -)"
+else echo "daemon=unreachable"; fi
 echo '{end}'
 """
 
@@ -179,6 +180,7 @@ class ImageReport:
     base: LocalImage | None = None  # the local base tag
     patched: LocalImage | None = None  # the patched tag this run wants
     tags: tuple[str, ...] = ()  # every <image_repo>:<tag> on the node
+    docker_up: bool = True  # False: the daemon did not answer, so nothing above is known
 
     def base_ok(self, base_image: str, head_layers: tuple[str, ...] | None = None) -> bool:
         """The local base tag holds the pinned content: pulled by that digest, or (after a
@@ -225,6 +227,7 @@ def parse_image_report(lines: list[str]) -> ImageReport:
         base=_image(raw.get("base", "")),
         patched=_image(raw.get("patched", "")),
         tags=tuple(t for t in raw.get("tags", "").split(",") if t),
+        docker_up=raw.get("daemon") != "unreachable",
     )
 
 
@@ -297,6 +300,8 @@ def copy_plan(head: ImageReport, workers: Mapping[str, ImageReport], base_image:
 
 def describe(report: ImageReport, base_image: str, image_repo: str, tag: str) -> str:
     """One line for the log: what the node has of the base and the patched image."""
+    if not report.docker_up:
+        return "docker not running (its daemon does not answer): images unknown until it runs"
     if report.base is not None:
         how = "pulled by digest" if report.pulled(base_image) else "copied, layers verified"
         base = f"base present ({len(report.base.layers)} layers, {how})"

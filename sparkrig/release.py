@@ -90,6 +90,8 @@ class Release:
     # (field, value) of the host baseline it passed the gates on (sparkrig/baseline.py); not
     # part of identity: a kernel or driver that moved is drift, not another release
     baseline: tuple[tuple[str, str], ...] = ()
+    # the release gate's short-bench figures on the pair (sparkrig/benchgate.py), the same way
+    bench: tuple[tuple[str, Any], ...] = ()
 
     @property
     def identity(self) -> tuple[str, str, str, str]:
@@ -123,6 +125,8 @@ class Release:
             out["fabric"] = dict(self.fabric)
         if self.baseline:
             out["baseline"] = dict(self.baseline)
+        if self.bench:
+            out["bench"] = dict(self.bench)
         return out
 
 
@@ -144,6 +148,7 @@ def release_from(raw: Any) -> Release:
         files=tuple(sorted((str(p), str(h)) for p, h in files.items())),
         fabric=tuple(sorted(raw["fabric"].items())) if isinstance(raw.get("fabric"), dict) else (),
         baseline=tuple(sorted((str(k), str(v)) for k, v in baseline.items())),
+        bench=tuple(sorted(raw["bench"].items())) if isinstance(raw.get("bench"), dict) else (),
     )
 
 
@@ -472,6 +477,7 @@ def record_stamped(
     files: list[str],
     keep: int,
     fabric: Callable[[], dict[str, Any] | None] | None = None,
+    bench: Callable[[], dict[str, Any] | None] | None = None,
 ) -> Generator[Any, None, None]:
     """
     Record ``release`` (run only after the gates passed) first in the rank's release record,
@@ -484,6 +490,7 @@ def record_stamped(
     + keep: releases the record keeps (knob keep_releases)
     + fabric: called when the operation runs: this run's NCCL smoke-test figure on the rank
       (sparkrig/busbw.py), None when none was measured (the recorded one of the release stays)
+    + bench: likewise, the release gate's short-bench figures (sparkrig/benchgate.py)
     """
     state = read_here("release", "paths")
     have = report_of(state)
@@ -494,11 +501,13 @@ def record_stamped(
         if got is not None and got.sha256:
             digests.append((f, got.sha256))
     measured = fabric() if fabric is not None else None
-    kept = next((r.fabric for r in have.releases if r.identity == release.identity), ())
+    same = next((r for r in have.releases if r.identity == release.identity), None)
+    benched = bench() if bench is not None else None
     now = replace(
         release,
         files=tuple(sorted(digests)),
-        fabric=tuple(sorted(measured.items())) if measured else kept,
+        fabric=tuple(sorted(measured.items())) if measured else (same.fabric if same else ()),
+        bench=tuple(sorted(benched.items())) if benched else (same.bench if same else ()),
     )
     text = record_text(history(now, have.releases, keep))
     if not have.error and record_text(have.releases) == text:

@@ -175,6 +175,9 @@ class Knobs(BaseModel):
     baseline_known_bad_ok: bool
     kho_off: bool
     known_bad_baselines: list[KnownBadBaseline] = _cluster()
+    bench_gate: bool = _cluster()
+    bench_tolerance: float = _cluster(ge=0, lt=1)
+    bench_timeout_s: int = _cluster(ge=10)
 
     @field_validator("model_revision", "drafter_revision")
     @classmethod
@@ -232,6 +235,11 @@ class Rank(BaseModel):
     fabric_address: ipaddress.IPv4Interface
     roce_device: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
     uplink_interfaces: list[str] = []
+    # where the control machine reaches this rank over SSH (ssh_hostname, else its inventory name)
+    address: str = ""
+    # the head's API as the control machine reaches it (host data api_url; read on the head
+    # only); None: the default, http://<address>:<api_port> (``api_url``)
+    api_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
 
     @property
     def role(self) -> str:
@@ -380,8 +388,11 @@ def build(view: InventoryView) -> dict[str, Settings]:
                     fabric_address=_interface(data.get("fabric_address")),
                     roce_device=data.get("roce_device"),
                     uplink_interfaces=list(data.get("uplink_interfaces") or []),
+                    address=str(data.get("ssh_hostname") or name),
+                    api_url=data.get("api_url") or None,
                 )
             )
+
         except ValidationError as err:
             if data.get("fabric_interface") and data.get("fabric_address"):
                 problems.extend(_fmt(name, err))
@@ -521,16 +532,21 @@ def for_inventory(inventory: Any) -> dict[str, Settings]:
     return once_per_run("settings", inventory, validate)
 
 
+def api_url(s: Settings) -> str:
+    """The head's API as the control machine reaches it: the head's host data ``api_url``
+    (the lab forwards the port to loopback), else http://<its ssh_hostname or inventory
+    name>:<api_port>. The bench and the release's bench gate both measure this."""
+    return (s.head.api_url or f"http://{s.head.address}:{s.knobs.api_port}").rstrip("/")
+
+
 def api_target(inventory: Any) -> dict[str, Any]:
     """What `python3 -m sparkrig.bench --inventory` measures: the head's API as the control
-    machine reaches it (the host's ssh_hostname, else its inventory name), the served model,
-    the profile and the control side's API key file (None when api_auth is off)."""
+    machine reaches it (``api_url``), the served model, the profile and the control side's API
+    key file (None when api_auth is off)."""
     s = next(v for v in build(view_of(inventory)).values() if v.me.is_head)
-    head = inventory.get_group(HEAD_GROUP)[0]
-    address = head.data.get("ssh_hostname") or head.name
     k = s.knobs
     return {
-        "url": f"http://{address}:{k.api_port}",
+        "url": api_url(s),
         "model": k.served_model_name,
         "profile": k.profile,
         "api_key_file": k.api_key_file if k.api_auth else None,

@@ -1,6 +1,7 @@
-"""Phase 2, host: vm.swappiness=0 (and an equal vm.min_free_kbytes) in a sysctl.d file this tool
-owns, applied at once; the host package (files/sparkhost: the start gate, the fetcher, the
-stop-together helpers, the gates), one owned file per module (sparkrig/hostpkg.py)."""
+"""Phase 2, host: docker (and its socket) enabled and running before anything needs it;
+vm.swappiness=0 (and an equal vm.min_free_kbytes) in a sysctl.d file this tool owns, applied at
+once; the host package (files/sparkhost: the start gate, the fetcher, the stop-together helpers,
+the gates), one owned file per module (sparkrig/hostpkg.py)."""
 
 from pyinfra import host
 from pyinfra.operations import server
@@ -21,6 +22,18 @@ from sparkrig.settings import current
 settings = current()
 knobs = settings.knobs
 node = hoststate.read(settings).node
+
+# An apt upgrade of docker-ce, dockerd killed, or an operator can leave docker stopped; the image
+# and service phases need it (docs/docker.md). The state read says so before anything runs.
+if not hoststate.read(settings).docker_running():
+    host.log("docker not running (docker.service or docker.socket inactive): this run starts it")
+for docker_unit in host.loop(list(hoststate.DOCKER_UNITS)):
+    unit_state_set(
+        name="Run docker and its socket, enabled",
+        service=docker_unit,
+        running=True,
+        enabled=True,
+    )
 
 sysctl = file_present(
     name="Own the sparkrig sysctl file",

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pyinfra import host, inventory, state
 
 from sparkrig import hoststate
+from sparkrig.benchgate import Target, bench_figures, release_bench_passed
 from sparkrig.busbw import smoke_figures
 from sparkrig.gates import gate_command, wait_command
 from sparkrig.image import images_to_keep, old_images_pruned
@@ -30,7 +31,7 @@ from sparkrig.release import (
     weights_kept,
 )
 from sparkrig.serving import api_key_file, api_serving, serving_gates_passed
-from sparkrig.settings import current
+from sparkrig.settings import api_url, current
 from tasks.rollback import roll_back
 
 settings = current()
@@ -76,10 +77,36 @@ rolls_back.watch(
         _ignore_errors=bool(release_change),
     ),
 )
-roll_back(settings, release_change, record, boot, gates)
-
 # Under --limit worker nothing proves the pair healthy, so nothing is recorded or pruned.
 head_in_run = inventory.get_host(settings.head.name) in state.activated_hosts
+# A release that changes (or the first one) must reach 1 - bench_tolerance of the previous
+# release's short-bench figures (sparkrig/benchgate.py); the first one's become the baseline.
+# The bench runs from the control machine; a shortfall decides the rollback like a failed gate.
+serving = record.serving
+gate_wanted = knobs.bench_gate and head_in_run and (bool(release_change) or serving is None)
+benched = bench_figures()
+rolls_back.watch(
+    "bench",
+    on_head(
+        is_head,
+        release_bench_passed,
+        name="Hold a new release to the previous release's bench figures",
+        target=Target(
+            url=api_url(settings),
+            model=knobs.served_model_name,
+            key_file=knobs.api_key_file if knobs.api_auth else None,
+            profile=knobs.profile,
+        ),
+        previous=dict(serving.bench) if release_change and serving is not None else {},
+        tolerance=knobs.bench_tolerance,
+        timeout_s=knobs.bench_timeout_s,
+        record=lambda figures: setattr(benched, "measured", figures),
+        _if=lambda: gate_wanted and not rolls_back(),
+        _ignore_errors=bool(release_change),
+    ),
+)
+roll_back(settings, release_change, record, boot, gates)
+
 kept = history(wanted(settings), record.releases, knobs.keep_releases)
 baseline_now = hoststate.read(settings).baseline  # recorded with the release: gates passed on it
 record_stamped(
@@ -89,6 +116,7 @@ record_stamped(
     files=release_files(settings),
     keep=knobs.keep_releases,
     fabric=smoke_figures().figure_of(host.name),
+    bench=benched.figure,
     _if=lambda: head_in_run,
 )
 old_images_pruned(

@@ -59,3 +59,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             f"{item.nodeid} would be skipped ({skip_reason(report.longrepr)}), and skips are "
             "failures under SPARKRIG_NO_SKIPS=1 (make test, CI): install what it needs"
         )
+
+
+@pytest.fixture(autouse=True)
+def _fake_bench(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan tests' @fake heads answer no HTTP: the release gate's short bench answers with
+    tests/plan/fakebench.py's canned results (tests/plan/test_bench_gate.py sets its own)."""
+    if is_plan(request.node):
+        from tests.plan import fakebench
+
+        fakebench.stub(monkeypatch)

@@ -177,13 +177,47 @@ def mark_pair_down(reason: str) -> None:
     write_flag(MARKER, reason)
 
 
+DOCKER_UNITS = ("docker.service", "docker.socket")
+
+
+def docker_gone(active: str, jobs: str) -> str:
+    """Why docker is going away or gone, "" while it serves (pure: ``active`` is
+    ``systemctl is-active docker.service``, ``jobs`` is ``systemctl list-jobs`` of docker's
+    units). A stop or restart of docker that systemd propagates to the rank is still queued
+    (waiting) while the rank's ExecStop runs, the rank being ordered after docker."""
+    queued = [" ".join(line.split()[1:3]) for line in jobs.splitlines() if len(line.split()) >= 3]
+    if queued:
+        return f"docker is going away ({', '.join(queued)})"
+    if active.strip() != "active":
+        return f"docker.service is {active.strip() or 'unknown'}"
+    return ""
+
+
+def docker_state() -> str:
+    """docker_gone() of this host's docker, as systemd sees it now."""
+
+    def run(*argv: str) -> str:
+        out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+        return out.stdout
+
+    jobs = run("systemctl", "list-jobs", "--no-legend", "--plain", *DOCKER_UNITS)
+    return docker_gone(run("systemctl", "is-active", DOCKER_UNITS[0]), jobs)
+
+
 def stopping(args: argparse.Namespace) -> int:
     """ExecStop hook: record an operator's stop (systemd sets EXIT_CODE once the main process
-    has exited, i.e. the container died and this is no stop request at all)."""
-    if os.environ.get("EXIT_CODE"):
-        return 0
+    has exited, i.e. the container died and this is no stop request at all). A rank that goes
+    down with docker (stopped with it, or its container gone with the daemon) went down by
+    itself: marked so, the head's supervisor restarts the pair in order once docker is back."""
     if os.path.exists(MARKER):
         return 0  # stop-together or an ordered restart: sparkrig's own
+    gone = docker_state()
+    if gone:
+        mark_pair_down(f"{args.unit} went down with docker: {gone}")
+        log(f"{args.unit} went down with docker ({gone}): the pair restarts once docker is back")
+        return 0
+    if os.environ.get("EXIT_CODE"):
+        return 0
     write_flag(OPERATOR, f"{args.unit} stopped by request at {time.strftime('%FT%T%z')}")
     log(
         f"{args.unit} stopped by request (not stop-together, not a restart): sparkrig leaves the "
@@ -248,14 +282,16 @@ class Agent(http.server.BaseHTTPRequestHandler):
     token = ""
 
     def do_GET(self) -> None:  # noqa: N802
-        """/ready: 200 when the head may start this rank, 409 when an operator stopped it."""
+        """/ready: 200 when the head may start this rank, 409 when an operator stopped it, 503
+        while docker is not running here (starting the rank would pull docker up mid-upgrade)."""
         if self.path != "/ready":
             self.send_response(404)
             self.end_headers()
             return
         stopped = read_flag(OPERATOR)
-        body = (stopped or "ready").encode() + b"\n"
-        self.send_response(409 if stopped else 200)
+        gone = "" if stopped else docker_state()
+        body = (stopped or gone or "ready").encode() + b"\n"
+        self.send_response(409 if stopped else 503 if gone else 200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -597,6 +633,9 @@ def supervise_round(
     operator = os.path.exists(OPERATOR)
     waiting: list[str] = []
     if went_down and not active and not operator:
+        gone = docker_state()
+        if gone:
+            waiting.append(f"the head ({gone})")
         for w in workers:
             ok, why = agent_ready(w, args.agent_port)
             if not ok:

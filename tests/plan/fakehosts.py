@@ -169,6 +169,20 @@ def release_state(record: str = "", entries: tuple[str, ...] = ()) -> list[str]:
     return [*record.splitlines(), "", LISTING, *entries, "##SPARKRIG-END##"]
 
 
+def serving_recorded(short: str, **fields: Any) -> None:
+    """Change fields (e.g. ``fabric``, ``bench``) of the serving release in the converged rank
+    ``short``'s release record, as a later run reads it."""
+    from dataclasses import replace
+
+    from sparkrig.release import parse_record, record_text
+
+    lines = STATE[short][RELEASE]
+    cut = lines.index("")
+    record = parse_record("\n".join(lines[:cut]))
+    kept = (replace(record[0], **fields), *record[1:])
+    inject(short, {RELEASE: release_state(record_text(kept), tuple(lines[cut + 2 : -1]))})
+
+
 def rank_status(
     gids: tuple[str, ...] = (), baseline: list[str] | None = None, record: str = "", **values: Any
 ) -> list[str]:
@@ -240,6 +254,23 @@ def unit_fact(unit: str, prop: str) -> re.Pattern[str]:
     return re.compile(rf"systemctl show --all --property Id --property {prop} {unit}\.service \)")
 
 
+DOCKER_ACTION = re.compile(r"^systemctl (start|enable) docker\.(service|socket)$")
+
+
+def docker_units(running: bool) -> dict[Any, Any]:
+    """docker.service and docker.socket, enabled, running (socket: listening) or stopped (as
+    ``systemctl stop docker.socket docker`` leaves them)."""
+    table: dict[Any, Any] = {}
+    for unit, up in (("docker.service", "running"), ("docker.socket", "listening")):
+        shown = f"systemctl show --all --property Id --property {{}} {re.escape(unit)} \\)"
+        table[re.compile(shown.format("SubState"))] = [
+            f"Id={unit}",
+            f"SubState={up if running else 'dead'}",
+        ]
+        table[re.compile(shown.format("UnitFileState"))] = [f"Id={unit}", "UnitFileState=enabled"]
+    return table
+
+
 def bare(ip: str) -> dict[Any, Any]:
     """Every command the deploy may send to a node it never touched, answered as that node."""
     table: dict[Any, Any] = {
@@ -262,6 +293,7 @@ def bare(ip: str) -> dict[Any, Any]:
     for unit in UNITS_KNOWN:
         table[unit_fact(unit, "SubState")] = [f"Id={unit}.service", "SubState=dead"]
         table[unit_fact(unit, "UnitFileState")] = [f"Id={unit}.service", "UnitFileState="]
+    table.update(docker_units(running=True))  # DGX OS runs docker from the first boot
     actions = [
         FAIL_HOST,
         rf"^(chown root:root|chmod [0-7]{{3}}|mkdir -p) {OURS}$",
@@ -272,6 +304,7 @@ def bare(ip: str) -> dict[Any, Any]:
         r"^systemctl (start|stop|enable|disable|restart) sparkrig-[\w-]+(\.service)?$",
         r"^systemctl daemon-reload$",
         r"^systemctl reset-failed 'sparkrig-\*'$",  # uninstall.py: removed units' failed state
+        DOCKER_ACTION,
         SYSCTL, NETPLAN_GENERATE, NM_RELOAD, NM_UP, DISPLACE, PING,
         FETCH, WEIGHTS_SERVE, REHASH,
         r"^sh -c 'docker (pull --quiet|tag) ",  # the head's pull

@@ -7,12 +7,11 @@ The smoke test's lines are the job's own (files/sparkhost/nccl_smoke.py builds t
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 from sparkhost import nccl_smoke as ns
 
-from sparkrig.release import parse_record, record_path, record_text
+from sparkrig.release import parse_record, record_path
 from tests.plan import fakehosts
 from tests.plan.test_plan import HEAD, WORKER, apply, converge_state, settings
 from tests.plan.test_status import rank_lines, status
@@ -100,15 +99,9 @@ def test_a_run_that_measures_nothing_keeps_the_recorded_figure(monkeypatch):
     """A converged pair restarts nothing, so no smoke test runs: its record, figure included,
     stays as it is (nothing uploaded)."""
     converge_state()
+    figure = tuple(sorted({"busbw_gbs": 12.1, "transport": "IB"}.items()))
     for name in settings():
-        short = name.split("/")[1]
-        lines = fakehosts.STATE[short][fakehosts.RELEASE]
-        cut = lines.index("")
-        record = parse_record("\n".join(lines[:cut]))
-        figure = tuple(sorted({"busbw_gbs": 12.1, "transport": "IB"}.items()))
-        kept = (replace(record[0], fabric=figure), *record[1:])
-        fakehosts.inject(short, {fakehosts.RELEASE: fakehosts.release_state(
-            record_text(kept), tuple(lines[cut + 2 : -1]))})  # fmt: skip
+        fakehosts.serving_recorded(name.split("/")[1], fabric=figure)
     r = apply(monkeypatch)
     assert r.exit_code == 0, r.output
     assert r.uploads == {}, r.uploads

@@ -24,6 +24,7 @@ DOMAINS = {
     "serving",  # boot and beacon waits, the four gates
     "owned",  # files, secrets, programs, directories and units sparkrig owns
     "release",  # release record, keep/restore, rollback
+    "benchgate",  # the release's bench gate: the short bench against the previous figures
     "pairsecret",  # the agents' secret and the API key on a rank
     "status",  # status.py's one read per rank
     "baseline",  # kernel, driver, NIC firmware, BIOS, packages: read, compared, held, kho=off

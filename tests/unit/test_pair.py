@@ -119,6 +119,7 @@ def run_dir(tmp_path, monkeypatch):
     run = tmp_path / "run"
     for name in ("MARKER", "OPERATOR", "RESTART_LOCK"):
         monkeypatch.setattr(pair, name, str(run / getattr(pair, name).rsplit("/", 1)[1]))
+    monkeypatch.setattr(pair, "docker_state", lambda: "")  # docker serving, unless a test says
     return run
 
 
@@ -188,32 +189,44 @@ def fake_systemctl(tmp_path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     script = bin_dir / "systemctl"
-    script.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    # docker's state (sparkhost.pair.docker_state) is answered, not logged: FAKE_DOCKER or active
+    script.write_text(
+        '#!/bin/sh\ncase "$1" in is-active) echo "${FAKE_DOCKER:-active}"; exit 0 ;;'
+        f' list-jobs) exit 0 ;; esac\necho "$@" >> {log}\n'
+    )
     script.chmod(0o755)
     return bin_dir, log
 
 
-def test_agent_starts_the_unit_only_for_the_right_token(tmp_path, fake_systemctl):
-    bin_dir, log = fake_systemctl
+def start_agent(tmp_path: Path, bin_dir: Path, **env: str) -> tuple[subprocess.Popen, int]:
+    """The worker agent on loopback (token s3cret, run dir tmp_path/run), once it listens."""
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    run = tmp_path / "run"
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SPARKRIG_RUN_DIR": str(run)}
+    path = f"{bin_dir}:{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "SPARKRIG_RUN_DIR": str(tmp_path / "run"), **env}
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, str(SOURCE), "pair", "agent", "--listen", f"127.0.0.1:{port}",
          "--unit", "sparkrig-worker.service", "--token-file", str(token)],
         env=env,
     )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            return proc, port
+        except OSError:
+            if time.monotonic() >= deadline:
+                proc.terminate()
+                raise AssertionError("agent did not start") from None
+            time.sleep(0.1)
+
+
+def test_agent_starts_the_unit_only_for_the_right_token(tmp_path, fake_systemctl):
+    bin_dir, log = fake_systemctl
+    run = tmp_path / "run"
+    proc, port = start_agent(tmp_path, bin_dir)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "agent did not start"
-                time.sleep(0.1)
         assert pair.ask("127.0.0.1", port, "wrong", "start") is False
         assert pair.ask("127.0.0.1", port, "s3cret", "reboot") is False
         assert not log.exists()
@@ -407,3 +420,88 @@ def test_the_restart_budget_file_is_what_status_reads(monkeypatch, tmp_path):
     assert helper == "supervisor" and budget.max_restarts == 3
     assert budget.used(time.time()) == 1  # wall-clock times: the older one left the window
     assert budget.text(time.time()) == "1/3 in 6 h"
+
+
+# ---------------------------------------------------------------------------------------------
+# docker going away (issue 27): the rank goes down with it, the supervisor restarts the pair in
+# order once docker is back on every rank, and an operator's stop is still left alone
+# ---------------------------------------------------------------------------------------------
+
+
+def test_docker_is_gone_while_a_stop_or_restart_of_it_is_queued_or_it_is_not_active():
+    assert pair.docker_gone("active\n", "") == ""
+    # the rank's ExecStop runs first (the rank is ordered after docker): docker's job waits
+    queued = pair.docker_gone("active\n", "812 docker.service restart waiting\n")
+    assert queued == "docker is going away (docker.service restart)"
+    stop = "901 docker.socket stop waiting\n902 docker.service stop waiting\n"
+    assert "docker.socket stop, docker.service stop" in pair.docker_gone("active\n", stop)
+    assert pair.docker_gone("inactive\n", "") == "docker.service is inactive"
+    # dockerd killed: Restart=always holds the unit in activating (auto-restart)
+    assert pair.docker_gone("activating\n", "") == "docker.service is activating"
+
+
+@pytest.mark.parametrize("exit_code", ["", "exited"])
+def test_a_rank_that_goes_down_with_docker_went_down_by_itself(run_dir, monkeypatch, exit_code):
+    """Stopped with docker (systemd's propagated stop: no EXIT_CODE) or its container gone with
+    the daemon (EXIT_CODE set): marked as the pair going down, never as an operator's stop."""
+    monkeypatch.setenv("EXIT_CODE", exit_code)
+    monkeypatch.setattr(pair, "docker_state", lambda: "docker is going away (docker.service stop)")
+    assert pair.main(["stopping", "--unit", "sparkrig-worker.service"]) == 0
+    assert not (run_dir / "operator-stop").exists()
+    assert "went down with docker" in (run_dir / "pair-down").read_text()
+
+
+def test_an_operators_stop_with_docker_running_is_still_an_operators(run_dir, monkeypatch):
+    monkeypatch.delenv("EXIT_CODE", raising=False)
+    monkeypatch.setattr(pair, "docker_state", lambda: "")
+    assert pair.main(["stopping", "--unit", "sparkrig-worker.service"]) == 0
+    assert "stopped by request" in (run_dir / "operator-stop").read_text()
+    assert not (run_dir / "pair-down").exists()
+
+
+def test_the_supervisor_waits_for_docker_on_every_rank_then_restarts_the_pair_once(
+    run_dir, monkeypatch
+):
+    restarts: list[str] = []
+    docker = {"head": "docker.service is inactive", "worker": (False, "docker.service is inactive")}
+    monkeypatch.setattr(pair, "unit_state", lambda unit: (False, False))  # the head is down
+    monkeypatch.setattr(pair, "docker_state", lambda: docker["head"])
+    monkeypatch.setattr(pair, "agent_ready", lambda w, port: docker["worker"])
+    monkeypatch.setattr(pair, "_restart_pair", lambda args: restarts.append("restart") or 0)
+    monkeypatch.setattr(pair, "write_budget", lambda *a: None)
+    logged: list[str] = []
+    monkeypatch.setattr(pair, "log", logged.append)
+    args = argparse.Namespace(
+        head_unit="sparkrig-head.service", agent_port=29601, max_restarts=3, window=3600
+    )
+    policy = pair.SupervisorPolicy(max_restarts=3, window=3600, settle=60)
+    pair.mark_pair_down("sparkrig-head.service went down with docker: docker.service is inactive")
+    said = pair.supervise_round(args, policy, ["10.0.0.2"], "")
+    assert restarts == [] and policy.restarts == []
+    assert "the head (docker.service is inactive)" in said
+    assert "10.0.0.2 (docker.service is inactive)" in said
+    docker["head"] = ""  # docker back on the head, not yet on the worker
+    said = pair.supervise_round(args, policy, ["10.0.0.2"], said)
+    assert restarts == [] and "the head" not in said and "10.0.0.2" in said
+    docker["worker"] = (True, "ready")
+    pair.supervise_round(args, policy, ["10.0.0.2"], said)
+    assert restarts == ["restart"] and len(policy.restarts) == 1
+    assert "went down with docker" in logged[-1]
+
+
+def test_an_agent_answers_not_ready_while_docker_is_down_and_an_operator_stop_wins(
+    tmp_path, fake_systemctl
+):
+    bin_dir, log = fake_systemctl
+    run = tmp_path / "run"
+    proc, port = start_agent(tmp_path, bin_dir, FAKE_DOCKER="inactive")
+    try:
+        assert pair.agent_ready("127.0.0.1", port) == (False, "docker.service is inactive")
+        run.mkdir(exist_ok=True)
+        (run / "operator-stop").write_text("sparkrig-worker.service stopped by request\n")
+        ok, why = pair.agent_ready("127.0.0.1", port)
+        assert not ok and "stopped by request" in why
+        assert not log.exists()  # reading docker's state starts nothing
+    finally:
+        proc.terminate()
+        proc.wait(5)

@@ -1,0 +1,139 @@
+"""Upgrades gated on the bench's figures (sparkrig/benchgate.py), planned through the real CLI on
+@fake hosts: a changed release is promoted only when the short bench (run from the control
+machine, here tests/plan/fakebench.py's canned results) reaches 1 - bench_tolerance of the
+previous release's recorded figures; otherwise the rollback runs and the run names both figures.
+The first release's figures become the baseline; bench_gate = False skips the bench; --dry and a
+run whose release does not change never run it."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkrig.release import Release
+from tests.plan import fakebench, fakehosts
+from tests.plan.test_plan import HEAD, INVENTORY, WORKER, apply, converge_state, run, settings
+from tests.plan.test_release import UPGRADE, uploaded_record
+
+PREVIOUS = {"single_stream_tok_s": 30.0, "decode_tok_s.4": 80.0, "tool_call_ok": True,
+            "fffd_per_10k_chars": 0.0, "fffd_chars": 3000}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    fakehosts.STATE.clear()
+    yield
+    fakehosts.STATE.clear()
+
+
+def converge_with_figures(figures: dict[str, object] | None = PREVIOUS) -> None:
+    """A converged pair whose serving release records ``figures`` (None: none, a record from
+    before the gate) on every rank."""
+    converge_state()
+    for name in settings():
+        fakehosts.serving_recorded(name.split("/")[1], bench=tuple(sorted((figures or {}).items())))
+
+
+def bench_of(release: Release) -> dict[str, object]:
+    return dict(release.bench)
+
+
+@pytest.mark.parametrize("single, four", [(30.0, 80.0), (27.5, 72.5), (33.0, 90.0)])
+def test_an_upgrade_at_or_above_the_floor_is_promoted_with_its_figures(monkeypatch, single, four):
+    """Equal, just above 90% of (27.5 >= 27.0, 72.5 >= 72.0) and faster than the previous
+    release: promoted, and its own figures are recorded with it on every rank."""
+    converge_with_figures()
+    fakebench.answer(fakebench.result(single=single, four=four))
+    r = apply(monkeypatch, *UPGRADE)
+    assert r.exit_code == 0, r.output[-3000:]
+    assert len(fakebench.CALLS) == 1
+    assert fakebench.CALLS[0].model == "glm-5.3-flash" and fakebench.CALLS[0].profile == "long"
+    for name in (HEAD, WORKER):
+        record = uploaded_record(r, name)
+        assert [x.profile for x in record] == ["long", "shared"]
+        assert bench_of(record[0])["single_stream_tok_s"] == single
+        assert bench_of(record[0])["decode_tok_s.4"] == four
+        assert bench_of(record[1]) == PREVIOUS  # the previous release keeps its own
+    assert f"short bench: single-stream decode {single:.2f} tok/s" in r.output
+    assert "previous release: single-stream decode 30.00 tok/s" in r.output
+
+
+def test_a_slower_upgrade_is_rolled_back_naming_both_figures(monkeypatch):
+    """30% slower (the lab's slow variant's factor): below 90% of both speeds."""
+    converge_with_figures()
+    fakebench.answer(fakebench.result(single=21.0, four=56.0))
+    r = apply(monkeypatch, *UPGRADE)
+    assert r.exit_code != 0
+    said = (
+        "short bench below 90% of the previous release (bench_tolerance 0.1): single-stream "
+        "decode 21.00 tok/s is below 90% of the previous release's 30.00 tok/s (floor 27.00); "
+        "4-stream aggregate decode 56.00 tok/s is below 90% of the previous release's 80.00 "
+        "tok/s (floor 72.00)"
+    )
+    assert said in r.output, r.output[-3000:]
+    assert "upgrade failed (" in r.output and "): bench: " in r.output
+    assert "profile shared) passed the four gates and serves again" in r.output
+    for name, cmds in r.commands.items():
+        assert len([c for c in cmds if fakehosts.RESTORE.search(c)]) == 1, name
+        assert uploaded_record(r, name) == (), name  # the previous release stays recorded
+
+
+def test_a_knob_worth_of_tolerance_lets_the_same_slowdown_through(monkeypatch):
+    converge_with_figures()
+    fakebench.answer(fakebench.result(single=21.0, four=56.0))
+    r = apply(monkeypatch, *UPGRADE, "--data", "bench_tolerance=0.35")
+    assert r.exit_code == 0, r.output[-3000:]
+    assert bench_of(uploaded_record(r, HEAD)[0])["single_stream_tok_s"] == 21.0
+
+
+def test_the_first_release_records_its_figures_as_the_baseline(monkeypatch):
+    r = apply(monkeypatch)  # bare hosts: a first install
+    assert r.exit_code == 0, r.output[-3000:]
+    assert len(fakebench.CALLS) == 1
+    assert fakebench.CALLS[0].url == "http://@fake/spark-a:8000"  # no ssh_hostname: its name
+    for name in (HEAD, WORKER):
+        (release,) = uploaded_record(r, name)
+        assert bench_of(release) == {**PREVIOUS, "decode_tok_s.4": 80.0}
+    assert "no figures recorded for the previous release: these are the baseline" in r.output
+
+
+def test_a_first_release_the_bench_cannot_measure_stops_naming_why(monkeypatch):
+    fakebench.answer({"errors": ["single stream, pass 1, prompt 1: connection refused"]})
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    assert "the short bench measured no baseline: single stream, pass 1, prompt 1: " in r.output
+    assert "host data api_url on the head" in r.output and "bench_gate = False" in r.output
+    assert all(uploaded_record(r, name) == () for name in (HEAD, WORKER))
+
+
+def test_an_upgrade_from_a_release_recorded_before_the_gate_makes_the_baseline(monkeypatch):
+    converge_with_figures(None)
+    fakebench.answer(fakebench.result(single=5.0, four=9.0))  # nothing to compare with
+    r = apply(monkeypatch, *UPGRADE)
+    assert r.exit_code == 0, r.output[-3000:]
+    assert bench_of(uploaded_record(r, HEAD)[0])["single_stream_tok_s"] == 5.0
+
+
+def test_the_api_url_host_data_is_where_the_bench_goes(monkeypatch):
+    r = apply(monkeypatch, "--data", "api_url=http://127.0.0.1:28000/")
+    assert r.exit_code == 0, r.output[-3000:]
+    assert [c.url for c in fakebench.CALLS] == ["http://127.0.0.1:28000"]
+
+
+def test_the_knob_off_skips_the_bench_and_promotes_on_the_gates_alone(monkeypatch):
+    converge_with_figures()
+    fakebench.answer(fakebench.result(single=1.0, four=1.0))
+    r = apply(monkeypatch, *UPGRADE, "--data", "bench_gate=False")
+    assert r.exit_code == 0, r.output[-3000:]
+    assert fakebench.CALLS == []
+    assert [x.profile for x in uploaded_record(r, HEAD)] == ["long", "shared"]
+    assert bench_of(uploaded_record(r, HEAD)[0]) == {}  # nothing measured, nothing recorded
+
+
+def test_dry_and_an_unchanged_release_never_run_the_bench(monkeypatch):
+    converge_with_figures()
+    r = run(["--dry", *UPGRADE, INVENTORY, "deploy.py"], monkeypatch)
+    assert r.exit_code == 0, r.output[-3000:]
+    assert fakebench.CALLS == []
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output[-3000:]
+    assert fakebench.CALLS == []

@@ -1,0 +1,95 @@
+"""sparkrig/benchgate.py's pure parts: which figures the gate keeps, the floor each must reach
+against the previous release's (both named), the baseline, and where the bench is pointed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkrig import benchgate as bg
+from sparkrig.settings import api_url, build
+from tests.unit.conftest import cluster
+from tests.unit.test_settings import edit, problems
+
+PREVIOUS = {"single_stream_tok_s": 30.0, "decode_tok_s.4": 80.0, "tool_call_ok": True,
+            "fffd_per_10k_chars": 0.0, "fffd_chars": 3000}  # fmt: skip
+
+
+def now(**changes: object) -> dict[str, object]:
+    return {**PREVIOUS, **changes}
+
+
+def test_the_figures_kept_are_the_short_benchs_json_names() -> None:
+    result = {"single_stream_tok_s": 30.8, "decode_tok_s": {"1": 30.8, "4": 81.2},
+              "tool_call_ok": True, "fffd_per_10k_chars": 3.3, "fffd_chars": 3030,
+              "prefill": [], "errors": []}  # fmt: skip
+    assert bg.figures_of(result) == {"single_stream_tok_s": 30.8, "decode_tok_s.4": 81.2,
+                                     "tool_call_ok": True, "fffd_per_10k_chars": 3.3,
+                                     "fffd_chars": 3030}  # fmt: skip
+
+
+def test_speeds_at_the_floor_pass_and_below_it_fail_naming_both_figures() -> None:
+    assert bg.shortfalls(PREVIOUS, now(single_stream_tok_s=27.0, **{"decode_tok_s.4": 72.0}),
+                         0.10) == []  # fmt: skip
+    falls = bg.shortfalls(PREVIOUS, now(single_stream_tok_s=26.9), 0.10)
+    assert falls == ["single-stream decode 26.90 tok/s is below 90% of the previous release's "
+                     "30.00 tok/s (floor 27.00)"]  # fmt: skip
+    falls = bg.shortfalls(PREVIOUS, now(**{"decode_tok_s.4": None}), 0.10)
+    assert falls == ["4-stream aggregate decode not measured (previous release 80.00 tok/s)"]
+
+
+def test_the_tool_call_must_still_parse() -> None:
+    assert bg.shortfalls(PREVIOUS, now(tool_call_ok=False), 0.1) == [
+        "tool call did not parse (previous release: parsed)"
+    ]
+    assert bg.shortfalls({**PREVIOUS, "tool_call_ok": None}, now(tool_call_ok=False), 0.1) == []
+
+
+def test_corruption_may_rise_by_the_tolerance_plus_one_character_in_this_answer() -> None:
+    one = 10000 / 3000  # one U+FFFD in a 3,000-character answer: 3.33 per 10k
+    assert bg.shortfalls(PREVIOUS, now(fffd_per_10k_chars=one), 0.1) == []
+    falls = bg.shortfalls(PREVIOUS, now(fffd_per_10k_chars=2 * one), 0.1)
+    assert falls == ["corruption probe 6.67 U+FFFD per 10k chars is above the previous "
+                     "release's 0.00 (ceiling 3.33)"]  # fmt: skip
+
+
+def test_a_previous_release_without_figures_makes_the_new_ones_the_baseline() -> None:
+    figures, said = bg.verdict({"single_stream_tok_s": 5.0, "decode_tok_s": {"4": 9.0}}, {}, 0.1)
+    assert figures is not None and figures["single_stream_tok_s"] == 5.0
+    assert said.endswith("no figures recorded for the previous release: these are the baseline")
+    figures, said = bg.verdict({"errors": ["connection refused"]}, {}, 0.1)
+    assert figures is None and "measured no baseline: connection refused" in said
+
+
+def test_a_shortfall_records_nothing_and_says_the_tolerance() -> None:
+    result = {"single_stream_tok_s": 21.0, "decode_tok_s": {"4": 56.0}, "tool_call_ok": True,
+              "fffd_per_10k_chars": 0.0, "fffd_chars": 3000, "errors": []}  # fmt: skip
+    figures, said = bg.verdict(result, PREVIOUS, 0.1)
+    assert figures is None
+    assert said.startswith("short bench below 90% of the previous release (bench_tolerance 0.1): ")
+    assert "21.00 tok/s" in said and "30.00 tok/s" in said and "56.00" in said and "80.00" in said
+
+
+def test_the_bench_runs_as_a_child_with_the_key_as_an_absolute_file_name(tmp_path: Path) -> None:
+    target = bg.Target("http://h:8000", "m", ".sparkrig/api-key", "shared")
+    argv = bg.bench_argv(target, tmp_path / "r.json")
+    assert argv[1:4] == ["-m", "sparkrig.bench", "--short"]
+    assert argv[argv.index("--api-key-file") + 1] == str(Path(".sparkrig/api-key").resolve())
+    assert "--api-key-file" not in bg.bench_argv(bg.Target("u", "m", None, "p"), tmp_path)
+
+
+def test_the_heads_api_url_defaults_to_its_ssh_hostname_or_name_and_can_be_set() -> None:
+    assert api_url(build(cluster(2))["spark-1"]) == "http://spark-0:8000"
+    view = edit(cluster(2), "head", 0, ssh_hostname="10.0.0.5", api_port=8001)
+    view = edit(view, "worker", 0, api_port=8001)
+    assert api_url(build(view)["spark-1"]) == "http://10.0.0.5:8001"
+    view = edit(cluster(2), "head", 0, api_url="http://127.0.0.1:28000/")
+    assert api_url(build(view)["spark-1"]) == "http://127.0.0.1:28000"
+
+
+@pytest.mark.parametrize("bad", ["127.0.0.1:8000", "ftp://h", "http://"])
+def test_a_bad_api_url_is_refused(bad: str) -> None:
+    assert "spark-0: api_url: String should match pattern" in problems(
+        edit(cluster(2), "head", 0, api_url=bad)
+    )
