@@ -65,6 +65,18 @@ def test_the_driver_comes_from_the_module_or_the_proc_file():
     assert parse_baseline(lines()).driver == ""  # no NVIDIA module: the lab's guests
 
 
+def test_a_real_drivers_files_parse_as_the_driver_says():
+    """The files a real 580-branch driver writes (tests/unit/data/nvidia-580.159.04-h200), as the
+    baseline script reads them: the first line of each."""
+    real = Path(__file__).parent / "data" / "nvidia-580.159.04-h200"
+    proc = (real / "proc-driver-nvidia-version.txt").read_text().splitlines()[0]
+    module = (real / "sys-module-nvidia-version.txt").read_text().strip()
+    said = (real / "nvidia-smi-query.txt").read_text().split(",")[0]
+    from_proc = parse_baseline(lines(driver=proc))
+    assert from_proc.driver == said == "580.159.04" and from_proc.driver_open
+    assert parse_baseline(lines(f"driver_module={module}")).driver == said
+
+
 @pytest.mark.parametrize(
     "bad",
     [
