@@ -147,22 +147,30 @@ def test_one_ordered_restart_at_a_time(run_dir):
     second.release()
 
 
+def head_down_supervisor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[str], list[str], argparse.Namespace, pair.SupervisorPolicy]:
+    """A supervisor round's world with the head unit down: (restarts asked for, lines logged,
+    the supervisor's args, its policy: 3 restarts an hour)."""
+    restarts: list[str] = []
+    logged: list[str] = []
+    monkeypatch.setattr(pair, "unit_state", lambda unit: (False, False))  # the head is down
+    monkeypatch.setattr(pair, "_restart_pair", lambda args: restarts.append("restart") or 0)
+    monkeypatch.setattr(pair, "write_budget", lambda *a: None)
+    monkeypatch.setattr(pair, "log", logged.append)
+    args = argparse.Namespace(
+        head_unit="sparkrig-head.service", agent_port=29601, max_restarts=3, window=3600
+    )
+    return restarts, logged, args, pair.SupervisorPolicy(max_restarts=3, window=3600, settle=60)
+
+
 def test_the_supervisor_leaves_someone_elses_ordered_restart_alone_and_spends_no_budget(
     run_dir, monkeypatch
 ):
     """An operator's sparkrig-restart-pair stops the head with the pair-down marker written: the
     supervisor must not take that for the pair going down by itself (its budget is 3 in 6 h)."""
-    restarts: list[str] = []
-    monkeypatch.setattr(pair, "unit_state", lambda unit: (False, False))  # the head stopped
     monkeypatch.setattr(pair, "agent_ready", lambda w, port: (True, "ready"))
-    monkeypatch.setattr(pair, "_restart_pair", lambda args: restarts.append("restart") or 0)
-    monkeypatch.setattr(pair, "write_budget", lambda *a: None)
-    logged: list[str] = []
-    monkeypatch.setattr(pair, "log", logged.append)
-    args = argparse.Namespace(
-        head_unit="sparkrig-head.service", agent_port=29601, max_restarts=3, window=3600
-    )
-    policy = pair.SupervisorPolicy(max_restarts=3, window=3600, settle=60)
+    restarts, logged, args, policy = head_down_supervisor(monkeypatch)
     pair.mark_pair_down("ordered restart of the pair")
     theirs = pair.RestartLock()
     assert theirs.acquire()  # the operator's restart is under way
@@ -462,19 +470,10 @@ def test_an_operators_stop_with_docker_running_is_still_an_operators(run_dir, mo
 def test_the_supervisor_waits_for_docker_on_every_rank_then_restarts_the_pair_once(
     run_dir, monkeypatch
 ):
-    restarts: list[str] = []
     docker = {"head": "docker.service is inactive", "worker": (False, "docker.service is inactive")}
-    monkeypatch.setattr(pair, "unit_state", lambda unit: (False, False))  # the head is down
     monkeypatch.setattr(pair, "docker_state", lambda: docker["head"])
     monkeypatch.setattr(pair, "agent_ready", lambda w, port: docker["worker"])
-    monkeypatch.setattr(pair, "_restart_pair", lambda args: restarts.append("restart") or 0)
-    monkeypatch.setattr(pair, "write_budget", lambda *a: None)
-    logged: list[str] = []
-    monkeypatch.setattr(pair, "log", logged.append)
-    args = argparse.Namespace(
-        head_unit="sparkrig-head.service", agent_port=29601, max_restarts=3, window=3600
-    )
-    policy = pair.SupervisorPolicy(max_restarts=3, window=3600, settle=60)
+    restarts, logged, args, policy = head_down_supervisor(monkeypatch)
     pair.mark_pair_down("sparkrig-head.service went down with docker: docker.service is inactive")
     said = pair.supervise_round(args, policy, ["10.0.0.2"], "")
     assert restarts == [] and policy.restarts == []
