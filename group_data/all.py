@@ -43,6 +43,7 @@ fabric_mtu = 9000  # MTU on the QSFP fabric NIC, persisted with netplan
 fabric_netplan_file = "/etc/netplan/60-sparkrig-fabric.yaml"  # the netplan drop-in sparkrig owns
 fabric_takeover = False  # True: move other netplan files / NM profiles naming the fabric NIC aside
 roce_port = 1  # HCA port whose GID table is read
+roce_device_restore = ["modprobe mlx5_ib"]  # run when the fabric NIC has no RoCE device (driver)
 nccl_env = {}  # extra NCCL_* / runtime variables appended to every rank's env file
 
 # --- image ------------------------------------------------------------------------------------

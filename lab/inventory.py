@@ -26,6 +26,8 @@ _knobs = {
     "memfree_min_gib": 0.2,
     "nccl_smoke": False,  # the stand-in image has no torch/NCCL to smoke-test
     "image_skip_patches": ["sm121-topk"],  # ... and no vLLM for the SM121 top-k patch
+    # the guests' RoCE device is Soft-RoCE, made by their lab-rxe unit (lab/build-image.sh)
+    "roce_device_restore": ["systemctl restart lab-rxe"],
     # lab-sized timings (the stand-in boots in seconds); the watchdog is on, as shipped
     "pair_grace_s": 150,  # a rank's wait for its peers at start: the head's start-gate bound
     "watchdog_grace_s": 180,  # the stand-in boots in about a minute under TCG

@@ -123,6 +123,39 @@ def ping_command(interface: str, peers: list[str], mtu: int) -> str:
     return f"{started}; " + " && ".join(f"wait $p{i}" for i in range(len(peers)))
 
 
+def roce_device_wait_command(interface: str, timeout_s: int = 60) -> str:
+    """Wait until some RDMA device's GID table lists ``interface`` (a driver makes its device
+    asynchronously), failing after ``timeout_s``."""
+    ndevs = "/sys/class/infiniband/*/ports/*/gid_attrs/ndevs/*"
+    wait = f"until grep -qsxF {shlex.quote(interface)} {ndevs}; do sleep 1; done"
+    return f"timeout {timeout_s} sh -c {shlex.quote(wait)}"
+
+
+@operation()
+def roce_device_present(
+    interface: str, commands: list[str], roce_device: str | None = None
+) -> Generator[Any, None, None]:
+    """
+    Bring the fabric NIC's RoCE device back when the GID table has none on it (its driver
+    unloaded, or the device deleted): run the platform's commands, then wait for the device.
+
+    + interface: the fabric netdev
+    + commands: shell commands that make the device (knob ``roce_device_restore``)
+    + roce_device: the RDMA device expected on it (None: any)
+    """
+    entries: list[GidEntry] = read_here("gids").get("gids", RoceGids)
+    on_nic = [
+        e for e in entries
+        if e.netdev in (interface, "") and (roce_device is None or e.device == roce_device)
+    ]  # fmt: skip
+    if on_nic:
+        host.noop(f"{on_nic[0].device} is the RoCE device on {interface}")
+        return
+    logger.info(f"{host.print_prefix}no RoCE device on {interface}: {'; '.join(commands)}")
+    yield from commands
+    yield roce_device_wait_command(interface)
+
+
 @operation()
 def fabric_path_proven(interface: str, peers: list[str], mtu: int) -> Generator[Any, None, None]:
     """

@@ -23,6 +23,7 @@ from sparkrig.owned import OwnedReport, PathState, owned_of, paths_part, units_p
 from sparkrig.pairsecret import PairSecretFile, secret_parts
 from sparkrig.paths import paths
 from sparkrig.release import ReleaseReport, release_part, report_of
+from sparkrig.serving import rank_part
 from sparkrig.settings import Settings
 from sparkrig.stateread import CHECK, Part, StateReadFailed, Values, values_of
 from sparkrig.weights import WeightsReport, artifacts, weights_of, weights_parts
@@ -86,6 +87,7 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
     parts.append(baseline_part(s))
     parts.append(paths_part(owned_files(s), owned_dirs(s)))
     parts.append(units_part(units(s)))
+    parts.append(rank_part(s))
     return tuple(parts)
 
 

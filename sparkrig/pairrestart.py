@@ -9,6 +9,9 @@ from sparkrig.runscope import Watch, watch
 
 RESTART_TRIGGERS = {
     "fabric": "the fabric connection was re-applied (MTU reset, address lost)",
+    "roce_device": "the fabric NIC's RoCE device was made again (its queue pairs are gone)",
+    "gid_moved": "the GID table renumbered under a running rank (its container has the old index)",
+    "frozen": "a rank's container was frozen (docker pause) and thawed (peers may have timed out)",
     "env": "a rank's env file changed (NCCL environment; not a GID index that moved alone)",
     "weights": "a rank's weights were fetched or copied",
     "rank_unit": "a rank's unit changed (image, serve flags)",

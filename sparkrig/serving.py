@@ -10,14 +10,19 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pyinfra import host, logger
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.server import Command
+from sparkhost import rankenv
+from sparkhost.gid import GidNotFound, select_gid
 
 from sparkrig import hostpkg
+from sparkrig.fabric import RoceGids
+from sparkrig.factlines import END, parse_key_values
 from sparkrig.failing import fail_host
 from sparkrig.gates import gates_passed, parse_gate_lines, probe_command
 from sparkrig.owned import file_present, unit_state_set
@@ -25,6 +30,7 @@ from sparkrig.paths import paths
 from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value, serve_args
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
+from sparkrig.stateread import Part, Values, read_here
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -251,6 +257,112 @@ def worker_wait_args(s: Settings) -> dict[str, Any]:
         "port": k.pair_port,
         "timeout": k.pair_grace_s,
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# The running rank: its part of the state read, and what a deploy does when it cannot serve
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankRuntimeReport:
+    """What the rank running on a node holds now (read while its unit may be active)."""
+
+    container: str = ""  # docker's State.Status of the rank's container; "" when there is none
+    handed_gid: int | None = None  # the GID index its start gate handed over (None: no start yet)
+
+
+class RankRuntime(FactBase[RankRuntimeReport]):
+    """
+    The rank's container state (``docker inspect``, bounded: a daemon that hangs answers "")
+    and the RoCE GID index its start gate handed to the container (``/run/sparkrig/gid.env``).
+    """
+
+    default = RankRuntimeReport
+
+    def command(self, container: str, handed_path: str) -> str:
+        inspect = (
+            f"timeout 20 docker inspect --format '{{{{.State.Status}}}}' {shlex.quote(container)}"
+        )
+        handed = rankenv.value_command(rankenv.HANDED, handed_path)
+        return (
+            f'echo "container=$({inspect} 2>/dev/null)"; echo "handed=$({handed})"; echo \'{END}\''
+        )
+
+    def process(self, output: list[str]) -> RankRuntimeReport:
+        raw = parse_key_values(output, "rank runtime")
+        handed = raw.get("handed", "")
+        return RankRuntimeReport(
+            container=raw.get("container", ""), handed_gid=int(handed) if handed.isdigit() else None
+        )
+
+
+def rank_part(s: Settings) -> Part:
+    """The state read's part of the running rank."""
+    return Part(
+        "rank", RankRuntime, (("container", s.container_name), ("handed_path", rankenv.HANDED_PATH))
+    )
+
+
+def rank_of(values: Values) -> RankRuntimeReport:
+    """The rank part of ``values`` (a report of nothing running when it was not read)."""
+    return values.get("rank", RankRuntime) if "rank" in values else RankRuntimeReport()
+
+
+@operation()
+def rank_thawed(container: str, running: bool) -> Generator[Any, None, None]:
+    """
+    Thaw a running rank's container that ``docker pause`` froze; the ordered pair restart this
+    triggers follows (its NCCL peers may have timed out while it was frozen).
+
+    + container: the rank's container
+    + running: whether the rank's unit is active (a stopped rank is started anyway)
+    """
+    state = rank_of(read_here("rank")).container
+    if not running or state != "paused":
+        host.noop(f"{container} is not frozen ({state or 'no container'})")
+        return
+    logger.info(
+        f"{host.print_prefix}{container} is frozen (docker pause): thawed, then the pair restarts"
+    )
+    yield f"docker unpause {shlex.quote(container)}"
+
+
+@operation()
+def stale_gid_dropped(
+    fabric_ip: str,
+    fabric_interface: str,
+    running: bool,
+    roce_device: str | None = None,
+    roce_port: int = 1,
+) -> Generator[Any, None, None]:
+    """
+    Drop the RoCE GID index handed to a running rank when the live table no longer has it there
+    (the table renumbered under the rank: a firmware reset, the RoCE device re-created); the
+    ordered pair restart this triggers hands the live index over.
+
+    + fabric_ip: the rank's fabric IPv4 address
+    + fabric_interface: the fabric netdev
+    + running: whether the rank's unit is active (a stopped rank resolves the index at its start)
+    + roce_device: RDMA device to use; ``None`` detects it from the GID table
+    + roce_port: HCA port
+    """
+    handed = rank_of(read_here("rank")).handed_gid
+    try:
+        live: int | None = select_gid(
+            read_here("gids").get("gids", RoceGids), fabric_ip, fabric_interface, roce_device,
+            roce_port,
+        ).index  # fmt: skip
+    except GidNotFound:
+        live = None  # the fabric phase fails this host, naming the table
+    if not running or handed is None or live is None or handed == live:
+        host.noop(f"the running rank has the live RoCE GID index ({handed} handed, {live} live)")
+        return
+    logger.info(
+        f"{host.print_prefix}the running rank has RoCE GID index {handed}, the live table {live}: "
+        "the pair restarts"
+    )
+    yield f"rm -f {shlex.quote(rankenv.HANDED_PATH)}"
 
 
 @operation(is_idempotent=False)

@@ -123,6 +123,7 @@ class Knobs(BaseModel):
     fabric_netplan_file: str
     fabric_takeover: bool
     roce_port: int = Field(ge=1)
+    roce_device_restore: list[str] = Field(min_length=1)
     nccl_env: dict[str, str] = _cluster()
 
     base_image: str | None = _cluster()

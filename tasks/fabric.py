@@ -12,6 +12,7 @@ from sparkrig.fabric import (
     fabric_claims_displaced,
     fabric_path_proven,
     rank_env_written,
+    roce_device_present,
 )
 from sparkrig.owned import file_present
 from sparkrig.pairrestart import pair_restart
@@ -54,6 +55,13 @@ applied = server.shell(
     _if=lambda: takeover.did_change() or netplan.did_change() or link_drift,
 )
 pair_restart().trigger("fabric", applied)  # a re-applied fabric breaks NCCL's links
+roce = roce_device_present(
+    name="Bring the RoCE device back on the fabric NIC",
+    interface=iface,
+    commands=knobs.roce_device_restore,
+    roce_device=settings.me.roce_device,
+)
+pair_restart().trigger("roce_device", roce)  # a new device: every queue pair of the old is gone
 fabric_path_proven(
     name="Prove the fabric MTU end to end with do-not-fragment pings",
     interface=iface,

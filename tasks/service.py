@@ -25,10 +25,12 @@ from sparkrig.serving import (
     api_key_env,
     keep_helper_running,
     pair_unit_context,
+    rank_thawed,
     rank_unit_context,
     restart_args,
     role_template,
     smoke_run_args,
+    stale_gid_dropped,
     supervisor_unit_context,
     watchdog_unit_context,
 )
@@ -189,6 +191,27 @@ unit_state_set(
 # its condition holds), so all hosts share one sequence and pyinfra's per-operation barrier orders
 # them: stop every rank together, start the workers, wait for their containers, start the head.
 rank_active, _ = hoststate.read(settings).unit(settings.unit_name)
+# A running rank that cannot serve as it is restarts the pair: its container frozen by `docker
+# pause`, or its RoCE GID index moved under it (the container keeps the index it started with).
+restart.trigger(
+    "frozen",
+    rank_thawed(
+        name="Thaw a rank container frozen by docker pause",
+        container=settings.container_name,
+        running=rank_active,
+    ),
+)
+restart.trigger(
+    "gid_moved",
+    stale_gid_dropped(
+        name="Drop a GID index handed to a running rank that the live table moved",
+        fabric_ip=settings.me.ip,
+        fabric_interface=settings.me.fabric_interface,
+        running=rank_active,
+        roce_device=settings.me.roce_device,
+        roce_port=knobs.roce_port,
+    ),
+)
 # During an upgrade a failed smoke test or start does not stop the run: it decides the rollback
 # (sparkrig/release.py, tasks/verify.py), and what would start the new release is skipped.
 upgrading = bool(change(settings, hoststate.read(settings).release))

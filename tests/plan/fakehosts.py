@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkrig import hostpkg
+from sparkrig.factlines import END
 from sparkrig.image import MARKER
 from sparkrig.release import LISTING
 from sparkrig.settings import Settings
@@ -157,6 +158,7 @@ UNITS_KNOWN = [
 NODE = re.compile(r"^sh -c '\nd=\S+; while \[ ! -d \"\$d\" \]")
 GIDS = re.compile(r"^grep -H \. /sys/class/infiniband/\*/ports/\*/gids/\* ")
 RANK_STATUS = re.compile(r"echo \"gid_env=\$\(sed ")  # status.py's one read per rank
+RANK_RUNTIME = re.compile(r'^echo "container=\$\(timeout 20 docker inspect ')  # serving.RankRuntime
 PAIR_SECRET = re.compile(r"^cat /etc/sparkrig/pair-token 2>/dev/null; echo ")  # installed secret
 API_KEY = re.compile(r"^cat /etc/sparkrig/api-key 2>/dev/null; echo ")  # the head's installed key
 RELEASE = re.compile(re.escape(LISTING))  # the release record and weights_dir's entries
@@ -271,6 +273,16 @@ def docker_units(running: bool) -> dict[Any, Any]:
     return table
 
 
+ROCE_RESTORE = re.compile(r"^modprobe mlx5_ib$")  # group_data's roce_device_restore
+ROCE_WAIT = re.compile(r"^timeout 60 sh -c 'until grep -qsxF ")
+UNPAUSE = re.compile(r"^docker unpause sparkrig-rank\d+$")
+
+
+def rank_runtime(container: str = "", handed: int | None = None) -> list[str]:
+    """sparkrig.serving.RankRuntime's output: the container's docker state, the handed index."""
+    return [f"container={container}", f"handed={'' if handed is None else handed}", END]
+
+
 def bare(ip: str) -> dict[Any, Any]:
     """Every command the deploy may send to a node it never touched, answered as that node."""
     table: dict[Any, Any] = {
@@ -282,6 +294,7 @@ def bare(ip: str) -> dict[Any, Any]:
         RELEASE: release_state(),  # no release record, weights_dir empty
         BASELINE: baseline_report(),  # DGX OS as shipped: nothing held, no KHO in the kernel
         GIDS: gid_table(HCA, "enp1s0f1np1", ip),  # the GID appears once the address is applied
+        RANK_RUNTIME: rank_runtime(),  # no container, no start gate yet
         re.compile(rf"^p={OURS}; if \[ -L "): "",  # nothing sparkrig owns exists yet
         re.compile(rf"^! \(test -e {OURS} \|\| test -L "): "",
         PING_CHECK: "rc=1",
@@ -312,6 +325,7 @@ def bare(ip: str) -> dict[Any, Any]:
         r"^sh -c 'systemctl stop sparkrig-image-serve 2>/dev/null; ",  # serve / unserve
         r"^rm -rf /opt/sparkrig/image-build && mkdir -p -m 700 /opt/sparkrig/image-build$",
         r"^sh -c 'set -e\ndocker image inspect \S+ >/dev/null 2>&1 \|\| ",  # build
+        UNPAUSE, ROCE_RESTORE, ROCE_WAIT,
         SMOKE_CLEAN, SMOKE_WORKER, SMOKE_HEAD, SMOKE_CHECK,
         PAIR_WAIT, PAIR_REQUEST, BOOT_WAIT, PRUNE,
         KEEP, RESTORE, ADOPT, PRUNE_WEIGHTS,
@@ -487,11 +501,15 @@ def converged(
     env_gid_index: int = 3,
     mtu: int = 9000,
     files: dict[str, tuple[bytes, str]] | None = None,
+    container: str = "running",
+    handed_gid_index: int | None = None,
 ) -> dict[Any, Any]:
     """Canned facts of a rank the deploy converged: every owned file with the rendered content
     (``files`` overrides some, e.g. an older unit), its units running, the fabric up at ``mtu``,
     the weights verified, the images built, the gates passing. ``gid_index``: where the GID
-    table lists the fabric address now; ``env_gid_index``: what the rank's env file says."""
+    table lists the fabric address now; ``env_gid_index``: what the rank's env file says;
+    ``container``: its container's docker state; ``handed_gid_index``: the index its start gate
+    handed over (default: the live one, as after any start)."""
     from sparkrig.image import serving_image
     from sparkrig.paths import paths
     from sparkrig.weights import artifacts
@@ -518,6 +536,8 @@ def converged(
         canned[unit_fact(unit, "UnitFileState")] = [f"Id={unit}.service", "UnitFileState=enabled"]
     ip = s.me.ip
     canned[GIDS] = gid_table(HCA, s.me.fabric_interface, ip, index=gid_index)
+    handed = gid_index if handed_gid_index is None else handed_gid_index
+    canned[RANK_RUNTIME] = rank_runtime(container, handed)
     secret = owned[paths(s)["pair_token"]][0].decode().strip()
     canned[PAIR_SECRET] = [secret, "##SPARKRIG-END##"] if secret else ["##SPARKRIG-END##"]
     key = owned.get(paths(s)["api_key"], (b"", ""))[0].decode().strip()

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from sparkrig import hostpkg
+from sparkrig.factlines import END
 from sparkrig.paths import paths
 from sparkrig.release import parse_record, record_path, wanted
 from sparkrig.render import render
@@ -426,6 +427,42 @@ def test_a_gid_index_that_moved_alone_is_recorded_and_restarts_nothing(monkeypat
     }
     assert "NCCL_IB_GID_INDEX=5\n" in r.uploads[WORKER]["/etc/sparkrig/rank.env"].decode()
     assert_no_restart(r)
+
+
+def test_a_gid_index_that_moved_under_a_running_rank_restarts_the_pair(monkeypatch):
+    # The worker's table renumbered while its rank ran (its RoCE device re-created, a firmware
+    # reset without a reboot): its container still has the index 3 it was handed at its start.
+    converge_state(**{"spark-b": {"gid_index": 5, "handed_gid_index": 3}})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert "rm -f /run/sparkrig/gid.env" in r.commands[WORKER]
+    assert "rm -f /run/sparkrig/gid.env" not in r.commands[HEAD]
+    assert "NCCL_IB_GID_INDEX=5\n" in r.uploads[WORKER]["/etc/sparkrig/rank.env"].decode()
+    assert_ordered_pair_restart(r)
+
+
+def test_a_frozen_rank_container_is_thawed_and_the_pair_restarts(monkeypatch):
+    converge_state(**{"spark-b": {"container": "paused"}})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert r.commands[WORKER].index("docker unpause sparkrig-rank1") < r.commands[WORKER].index(
+        "systemctl stop sparkrig-worker.service"
+    )
+    assert not [c for c in r.commands[HEAD] if "docker unpause" in c]
+    assert_ordered_pair_restart(r)
+
+
+def test_a_fabric_nic_without_its_roce_device_gets_it_back_before_its_env_file(monkeypatch):
+    converge_state()
+    fakehosts.inject("spark-b", {fakehosts.GIDS: [END]})  # the device deleted: no GID at all
+    r = apply(monkeypatch)
+    # the fakes' table does not come back, so the env file's GID read fails the worker after
+    # the restore ran: the restore, its wait, and no start of anything
+    restore = [c for c in r.commands[WORKER] if c.startswith("modprobe mlx5_ib")]
+    assert restore == ["modprobe mlx5_ib"], r.commands[WORKER]
+    waits = [c for c in r.commands[WORKER] if "gid_attrs/ndevs" in c and c.startswith("timeout")]
+    assert len(waits) == 1 and "enp1s0f1np1" in waits[0]
+    assert not [c for c in r.commands[HEAD] if c.startswith("modprobe")]
 
 
 def test_a_new_profile_restarts_the_pair_and_the_same_profile_restarts_nothing(monkeypatch):

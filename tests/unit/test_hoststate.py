@@ -14,6 +14,7 @@ from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.hoststate import assemble
 from sparkrig.owned import OwnedPaths, PathState, UnitStates
+from sparkrig.serving import RankRuntime, RankRuntimeReport
 from sparkrig.stateread import Part, script, split_script
 
 
@@ -118,3 +119,24 @@ def test_a_failing_or_cut_read_fails_its_host_naming_the_part(tmp_path):
         assemble(parts, [lines[0], "files:", f"file 6x4 root root {x}", *lines[1:]])
     with pytest.raises(FactProcessError, match="nothing said of"):
         assemble(parts, [line for line in lines if not line.startswith("none ")])
+
+
+def test_the_rank_part_reads_the_containers_state_and_the_handed_gid_index(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    docker = bin_dir / "docker"  # answers as `docker inspect --format '{{.State.Status}}' c`
+    docker.write_text('#!/bin/sh\n[ "$4" = sparkrig-rank1 ] && echo paused || exit 1\n')
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    handed = tmp_path / "gid.env"
+    handed.write_text("# written at the start\nSPARKRIG_GID_INDEX=3\n")
+    rank = Part(
+        "rank", RankRuntime, (("container", "sparkrig-rank1"), ("handed_path", str(handed)))
+    )
+    values = assemble((rank,), run_script((rank,))).values
+    assert values.get("rank", RankRuntime) == RankRuntimeReport(container="paused", handed_gid=3)
+
+    handed.unlink()  # a reboot cleared /run; no container of that name
+    gone = Part("rank", RankRuntime, (("container", "other"), ("handed_path", str(handed))))
+    values = assemble((gone,), run_script((gone,))).values
+    assert values.get("rank", RankRuntime) == RankRuntimeReport(container="", handed_gid=None)

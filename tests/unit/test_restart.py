@@ -32,6 +32,9 @@ def test_an_undeclared_trigger_is_refused():
         PairRestart().trigger("rank-unit", Meta(True, True))
     assert set(RESTART_TRIGGERS) == {
         "fabric",
+        "roce_device",
+        "gid_moved",
+        "frozen",
         "env",
         "weights",
         "rank_unit",
