@@ -72,13 +72,13 @@ CATALOGUE: tuple[Fault, ...] = (
           "rdma link delete {rdma}; rdma link add {rdma} type rxe netdev {iface}; "
           "ip link add link {iface} name chaos77 type vlan id 77; "
           "ip addr add 10.77.0.{idx}/24 dev chaos77; ip link set chaos77 up; sleep 3; "
-          "ip addr add {address} dev {iface}; sleep 2; rdma link show {rdma}",
+          "ip addr add {address} dev {iface}; sleep 2; rdma link show {rdma}/1",
           undo="ip link del chaos77 2>/dev/null || true", restarts=PAIR),
     Fault("fabric-address-flushed", "fabric address flushed", "the fabric IPv4 address flushed",
           "any", "ip -4 addr flush dev {iface}", restarts=PAIR),
     Fault("rdma-device-removed", "RDMA device removed", "the RoCE device deleted", "any",
           "rdma link delete {rdma}",
-          undo="rdma link show {rdma} >/dev/null 2>&1 || systemctl restart lab-rxe",
+          undo="rdma link show {rdma}/1 >/dev/null 2>&1 || systemctl restart lab-rxe",
           restarts=PAIR),
     Fault("swappiness-drift", "swappiness changed live and its file deleted",
           "vm.swappiness=60 live and the sysctl.d file deleted", "any",
