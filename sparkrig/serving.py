@@ -270,30 +270,44 @@ class RankRuntimeReport:
 
     container: str = ""  # docker's State.Status of the rank's container; "" when there is none
     handed_gid: int | None = None  # the GID index its start gate handed over (None: no start yet)
+    handed_device_index: int | None = None  # its RDMA device's kernel index at that start
+    live_device_index: int | None = None  # that device's kernel index now (None: gone)
+
+
+def _int(value: str) -> int | None:
+    return int(value) if value.isdigit() else None
 
 
 class RankRuntime(FactBase[RankRuntimeReport]):
     """
-    The rank's container state (``docker inspect``, bounded: a daemon that hangs answers "")
-    and the RoCE GID index its start gate handed to the container (``/run/sparkrig/gid.env``).
+    The rank's container state (``docker inspect``, bounded: a daemon that hangs answers ""),
+    what its start gate handed over (``/run/sparkrig/gid.env``: the RoCE GID index, the RDMA
+    device and its kernel index) and that device's kernel index now (``rdma dev show``).
     """
 
     default = RankRuntimeReport
 
     def command(self, container: str, handed_path: str) -> str:
-        inspect = (
-            f"timeout 20 docker inspect --format '{{{{.State.Status}}}}' {shlex.quote(container)}"
-        )
-        handed = rankenv.value_command(rankenv.HANDED, handed_path)
+        q = shlex.quote
+        inspect = f"timeout 20 docker inspect --format '{{{{.State.Status}}}}' {q(container)}"
+        device = rankenv.value_command(rankenv.HANDED_DEVICE, handed_path)
+        device_index = rankenv.value_command(rankenv.HANDED_DEVICE_INDEX, handed_path)
+        live = "rdma dev show \"$d\" 2>/dev/null | sed -n 's/^\\([0-9][0-9]*\\): .*/\\1/p'"
         return (
-            f'echo "container=$({inspect} 2>/dev/null)"; echo "handed=$({handed})"; echo \'{END}\''
+            f'echo "container=$({inspect} 2>/dev/null)"; '
+            f'echo "handed=$({rankenv.value_command(rankenv.HANDED, handed_path)})"; '
+            f'echo "device_index=$({device_index})"; '
+            f'd=$({device}); echo "live_device_index=$([ -n "$d" ] && {live})"; '
+            f"echo '{END}'"
         )
 
     def process(self, output: list[str]) -> RankRuntimeReport:
         raw = parse_key_values(output, "rank runtime")
-        handed = raw.get("handed", "")
         return RankRuntimeReport(
-            container=raw.get("container", ""), handed_gid=int(handed) if handed.isdigit() else None
+            container=raw.get("container", ""),
+            handed_gid=_int(raw.get("handed", "")),
+            handed_device_index=_int(raw.get("device_index", "")),
+            live_device_index=_int(raw.get("live_device_index", "")),
         )
 
 
@@ -337,17 +351,19 @@ def stale_gid_dropped(
     roce_port: int = 1,
 ) -> Generator[Any, None, None]:
     """
-    Drop the RoCE GID index handed to a running rank when the live table no longer has it there
-    (the table renumbered under the rank: a firmware reset, the RoCE device re-created); the
-    ordered pair restart this triggers hands the live index over.
+    Drop what the start gate handed to a running rank when the live RoCE device no longer
+    matches it: the GID index moved (the table renumbered under the rank) or the RDMA device was
+    made again (a new kernel index: a driver reload, a firmware reset; the rank's queue pairs died
+    with the old device even when the index came back the same). The ordered pair restart this
+    triggers hands the live ones over.
 
     + fabric_ip: the rank's fabric IPv4 address
     + fabric_interface: the fabric netdev
-    + running: whether the rank's unit is active (a stopped rank resolves the index at its start)
+    + running: whether the rank's unit is active (a stopped rank reads both at its start)
     + roce_device: RDMA device to use; ``None`` detects it from the GID table
     + roce_port: HCA port
     """
-    handed = rank_of(read_here("rank")).handed_gid
+    rank = rank_of(read_here("rank"))
     try:
         live: int | None = select_gid(
             read_here("gids").get("gids", RoceGids), fabric_ip, fabric_interface, roce_device,
@@ -355,13 +371,21 @@ def stale_gid_dropped(
         ).index  # fmt: skip
     except GidNotFound:
         live = None  # the fabric phase fails this host, naming the table
-    if not running or handed is None or live is None or handed == live:
-        host.noop(f"the running rank has the live RoCE GID index ({handed} handed, {live} live)")
-        return
-    logger.info(
-        f"{host.print_prefix}the running rank has RoCE GID index {handed}, the live table {live}: "
-        "the pair restarts"
+    moved = rank.handed_gid is not None and live is not None and rank.handed_gid != live
+    made_again = (
+        rank.handed_device_index is not None and rank.live_device_index != rank.handed_device_index
     )
+    if not running or not (moved or made_again):
+        host.noop(f"the running rank has the live RoCE device and GID index ({live})")
+        return
+    if moved:
+        said = f"RoCE GID index {rank.handed_gid}, the live table {live}"
+    else:
+        said = (
+            f"RDMA device index {rank.handed_device_index}, the device now "
+            f"{rank.live_device_index if rank.live_device_index is not None else 'gone'}"
+        )
+    logger.info(f"{host.print_prefix}the running rank has {said}: the pair restarts")
     yield f"rm -f {shlex.quote(rankenv.HANDED_PATH)}"
 
 

@@ -204,7 +204,7 @@ restart.trigger(
 restart.trigger(
     "gid_moved",
     stale_gid_dropped(
-        name="Drop a GID index handed to a running rank that the live table moved",
+        name="Drop a GID hand-over that the live RoCE device no longer matches",
         fabric_ip=settings.me.ip,
         fabric_interface=settings.me.fabric_interface,
         running=rank_active,

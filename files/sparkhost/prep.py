@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -121,6 +122,19 @@ def check_mtu(env: dict[str, str]) -> str | None:
     return None
 
 
+def device_index(hca: str) -> int | None:
+    """The RDMA device's kernel index (``rdma dev show``: "<index>: <name>: ..."), which a
+    device made again gets anew; None without iproute2's rdma or the device."""
+    try:
+        out = subprocess.run(
+            ["rdma", "dev", "show", hca], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.match(r"(\d+): ", out)
+    return int(m.group(1)) if m else None
+
+
 def hand_over_gid(env: dict[str, str], index: int, path: str) -> None:
     """Write the index the container gets (atomically); say so when it moved since the deploy."""
     deployed = env.get(rankenv.GID_INDEX, "")
@@ -129,7 +143,8 @@ def hand_over_gid(env: dict[str, str], index: int, path: str) -> None:
             f"GID index of ::ffff:{env['SPARKRIG_FABRIC_IP']} is {index} now (the deploy saw "
             f"{deployed or 'none'}); the container gets {index}"
         )
-    rankenv.write_handed(path, index)
+    hca = env["NCCL_IB_HCA"]
+    rankenv.write_handed(path, index, hca, device_index(hca))
 
 
 def gate_fabric(env: dict[str, str], bound: float, gid_env: str) -> bool:

@@ -19,6 +19,11 @@ import shlex
 GID_INDEX = "NCCL_IB_GID_INDEX"  # rank.env: the index the deploy saw; the container's name for it
 HANDED_PATH = "/run/sparkrig/gid.env"
 HANDED = "SPARKRIG_GID_INDEX"  # gid.env: the index the start gate saw at this start
+# gid.env: the RDMA device and its kernel index (`rdma dev show`) at this start: a device made
+# again (driver reloaded, firmware reset) gets a new index, and the running rank's queue pairs
+# died with the old one even when the GID index came back the same
+HANDED_DEVICE = "SPARKRIG_ROCE_DEVICE"
+HANDED_DEVICE_INDEX = "SPARKRIG_ROCE_DEVICE_INDEX"
 
 
 def path(config_dir: str) -> str:
@@ -42,19 +47,23 @@ def read(path: str) -> dict[str, str]:
         return parse(f.read())
 
 
-def handed_text(index: int) -> str:
-    return (
+def handed_text(index: int, device: str = "", device_index: int | None = None) -> str:
+    text = (
         "# Written by sparkrig-prep at the rank's start: the live RoCE v2 GID index\n"
         f"{HANDED}={index}\n"
     )
+    if device and device_index is not None:
+        text += f"{HANDED_DEVICE}={device}\n{HANDED_DEVICE_INDEX}={device_index}\n"
+    return text
 
 
-def write_handed(path: str, index: int) -> None:
-    """Hand ``index`` over (atomically: the unit never reads half a file)."""
+def write_handed(path: str, index: int, device: str = "", device_index: int | None = None) -> None:
+    """Hand ``index`` over (atomically: the unit never reads half a file), with the RDMA device
+    and its kernel index when known."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write(handed_text(index))
+        f.write(handed_text(index, device, device_index))
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 

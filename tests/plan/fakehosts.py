@@ -278,9 +278,16 @@ ROCE_WAIT = re.compile(r"^timeout 60 sh -c 'until grep -qsxF ")
 UNPAUSE = re.compile(r"^docker unpause sparkrig-rank\d+$")
 
 
-def rank_runtime(container: str = "", handed: int | None = None) -> list[str]:
-    """sparkrig.serving.RankRuntime's output: the container's docker state, the handed index."""
-    return [f"container={container}", f"handed={'' if handed is None else handed}", END]
+def rank_runtime(
+    container: str = "", handed: int | None = None, device_index: int | None = None,
+    live_device_index: int | None = None,
+) -> list[str]:  # fmt: skip
+    """sparkrig.serving.RankRuntime's output: the container's docker state, the handed GID
+    index and RDMA device index, that device's index now."""
+    said = [handed, device_index, live_device_index]
+    handed_, device_, live_ = ("" if x is None else x for x in said)
+    return [f"container={container}", f"handed={handed_}", f"device_index={device_}",
+            f"live_device_index={live_}", END]  # fmt: skip
 
 
 def bare(ip: str) -> dict[Any, Any]:
@@ -503,13 +510,16 @@ def converged(
     files: dict[str, tuple[bytes, str]] | None = None,
     container: str = "running",
     handed_gid_index: int | None = None,
+    device_index: int = 4,
+    live_device_index: int = 4,
 ) -> dict[Any, Any]:
     """Canned facts of a rank the deploy converged: every owned file with the rendered content
     (``files`` overrides some, e.g. an older unit), its units running, the fabric up at ``mtu``,
     the weights verified, the images built, the gates passing. ``gid_index``: where the GID
     table lists the fabric address now; ``env_gid_index``: what the rank's env file says;
     ``container``: its container's docker state; ``handed_gid_index``: the index its start gate
-    handed over (default: the live one, as after any start)."""
+    handed over (default: the live one, as after any start); ``device_index`` and
+    ``live_device_index``: the RDMA device's kernel index handed over and now."""
     from sparkrig.image import serving_image
     from sparkrig.paths import paths
     from sparkrig.weights import artifacts
@@ -537,7 +547,7 @@ def converged(
     ip = s.me.ip
     canned[GIDS] = gid_table(HCA, s.me.fabric_interface, ip, index=gid_index)
     handed = gid_index if handed_gid_index is None else handed_gid_index
-    canned[RANK_RUNTIME] = rank_runtime(container, handed)
+    canned[RANK_RUNTIME] = rank_runtime(container, handed, device_index, live_device_index)
     secret = owned[paths(s)["pair_token"]][0].decode().strip()
     canned[PAIR_SECRET] = [secret, "##SPARKRIG-END##"] if secret else ["##SPARKRIG-END##"]
     key = owned.get(paths(s)["api_key"], (b"", ""))[0].decode().strip()

@@ -441,6 +441,17 @@ def test_a_gid_index_that_moved_under_a_running_rank_restarts_the_pair(monkeypat
     assert_ordered_pair_restart(r)
 
 
+def test_a_roce_device_made_again_under_a_running_rank_restarts_the_pair(monkeypatch):
+    # A firmware reset re-created the head's device: same GID index, a new kernel device index.
+    converge_state(**{"spark-a": {"device_index": 4, "live_device_index": 5}})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert "rm -f /run/sparkrig/gid.env" in r.commands[HEAD]
+    assert "rm -f /run/sparkrig/gid.env" not in r.commands[WORKER]
+    assert "/etc/sparkrig/rank.env" not in r.uploads.get(HEAD, {})  # the index did not move
+    assert_ordered_pair_restart(r)
+
+
 def test_a_frozen_rank_container_is_thawed_and_the_pair_restarts(monkeypatch):
     converge_state(**{"spark-b": {"container": "paused"}})
     r = apply(monkeypatch)

@@ -10,6 +10,7 @@ command run by a real shell on the written files; the unit's EnvironmentFile= li
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -87,6 +88,25 @@ def test_the_gid_index_the_start_gate_hands_over_reaches_the_container_and_statu
 
     st = status_read(s, env_file, gid_file, tmp_path / "run")
     assert (st.gid_env, st.gid_handed) == (3, 7)
+
+
+def test_the_start_gate_hands_over_the_rdma_devices_kernel_index(tmp_path, monkeypatch):
+    rdma = tmp_path / "bin" / "rdma"  # iproute2's `rdma dev show <dev>`
+    rdma.parent.mkdir()
+    rdma.write_text('#!/bin/sh\necho "7: $3: node_type ca protocol roce node_guid 5054:00ff"\n')
+    rdma.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{rdma.parent}:{os.environ['PATH']}")
+    gid_file = tmp_path / "gid.env"
+    env = rankenv.parse(rank_env(settings(), gid_index=3))
+    prep.hand_over_gid(env, 3, str(gid_file))
+    handed = rankenv.parse(gid_file.read_text())
+    assert handed[rankenv.HANDED_DEVICE] == env["NCCL_IB_HCA"]  # the device the env file names
+    assert handed[rankenv.HANDED_DEVICE_INDEX] == "7"
+    assert rankenv.read_handed(str(gid_file)) == 3
+
+    rdma.unlink()  # no iproute2 rdma: the index alone, as before
+    prep.hand_over_gid(rankenv.parse(rank_env(settings(), gid_index=3)), 3, str(gid_file))
+    assert rankenv.HANDED_DEVICE_INDEX not in rankenv.parse(gid_file.read_text())
 
 
 def test_without_a_handed_over_index_the_container_gets_none_and_status_shows_none(tmp_path):

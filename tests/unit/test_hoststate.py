@@ -127,14 +127,24 @@ def test_the_rank_part_reads_the_containers_state_and_the_handed_gid_index(tmp_p
     docker = bin_dir / "docker"  # answers as `docker inspect --format '{{.State.Status}}' c`
     docker.write_text('#!/bin/sh\n[ "$4" = sparkrig-rank1 ] && echo paused || exit 1\n')
     docker.chmod(0o755)
+    rdma = bin_dir / "rdma"  # as iproute2's `rdma dev show rxe0` after the device was made again
+    rdma.write_text(
+        '#!/bin/sh\n[ "$3" = rxe0 ] && echo "9: rxe0: node_type ca protocol roce" || exit 1\n'
+    )
+    rdma.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     handed = tmp_path / "gid.env"
-    handed.write_text("# written at the start\nSPARKRIG_GID_INDEX=3\n")
+    handed.write_text(
+        "# written at the start\nSPARKRIG_GID_INDEX=3\nSPARKRIG_ROCE_DEVICE=rxe0\n"
+        "SPARKRIG_ROCE_DEVICE_INDEX=2\n"
+    )
     rank = Part(
         "rank", RankRuntime, (("container", "sparkrig-rank1"), ("handed_path", str(handed)))
     )
     values = assemble((rank,), run_script((rank,))).values
-    assert values.get("rank", RankRuntime) == RankRuntimeReport(container="paused", handed_gid=3)
+    assert values.get("rank", RankRuntime) == RankRuntimeReport(
+        container="paused", handed_gid=3, handed_device_index=2, live_device_index=9
+    )
 
     handed.unlink()  # a reboot cleared /run; no container of that name
     gone = Part("rank", RankRuntime, (("container", "other"), ("handed_path", str(handed))))
