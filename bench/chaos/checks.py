@@ -5,7 +5,8 @@
    paused), the head's rank unit active and its current start gate logged "every peer is up";
 2. a completion answers with the control machine's key (.sparkrig/api-key), from the head;
 3. the fabric MTU, address and RoCE GID right on every rank (the env file's index, the one the
-   start gate handed over and the container's NCCL_IB_GID_INDEX all equal the live table's), and
+   start gate handed over and the container's NCCL_IB_GID_INDEX all equal the live table's; the
+   RDMA device's kernel index handed over is the device's now: not one made again), and
    vm.swappiness live;
 4. weights verified (the fetcher's quick verify against the rank's lockfile) and no .part left;
 5. owned files as declared: ``pyinfra --dry --json lab/inventory.py deploy.py`` plans no
@@ -60,7 +61,11 @@ FABRIC = (
     "echo address=$(ip -o -4 addr show dev {iface} | grep -c ' {address} '); "
     "echo env=$(sed -n 's/^NCCL_IB_GID_INDEX=//p' /etc/sparkrig/rank.env 2>/dev/null); "
     "echo handed=$(sed -n 's/^SPARKRIG_GID_INDEX=//p' /run/sparkrig/gid.env 2>/dev/null "
-    "| tail -n 1); echo container=$(docker exec {container} printenv NCCL_IB_GID_INDEX 2>&1)"
+    "| tail -n 1); echo container=$(docker exec {container} printenv NCCL_IB_GID_INDEX 2>&1); "
+    "d=$(sed -n 's/^SPARKRIG_ROCE_DEVICE=//p' /run/sparkrig/gid.env 2>/dev/null | tail -n 1); "
+    "echo device_handed=$(sed -n 's/^SPARKRIG_ROCE_DEVICE_INDEX=//p' /run/sparkrig/gid.env "
+    '2>/dev/null | tail -n 1); echo device_live=$(rdma dev show "$d" 2>/dev/null '
+    "| sed -n 's/^\\([0-9][0-9]*\\): .*/\\1/p')"
 )
 WEIGHTS = (
     f"out=$({SPARKHOST} verify --mode quick --lock {LOCK} --dest {{weights}} 2>&1); rc=$?; "
@@ -174,6 +179,12 @@ def fabric(guests: Sequence[Guest]) -> list[str]:
         for where in ("env", "handed", "container"):
             if seen.get(where) != live:
                 problems.append(f"{g.name}: GID index {where}={seen.get(where)!r}, live {live}")
+        # the rank started on the RDMA device there now, not on one deleted and made again
+        if not seen.get("device_handed") or seen.get("device_handed") != seen.get("device_live"):
+            problems.append(
+                f"{g.name}: RDMA device index handed={seen.get('device_handed')!r}, "
+                f"now {seen.get('device_live')!r} (the device was made again under the rank)"
+            )
     return problems
 
 

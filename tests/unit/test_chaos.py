@@ -233,3 +233,30 @@ def test_a_converged_dry_plans_nothing_and_a_bare_one_plans_the_owned_files():
         assert f"{host}: Install the rank unit" in bare
         assert f"{host}: Persist the fabric address and MTU with netplan" in bare
     assert not any(p.endswith("Stop every rank for an ordered pair restart") for p in bare)
+
+
+class _Node:
+    """A guest whose fabric check answers ``said`` (what FABRIC prints on a rank)."""
+
+    name, fabric_interface, fabric_address = "lab-worker1", "enp1s0f1np1", "10.200.0.2/24"
+    container, ip = "sparkrig-rank1", "10.200.0.2"
+
+    def __init__(self, said: dict[str, str]) -> None:
+        self.said = said
+
+    def sh(self, command: str, check: bool = True) -> str:
+        assert "rdma dev show" in command and "SPARKRIG_ROCE_DEVICE_INDEX" in command
+        return "".join(f"{k}={v}\n" for k, v in self.said.items())
+
+
+def test_the_fabric_check_finds_a_rank_left_on_an_rdma_device_made_again(monkeypatch):
+    monkeypatch.setattr(checks, "gid_index_for", lambda g, ip: 1)
+    whole = {"mtu": "9000", "swappiness": "0", "address": "1", "env": "1", "handed": "1",
+             "container": "1", "device_handed": "4", "device_live": "4"}  # fmt: skip
+    assert checks.fabric([_Node(whole)]) == []
+    made_again = checks.fabric([_Node({**whole, "device_live": "5"})])
+    assert made_again == [
+        "lab-worker1: RDMA device index handed='4', now '5' (the device was made again under "
+        "the rank)"
+    ]
+    assert checks.fabric([_Node({**whole, "device_handed": ""})])  # never handed: not whole
