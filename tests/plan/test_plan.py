@@ -429,26 +429,28 @@ def test_a_gid_index_that_moved_alone_is_recorded_and_restarts_nothing(monkeypat
     assert_no_restart(r)
 
 
-def test_a_gid_index_that_moved_under_a_running_rank_restarts_the_pair(monkeypatch):
-    # The worker's table renumbered while its rank ran (its RoCE device re-created, a firmware
-    # reset without a reboot): its container still has the index 3 it was handed at its start.
-    converge_state(**{"spark-b": {"gid_index": 5, "handed_gid_index": 3}})
+@pytest.mark.parametrize(
+    ("short", "overrides", "env_index"),
+    [
+        # the worker's table renumbered while its rank ran (its RoCE device re-created with
+        # other GIDs first): its container still has the index 3 it was handed at its start
+        ("spark-b", {"gid_index": 5, "handed_gid_index": 3}, "5"),
+        # a firmware reset re-created the head's device: the same GID index, a new kernel index
+        ("spark-a", {"device_index": 4, "live_device_index": 5}, None),
+    ],
+    ids=["gid-index-moved", "device-made-again"],
+)
+def test_a_roce_device_that_changed_under_a_running_rank_restarts_the_pair(
+    monkeypatch, short, overrides, env_index
+):
+    converge_state(**{short: overrides})
     r = apply(monkeypatch)
+    changed, other = (HEAD, WORKER) if short == "spark-a" else (WORKER, HEAD)
     assert r.exit_code == 0, r.output
-    assert "rm -f /run/sparkrig/gid.env" in r.commands[WORKER]
-    assert "rm -f /run/sparkrig/gid.env" not in r.commands[HEAD]
-    assert "NCCL_IB_GID_INDEX=5\n" in r.uploads[WORKER]["/etc/sparkrig/rank.env"].decode()
-    assert_ordered_pair_restart(r)
-
-
-def test_a_roce_device_made_again_under_a_running_rank_restarts_the_pair(monkeypatch):
-    # A firmware reset re-created the head's device: same GID index, a new kernel device index.
-    converge_state(**{"spark-a": {"device_index": 4, "live_device_index": 5}})
-    r = apply(monkeypatch)
-    assert r.exit_code == 0, r.output
-    assert "rm -f /run/sparkrig/gid.env" in r.commands[HEAD]
-    assert "rm -f /run/sparkrig/gid.env" not in r.commands[WORKER]
-    assert "/etc/sparkrig/rank.env" not in r.uploads.get(HEAD, {})  # the index did not move
+    assert "rm -f /run/sparkrig/gid.env" in r.commands[changed]
+    assert "rm -f /run/sparkrig/gid.env" not in r.commands[other]
+    env = r.uploads.get(changed, {}).get("/etc/sparkrig/rank.env", b"").decode()
+    assert (f"NCCL_IB_GID_INDEX={env_index}\n" in env) if env_index else env == ""
     assert_ordered_pair_restart(r)
 
 
