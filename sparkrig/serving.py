@@ -290,14 +290,13 @@ class RankRuntime(FactBase[RankRuntimeReport]):
     def command(self, container: str, handed_path: str) -> str:
         q = shlex.quote
         inspect = f"timeout 20 docker inspect --format '{{{{.State.Status}}}}' {q(container)}"
-        device = rankenv.value_command(rankenv.HANDED_DEVICE, handed_path)
         device_index = rankenv.value_command(rankenv.HANDED_DEVICE_INDEX, handed_path)
-        live = "rdma dev show \"$d\" 2>/dev/null | sed -n 's/^\\([0-9][0-9]*\\): .*/\\1/p'"
+        live = rankenv.live_device_index_command(handed_path)
         return (
             f'echo "container=$({inspect} 2>/dev/null)"; '
             f'echo "handed=$({rankenv.value_command(rankenv.HANDED, handed_path)})"; '
             f'echo "device_index=$({device_index})"; '
-            f'd=$({device}); echo "live_device_index=$([ -n "$d" ] && {live})"; '
+            f'echo "live_device_index=$({live})"; '
             f"echo '{END}'"
         )
 

@@ -36,6 +36,8 @@ echo "image=$(docker inspect --format '{{{{.Config.Image}}}}' {container} 2>/dev
 echo "gid_env=$({gid_env})"
 if [ -e {gid_file} ]; then
   echo "gid_handed=$({gid_handed})"
+  echo "gid_device_handed=$({gid_device_handed})"
+  echo "gid_device_live=$({gid_device_live})"
 fi
 {gid_table}
 echo "mtu=$(cat /sys/class/net/{iface}/mtu 2>/dev/null)"
@@ -97,6 +99,8 @@ class RankState:
     baseline: BaselineReport | None = None  # None: the read had no baseline lines
     recorded: tuple[tuple[str, str], ...] = ()  # the baseline the serving release passed on
     record_error: str = ""
+    gid_device_handed: int | None = None  # the RDMA device's kernel index at the rank's start
+    gid_device_live: int | None = None  # ... and now (None: gone)
 
 
 def _int(raw: dict[str, str], key: str) -> int | None:
@@ -164,6 +168,8 @@ def parse_rank_state(lines: list[str]) -> RankState:
         gid_env=_int(raw, "gid_env"),
         gids=gids,
         gid_handed=_int(raw, "gid_handed"),
+        gid_device_handed=_int(raw, "gid_device_handed"),
+        gid_device_live=_int(raw, "gid_device_live"),
         mtu=_int(raw, "mtu") or 0,
         memfree_kb=_int(raw, "memfree_kb") or 0,
         memtotal_kb=_int(raw, "memtotal_kb") or 0,
@@ -203,6 +209,8 @@ class RankStatus(FactBase[RankState]):
             gid_file=q(gid_file),
             gid_env=rankenv.value_command(rankenv.GID_INDEX, env_file),
             gid_handed=rankenv.value_command(rankenv.HANDED, gid_file),
+            gid_device_handed=rankenv.value_command(rankenv.HANDED_DEVICE_INDEX, gid_file),
+            gid_device_live=rankenv.live_device_index_command(gid_file),
             gid_table=gid_table_command(),
             iface=q(iface),
             lock=q(lock),
@@ -271,6 +279,11 @@ def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
         out.append(f"GID index: env file {st.gid_env}, live table {live}")
     if st.gid_handed is not None and st.gid_handed != live:
         out.append(f"GID index: start gate handed over {st.gid_handed}, live table {live}")
+    if st.gid_device_handed is not None and st.gid_device_live != st.gid_device_handed:
+        out.append(
+            f"RDMA device made again under the rank (kernel index {st.gid_device_handed} at its "
+            f"start, {st.gid_device_live if st.gid_device_live is not None else 'gone'} now)"
+        )
     if st.mtu != k.fabric_mtu:
         out.append(f"MTU {st.mtu} on {s.me.fabric_interface}, want {k.fabric_mtu}")
     if k.gpu_clock_max_mhz is not None and st.gpu_clock_unit != "active":

@@ -86,3 +86,11 @@ def value_command(key: str, path: str) -> str:
     """A shell pipeline printing the value of ``key`` in the env file at ``path`` (a remote read
     that must stay one command): the last ``KEY=`` line wins, as in ``parse``."""
     return f"sed -n 's/^{key}=//p' {shlex.quote(path)} 2>/dev/null | tail -n 1"
+
+
+def live_device_index_command(path: str) -> str:
+    """A shell line printing the kernel index (``rdma dev show``) the RDMA device handed over in
+    the gid.env at ``path`` has now: empty when none was handed over or it is gone."""
+    device = value_command(HANDED_DEVICE, path)
+    show = "rdma dev show \"$d\" 2>/dev/null | sed -n 's/^\\([0-9][0-9]*\\): .*/\\1/p'"
+    return f'd=$({device}); [ -n "$d" ] && {show}'

@@ -23,7 +23,7 @@ from sparkrig.release import release_files
 from sparkrig.render import render
 from sparkrig.serving import rank_unit_context
 from sparkrig.settings import Settings, build
-from sparkrig.status import RankStatus, fact_args
+from sparkrig.status import RankStatus, fact_args, problems
 from tests.unit.conftest import cluster
 
 
@@ -103,6 +103,15 @@ def test_the_start_gate_hands_over_the_rdma_devices_kernel_index(tmp_path, monke
     assert handed[rankenv.HANDED_DEVICE] == env["NCCL_IB_HCA"]  # the device the env file names
     assert handed[rankenv.HANDED_DEVICE_INDEX] == "7"
     assert rankenv.read_handed(str(gid_file)) == 3
+    env_file = tmp_path / "rank.env"
+    env_file.write_text(rank_env(settings(), gid_index=3))
+    st = status_read(settings(), env_file, gid_file, tmp_path)
+    assert (st.gid_device_handed, st.gid_device_live) == (7, 7)
+    assert not [p for p in problems(settings(), st, st.image) if "RDMA device" in p]
+    rdma.write_text('#!/bin/sh\necho "8: $3: node_type ca protocol roce"\n')  # made again
+    st = status_read(settings(), env_file, gid_file, tmp_path)
+    said = [p for p in problems(settings(), st, st.image) if "RDMA device" in p]
+    assert said == ["RDMA device made again under the rank (kernel index 7 at its start, 8 now)"]
 
     rdma.unlink()  # no iproute2 rdma: the index alone, as before
     prep.hand_over_gid(rankenv.parse(rank_env(settings(), gid_index=3)), 3, str(gid_file))
