@@ -374,7 +374,10 @@ def stale_gid_dropped(
     made_again = (
         rank.handed_device_index is not None and rank.live_device_index != rank.handed_device_index
     )
-    if not running or not (moved or made_again):
+    if not running:
+        host.noop("the rank is not running: its start hands the live RoCE device and GID over")
+        return
+    if not (moved or made_again):
         host.noop(f"the running rank has the live RoCE device and GID index ({live})")
         return
     if moved:
