@@ -119,11 +119,18 @@ class OwnedPaths(FactBase[dict[str, dict[str, "PathState | None"]]]):
         return {"files": {}, "dirs": {}}
 
 
-class UnitStates(FactBase[dict[str, tuple[bool, bool]]]):
+# SubStates of a unit with no job left to stop: anything else (start-pre, start, stop-sigterm,
+# auto-restart, ...) is on its way up or down, and an ordered stop must still stop it
+STOPPED_SUBSTATES = ("dead", "failed", "")
+
+
+class UnitStates(FactBase[dict[str, tuple[bool, bool, bool]]]):
     """
-    (running, enabled) of each of sparkrig's units in one ``systemctl show``, as pyinfra's
-    ``SystemdStatus`` and ``SystemdEnabled`` read them (the same states count), whatever the
-    number of units. A unit systemd does not know is (False, False).
+    (running, enabled, stopped) of each of sparkrig's units in one ``systemctl show``: running
+    and enabled as pyinfra's ``SystemdStatus`` and ``SystemdEnabled`` read them (the same states
+    count), stopped when nothing of it is left to stop (``STOPPED_SUBSTATES``: a unit still in
+    its start gate is neither running nor stopped), whatever the number of units. A unit systemd
+    does not know is (False, False, True).
 
     + units: unit names with their ``.service``
     """
@@ -138,7 +145,7 @@ class UnitStates(FactBase[dict[str, tuple[bool, bool]]]):
             + listed
         )
 
-    def process(self, output: list[str]) -> dict[str, tuple[bool, bool]]:
+    def process(self, output: list[str]) -> dict[str, tuple[bool, bool, bool]]:
         states: dict[str, dict[str, str]] = {}
         unit: str | None = None
         for line in output:
@@ -154,12 +161,13 @@ class UnitStates(FactBase[dict[str, tuple[bool, bool]]]):
             name: (
                 got.get(SystemdStatus.state_key) in SystemdStatus.state_values,
                 got.get(SystemdEnabled.state_key) in SystemdEnabled.state_values,
+                got.get(SystemdStatus.state_key, "") in STOPPED_SUBSTATES,
             )
             for name, got in states.items()
         }
 
     @staticmethod
-    def default() -> dict[str, tuple[bool, bool]]:
+    def default() -> dict[str, tuple[bool, bool, bool]]:
         return {}
 
 
@@ -187,6 +195,7 @@ class OwnedReport:
     dirs: dict[str, PathState | None]
     running: dict[str, bool]  # unit (with .service) -> running
     enabled: dict[str, bool]
+    down: dict[str, bool]  # nothing of it left to stop (not running, not starting)
 
     def file(self, path: str) -> PathState | None:
         if path not in self.files:
@@ -205,10 +214,18 @@ class OwnedReport:
             raise KeyError(f"{name} is not in the state read (sparkrig/hoststate.py units)")
         return self.running[name], self.enabled.get(name, False)
 
+    def is_down(self, service: str) -> bool:
+        """Whether ``service`` has nothing left to stop (a unit in its start gate has)."""
+        name = service if "." in service else f"{service}.service"
+        self.unit(name)  # KeyError when it was not read
+        return self.down.get(name, True)
+
 
 def owned_of(values: Values) -> OwnedReport:
     """The owned paths and units of ``values`` (those parts read, or none)."""
-    report: dict[str, dict[str, Any]] = {"files": {}, "dirs": {}, "running": {}, "enabled": {}}
+    report: dict[str, dict[str, Any]] = {
+        "files": {}, "dirs": {}, "running": {}, "enabled": {}, "down": {}
+    }  # fmt: skip
     if "paths" in values:
         said = values.get("paths", OwnedPaths)
         for what, asked in values.part("paths").args:
@@ -219,7 +236,10 @@ def owned_of(values: Values) -> OwnedReport:
     if "units" in values:
         states = values.get("units", UnitStates)
         for unit in values.args("units")["units"]:
-            report["running"][unit], report["enabled"][unit] = states.get(unit, (False, False))
+            running, enabled, down = states.get(unit, (False, False, True))
+            report["running"][unit], report["enabled"][unit], report["down"][unit] = (
+                running, enabled, down
+            )  # fmt: skip
     return OwnedReport(**report)
 
 
@@ -362,23 +382,27 @@ def unit_state_set(
     reasons), decided from the host's state read instead of two facts per operation.
 
     + service: unit name (``.service`` added when missing)
-    + running: start (True) or stop (False) it; None leaves it
+    + running: start (True) or stop (False) it (also a unit still starting); None leaves it
     + enabled: enable (True) or disable (False) it; None leaves it
     + restarted: restart it when it runs
     + daemon_reload: ``systemctl daemon-reload`` first
     """
     name = service if "." in service else f"{service}.service"
     try:
-        is_running, is_enabled = owned_of(read_here("units")).unit(name)
+        report = owned_of(read_here("units"))
+        is_running, is_enabled = report.unit(name)
+        is_down = report.is_down(name)
     except NotDeclared:  # a deploy without the state read (uninstall.py): pyinfra's facts
         is_running = bool(host.get_fact(SystemdStatus, services=[name]).get(name))
         is_enabled = enabled is not None and bool(
             host.get_fact(SystemdEnabled, services=[name]).get(name)
         )
+        is_down = not is_running
     if daemon_reload:
         yield StringCommand("systemctl", "daemon-reload")
     if running is False:
-        if is_running:
+        # a unit in its start gate is not running yet but would be: stopping cancels that start
+        if not is_down:
             yield StringCommand("systemctl", "stop", QuoteString(name))
         else:
             host.noop(f"service {name} is stopped")

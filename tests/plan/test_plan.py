@@ -454,6 +454,18 @@ def test_a_roce_device_that_changed_under_a_running_rank_restarts_the_pair(
     assert_ordered_pair_restart(r)
 
 
+def test_an_ordered_restart_stops_a_rank_still_in_its_start_gate(monkeypatch):
+    # The supervisor had begun starting the head (its start gate wakes the workers' agents)
+    # when the deploy decided a restart: a rank that is starting is stopped like a running one,
+    # or its start gate starts the worker again under the deploy's stop.
+    converge_state(**{"spark-b": {"mtu": 1500}})
+    starting = ["Id=sparkrig-head.service", "SubState=start-pre"]
+    fakehosts.inject("spark-a", {fakehosts.unit_fact("sparkrig-head", "SubState"): starting})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert_ordered_pair_restart(r)
+
+
 def test_a_frozen_rank_container_is_thawed_and_the_pair_restarts(monkeypatch):
     converge_state(**{"spark-b": {"container": "paused"}})
     r = apply(monkeypatch)

@@ -79,18 +79,21 @@ def test_unit_states_read_every_unit_in_one_systemctl_show():
     lines = [
         "Id=a.service", "SubState=running", "UnitFileState=enabled", "",
         "Id=b.service", "SubState=exited", "UnitFileState=disabled", "",
-        "Id=c.service", "SubState=dead", "UnitFileState=static",
+        "Id=c.service", "SubState=dead", "UnitFileState=static", "",
+        "Id=d.service", "SubState=start-pre", "UnitFileState=enabled",
     ]  # fmt: skip
     assert fact.process(lines) == {
-        "a.service": (True, True),
-        "b.service": (True, False),
-        "c.service": (False, True),
+        "a.service": (True, True, False),
+        "b.service": (True, False, False),
+        "c.service": (False, True, True),
+        "d.service": (False, True, False),  # in its start gate: not running, not down either
     }
     parts = (Part("units", UnitStates, (("units", ("a.service", "gone.service")),)),)
     out = ["##SPARKRIG-PART units", *lines[:4], "##SPARKRIG-RC 0", "##SPARKRIG-END##"]
     report = assemble(parts, out)
     assert report.unit("a") == (True, True)
     assert report.unit("gone.service") == (False, False)
+    assert not report.owned.is_down("a") and report.owned.is_down("gone")
     with pytest.raises(KeyError, match="not in the state read"):
         report.unit("c")
 
