@@ -126,11 +126,11 @@ STOPPED_SUBSTATES = ("dead", "failed", "")
 
 class UnitStates(FactBase[dict[str, tuple[bool, bool, bool]]]):
     """
-    (running, enabled, stopped) of each of sparkrig's units in one ``systemctl show``: running
-    and enabled as pyinfra's ``SystemdStatus`` and ``SystemdEnabled`` read them (the same states
-    count), stopped when nothing of it is left to stop (``STOPPED_SUBSTATES``: a unit still in
-    its start gate is neither running nor stopped), whatever the number of units. A unit systemd
-    does not know is (False, False, True).
+    (running, enabled, down) of each of sparkrig's units in one ``systemctl show``: running and
+    enabled as pyinfra's ``SystemdStatus`` and ``SystemdEnabled`` read them (the same states
+    count), down when nothing of it is left to stop (``STOPPED_SUBSTATES``: a unit still in its
+    start gate is neither running nor down), whatever the number of units. A unit systemd does
+    not know is (False, False, True).
 
     + units: unit names with their ``.service``
     """

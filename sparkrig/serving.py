@@ -371,9 +371,7 @@ def stale_gid_dropped(
     except GidNotFound:
         live = None  # the fabric phase fails this host, naming the table
     moved = rank.handed_gid is not None and live is not None and rank.handed_gid != live
-    made_again = (
-        rank.handed_device_index is not None and rank.live_device_index != rank.handed_device_index
-    )
+    made_again = rankenv.device_made_again(rank.handed_device_index, rank.live_device_index)
     if not running:
         host.noop("the rank is not running: its start hands the live RoCE device and GID over")
         return

@@ -279,7 +279,7 @@ def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
         out.append(f"GID index: env file {st.gid_env}, live table {live}")
     if st.gid_handed is not None and st.gid_handed != live:
         out.append(f"GID index: start gate handed over {st.gid_handed}, live table {live}")
-    if st.gid_device_handed is not None and st.gid_device_live != st.gid_device_handed:
+    if rankenv.device_made_again(st.gid_device_handed, st.gid_device_live):
         out.append(
             f"RDMA device made again under the rank (kernel index {st.gid_device_handed} at its "
             f"start, {st.gid_device_live if st.gid_device_live is not None else 'gone'} now)"

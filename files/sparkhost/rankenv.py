@@ -88,6 +88,12 @@ def value_command(key: str, path: str) -> str:
     return f"sed -n 's/^{key}=//p' {shlex.quote(path)} 2>/dev/null | tail -n 1"
 
 
+def device_made_again(handed: int | None, live: int | None) -> bool:
+    """Whether the RDMA device handed over at a rank's start (its kernel index ``handed``; None:
+    none was) is no longer the one there now (``live``; None: gone)."""
+    return handed is not None and live != handed
+
+
 def live_device_index_command(path: str) -> str:
     """A shell line printing the kernel index (``rdma dev show``) the RDMA device handed over in
     the gid.env at ``path`` has now: empty when none was handed over or it is gone."""
