@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from bench.chaos.catalogue import BY_KIND, CATALOGUE, WORK, Fault
 
-KILL_AFTER_S = (5, 240)  # a SIGKILL moment, from the run's start (a lab run with work: 117-275 s)
+KILL_AFTER_S = (5, 240)  # a SIGKILL moment, from the run's start (a lab run with work: 78-275 s)
 CUT_AFTER_S = (5, 180)  # when a node's SSH is cut, from the run's start
 CUT_FOR_S = (20, 90)  # how long the node's sshd stays away
 
@@ -81,6 +81,12 @@ def _draw(rng: random.Random, index: int, kind: str) -> Draw:
     if "cut_for_s" in fault.params:
         params["cut_for_s"] = str(_within(CUT_FOR_S, cut_for))
     return Draw(index, kind, node, params)
+
+
+def moment_within(at: float, bounds: tuple[int, int], run_s: float) -> float:
+    """The drawn moment ``at`` (seconds, within ``bounds``) moved into a run that lasted
+    ``run_s``: the same point of that run as ``at`` is of the bounds' span from 0."""
+    return run_s * at / (bounds[1] + 1)
 
 
 def _within(bounds: tuple[int, int], x: float) -> int:

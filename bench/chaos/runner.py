@@ -19,7 +19,7 @@ from typing import IO, Any
 
 from bench.chaos import checks, pyinfra_output
 from bench.chaos.catalogue import BY_KIND, KILL_RUN, REBOOT, SSH_CUT, Fault, fill
-from bench.chaos.draw import Draw
+from bench.chaos.draw import CUT_AFTER_S, KILL_AFTER_S, Draw, moment_within
 from bench.chaos.report import HEALED, NOT_HEALED, REFUSED, Campaign, FaultResult
 from lab import REPO
 from lab.guest import Guest, guests, lab_cli, lab_state, serving
@@ -177,8 +177,7 @@ class Runner:
         with open(path, "w") as log:
             log.write(f"# {draw.describe()}\n# {fault.summary}\n")
             before = checks.units(lab.guests)
-            t0 = time.monotonic()
-            runs = self.inflict(lab, draw, log)
+            runs, t0 = self.inflict(lab, draw, log)
             result.runs = [r.record() for r in runs]
             last = runs[-1]
             changes = pyinfra_output.parse(last.output)
@@ -216,43 +215,80 @@ class Runner:
         )
         return result
 
-    def inflict(self, lab: Lab, draw: Draw, log: IO[str]) -> list[Run]:
-        """Apply the fault and run the operator's command as its mode says; every run made."""
+    def inflict(self, lab: Lab, draw: Draw, log: IO[str]) -> tuple[list[Run], float]:
+        """Apply the fault and run the operator's command as its mode says: every run made, and
+        when the fault these runs heal was applied (monotonic clock)."""
         fault, target, values = draw.fault, lab.node(draw.node), draw_values(lab.values, draw)
-        if fault.mode in (KILL_RUN, SSH_CUT):  # first the work the interrupted run has to do
-            work = BY_KIND[values["work"]]
-            role = draw.node if work.target == "any" else work.target
-            self.apply(lab.node(role), command_of(work, draw_values(lab.values, draw, role)), log)
         if fault.mode == KILL_RUN:
-            kill_at = float(values["kill_after_s"])
 
-            def kill(proc: subprocess.Popen[str]) -> str:
-                _kill_group(proc)
-                return f"SIGKILL at {kill_at:.0f} s"
+            def kill(at: float) -> Callable[[subprocess.Popen[str]], str]:
+                def event(proc: subprocess.Popen[str]) -> str:
+                    _kill_group(proc)
+                    return f"SIGKILL at {at:.0f} s"
 
-            first = self.deploy(log, at=kill_at, event=kill)
-            first.interrupted = first.interrupted or f"ended before the kill at {kill_at:.0f} s"
-            return [first, self.deploy(log)]
+                return event
+
+            return self.interrupted(lab, draw, log, "kill", KILL_AFTER_S, kill)
         if fault.mode == SSH_CUT:
-            cut_at, cut_for = float(values["cut_after_s"]), float(values["cut_for_s"])
+            cut_for = float(values["cut_for_s"])
 
-            def cut(proc: subprocess.Popen[str]) -> str:
-                self.apply(target, command_of(fault, values), log, check=False)
-                return f"SSH to {target.name} cut at {cut_at:.0f} s for {cut_for:.0f} s"
+            def cut(at: float) -> Callable[[subprocess.Popen[str]], str]:
+                def event(proc: subprocess.Popen[str]) -> str:
+                    self.apply(target, command_of(fault, values), log, check=False)
+                    return f"SSH to {target.name} cut at {at:.0f} s for {cut_for:.0f} s"
 
-            first = self.deploy(log, at=cut_at, event=cut)
-            first.interrupted = first.interrupted or f"ended before the cut at {cut_at:.0f} s"
+                return event
+
+            runs, since = self.interrupted(lab, draw, log, "cut", CUT_AFTER_S, cut)
             self.wait_ssh(target, cut_for + BOOT_TIMEOUT_S, log)
-            return [first, self.deploy(log)]
+            return runs, since
+        since = time.monotonic()
         if fault.mode == REBOOT:
             boot = self.boot_id(target)
             self.apply(target, command_of(fault, values), log, check=False)
             self.wait_ssh(
                 target, BOOT_TIMEOUT_S, log, lambda: self.boot_id(target) not in ("", boot)
             )
-            return [self.deploy(log)]
+            return [self.deploy(log)], since
         self.apply(target, command_of(fault, values), log)
-        return [self.deploy(log)]
+        return [self.deploy(log)], since
+
+    def interrupted(
+        self,
+        lab: Lab,
+        draw: Draw,
+        log: IO[str],
+        what: str,
+        bounds: tuple[int, int],
+        event: Callable[[float], Callable[[subprocess.Popen[str]], str]],
+    ) -> tuple[list[Run], float]:
+        """The drawn work applied, the run interrupted by ``event(at)`` at the drawn moment, then
+        one run again. A run that ended before its moment interrupted nothing: the work is
+        applied again and that run interrupted at the same point of the length the first had
+        (``moment_within``), so the fault always lands inside a run with work to do."""
+        at = float(draw.params[f"{what}_after_s"])
+        since = self.apply_work(lab, draw, log)
+        first = self.deploy(log, at=at, event=event(at))
+        runs = [first]
+        if not first.interrupted:
+            first.interrupted = f"ended in {first.seconds:.0f} s, before the {what} at {at:.0f} s"
+            again = moment_within(at, bounds, first.seconds)
+            log.write(f"# the work again, the {what} at {again:.0f} s of the run\n")
+            since = self.apply_work(lab, draw, log)
+            second = self.deploy(log, at=again, event=event(again))
+            second.interrupted = second.interrupted or f"ended before the {what} at {again:.0f} s"
+            runs.append(second)
+        return runs + [self.deploy(log)], since
+
+    def apply_work(self, lab: Lab, draw: Draw, log: IO[str]) -> float:
+        """Apply the work a killed or cut run has to do (on its own node when it has one);
+        when it was applied."""
+        values = draw_values(lab.values, draw)
+        work = BY_KIND[values["work"]]
+        role = draw.node if work.target == "any" else work.target
+        since = time.monotonic()
+        self.apply(lab.node(role), command_of(work, draw_values(lab.values, draw, role)), log)
+        return since
 
     def refusal(self, fault: Fault, run: Run, changes: pyinfra_output.RunChanges) -> list[str]:
         """A refused fault: the run stopped, said why, and changed nothing anywhere."""

@@ -12,7 +12,7 @@ import subprocess
 import time
 
 import pytest
-from sparkhost import wedge
+from sparkhost import rankenv, wedge
 
 from lab.guest import API_KEY, SPARKHOST, gid_index_for, gid_table, serving
 from lab.image import PREFILL_ENV
@@ -151,7 +151,11 @@ def test_converged_hosts_verify(lab: Lab):
         live = str(gid_index_for(g, g.ip))
         assert env_value(g, "NCCL_IB_GID_INDEX") == live
         # the container got the index sparkrig-prep resolved at its start
-        assert g.sh("cat /run/sparkrig/gid.env").splitlines()[-1] == f"SPARKRIG_GID_INDEX={live}"
+        handed = g.sh(f"cat {rankenv.HANDED_PATH}")
+        assert rankenv.handed(handed) == int(live)
+        # with the RDMA device it found and that device's kernel index, still the live one
+        live_device = g.sh(rankenv.live_device_index_command(rankenv.HANDED_PATH)).strip()
+        assert rankenv.parse(handed)[rankenv.HANDED_DEVICE_INDEX] == live_device
         assert container_gid(g) == live
         unit = "sparkrig-head" if g.role == "head" else "sparkrig-worker"
         assert g.sh(f"systemctl is-enabled {unit}").strip() == "enabled"

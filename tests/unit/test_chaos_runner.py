@@ -42,16 +42,18 @@ class FakeGuest:
 
 
 def stand_in(
-    lines: list[str], rc: int = 0, sleep: float = 0, once: Path | None = None
+    lines: list[str], rc: int = 0, sleeps: tuple[float, ...] = (), count: Path | None = None
 ) -> list[str]:
-    """An operator's command that prints ``lines`` (flushed), sleeps, and exits ``rc``;
-    with ``once``, only its first run sleeps."""
+    """An operator's command that prints ``lines`` (flushed), sleeps, and exits ``rc``: its
+    n-th run (counted in the file ``count``) sleeps ``sleeps[n]``, any later run not at all."""
     text = "\n".join(lines)
-    flag = repr(str(once)) if once else "None"
+    if count is None:
+        return [sys.executable, "-c", f"import sys; print({text!r}, flush=True); sys.exit({rc})"]
     code = (
-        f"import os, sys, time; print({text!r}, flush=True); f = {flag}\n"
-        f"if f is None or not os.path.exists(f):\n    f and open(f, 'w').close(); "
-        f"time.sleep({sleep})\nsys.exit({rc})"
+        f"import os, sys, time; print({text!r}, flush=True); c = {str(count)!r}; n = 0\n"
+        f"if os.path.exists(c):\n    n = int(open(c).read())\n"
+        f"open(c, 'w').write(str(n + 1)); s = {list(sleeps)!r}\n"
+        f"time.sleep(s[n] if n < len(s) else 0); sys.exit({rc})"
     )
     return [sys.executable, "-c", code]
 
@@ -100,7 +102,7 @@ def test_a_plain_fault_is_applied_on_its_node_run_once_and_healed_when_whole(lab
 def test_a_killed_run_is_sigkilled_at_its_moment_and_run_again(lab, monkeypatch, tmp_path):
     fake, _, run = lab
     # the first run would take 120 s, the run again none
-    monkeypatch.setattr(runner, "DEPLOY", stand_in(CHANGED, sleep=120, once=tmp_path / "ran"))
+    monkeypatch.setattr(runner, "DEPLOY", stand_in(CHANGED, sleeps=(120,), count=tmp_path / "n"))
     draw = Draw(3, "control-killed", "worker", {"work": "owned-env-edited", "frac": "0.5",
                                                  "kill_after_s": "1"})  # fmt: skip
     r = run.one(fake, draw)
@@ -110,18 +112,35 @@ def test_a_killed_run_is_sigkilled_at_its_moment_and_run_again(lab, monkeypatch,
     assert [(x["rc"], x["interrupted"]) for x in r.runs] == [(-9, "SIGKILL at 1 s"), (0, "")]
     assert r.runs[0]["seconds"] < 60  # killed, not ended
 
+
+def test_a_run_that_ends_before_its_moment_is_given_the_work_again_and_killed_within_it(
+    lab, monkeypatch, tmp_path
+):
+    fake, _, run = lab
+    # the first run ends at once, before the drawn kill at 200 s; the one given the work again
+    # would take 120 s and is killed at 200/241 of the first run's length
+    monkeypatch.setattr(runner, "DEPLOY", stand_in(CHANGED, sleeps=(2, 120), count=tmp_path / "n"))
     # work that belongs to one node (the head's weights) goes there, whatever node was drawn
     draw = Draw(4, "control-killed", "worker", {"work": "weights-byte-flipped-head",
-                                                 "frac": "0.5", "kill_after_s": "1"})  # fmt: skip
+                                                 "frac": "0.5", "kill_after_s": "200"})  # fmt: skip
     r = run.one(fake, draw)
-    assert "python3 -c" in fake.guests[0].commands[-1] and "0.5" in fake.guests[0].commands[-1]
-    assert r.runs[0]["interrupted"] == "ended before the kill at 1 s"  # (the stand-in's 2nd run)
-    assert r.runs[0]["changed"] == {"lab-worker1": ["tasks/fabric.py | Apply the fabric netplan"]}
+    head = fake.guests[0].commands
+    assert len(head) == 2 and all("python3 -c" in c and "0.5" in c for c in head)
+    assert fake.guests[1].commands == []
+    first, killed, again = r.runs
+    assert first["interrupted"].startswith("ended in 2 s, before the kill at 200 s")
+    assert first["changed"] == {"lab-worker1": ["tasks/fabric.py | Apply the fabric netplan"]}
+    assert (killed["rc"], killed["interrupted"]) == (-9, "SIGKILL at 2 s")
+    assert killed["seconds"] < 60
+    assert (again["rc"], again["interrupted"]) == (0, "")
+    assert runner.moment_within(200, (5, 240), 2.4) == pytest.approx(2.4 * 200 / 241)
 
 
-def test_a_cut_run_cuts_the_nodes_ssh_mid_run_waits_for_it_and_runs_again(lab, monkeypatch):
+def test_a_cut_run_cuts_the_nodes_ssh_mid_run_waits_for_it_and_runs_again(
+    lab, monkeypatch, tmp_path
+):
     fake, _, run = lab
-    monkeypatch.setattr(runner, "DEPLOY", stand_in(CHANGED, sleep=3))
+    monkeypatch.setattr(runner, "DEPLOY", stand_in(CHANGED, sleeps=(3,), count=tmp_path / "n"))
     draw = Draw(4, "ssh-cut", "worker", {"work": "fabric-mtu-reset", "frac": "0.5",
                                          "cut_after_s": "1", "cut_for_s": "20"})  # fmt: skip
     r = run.one(fake, draw)
