@@ -4,6 +4,7 @@
   --plan --seed S --faults N    the sequence seed S draws, without touching the lab
   --seed S --faults N           boot the lab, converge, then apply, run, check N faults
   --only KIND[,KIND...]         draw only these kinds (repeatable)
+  --pick N[,N...]               run only these faults of the drawn sequence (a replay of some)
 
 Run from the repository root, as root (the lab needs it). The seed is printed first; any
 campaign replays with the same --seed, --faults and --only. Reports: <out>/report.json and
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from bench.chaos import checks
 from bench.chaos.catalogue import CATALOGUE, WORK, fill
-from bench.chaos.draw import kinds_allowed, new_seed, plan
+from bench.chaos.draw import Draw, kinds_allowed, new_seed, plan
 from bench.chaos.runner import campaign, draw_values, placeholders
 from lab import REPO, STATE_FILE
 
@@ -33,12 +34,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, help="replay this seed (default: a new one, printed)")
     ap.add_argument("--faults", type=int, default=50, help="how many faults (default 50)")
     ap.add_argument("--only", action="append", default=[], help="fault kinds to draw from")
+    ap.add_argument("--pick", action="append", default=[], help="run only these fault numbers")
     ap.add_argument("--out", type=Path, help="report directory (default .lab/chaos/<time>-seed<S>)")
     ap.add_argument("--no-up", action="store_true", help="use the running lab as it is")
     ap.add_argument("--no-converge", action="store_true", help="skip the first converge")
     ap.add_argument("--settle", type=float, default=600, help="seconds the pair may take to serve")
     args = ap.parse_args(argv)
     args.only = [k for item in args.only for k in item.split(",") if k]
+    try:
+        args.pick = sorted({int(n) for item in args.pick for n in item.split(",") if n})
+    except ValueError:
+        ap.error("--pick takes fault numbers: --pick 17,39")
+    if any(not 1 <= n <= args.faults for n in args.pick):
+        ap.error(f"--pick: fault numbers are 1..{args.faults} (--faults)")
     return args
 
 
@@ -64,10 +72,10 @@ def print_catalogue() -> None:
         print(f"{name}:\n  {command}\n")
 
 
-def print_plan(seed: int, faults: int, only: list[str]) -> None:
+def print_plan(draws: list[Draw]) -> None:
     # the running lab's values when there is one (read only; the lab is not touched)
     _, values = placeholders(json.loads(STATE_FILE.read_text()) if STATE_FILE.exists() else None)
-    for d in plan(seed, faults, only):
+    for d in draws:
         print(d.describe())
         if d.fault.apply and d.fault.mode != "ssh-cut":
             print(f"       {fill(d.fault.apply, draw_values(values, d))}")
@@ -90,14 +98,17 @@ def main(argv: list[str]) -> int:
     replay = f"python3 -m bench.chaos --seed {seed} --faults {args.faults}" + "".join(
         f" --only {shlex.quote(k)}" for k in args.only
     )
+    if args.pick:
+        replay += f" --pick {','.join(map(str, args.pick))}"
     print(f"seed {seed} (replay: {replay})", flush=True)
+    draws = [d for d in plan(seed, args.faults, args.only) if not args.pick or d.index in args.pick]
     if args.plan:
-        print_plan(seed, args.faults, args.only)
+        print_plan(draws)
         return 0
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or REPO / ".lab" / "chaos" / f"{stamp}-seed{seed}"
     result = campaign(
-        plan(seed, args.faults, args.only), seed, args.only, out, replay,
+        draws, seed, args.only, out, replay,
         up=not args.no_up, converge=not args.no_converge, settle_s=args.settle,
         echo=lambda line: print(line, flush=True),
     )  # fmt: skip

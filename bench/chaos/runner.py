@@ -203,8 +203,9 @@ class Runner:
                     result.time_to_serving_s = round(served - t0, 1)
                 whole = checks.whole(lab.guests, lab.weights, before, fault.restarts,
                                      fault.restarts_on_target, target.name)  # fmt: skip
-                result.problems = whole.problems
-                result.verdict = HEALED if not whole.problems else NOT_HEALED
+                result.problems = [f"the run failed (rc {last.rc})"] if last.rc else []
+                result.problems += whole.problems
+                result.verdict = HEALED if not result.problems else NOT_HEALED
                 self.undo(target, fault, values, log)
             log.write(f"# --dry after the check:\n{whole.dry_output[-3000:]}\n")
             log.write(
@@ -228,7 +229,8 @@ class Runner:
 
                 return event
 
-            return self.interrupted(lab, draw, log, "kill", KILL_AFTER_S, kill)
+            runs, since = self.interrupted(lab, draw, log, "kill", KILL_AFTER_S, kill)
+            return runs + [self.deploy(log)], since
         if fault.mode == SSH_CUT:
             cut_for = float(values["cut_for_s"])
 
@@ -240,8 +242,8 @@ class Runner:
                 return event
 
             runs, since = self.interrupted(lab, draw, log, "cut", CUT_AFTER_S, cut)
-            self.wait_ssh(target, cut_for + BOOT_TIMEOUT_S, log)
-            return runs, since
+            self.wait_ssh(target, cut_for + BOOT_TIMEOUT_S, log)  # then the operator runs again
+            return runs + [self.deploy(log)], since
         since = time.monotonic()
         if fault.mode == REBOOT:
             boot = self.boot_id(target)
@@ -262,9 +264,9 @@ class Runner:
         bounds: tuple[int, int],
         event: Callable[[float], Callable[[subprocess.Popen[str]], str]],
     ) -> tuple[list[Run], float]:
-        """The drawn work applied, the run interrupted by ``event(at)`` at the drawn moment, then
-        one run again. A run that ended before its moment interrupted nothing: the work is
-        applied again and that run interrupted at the same point of the length the first had
+        """The drawn work applied and the run interrupted by ``event(at)`` at the drawn moment
+        (the caller runs again). A run that ended before its moment interrupted nothing: the work
+        is applied again and that run interrupted at the same point of the length the first had
         (``moment_within``), so the fault always lands inside a run with work to do."""
         at = float(draw.params[f"{what}_after_s"])
         since = self.apply_work(lab, draw, log)
@@ -278,7 +280,7 @@ class Runner:
             second = self.deploy(log, at=again, event=event(again))
             second.interrupted = second.interrupted or f"ended before the {what} at {again:.0f} s"
             runs.append(second)
-        return runs + [self.deploy(log)], since
+        return runs, since
 
     def apply_work(self, lab: Lab, draw: Draw, log: IO[str]) -> float:
         """Apply the work a killed or cut run has to do (on its own node when it has one);

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.chaos import __main__ as chaos_main
 from bench.chaos import checks, pyinfra_output
 from bench.chaos.catalogue import CATALOGUE, KILL_RUN, PAIR, SSH_CUT, WORK
 from bench.chaos.draw import CUT_AFTER_S, CUT_FOR_S, KILL_AFTER_S, kinds_allowed, plan
@@ -260,3 +261,14 @@ def test_the_fabric_check_finds_a_rank_left_on_an_rdma_device_made_again(monkeyp
         "the rank)"
     ]
     assert checks.fabric([_Node({**whole, "device_handed": ""})])  # never handed: not whole
+
+
+def test_pick_replays_some_faults_of_a_seed_with_their_drawn_parameters(capsys):
+    assert chaos_main.main(["--plan", "--seed", "27", "--faults", "50", "--pick", "39,17"]) == 0
+    out = capsys.readouterr().out
+    assert "--pick 17,39" in out.splitlines()[0]
+    picked = [line for line in out.splitlines() if line[:4].strip().rstrip(".").isdigit()]
+    whole = {d.index: d.describe() for d in plan(27, 50)}
+    assert picked == [whole[17], whole[39]]
+    with pytest.raises(SystemExit):
+        chaos_main.parse(["--faults", "3", "--pick", "4"])

@@ -150,6 +150,16 @@ def test_a_cut_run_cuts_the_nodes_ssh_mid_run_waits_for_it_and_runs_again(
     assert worker[2] == "cat /proc/sys/kernel/random/boot_id"  # answers SSH again
     assert r.runs[0]["interrupted"] == "SSH to lab-worker1 cut at 1 s for 20 s"
     assert len(r.runs) == 2 and r.verdict == HEALED
+    # the operator runs again once the node answers SSH, not while it is cut
+    log = Path(r.log).read_text()
+    assert log.index("# lab-worker1 answers SSH again") < log.rindex(f"$ {runner.DEPLOY[0]}")
+
+
+def test_a_run_that_fails_heals_nothing_whatever_the_pair_looks_like_after_it(lab, monkeypatch):
+    fake, _, run = lab
+    monkeypatch.setattr(runner, "DEPLOY", stand_in(CHANGED, rc=1))
+    r = run.one(fake, Draw(1, "fabric-mtu-reset", "worker"))  # the checks find the pair whole
+    assert (r.verdict, r.problems) == (NOT_HEALED, ["the run failed (rc 1)"])
 
 
 def test_a_reboot_waits_for_a_new_boot_before_the_run(lab, monkeypatch):
