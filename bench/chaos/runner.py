@@ -222,24 +222,18 @@ class Runner:
         fault, target, values = draw.fault, lab.node(draw.node), draw_values(lab.values, draw)
         if fault.mode == KILL_RUN:
 
-            def kill(at: float) -> Callable[[subprocess.Popen[str]], str]:
-                def event(proc: subprocess.Popen[str]) -> str:
-                    _kill_group(proc)
-                    return f"SIGKILL at {at:.0f} s"
-
-                return event
+            def kill(proc: subprocess.Popen[str], at: float) -> str:
+                _kill_group(proc)
+                return f"SIGKILL at {at:.0f} s"
 
             runs, since = self.interrupted(lab, draw, log, "kill", KILL_AFTER_S, kill)
             return runs + [self.deploy(log)], since
         if fault.mode == SSH_CUT:
             cut_for = float(values["cut_for_s"])
 
-            def cut(at: float) -> Callable[[subprocess.Popen[str]], str]:
-                def event(proc: subprocess.Popen[str]) -> str:
-                    self.apply(target, command_of(fault, values), log, check=False)
-                    return f"SSH to {target.name} cut at {at:.0f} s for {cut_for:.0f} s"
-
-                return event
+            def cut(proc: subprocess.Popen[str], at: float) -> str:
+                self.apply(target, command_of(fault, values), log, check=False)
+                return f"SSH to {target.name} cut at {at:.0f} s for {cut_for:.0f} s"
 
             runs, since = self.interrupted(lab, draw, log, "cut", CUT_AFTER_S, cut)
             self.wait_ssh(target, cut_for + BOOT_TIMEOUT_S, log)  # then the operator runs again
@@ -262,22 +256,22 @@ class Runner:
         log: IO[str],
         what: str,
         bounds: tuple[int, int],
-        event: Callable[[float], Callable[[subprocess.Popen[str]], str]],
+        event: Callable[[subprocess.Popen[str], float], str],
     ) -> tuple[list[Run], float]:
-        """The drawn work applied and the run interrupted by ``event(at)`` at the drawn moment
+        """The drawn work applied and the run interrupted by ``event(proc, at)`` at the drawn moment
         (the caller runs again). A run that ended before its moment interrupted nothing: the work
         is applied again and that run interrupted at the same point of the length the first had
         (``moment_within``), so the fault always lands inside a run with work to do."""
         at = float(draw.params[f"{what}_after_s"])
         since = self.apply_work(lab, draw, log)
-        first = self.deploy(log, at=at, event=event(at))
+        first = self.deploy(log, at=at, event=lambda proc: event(proc, at))
         runs = [first]
         if not first.interrupted:
             first.interrupted = f"ended in {first.seconds:.0f} s, before the {what} at {at:.0f} s"
             again = moment_within(at, bounds, first.seconds)
             log.write(f"# the work again, the {what} at {again:.0f} s of the run\n")
             since = self.apply_work(lab, draw, log)
-            second = self.deploy(log, at=again, event=event(again))
+            second = self.deploy(log, at=again, event=lambda proc: event(proc, again))
             second.interrupted = second.interrupted or f"ended before the {what} at {again:.0f} s"
             runs.append(second)
         return runs, since
