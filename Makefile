@@ -48,7 +48,8 @@ test: deps check
 # no host, --dry --diff, the first converge and what it must leave (verify, weights, gates, API
 # key), the no-op second run, a rank on another kernel release refused, a claimed fabric NIC, a
 # dead worker, a long prefill left alone and a wedged engine restarted by the watchdog, docker
-# restarted (heals by itself) and stopped (one deploy heals it), the operator's stop, the firmware
+# restarted (heals by itself) and stopped (one deploy heals it), a new host package on the head
+# (the pair keeps serving) and the worker's fabric link set down (one run), the operator's stop, the firmware
 # reset, the --limit worker repair, reboot orders (a) (with a moved GID index), (b), (c), (d) and
 # the deploy after them changing nothing; then the chaos sample (issue 27: three faults from a
 # fixed seed, one of them docker's). Only in `make lab-test`: --limit worker leaving the head
@@ -57,7 +58,8 @@ test: deps check
 LAB_CI := dgx_os_network_stack or bad_inventory or dry_diff or first_converge or \
 	converged_hosts_verify or weights_came or four_gates or api_needs or second_run or \
 	another_kernel_release or claimed_fabric or dead_worker or long_prefill or wedged_engine or \
-	docker_restarted or docker_stopped or stopping_the_head or firmware_reset or \
+	docker_restarted or docker_stopped or new_host_package or administratively_down or \
+	stopping_the_head or firmware_reset or \
 	limit_worker_repairs or reboot_a or reboot_b or reboot_c or reboot_d or after_every or \
 	chaos_sample
 

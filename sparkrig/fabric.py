@@ -131,6 +131,40 @@ def roce_device_wait_command(interface: str, timeout_s: int = 60) -> str:
     return f"timeout {timeout_s} sh -c {shlex.quote(wait)}"
 
 
+def carrier_wait_command(interface: str, wait_s: int) -> str:
+    """Wait up to ``wait_s`` for carrier on ``interface``; fail naming the cable."""
+    carrier = shlex.quote(f"/sys/class/net/{interface}/carrier")
+    why = (
+        f"{interface} is up but has no carrier after {wait_s} s: check the QSFP cable at both "
+        "ends and that the peer Spark is powered on"
+    )
+    return (
+        f'i=0; until [ "$(cat {carrier} 2>/dev/null)" = 1 ]; do i=$((i + 1)); '
+        f"if [ $i -gt {wait_s} ]; then echo {shlex.quote(why)} >&2; exit 1; fi; sleep 1; done"
+    )
+
+
+@operation()
+def fabric_link_raised(
+    interface: str, admin_up: bool, wait_s: int = 60
+) -> Generator[Any, None, None]:
+    """
+    Bring an administratively down fabric netdev up (``ip link set down``, ``nmcli device
+    disconnect`` or a driver reset left it so; sparkrig owns the link's configuration), then wait
+    for its carrier: an up netdev without carrier is the cable's, refused by name.
+
+    + interface: the fabric netdev
+    + admin_up: whether it has IFF_UP now (the node report's ``flags``)
+    + wait_s: how long the carrier may take after the link comes up (link training)
+    """
+    if admin_up:
+        host.noop(f"{interface} is up")
+        return
+    logger.info(f"{host.print_prefix}{interface} is administratively down: bringing it up")
+    yield f"ip link set dev {shlex.quote(interface)} up"
+    yield carrier_wait_command(interface, wait_s)
+
+
 @operation()
 def roce_device_present(
     interface: str, commands: list[str], roce_device: str | None = None

@@ -37,6 +37,7 @@ n=/sys/class/net/{iface}
 if [ -d "$n" ]; then
   echo "link_present=1"
   v=; read -r v 2>/dev/null < $n/operstate; echo "operstate=$v"
+  v=; read -r v 2>/dev/null < $n/flags; echo "flags=$v"
   v=0; read -r v 2>/dev/null < $n/carrier || v=0; echo "carrier=$v"
   read -r v < $n/mtu; echo "mtu=$v"
   echo "ipv4=$(ip -o -4 addr show dev {iface} 2>/dev/null | awk '{{print $4}}' | paste -sd, -)"
@@ -78,6 +79,7 @@ class NodeReport:
     min_free_kbytes: int = -1
     link_present: bool = False
     operstate: str = ""
+    admin_up: bool = False  # IFF_UP in /sys/class/net/<iface>/flags: `ip link set up`, not carrier
     carrier: bool = False
     mtu: int = 0
     ipv4: tuple[str, ...] = ()
@@ -107,6 +109,10 @@ def parse_node_report(lines: list[str]) -> NodeReport:
         values[key] = raw.get(key, "")
     values["link_present"] = raw.get("link_present") == "1"
     values["carrier"] = raw.get("carrier") == "1"
+    try:
+        values["admin_up"] = bool(int(raw.get("flags") or "0", 16) & 0x1)  # IFF_UP
+    except ValueError:
+        raise FactProcessError(f"node report: flags={raw.get('flags')!r} is not hex") from None
     values["ipv4"] = tuple(a for a in raw.get("ipv4", "").split(",") if a)
     values["networkmanager"] = raw.get("networkmanager", "")
     claims = ("netplan_claim=", "nm_claim=")

@@ -376,6 +376,7 @@ def unit_state_set(
     enabled: bool | None = None,
     restarted: bool = False,
     daemon_reload: bool = False,
+    reloaded: bool = False,
 ) -> Generator[Any, None, None]:
     """
     A systemd unit of this deploy, as ``systemd.service`` does it (same commands and no-op
@@ -385,6 +386,7 @@ def unit_state_set(
     + running: start (True) or stop (False) it (also a unit still starting); None leaves it
     + enabled: enable (True) or disable (False) it; None leaves it
     + restarted: restart it when it runs
+    + reloaded: reload it when it runs (``ExecReload=``)
     + daemon_reload: ``systemctl daemon-reload`` first
     """
     name = service if "." in service else f"{service}.service"
@@ -413,6 +415,8 @@ def unit_state_set(
             host.noop(f"service {name} is running")
     if restarted and is_running:
         yield StringCommand("systemctl", "restart", QuoteString(name))
+    if reloaded and is_running:
+        yield StringCommand("systemctl", "reload", QuoteString(name))
     if enabled is True and not is_enabled:
         yield StringCommand("systemctl", "enable", QuoteString(name))
     elif enabled is False and is_enabled:

@@ -11,6 +11,7 @@ RESTART_TRIGGERS = {
     "fabric": "the fabric connection was re-applied (MTU reset, address lost)",
     "roce_device": "the fabric NIC's RoCE device was made again (its queue pairs are gone)",
     "gid_moved": "the GID table renumbered under a running rank (its container has the old index)",
+    "peer_down": "a rank ran while a peer's rank was down (a rank never starts alone)",
     "frozen": "a rank's container was frozen (docker pause) and thawed (peers may have timed out)",
     "env": "a rank's env file changed (NCCL environment; not a GID index that moved alone)",
     "weights": "a rank's weights were fetched or copied",

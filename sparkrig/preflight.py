@@ -25,6 +25,12 @@ def describe(node: NodeReport) -> str:
 def warnings(s: Settings, node: NodeReport, peers: dict[str, NodeReport]) -> list[str]:
     """Worth saying, not worth refusing (the lab's x86 VMs have no GB10)."""
     out = []
+    if node.link_present and not node.admin_up:
+        out.append(
+            f"fabric interface {s.me.fabric_interface} is administratively down (no IFF_UP: "
+            "`ip link set down`, `nmcli device disconnect` or a driver reset): the fabric phase "
+            "brings it up"
+        )
     if node.arch != "aarch64":
         out.append(f"architecture is {node.arch}, not aarch64 (a DGX Spark is aarch64)")
     if not node.gpu:
@@ -56,10 +62,13 @@ def problems(
     iface = s.me.fabric_interface
     if not node.link_present:
         out.append(f"fabric interface {iface} does not exist (fabric_interface)")
-    elif not node.carrier:
+    elif node.admin_up and not node.carrier:
+        # only an UP netdev says anything about the cable: a down one reads no carrier anyway,
+        # and the fabric phase brings it up (fabric_link_raised)
         out.append(
-            f"fabric interface {iface} has no link (operstate {node.operstate}): "
-            "check the QSFP cable"
+            f"fabric interface {iface} is up but has no carrier (flags IFF_UP, carrier 0, "
+            f"operstate {node.operstate}): check the QSFP cable at both ends and that the "
+            "peer Spark is powered on"
         )
     if node.networkmanager != "active":
         out.append(

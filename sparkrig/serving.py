@@ -173,6 +173,7 @@ def rank_unit_context(s: Settings, image: str, weights_id: str) -> dict[str, Any
         "memfree_wait_s": k.memfree_wait_s,
         "fabric_wait_s": k.fabric_wait_s,
         "peers": ",".join(r.ip for r in s.peers),
+        "head_ip": s.head.ip,
         "pair_port": k.pair_port,
         "pair_grace_s": k.pair_grace_s,
         "agent_port": k.agent_port,
@@ -339,6 +340,30 @@ def rank_thawed(container: str, running: bool) -> Generator[Any, None, None]:
         f"{host.print_prefix}{container} is frozen (docker pause): thawed, then the pair restarts"
     )
     yield f"docker unpause {shlex.quote(container)}"
+
+
+@operation()
+def peer_down_marked(
+    unit: str, running: bool, down_peers: list[str], run_dir: str
+) -> Generator[Any, None, None]:
+    """
+    Mark a running rank whose peer's rank is down (dead or failed, not starting) for the ordered
+    pair restart this triggers: a rank started alone cannot join an engine that already runs, so
+    the pair goes down and comes up whole. The mark (the pair-down flag the helpers read) says
+    the stop that follows is sparkrig's own, not an operator's.
+
+    + unit: this rank's unit
+    + running: whether this rank's unit is active
+    + down_peers: the ranks of this run whose units are down
+    + run_dir: where the helpers' flags live (/run/sparkrig)
+    """
+    if not running or not down_peers:
+        host.noop(f"{unit} is not serving beside a rank that is down")
+        return
+    why = f"{', '.join(down_peers)} down while {unit} ran: the pair restarts in order"
+    logger.info(f"{host.print_prefix}{why}")
+    flag = f"{run_dir}/pair-down"
+    yield f"mkdir -p {shlex.quote(run_dir)} && echo {shlex.quote(why)} > {shlex.quote(flag)}"
 
 
 @operation()

@@ -10,6 +10,7 @@ from sparkrig.fabric import (
     DISPLACED_DIR,
     env_context,
     fabric_claims_displaced,
+    fabric_link_raised,
     fabric_path_proven,
     rank_env_written,
     roce_device_present,
@@ -40,6 +41,12 @@ netplan = file_present(
     dest=knobs.fabric_netplan_file,
     mode="600",
 )
+# sparkrig owns the link: one that is administratively down is brought up (then re-applied)
+link_up = fabric_link_raised(
+    name="Bring the fabric link up when it is administratively down",
+    interface=iface,
+    admin_up=node.admin_up or not node.link_present,
+)
 link_drift = node.mtu != knobs.fabric_mtu or address not in node.ipv4
 # Not `netplan apply`: with the NetworkManager renderer it disconnects every netplan-rendered
 # device, flushes their addresses and restarts NetworkManager (docs/fabric.md). Render the
@@ -52,7 +59,7 @@ applied = server.shell(
         "nmcli connection reload",
         f"nmcli --wait 90 connection up netplan-{iface}",
     ],
-    _if=lambda: takeover.did_change() or netplan.did_change() or link_drift,
+    _if=lambda: takeover.did_change() or netplan.did_change() or link_up.did_change() or link_drift,
 )
 pair_restart().trigger("fabric", applied)  # a re-applied fabric breaks NCCL's links
 roce = roce_device_present(

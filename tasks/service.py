@@ -25,6 +25,7 @@ from sparkrig.serving import (
     api_key_env,
     keep_helper_running,
     pair_unit_context,
+    peer_down_marked,
     rank_thawed,
     rank_unit_context,
     restart_args,
@@ -179,11 +180,12 @@ else:
         path=host_paths["watchdog_unit"],
     )
 
-# The stop-together watch runs beside a live rank: a new program restarts the watch, not the rank.
+# The stop-together watch runs beside a live rank: a new program reloads the watch (it execs the
+# new program keeping its beacon's socket open, so no peer reads it as gone), not the rank.
 unit_state_set(
-    name="Restart the stop-together watch after its program changed",
+    name="Reload the stop-together watch after its program changed",
     service="sparkrig-pair",
-    restarted=True,
+    reloaded=True,
     _if=lambda: pair_program() and not restart(),
 )
 
@@ -191,6 +193,25 @@ unit_state_set(
 # its condition holds), so all hosts share one sequence and pyinfra's per-operation barrier orders
 # them: stop every rank together, start the workers, wait for their containers, start the head.
 rank_active, _ = hoststate.read(settings).unit(settings.unit_name)
+# A rank serving beside a peer whose rank is down (a worker stopped while the head ran) is never
+# joined by that peer alone: the pair restarts in order. Only the ranks of this run are read.
+everyone = for_inventory(inventory)
+down_peers = [
+    r.name
+    for r in settings.others
+    if host.state.is_host_in_limit(inventory.get_host(r.name))
+    and hoststate.read(everyone[r.name]).owned.is_down(everyone[r.name].unit_name)
+]
+restart.trigger(
+    "peer_down",
+    peer_down_marked(
+        name="Mark a rank serving beside a rank that is down for an ordered restart",
+        unit=settings.unit_name,
+        running=rank_active,
+        down_peers=down_peers,
+        run_dir=host_paths["run_dir"],
+    ),
+)
 # A running rank that cannot serve as it is restarts the pair: its container frozen by `docker
 # pause`, or its RoCE GID index moved under it (the container keeps the index it started with).
 restart.trigger(

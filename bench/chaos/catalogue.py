@@ -175,6 +175,34 @@ CATALOGUE: tuple[Fault, ...] = (
           + NM_PROFILE + "; chmod 600 " + NM_PROFILE + "; nmcli connection reload",
           undo="rm -f " + NM_PROFILE + "; nmcli connection reload",
           refused="is also claimed by the NetworkManager profile 'cx7-port1'"),
+    # issue 31: faults no one on the project wrote, tried by hand on the lab; appended, so the 25
+    # kinds before them (seed 27's campaign) replay unchanged with --only of those kinds
+    Fault("engine-sigstopped", "the head's engine process SIGSTOPped inside its container",
+          "the engine's process (the container's main process, from the host's PID namespace) "
+          "and its children stopped with SIGSTOP; the container still reads as running, so "
+          "only the watchdog's canary sees it", "head",
+          "p=$(docker inspect --format '{{.State.Pid}}' {container}); "
+          "kill -STOP $p $(pgrep -P $p); echo stopped $p",
+          undo="p=$(docker inspect --format '{{.State.Pid}}' {container} 2>/dev/null); "
+          "[ -n \"$p\" ] && [ \"$p\" != 0 ] && kill -CONT $p $(pgrep -P $p) 2>/dev/null; true",
+          restarts=PAIR),
+    Fault("rank-unit-disabled", "a worker's rank unit disabled and stopped",
+          "the worker's rank unit disabled and stopped by hand (systemctl disable --now)",
+          "worker", "systemctl disable --now {unit}", restarts=PAIR),
+    Fault("weights-file-deleted", "one worker weights file deleted outright",
+          "one weights file deleted on a worker (restored from the head, sha256 verified)",
+          "worker", PICK_WEIGHTS_FILE + "; rm -f \"$f\" && echo removed $f",
+          restarts=PAIR, params=("frac",)),
+    Fault("fabric-link-down", "the fabric netdev administratively down",
+          "the fabric netdev set administratively down (ip link set down: what nmcli device "
+          "disconnect or a driver reset can leave); brought up by one run, never a cable "
+          "refusal", "any", "ip link set dev {iface} down", restarts=PAIR),
+    Fault("host-package-removed", "the host package removed",
+          "/opt/sparkrig removed (what an upgrade of sparkrig's host package looks like to the "
+          "run: every module new); the run reinstalls it and the ranks keep serving: the "
+          "stop-together watch is reloaded with its beacon's socket kept, only the helpers "
+          "restart", "any", "rm -rf /opt/sparkrig",
+          restarts_on_target=("sparkrig-agent", "sparkrig-supervisor", "sparkrig-watchdog")),
 )  # fmt: skip
 
 BY_KIND = {f.kind: f for f in CATALOGUE}

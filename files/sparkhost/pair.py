@@ -4,7 +4,11 @@
 rank's fabric address: 200 while the rank's container runs, 503 otherwise. It polls the peers'
 beacons (the head polls every worker, a worker polls the head); when a peer that was up stops
 answering `--fails` times in a row, or never comes up within `--grace` seconds, it stops its own
-rank unit, which brings this rank down too.
+rank unit, which brings this rank down too. A reload (SIGHUP) execs the watch's program again in
+the same process, the beacon's socket kept open: a new host package never reads as a peer gone.
+
+`alone` (a worker's start gate) refuses to start a worker while the head's engine runs: a rank
+started alone cannot join a running engine; it asks the head's supervisor for an ordered restart.
 
 `wait` blocks until every peer's beacon answers 200 (the head's start gate), or times out.
 
@@ -43,7 +47,10 @@ import hmac
 import http.server
 import json
 import os
+import signal
+import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -227,15 +234,74 @@ def stopping(args: argparse.Namespace) -> int:
     return 0
 
 
+# A reload (SIGHUP: `systemctl reload sparkrig-pair`, what the deploy does when the host package
+# changed) execs the watch's new program in the same process and hands it the beacon's listening
+# socket and the peers it has seen up: the socket never closes, so a peer's probe made meanwhile
+# waits in its backlog and is answered by the new program; a restart would leave the port closed
+# for seconds, read by every peer as this rank going down (issue 31).
+BEACON_FD = "SPARKRIG_BEACON_FD"  # the inherited listening socket's descriptor
+SEEN_UP = "SPARKRIG_PEERS_SEEN"  # peers the previous program saw up (comma-separated)
+
+
+def beacon_socket(listen: str) -> socket.socket:
+    """The beacon's listening socket: the one a reload handed over, else a new one."""
+    fd = os.environ.pop(BEACON_FD, "")
+    if fd:
+        return socket.socket(fileno=int(fd))
+    host, _, port = listen.rpartition(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, int(port)))
+    sock.listen(128)
+    return sock
+
+
+def beacon_server(sock: socket.socket) -> http.server.ThreadingHTTPServer:
+    server = http.server.ThreadingHTTPServer(sock.getsockname(), Beacon, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+    return server
+
+
+def reexec(sock: socket.socket, seen: list[str]) -> None:
+    """Exec this program again (its files may be new), keeping ``sock`` open across the exec.
+    Returns only when the exec failed (the old program goes on)."""
+    os.set_inheritable(sock.fileno(), True)
+    env = {**os.environ, BEACON_FD: str(sock.fileno()), SEEN_UP: ",".join(seen)}
+    log("reload: handing the beacon's socket to the new program")
+    handler = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # ignored until the new one listens
+    try:
+        os.execve(sys.executable, sys.orig_argv, env)
+    except OSError as err:
+        signal.signal(signal.SIGHUP, handler)
+        log(f"reload failed ({err}): the running program goes on")
+
+
+def first_container_state(name: str) -> bool:
+    try:
+        return container_running(name)
+    except subprocess.TimeoutExpired:
+        return False
+
+
 def watch(args: argparse.Namespace) -> int:
-    host, _, port = args.listen.rpartition(":")
+    reload = threading.Event()
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
     Beacon.container = args.container
+    Beacon.running = first_container_state(args.container)  # known before the first answer
     threading.Thread(target=refresh_container_state, args=(args.container,), daemon=True).start()
-    server = http.server.ThreadingHTTPServer((host, int(port)), Beacon)
+    sock = beacon_socket(args.listen)
+    server = beacon_server(sock)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     peers = [p for p in args.peers.split(",") if p]
-    log(f"beacon on {args.listen} for {args.container}; watching {', '.join(peers)}")
+    seen = [p for p in os.environ.pop(SEEN_UP, "").split(",") if p in peers]
+    log(
+        f"beacon on {args.listen} for {args.container}; watching {', '.join(peers)}"
+        + (f" (seen up before the reload: {', '.join(seen)})" if seen else "")
+    )
     state = PeerWatch(peers, args.fails, args.grace, time.monotonic())
+    for peer in seen:
+        state.observe(peer, True)
     while True:
         for peer in peers:
             state.observe(peer, beacon_up(peer, args.port))
@@ -245,7 +311,11 @@ def watch(args: argparse.Namespace) -> int:
             mark_pair_down(reason)
             subprocess.run(["systemctl", "--no-block", "stop", args.unit], check=False)
             return 0
-        time.sleep(args.interval)
+        if reload.wait(args.interval):
+            reload.clear()
+            server.shutdown()  # stops answering; the socket stays open, connections queue
+            reexec(sock, [p for p, up in state.seen.items() if up])
+            threading.Thread(target=server.serve_forever, daemon=True).start()
 
 
 def wait(args: argparse.Namespace) -> int:
@@ -668,6 +738,30 @@ def supervise_round(
     return said
 
 
+def alone(args: argparse.Namespace) -> int:
+    """A worker's start gate: refuse to start while the head's rank runs (its beacon answers
+    200). A rank started alone cannot join an engine that is already running (vLLM's head
+    refuses it, and NCCL's communicator was made without it): the head's supervisor is asked
+    for an ordered restart, which stops the head, then starts this worker, then the head."""
+    if not beacon_up(args.head, args.port):
+        return 0
+    log(
+        f"the head's rank runs ({args.head}:{args.port} answers): a worker started alone cannot "
+        "join its engine; this start is refused and the head's supervisor is asked to restart "
+        "the pair in order"
+    )
+    req = urllib.request.Request(
+        f"http://{args.head}:{args.agent_port}/restart-pair",
+        method="POST",
+        headers={"X-Sparkrig-Token": read_token(args.token_file)},
+    )
+    try:  # not waited for: the restart it starts stops and starts this very unit
+        urllib.request.urlopen(req, timeout=3).close()
+    except OSError:
+        pass
+    return 1
+
+
 def request(args: argparse.Namespace) -> int:
     """A worker's deploy without the head: ask the head's supervisor for an ordered restart."""
     req = urllib.request.Request(
@@ -715,10 +809,12 @@ def main(argv: list[str] | None = None) -> int:
     st = sub.add_parser("stopping", help="ExecStop hook: record an operator's stop")
     st.add_argument("--unit", required=True)
     rq = sub.add_parser("request", help="worker: ask the head's supervisor for an ordered restart")
-    rq.add_argument("--head", required=True, help="the head's fabric IP")
-    rq.add_argument("--port", type=int, required=True, help="beacon port")
-    rq.add_argument("--agent-port", type=int, required=True)
-    rq.add_argument("--token-file", required=True)
+    al = sub.add_parser("alone", help="worker's start gate: refuse while the head's rank runs")
+    for sp in (rq, al):
+        sp.add_argument("--head", required=True, help="the head's fabric IP")
+        sp.add_argument("--port", type=int, required=True, help="beacon port")
+        sp.add_argument("--agent-port", type=int, required=True)
+        sp.add_argument("--token-file", required=True)
     rq.add_argument("--timeout", type=float, default=600)
     a = sub.add_parser("agent", help="worker: start the rank unit when the head asks")
     a.add_argument("--listen", required=True)
@@ -758,5 +854,6 @@ def main(argv: list[str] | None = None) -> int:
         "stopping": stopping,
         "supervise": supervise,
         "request": request,
+        "alone": alone,
     }
     return modes.get(args.mode, watchdog)(args)

@@ -723,6 +723,52 @@ def test_docker_stopped_on_the_worker_is_healed_by_one_deploy(lab: Lab):
     assert changed_ops(again.stdout) == {}
 
 
+def test_a_new_host_package_on_one_rank_leaves_the_pair_serving(lab: Lab):
+    """Issue 31: /opt/sparkrig removed on the head (to the run, every module of the host package
+    is new, as in an upgrade of sparkrig): one run reinstalls it and reloads the stop-together
+    watch, whose beacon keeps its socket across the exec; the worker's watch never sees the head
+    go, and no rank restarts (before the fix the worker stopped itself, was started alone by the
+    run and refused by the head's engine)."""
+    head, worker = lab.head, lab.workers[0]
+    assert serving(head)
+    ranks = {g.name: g.unit_started(unit(g)) for g in lab.guests}
+    head_mark, worker_mark = cursor(head), cursor(worker)
+    head.sh("rm -rf /opt/sparkrig")
+    r = pyinfra("-y", "--json", INV, "deploy.py")
+    assert r.rc == 0, r.output[-6000:]
+    changed = changed_ops(r.stdout)
+    assert "Reload the stop-together watch after its program changed" in changed[head.name]
+    assert serving(head)
+    assert {g.name: g.unit_started(unit(g)) for g in lab.guests} == ranks  # no rank restarted
+    assert "went down" not in journal_after(worker, worker_mark, "sparkrig-pair")
+    watch = journal_after(head, head_mark, "sparkrig-pair")
+    assert "reload: handing the beacon's socket to the new program" in watch, watch
+
+
+def test_an_administratively_down_fabric_link_is_brought_up_by_one_run(lab: Lab):
+    """Issue 31: `ip link set down` on the worker's fabric netdev (what `nmcli device disconnect`
+    or a driver reset can leave) is no cable refusal: one run brings it up and the pair serves
+    again; only an up netdev without carrier is refused."""
+    head, worker = lab.head, lab.workers[0]
+    iface = worker.fabric_interface
+    start = time.monotonic()
+    worker.sh(f"ip link set dev {iface} down")
+    wait_down(head, "sparkrig-head", "head down after the worker's fabric link went down")
+    r = pyinfra("-y", "--json", INV, "deploy.py")
+    assert r.rc == 0, r.output[-6000:]
+    changed = changed_ops(r.stdout)
+    up = "Bring the fabric link up when it is administratively down"
+    assert up in changed[worker.name] and up not in changed.get(head.name, []), changed
+    wait_for("serving after the run", lambda: serving(head), 300)
+    took = time.monotonic() - start
+    TIMES["fabric link down, one run"] = took
+    print(f"fabric netdev administratively down -> one run -> serving: {took:.0f} s")
+    assert worker.sh(f"cat /sys/class/net/{iface}/operstate").strip() == "up"
+    again = pyinfra("-y", "--json", INV, "deploy.py")
+    assert again.rc == 0, again.output[-4000:]
+    assert changed_ops(again.stdout) == {}
+
+
 def test_stopping_the_head_is_left_alone(lab: Lab):
     """The deploy that restarts the stopped pair is the next test's re-run (it starts from here)."""
     head, worker = lab.head, lab.workers[0]

@@ -48,6 +48,7 @@ def node_report(
     docker: str = "/usr/bin/docker",
     disk_free: int = 3000 * 1024**3,
     carrier: int = 1,
+    admin_up: bool = True,
     claims: tuple[str, ...] = (),
 ) -> list[str]:
     return [
@@ -61,6 +62,7 @@ def node_report(
         f"min_free_kbytes={min_free_kbytes}",
         "link_present=1",
         f"operstate={'up' if carrier else 'down'}",
+        f"flags={'0x1003' if admin_up else '0x1002'}",  # IFF_UP (0x1) or not
         f"carrier={carrier}",
         f"mtu={mtu}",
         f"ipv4={ipv4}",
@@ -276,6 +278,9 @@ def docker_units(running: bool) -> dict[Any, Any]:
 ROCE_RESTORE = re.compile(r"^modprobe mlx5_ib$")  # group_data's roce_device_restore
 ROCE_WAIT = re.compile(r"^timeout 60 sh -c 'until grep -qsxF ")
 UNPAUSE = re.compile(r"^docker unpause sparkrig-rank\d+$")
+PEER_DOWN_MARK = re.compile(r"^mkdir -p /run/sparkrig && echo .* > /run/sparkrig/pair-down$")
+LINK_UP = re.compile(r"^ip link set dev \S+ up$")
+CARRIER_WAIT = re.compile(r"^i=0; until \[ \"\$\(cat /sys/class/net/\S+/carrier ")
 
 
 def rank_runtime(
@@ -321,7 +326,7 @@ def bare(ip: str) -> dict[Any, Any]:
         rf"^mv -f {OURS} {OURS}$",  # secret_installed: the 0600 temp file renamed over the secret
         rf"^rm -f {OURS}$",
         rf"^rm -rf {OURS}$",  # uninstall.py removes sparkrig's directories
-        r"^systemctl (start|stop|enable|disable|restart) sparkrig-[\w-]+(\.service)?$",
+        r"^systemctl (start|stop|enable|disable|restart|reload) sparkrig-[\w-]+(\.service)?$",
         r"^systemctl daemon-reload$",
         r"^systemctl reset-failed 'sparkrig-\*'$",  # uninstall.py: removed units' failed state
         DOCKER_ACTION,
@@ -332,7 +337,7 @@ def bare(ip: str) -> dict[Any, Any]:
         r"^sh -c 'systemctl stop sparkrig-image-serve 2>/dev/null; ",  # serve / unserve
         r"^rm -rf /opt/sparkrig/image-build && mkdir -p -m 700 /opt/sparkrig/image-build$",
         r"^sh -c 'set -e\ndocker image inspect \S+ >/dev/null 2>&1 \|\| ",  # build
-        UNPAUSE, ROCE_RESTORE, ROCE_WAIT,
+        UNPAUSE, ROCE_RESTORE, ROCE_WAIT, PEER_DOWN_MARK, LINK_UP, CARRIER_WAIT,
         SMOKE_CLEAN, SMOKE_WORKER, SMOKE_HEAD, SMOKE_CHECK,
         PAIR_WAIT, PAIR_REQUEST, BOOT_WAIT, PRUNE,
         KEEP, RESTORE, ADOPT, PRUNE_WEIGHTS,
@@ -512,6 +517,8 @@ def converged(
     handed_gid_index: int | None = None,
     device_index: int = 4,
     live_device_index: int = 4,
+    admin_up: bool = True,
+    rank_down: bool = False,
 ) -> dict[Any, Any]:
     """Canned facts of a rank the deploy converged: every owned file with the rendered content
     (``files`` overrides some, e.g. an older unit), its units running, the fabric up at ``mtu``,
@@ -542,6 +549,7 @@ def converged(
         )
     for unit in running_units(s):
         sub = "exited" if unit == "sparkrig-gpu-clock" else "running"  # a oneshot that stays
+        sub = "dead" if rank_down and unit == s.unit_name else sub
         canned[unit_fact(unit, "SubState")] = [f"Id={unit}.service", f"SubState={sub}"]
         canned[unit_fact(unit, "UnitFileState")] = [f"Id={unit}.service", "UnitFileState=enabled"]
     ip = s.me.ip
@@ -557,6 +565,8 @@ def converged(
         ipv4=s.me.fabric_address.with_prefixlen,
         swappiness=k.swappiness,
         min_free_kbytes=k.min_free_kbytes or 67584,
+        admin_up=admin_up,
+        carrier=int(admin_up),
     )
     canned[PING_CHECK] = "rc=0" if mtu == k.fabric_mtu else "rc=1"
     for art in artifacts(s):

@@ -156,6 +156,43 @@ def test_firmware_reset_restores_mtu_and_gid_and_restarts_the_pair_in_order(monk
     assert position(r, "Start the worker rank") < position(r, "Start the head rank")
 
 
+def test_an_administratively_down_fabric_link_is_brought_up_by_one_run(monkeypatch):
+    """Issue 31: `ip link set down` (no IFF_UP, so no carrier) is sparkrig's to fix, not a
+    cable refusal: the link comes up, the fabric is applied again, the pair restarts in order."""
+    converge_state(**{"spark-b": {"admin_up": False}})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    worker = r.commands[WORKER]
+    up = worker.index("ip link set dev enp1s0f1np1 up")
+    assert "check the QSFP cable" in worker[up + 1]  # then a bounded wait for carrier
+    assert "is administratively down" in r.output
+    assert worker.index(UP_FABRIC) > up
+    assert not any(c.startswith("ip link set") for c in r.commands[HEAD])
+    assert position(r, "Stop every rank for an ordered pair restart") < position(
+        r, "Start the worker rank"
+    )
+    assert position(r, "Start the worker rank") < position(r, "Start the head rank")
+
+
+def test_a_rank_down_beside_a_serving_head_restarts_the_pair_in_order(monkeypatch):
+    """Issue 31: a worker whose rank stopped while the head's engine ran is never started alone
+    (the head's engine would refuse it): the head is marked and stopped first, then the pair
+    starts worker first."""
+    converge_state(**{"spark-b": {"rank_down": True}})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    head = r.commands[HEAD]
+    marks = [c for c in head if "/run/sparkrig/pair-down" in c]
+    assert marks and "@fake/spark-b down while sparkrig-head ran" in marks[0]
+    assert head.index(marks[0]) < head.index("systemctl stop sparkrig-head.service")
+    assert position(r, "Stop every rank for an ordered pair restart") < position(
+        r, "Start the worker rank"
+    )
+    assert "systemctl start sparkrig-worker.service" in r.commands[WORKER]
+    assert position(r, "Start the worker rank") < position(r, "Start the head rank")
+    assert "systemctl start sparkrig-head.service" in head
+
+
 PREFLIGHT = "Refuse a host that fails preflight"
 
 
@@ -170,7 +207,12 @@ def ops_after(r: Run, op: str) -> list[str]:
     [
         ("spark-b", {"docker": ""}, "docker is not installed"),
         ("spark-b", {"disk_free": 150 * 1024**3}, "150.0 GiB free under /var/lib/sparkrig/models"),
-        ("spark-b", {"carrier": 0}, "fabric interface enp1s0f1np1 has no link (operstate down)"),
+        (
+            "spark-b",
+            {"carrier": 0},
+            "fabric interface enp1s0f1np1 is up but has no carrier (flags IFF_UP, carrier 0, "
+            "operstate down): check the QSFP cable",
+        ),
         (
             "spark-b",
             {"min_free_kbytes": 1048576},
@@ -800,7 +842,7 @@ def test_a_failed_secret_upload_leaves_the_old_secret_in_place(monkeypatch):
 
 PACKAGE = "/opt/sparkrig/lib/sparkhost"
 HELPER_RESTART = re.compile(
-    r"^systemctl restart sparkrig-(pair|agent|supervisor|watchdog)\.service"
+    r"^systemctl (?:restart|reload) sparkrig-(pair|agent|supervisor|watchdog)\.service"
 )
 
 
@@ -819,8 +861,8 @@ def test_a_changed_host_module_restarts_exactly_the_helpers_that_run_it(
     monkeypatch, module, helpers
 ):
     """The helpers (stop-together watch, agent, supervisor, watchdog) have the pair job's modules
-    loaded: a change to one of them restarts them, beside a serving pair; any other module
-    restarts nothing. Neither restarts the pair."""
+    loaded: a change to one of them restarts them (the watch is reloaded: it keeps its beacon's
+    socket), beside a serving pair; any other module restarts nothing. Neither restarts the pair."""
     path = f"{PACKAGE}/{module}"
     converge_state(
         **{n: {"files": {path: (b"# an older module\n", "644")}} for n in ("spark-a", "spark-b")}
@@ -872,3 +914,26 @@ def test_a_converged_pair_has_no_old_programs_to_remove(monkeypatch):
     for name in (HEAD, WORKER):
         assert any(op.endswith(LEGACY_OP) for op in dry.host_ops[name])  # every host runs it, ...
         assert not [op for op in dry.changed_ops[name] if op.endswith(LEGACY_OP)]  # ... a no-op
+
+
+def test_a_new_host_package_reloads_the_watch_and_the_pair_keeps_serving(monkeypatch):
+    """Issue 31: a run that changes only the host package (an upgrade of sparkrig itself, or
+    /opt/sparkrig removed) reloads the stop-together watch, which keeps its beacon's socket
+    across the exec; no rank is stopped or started, on any host."""
+    from sparkrig import hostpkg
+
+    head = settings()[HEAD]
+    pair_py = f"{hostpkg.remote_dir(head.knobs.install_dir)}/pair.py"
+    _, mode = fakehosts.owned_files(head)[pair_py]
+    converge_state(**{"spark-a": {"files": {pair_py: (b"# an older pair job\n", mode)}}})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert "systemctl reload sparkrig-pair.service" in r.commands[HEAD]
+    assert not any("restart sparkrig-pair" in c for c in r.commands[HEAD])
+    for name in (HEAD, WORKER):
+        ranks = [
+            c
+            for c in r.commands.get(name, [])
+            if re.match(r"systemctl \w+ sparkrig-(head|work)", c)
+        ]
+        assert ranks == [], f"{name}: {ranks}"

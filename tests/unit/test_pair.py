@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -504,3 +505,128 @@ def test_an_agent_answers_not_ready_while_docker_is_down_and_an_operator_stop_wi
     finally:
         proc.terminate()
         proc.wait(5)
+
+
+def test_a_worker_never_starts_while_the_heads_rank_runs(tmp_path, monkeypatch):
+    """`pair alone`, a worker's start gate: the head's beacon answering 200 refuses the start and
+    asks the head's supervisor for an ordered restart; a head that is down lets it start."""
+    import argparse
+    import http.server
+
+    restarts = []
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    monkeypatch.setattr(pair, "RESTART_LOCK", str(tmp_path / "restart.lock"))
+    monkeypatch.setattr(pair, "_restart_pair", lambda args: restarts.append(args) or 0)
+    head_up = [False]
+
+    class HeadBeacon(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if head_up[0] else 503)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    pair.Supervisor.args = argparse.Namespace(timeout=5, head_unit="sparkrig-head.service")
+    pair.Supervisor.token = "s3cret"
+    (sup, sport), (beacon, bport) = serve(pair.Supervisor), serve(HeadBeacon)
+    try:
+        argv = ["alone", "--head", "127.0.0.1", "--port", str(bport),
+                "--agent-port", str(sport), "--token-file", str(token)]  # fmt: skip
+        assert pair.main(argv) == 0  # the head is down: the worker starts (ordered start)
+        assert restarts == []
+        head_up[0] = True
+        assert pair.main(argv) == 1  # the head's engine runs: never join it alone
+        deadline = time.monotonic() + 10
+        while not restarts and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(restarts) == 1  # the supervisor was asked for the ordered restart
+    finally:
+        sup.shutdown()
+        beacon.shutdown()
+
+
+def start_watch(tmp_path: Path, package: Path) -> tuple[subprocess.Popen, int, Path]:
+    """The stop-together watch run from ``package`` (a copy of the host package) on loopback,
+    watching its own beacon, with a docker that says its container runs and a systemctl that
+    logs what it is asked; once its beacon answers."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\necho true\n")
+    log = tmp_path / "systemctl.log"
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "SPARKRIG_RUN_DIR": str(tmp_path / "run")}  # fmt: skip
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(package), "pair", "watch", "--unit", "sparkrig-head.service",
+         "--container", "rank0", "--listen", f"127.0.0.1:{port}", "--peers", "127.0.0.1",
+         "--port", str(port), "--interval", "0.2", "--fails", "1"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not pair.beacon_up("127.0.0.1", port, timeout=1):
+        if time.monotonic() >= deadline:
+            proc.kill()
+            raise AssertionError(f"the watch did not answer: {proc.communicate()[0]}")
+        time.sleep(0.1)
+    return proc, port, log
+
+
+def test_a_reloaded_watch_runs_its_new_program_and_its_beacon_never_stops_answering(tmp_path):
+    """A reload (SIGHUP, the deploy's answer to a new host package) execs the new program in the
+    same process with the beacon's socket kept: a peer probing all along never misses (issue 31:
+    a restart closed the port for ~6 s and the worker's watch stopped its rank)."""
+    import shutil
+    import threading
+
+    package = tmp_path / "lib" / "sparkhost"
+    shutil.copytree(SOURCE, package)
+    proc, port, log = start_watch(tmp_path, package)
+    misses, probes, stop = [], [0], threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            probes[0] += 1
+            if not pair.beacon_up("127.0.0.1", port, timeout=10):
+                misses.append(time.monotonic())
+            time.sleep(0.02)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        time.sleep(0.5)
+        before = probes[0]
+        # the new program: its beacon says so, which the old one never does
+        pair_py = package / "pair.py"
+        pair_py.write_text(pair_py.read_text().replace("'running' if up", "'running v2' if up"))
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        body = ""
+        while "running v2" not in body and time.monotonic() < deadline:
+            body = urlopen_text(f"http://127.0.0.1:{port}/")
+            time.sleep(0.1)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        prober.join()
+        proc.terminate()
+        out = proc.communicate(timeout=10)[0]
+    assert "running v2" in body, out  # the same process answers with the new program
+    assert probes[0] > before + 10
+    assert misses == [], out  # no probe went unanswered across the exec
+    assert not log.exists(), out  # and the watch never stopped its rank
+    assert "reload: handing the beacon's socket to the new program" in out
+
+
+def urlopen_text(url: str) -> str:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return str(r.read().decode())
+    except OSError:
+        return ""
