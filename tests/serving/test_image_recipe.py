@@ -22,8 +22,8 @@ IMAGE = "sparkrig/vllm-glm53:base-" + "ab" * 32  # what the Dockerfile passes: t
 TARGET = "model_executor/layers/sparse_attn_indexer_kpool.py"
 # Excerpts of the v11 base image's file and of tonyd2wild's fixed file (tests/image/data/README.md)
 DATA = REPO / "tests" / "image" / "data"
-BASE_FILE = (DATA / "sparse_attn_indexer_kpool.base.py").read_text()
-SM121_FILE = (DATA / "sparse_attn_indexer_kpool.sm121.py").read_text()
+BASE_FILE = (DATA / "sparse_attn_indexer_kpool.base.excerpt").read_text()
+SM121_FILE = (DATA / "sparse_attn_indexer_kpool.sm121.excerpt").read_text()
 # The whole files' sha256 (docs/sm121.md): the v11 base's and tonyd2wild's
 V11_BASE_FILE_SHA256 = "ab5972fdea99fb19e78d2e34ff364012dd43e0b9314869854c279d0b26e30065"
 TONYD2WILD_FILE_SHA256 = "8a3ecfb0bab2441dd7417ed00a10d142191496149f88e5fe79fcfaea4b160980"
@@ -81,6 +81,8 @@ def test_dockerfile_copies_what_the_hash_covers() -> None:
     for name in imagehash.CONTEXT_TOP[1:]:
         assert name in text
     assert "COPY patches/" in text and "apply_patches.py" in text
+    after_from = text.split("FROM ${BASE}", 1)[1]  # the applier names the base image
+    assert "ARG BASE\n" in after_from and '--image "${BASE}"' in after_from
 
 
 def fake_vllm(tmp_path: Path, body: str | None = BASE_FILE) -> Path:
