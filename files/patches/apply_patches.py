@@ -98,7 +98,7 @@ def transform(
     with open(target, "rb") as fh:
         stock = fh.read()
     text, problems = rewrite(stock.decode("utf-8"), load_places(places_file))
-    readme = f"{os.path.dirname(entry.get('places', ''))}/README.md"
+    readme = f"files/patches/{os.path.dirname(entry.get('places', ''))}/README.md"
     new = text.encode("utf-8")
     record: dict[str, Any] = {"stock_sha256": sha256_bytes(stock), "applied_sha256": ""}
     if problems:
