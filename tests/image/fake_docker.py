@@ -4,8 +4,10 @@
 State: $FAKE_DOCKER_STATE (JSON: {"images": {id: image}, "tags": {ref: id}}). The registry:
 $FAKE_DOCKER_REGISTRY (JSON: {ref: image}); every call is appended to $FAKE_DOCKER_LOG.
 An image: {"os", "arch", "layers": [...], "digests": [...]}. `save` writes the image as JSON
-(RepoDigests dropped, as a real save/load does); `build` runs the context's patch applier in
---dry-run mode with the SPARKRIG_SKIP_PATCHES build arg, so a broken context fails the build.
+(RepoDigests dropped, as a real save/load does). An image may carry "files" ({path under the
+vllm package: text}); `build` runs the context's patch applier on a copy of them as the
+Dockerfile's RUN line does (--image BASE, the SPARKRIG_SKIP_PATCHES build arg), so a patch that
+does not fit the base fails the build, and the built image holds the patched files.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 
@@ -145,14 +148,25 @@ def main(argv: list[str]) -> int:
         if base is None:
             print("pull access denied (the fake has no network)", file=sys.stderr)
             return 1
-        applier = subprocess.run(
-            [sys.executable, "patches/apply_patches.py", "--dry-run", "--vllm-dir", os.getcwd()]
-            + ["--skip", args.get("SPARKRIG_SKIP_PATCHES", "")],
-            check=False,
-        )
-        if applier.returncode:
-            return applier.returncode
         img = dict(state["images"][base])
+        with tempfile.TemporaryDirectory() as vllm:  # the base image's vllm package
+            for rel, body in img.get("files", {}).items():
+                os.makedirs(os.path.dirname(os.path.join(vllm, rel)), exist_ok=True)
+                with open(os.path.join(vllm, rel), "w") as fh:
+                    fh.write(body)
+            skip = args.get("SPARKRIG_SKIP_PATCHES", "")
+            applier = subprocess.run(  # the Dockerfile's RUN line
+                [sys.executable, "patches/apply_patches.py", "--vllm-dir", vllm]
+                + ["--image", args.get("BASE", ""), "--skip", skip],
+                check=False,
+            )
+            if applier.returncode:
+                return applier.returncode
+            files = {}
+            for rel in img.get("files", {}):
+                with open(os.path.join(vllm, rel)) as fh:
+                    files[rel] = fh.read()
+        img["files"] = files
         img.pop("digests", None)
         img["layers"] = [*img["layers"], "sha256:" + "33" * 32]
         img["extra"] = args.get("SPARKRIG_TAG", "")

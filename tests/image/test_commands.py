@@ -23,7 +23,11 @@ ROOT = HERE.parents[1]
 BASE = "registry.example/vllm@sha256:" + "ab" * 32
 REPO = "sparkrig/vllm-glm53"
 LAYERS = ["sha256:" + "11" * 32, "sha256:" + "22" * 32]
-SKIP = ["sm121-topk"]  # the real patch file is not shipped (fails closed), as in the lab
+SKIP = ["sm121-topk"]  # a base image without vLLM, as the lab's stand-in
+TARGET = "model_executor/layers/sparse_attn_indexer_kpool.py"
+DATA = HERE / "data"  # excerpts of the base image's file and of the fixed one (data/README.md)
+BASE_FILE = (DATA / "sparse_attn_indexer_kpool.base.excerpt").read_text()
+SM121_FILE = (DATA / "sparse_attn_indexer_kpool.sm121.excerpt").read_text()
 
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
 
@@ -62,13 +66,18 @@ class Node:
         log = self.root / "docker.log"
         return log.read_text().splitlines() if log.exists() else []
 
-    def build(self, tag: str) -> subprocess.CompletedProcess[str]:
+    def build(self, tag: str, skip: list[str] = SKIP) -> subprocess.CompletedProcess[str]:
         Path(self.build_dir).mkdir(exist_ok=True)
         files = context_files(ROOT / "files")
         (Path(self.build_dir) / "context.tar").write_bytes(image.context_tar(files))
         local = image.local_base(REPO, BASE)
-        args = image.hashed_build_args(SKIP)
+        args = image.hashed_build_args(skip)
         return self.sh(image.build_command(self.build_dir, local, f"{REPO}:{tag}", tag, args))
+
+    def files_of(self, ref: str) -> dict[str, str]:
+        """The vllm files the fake image ``ref`` holds."""
+        state = json.loads((self.root / "docker.json").read_text())
+        return dict(state["images"][state["tags"][ref]].get("files", {}))
 
 
 def free_port() -> int:
@@ -77,11 +86,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def make_pair(tmp_path: Path, vllm_files: dict[str, str] | None = None) -> tuple[Node, Node]:
+    """Head and worker; the registry's base image holds ``vllm_files`` (none: no vLLM)."""
+    registry = tmp_path / "registry.json"
+    base: dict[str, object] = {"os": "linux", "arch": "arm64", "layers": LAYERS}
+    if vllm_files is not None:
+        base["files"] = vllm_files
+    registry.write_text(json.dumps({BASE: base}))
+    return Node(tmp_path / "head", registry), Node(tmp_path / "worker", registry)
+
+
 @pytest.fixture
 def pair(tmp_path):
-    registry = tmp_path / "registry.json"
-    registry.write_text(json.dumps({BASE: {"os": "linux", "arch": "arm64", "layers": LAYERS}}))
-    return Node(tmp_path / "head", registry), Node(tmp_path / "worker", registry)
+    return make_pair(tmp_path)
 
 
 def serve(head: Node, port: int) -> subprocess.Popen[bytes]:
@@ -211,17 +228,42 @@ def test_build_without_the_local_base_fails_before_docker_build(pair):
     assert not any(c.startswith("build ") for c in head.docker_calls())
 
 
-def test_build_fails_closed_when_the_required_patch_is_missing(pair):
-    head, _ = pair
-    local = image.local_base(REPO, BASE)
-    assert head.sh(image.pull_command(BASE, local, have_ref=False)).returncode == 0
-    Path(head.build_dir).mkdir()
-    files = context_files(ROOT / "files")
-    (Path(head.build_dir) / "context.tar").write_bytes(image.context_tar(files))
+def pulled_head(tmp_path: Path, indexer: str | None) -> Node:
+    """A head that pulled a base whose vllm holds ``indexer`` as the indexer file (None: none)."""
+    head, _ = make_pair(tmp_path, None if indexer is None else {TARGET: indexer})
+    assert head.sh(image.pull_command(BASE, image.local_base(REPO, BASE), False)).returncode == 0
+    return head
+
+
+def test_the_build_makes_the_sm121_fix_from_the_base_images_own_file(tmp_path):
+    head = pulled_head(tmp_path, BASE_FILE)
     tag = image.patched_tag(BASE)
-    r = head.sh(image.build_command(head.build_dir, local, f"{REPO}:{tag}", tag, {}))
+    r = head.build(tag, skip=[])
+    assert r.returncode == 0, r.stderr
+    assert "sm121-topk: applied" in r.stdout
+    assert head.files_of(f"{REPO}:{tag}") == {TARGET: SM121_FILE}
+    assert head.files_of(image.local_base(REPO, BASE)) == {TARGET: BASE_FILE}  # base untouched
+
+
+@pytest.mark.parametrize(
+    ("indexer", "says"),
+    [
+        (None, "no such file"),
+        (BASE_FILE.replace("select_k in (512, 1024, 2048):", "select_k in (512, 1024):"),
+         "found 0 times"),
+        (BASE_FILE + BASE_FILE, "found 2 times"),
+    ],
+    ids=["no-vllm-file", "anchor-missing", "anchors-doubled"],
+)  # fmt: skip
+def test_the_build_stops_naming_file_and_image_when_the_fix_does_not_fit(tmp_path, indexer, says):
+    head = pulled_head(tmp_path, indexer)
+    tag = image.patched_tag(BASE)
+    r = head.build(tag, skip=[])
     assert r.returncode == 1
-    assert "sm121-topk" in r.stderr and "refusing to build" in r.stderr
+    local = image.local_base(REPO, BASE)
+    assert f"{TARGET} of image {local}: " in r.stderr and says in r.stderr
+    assert f"refusing to build a half-patched image from {local}" in r.stderr
+    assert f"{REPO}:{tag}" not in head.sh(f"docker image ls {REPO}").stdout
 
 
 def test_the_state_read_is_two_docker_calls_and_tells_images_apart_by_their_whole_tag(pair):

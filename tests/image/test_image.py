@@ -51,11 +51,11 @@ def test_tag_is_stable_and_follows_every_input(files):
     assert tag.startswith("h") and len(tag) == 21
     assert image.patched_tag(OTHER, (), files) != tag
     assert image.patched_tag(BASE, ["sm121-topk"], files) != tag
-    patch = files / "patches" / "sm121_topk" / "sparse_attn_indexer_kpool.py"
-    patch.write_text("# the drop-in\n")
+    places = files / "patches" / "sm121_topk" / "places.py"
+    places.write_text(places.read_text() + "# another place\n")
     changed = image.patched_tag(BASE, (), files)
     assert changed != tag
-    patch.write_text("# the drop-in, one byte more\n")
+    places.write_text(places.read_text() + "#")
     assert image.patched_tag(BASE, (), files) != changed
 
 
