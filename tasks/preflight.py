@@ -37,18 +37,20 @@ if api is not None and api.source and settings.me.is_head:
     logger.info(f"{host.print_prefix}API key: {api.source}")
 
 
-# A checkout already complete at the pinned revisions needs no free space for the weights; nor
-# does one of the old layout the weights phase renames (its lockfile is the pinned one).
-def complete_here(art: Artifact) -> bool:
-    state = hoststate.read(settings)
-    held = state.weights_of(art.remote_lock)
-    return (held.complete and held.commit == art.commit) or adoptable(
-        art, state.file(art.remote_lock), state.release
-    )
+# The weights' bytes still to fetch here, from the lockfiles: a checkout already verified at the
+# pinned revisions needs none (verified files are subtracted), nor one of the old layout the
+# weights phase renames (its lockfile is the pinned one); a host that cannot say (first deploy,
+# another revision) needs the lockfile's whole size.
+def to_fetch(art: Artifact) -> int:
+    here = hoststate.read(settings)
+    held = here.weights_of(art.remote_lock)
+    if held.ok and held.commit == art.commit:
+        return 0 if held.complete else held.bytes_to_fetch
+    return 0 if adoptable(art, here.file(art.remote_lock), here.release) else art.total_bytes
 
 
-complete = all(complete_here(art) for art in artifacts(settings))
-found = problems(settings, node, peers, weights_complete=complete)
+fetch_bytes = {art.name: to_fetch(art) for art in artifacts(settings)}
+found = problems(settings, node, peers, weights_to_fetch=sum(fetch_bytes.values()))
 found += [secret.problem] if secret.problem else []
 found += [api.problem] if api is not None and api.problem else []
 

@@ -1,0 +1,74 @@
+"""Preflight of a first deploy (issue 32): every refusal comes before any host changes and says
+its figures and its next step: too little disk for what the lockfiles still have to fetch, a
+port sparkrig needs held by another program, the head unable to reach the Hub or the image
+registry when it must download from them (and never asked when nothing must be downloaded),
+sudo refusing the deploy's first command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.plan import fakehosts
+from tests.plan.test_plan import WORKER, apply, converge_state, refused_before_any_change
+
+GIB = 1024**3
+LOCKS = Path("tests/plan/locks")
+MODEL_LOCK = "GLM-5.3-Flash-NVFP4.lock.json"
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    fakehosts.STATE.clear()
+    yield
+    fakehosts.STATE.clear()
+
+
+def big_locks(tmp: Path, model_gib: float) -> str:
+    """A copy of the plan tests' lockfiles whose model weighs ``model_gib`` GiB."""
+    for lock in LOCKS.glob("*.lock.json"):
+        shutil.copy(lock, tmp / lock.name)
+    data = json.loads((LOCKS / MODEL_LOCK).read_text())
+    for entry in data["files"]:
+        if entry["path"].endswith(".safetensors"):
+            entry["size"] = int(model_gib * GIB)
+    (tmp / MODEL_LOCK).write_text(json.dumps(data))
+    return str(tmp)
+
+
+def disk_free(short: str, free_gib: float) -> None:
+    fakehosts.inject(short, {fakehosts.NODE: fakehosts.node_report(disk_free=int(free_gib * GIB))})
+
+
+def test_a_first_deploy_needs_the_lockfiles_size_and_the_space_kept_free(monkeypatch, tmp_path):
+    locks = big_locks(tmp_path, 181)
+    disk_free("spark-b", 200)
+    r = apply(monkeypatch, "--data", f"lockfile_dir={locks}")
+    refused_before_any_change(
+        r,
+        f"200.0 GiB free under /var/lib/sparkrig/models, need 245.0 GiB: 181.0 GiB of weights "
+        f"still to fetch (the lockfiles in {locks}) + 64 GiB kept free (min_disk_free_gib)",
+    )
+
+
+def test_a_first_deploy_with_the_room_it_needs_goes_ahead(monkeypatch, tmp_path):
+    locks = big_locks(tmp_path, 181)
+    disk_free("spark-b", 246)
+    r = apply(monkeypatch, "--dry", "--data", f"lockfile_dir={locks}")
+    assert r.exit_code == 0, r.output
+    assert "GiB free under" not in r.output
+
+
+def test_verified_files_need_no_room_only_what_is_left_to_fetch(monkeypatch):
+    converge_state()
+    s = fakehosts.settings_of("tests/plan/inventory_state.py")[WORKER]
+    half = {"ok": True, "commit": s.knobs.model_revision, "total_files": 2, "verified": 1,
+            "missing": 1, "files_to_fetch": 1, "bytes_to_fetch": 90 * GIB}  # fmt: skip
+    fakehosts.inject("spark-b", {fakehosts.WEIGHTS_STATE: json.dumps(half)})
+    disk_free("spark-b", 150)  # 90 + 64 > 150
+    r = apply(monkeypatch)
+    refused_before_any_change(r, "150.0 GiB free under /var/lib/sparkrig/models, need 154.0 GiB: "
+                                 "90.0 GiB of weights still to fetch")  # fmt: skip
