@@ -7,6 +7,7 @@ from pyinfra import host, inventory, logger, state
 from sparkrig import baseline, hoststate
 from sparkrig.failing import problems_absent
 from sparkrig.pairsecret import api_key, pair_secret
+from sparkrig.ports import port_problems
 from sparkrig.preflight import describe, problems, warnings
 from sparkrig.release import adoptable
 from sparkrig.settings import current, for_inventory
@@ -51,6 +52,10 @@ def to_fetch(art: Artifact) -> int:
 
 fetch_bytes = {art.name: to_fetch(art) for art in artifacts(settings)}
 found = problems(settings, node, peers, weights_to_fetch=sum(fetch_bytes.values()))
+ports = hoststate.read(settings).ports  # free, or held by sparkrig's own units and containers
+found += port_problems(settings, ports)
+if not ports.checked:
+    logger.warning(f"{host.print_prefix}ports not checked: ss (iproute2) is not installed")
 found += [secret.problem] if secret.problem else []
 found += [api.problem] if api is not None and api.problem else []
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkrig.factlines import END
 from tests.plan import fakehosts
 from tests.plan.test_plan import WORKER, apply, converge_state, refused_before_any_change
 
@@ -72,3 +73,37 @@ def test_verified_files_need_no_room_only_what_is_left_to_fetch(monkeypatch):
     r = apply(monkeypatch)
     refused_before_any_change(r, "150.0 GiB free under /var/lib/sparkrig/models, need 154.0 GiB: "
                                  "90.0 GiB of weights still to fetch")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("short", "held", "message"),
+    [
+        (
+            "spark-a",
+            fakehosts.listening(8000, "node", 777, container="open-webui"),
+            "port 8000 (api_port) is held by node (pid 777, docker container open-webui) on "
+            "*:8000; stop that program, or set api_port to a port free on every node",
+        ),
+        (
+            "spark-b",
+            fakehosts.listening(29600, "beacond", 4321, unit="beacond.service", address="0.0.0.0"),
+            "port 29600 (pair_port) is held by beacond (pid 4321, beacond.service) on "
+            "0.0.0.0:29600; stop that program, or set pair_port to a port free on every node",
+        ),
+    ],
+    ids=["api-port-by-a-container", "pair-port-by-a-unit"],
+)
+def test_a_port_held_by_another_program_is_refused_naming_the_knob(
+    monkeypatch, short, held, message
+):
+    fakehosts.inject(short, {fakehosts.PORTS: [held, END]})
+    refused_before_any_change(apply(monkeypatch), message)
+
+
+def test_a_port_held_by_sparkrigs_own_unit_is_no_refusal(monkeypatch):
+    """A copy server left by an interrupted run holds copy_port: sparkrig's, so not refused."""
+    held = fakehosts.listening(29700, "python3", 555, unit="sparkrig-weights-serve.service")
+    fakehosts.inject("spark-a", {fakehosts.PORTS: [held, END]})
+    r = apply(monkeypatch, "--dry")
+    assert r.exit_code == 0, r.output
+    assert "is held by" not in r.output
