@@ -6,9 +6,11 @@ from pyinfra import host, inventory, logger, state
 
 from sparkrig import baseline, hoststate
 from sparkrig.failing import problems_absent
+from sparkrig.image import patched_tag
 from sparkrig.pairsecret import api_key, pair_secret
 from sparkrig.ports import port_problems
 from sparkrig.preflight import describe, problems, warnings
+from sparkrig.reach import Reach, reach_problems, wanted_urls
 from sparkrig.release import adoptable
 from sparkrig.settings import current, for_inventory
 from sparkrig.weights import Artifact, artifacts
@@ -52,6 +54,24 @@ def to_fetch(art: Artifact) -> int:
 
 fetch_bytes = {art.name: to_fetch(art) for art in artifacts(settings)}
 found = problems(settings, node, peers, weights_to_fetch=sum(fetch_bytes.values()))
+# The head's reach of the Hub and the image registry, asked only when it must download from
+# them (one command more then; a converged pair needs no internet and is never asked).
+base = settings.knobs.base_image
+if settings.me.is_head and settings.knobs.reach_check and base is not None:
+    held_image = hoststate.read(settings).image_of(
+        image_repo=settings.knobs.image_repo,
+        base_image=base,
+        tag=patched_tag(base, settings.knobs.image_skip_patches),
+    )
+    wanted = wanted_urls(
+        settings,
+        weights_missing=sum(fetch_bytes.values()) > 0,
+        image_missing=held_image.needs_registry(base),
+    )
+    if wanted:
+        reached = host.get_fact(Reach, urls=tuple(wanted), _ignore_errors=True)
+        found += reach_problems(wanted, reached)
+
 ports = hoststate.read(settings).ports  # free, or held by sparkrig's own units and containers
 found += port_problems(settings, ports)
 if not ports.checked:

@@ -163,9 +163,23 @@ PAIR_SECRET = re.compile(r"^cat /etc/sparkrig/pair-token 2>/dev/null; echo ")  #
 API_KEY = re.compile(r"^cat /etc/sparkrig/api-key 2>/dev/null; echo ")  # the head's installed key
 RELEASE = re.compile(re.escape(LISTING))  # the release record and weights_dir's entries
 BASELINE = re.compile(r"^sh -c 'k=; read -r k < /proc/sys/kernel/osrelease")  # sparkrig/baseline
+REACH = re.compile(r"^/usr/bin/python3 -c '\nimport ssl, sys, urllib")  # sparkrig/reach.py
 PORTS = re.compile(
     r"^sh -c '\ncommand -v ss "
 )  # sparkrig/ports.py: who listens on sparkrig's ports
+
+
+HUB_API = "https://huggingface.co/api/models/LibertAIDAI/GLM-5.3-Flash-NVFP4"
+REGISTRY_API = "https://registry.example/v2/"
+
+
+def reached(hub: str = "401", registry: str = "401") -> list[str]:
+    """sparkrig.reach.Reach's output: ``ok <url> <status>`` or ``fail <url> <why>`` (a status
+    is a number, anything else a reason the URL was not reached)."""
+    out = []
+    for url, said in ((HUB_API, hub), (REGISTRY_API, registry)):
+        out.append(f"{'ok' if said.isdigit() else 'fail'} {url} {said}")
+    return [*out, END]
 
 
 def listening(
@@ -329,6 +343,7 @@ def bare(ip: str) -> dict[Any, Any]:
         BASELINE: baseline_report(),  # DGX OS as shipped: nothing held, no KHO in the kernel
         GIDS: gid_table(HCA, "enp1s0f1np1", ip),  # the GID appears once the address is applied
         PORTS: [END],  # nothing listens on sparkrig's ports
+        REACH: reached(),  # the head reaches the Hub and the registry
         RANK_RUNTIME: rank_runtime(),  # no container, no start gate yet
         re.compile(rf"^p={OURS}; if \[ -L "): "",  # nothing sparkrig owns exists yet
         re.compile(rf"^! \(test -e {OURS} \|\| test -L "): "",

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from sparkrig.factlines import END
+from tests.image.fakeimage import image_state
 from tests.plan import fakehosts
-from tests.plan.test_plan import WORKER, apply, converge_state, refused_before_any_change
+from tests.plan.test_plan import HEAD, WORKER, apply, converge_state, refused_before_any_change
 
 GIB = 1024**3
 LOCKS = Path("tests/plan/locks")
@@ -107,3 +108,52 @@ def test_a_port_held_by_sparkrigs_own_unit_is_no_refusal(monkeypatch):
     r = apply(monkeypatch, "--dry")
     assert r.exit_code == 0, r.output
     assert "is held by" not in r.output
+
+
+DNS = "[Errno -3] Temporary failure in name resolution"
+
+
+def reach_commands(r) -> list[str]:
+    return [c for c in r.commands.get(HEAD, []) if fakehosts.REACH.search(c)]
+
+
+@pytest.mark.parametrize(
+    ("reached", "message"),
+    [
+        (
+            {"hub": DNS},
+            f"the head does not reach {fakehosts.HUB_API} ({DNS}) and must download the weights "
+            "from the Hub (hub_endpoint https://huggingface.co;",
+        ),
+        (
+            {"registry": "timed out"},
+            f"the head does not reach {fakehosts.REGISTRY_API} (timed out) and must download the "
+            "base image registry.example/vllm from its registry",
+        ),
+    ],
+    ids=["hub", "registry"],
+)
+def test_a_first_deploy_the_head_cannot_download_for_is_refused(monkeypatch, reached, message):
+    fakehosts.inject("spark-a", {fakehosts.REACH: fakehosts.reached(**reached)})
+    r = apply(monkeypatch)
+    refused_before_any_change(r, message)
+    assert "check the head's DNS, route and firewall" in r.output
+
+
+def test_a_converged_pair_never_asks_for_the_internet(monkeypatch):
+    converge_state()
+    fakehosts.inject("spark-a", {fakehosts.REACH: fakehosts.reached(hub=DNS, registry=DNS)})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert reach_commands(r) == []
+
+
+def test_the_head_asks_only_for_what_it_must_download(monkeypatch):
+    """Weights verified, the base image gone: the registry is asked, the Hub is not."""
+    converge_state()
+    bare_image = image_state(fakehosts.IMAGE, pulled=False, base=False, patched=False)
+    fakehosts.inject("spark-a", {fakehosts.IMAGE_FACT: bare_image})
+    r = apply(monkeypatch, "--dry")
+    assert r.exit_code == 0, r.output
+    (asked,) = reach_commands(r)
+    assert fakehosts.REGISTRY_API in asked and fakehosts.HUB_API not in asked
