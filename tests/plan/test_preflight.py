@@ -15,6 +15,7 @@ import pytest
 from sparkrig.factlines import END
 from tests.image.fakeimage import image_state
 from tests.plan import fakehosts
+from tests.plan.harness import SUDO_REFUSES
 from tests.plan.test_plan import HEAD, WORKER, apply, converge_state, refused_before_any_change
 
 GIB = 1024**3
@@ -157,3 +158,35 @@ def test_the_head_asks_only_for_what_it_must_download(monkeypatch):
     assert r.exit_code == 0, r.output
     (asked,) = reach_commands(r)
     assert fakehosts.REGISTRY_API in asked and fakehosts.HUB_API not in asked
+
+
+@pytest.mark.parametrize(
+    ("stderr", "message"),
+    [
+        (
+            ["sudo: a password is required"],
+            "sudo asks this user for a password and got none (sudo: a password is required): "
+            "type it when pyinfra asks `sudo password:` at the first command",
+        ),
+        (
+            ["Sorry, try again.", "sudo: 3 incorrect password attempts"],
+            "sudo refused the password typed at pyinfra's `sudo password:` prompt",
+        ),
+        (
+            ["sudo: a terminal is required to read the password"],
+            "check that SSH logs in (`ssh <host> true`), that sudo runs without a prompt",
+        ),
+    ],
+    ids=["no-password", "wrong-password", "other"],
+)
+def test_sudo_refusing_the_first_command_says_why_and_what_to_do(monkeypatch, stderr, message):
+    fakehosts.inject("spark-b", {SUDO_REFUSES: stderr})
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    shown = str(getattr(r.exception, "exception", r.exception))
+    assert shown.startswith(f"{WORKER}: ") and message in shown, shown
+    assert "\n" not in shown and "Traceback" not in r.output
+    if "password" in message:
+        assert "--same-sudo-password" in shown or "NOPASSWD" in shown
+    assert r.commands[WORKER] and all("##SPARKRIG-PART" in c for c in r.commands[WORKER])
+    assert all("##SPARKRIG-PART" in c for c in r.commands[HEAD]), "the head went on"
