@@ -40,6 +40,11 @@ def warnings(s: Settings, node: NodeReport, peers: dict[str, NodeReport]) -> lis
     return out
 
 
+def fetch_summary(fetch_bytes: dict[str, int]) -> str:
+    """What is still to fetch per artifact, e.g. ``model 181.0 GiB, drafter 2.1 GiB``."""
+    return ", ".join(f"{name} {size / GIB:.1f} GiB" for name, size in fetch_bytes.items() if size)
+
+
 def disk_problem(s: Settings, node: NodeReport, weights_to_fetch: int) -> str | None:
     """Too little free space where the weights land: what the lockfiles say is still to fetch
     here (``weights_to_fetch`` bytes: verified files excluded) plus ``min_disk_free_gib`` kept

@@ -9,7 +9,7 @@ from sparkrig.failing import problems_absent
 from sparkrig.image import patched_tag
 from sparkrig.pairsecret import api_key, pair_secret
 from sparkrig.ports import port_problems
-from sparkrig.preflight import describe, problems, warnings
+from sparkrig.preflight import describe, fetch_summary, problems, warnings
 from sparkrig.reach import Reach, reach_problems, wanted_urls
 from sparkrig.release import adoptable
 from sparkrig.settings import current, for_inventory
@@ -53,6 +53,8 @@ def to_fetch(art: Artifact) -> int:
 
 
 fetch_bytes = {art.name: to_fetch(art) for art in artifacts(settings)}
+if sum(fetch_bytes.values()):
+    logger.info(f"{host.print_prefix}weights still to fetch: {fetch_summary(fetch_bytes)}")
 found = problems(settings, node, peers, weights_to_fetch=sum(fetch_bytes.values()))
 # The head's reach of the Hub and the image registry, asked only when it must download from
 # them (one command more then; a converged pair needs no internet and is never asked).

@@ -190,3 +190,10 @@ def test_sudo_refusing_the_first_command_says_why_and_what_to_do(monkeypatch, st
         assert "--same-sudo-password" in shown or "NOPASSWD" in shown
     assert r.commands[WORKER] and all("##SPARKRIG-PART" in c for c in r.commands[WORKER])
     assert all("##SPARKRIG-PART" in c for c in r.commands[HEAD]), "the head went on"
+
+
+def test_each_node_says_what_it_still_has_to_fetch(monkeypatch, tmp_path):
+    r = apply(monkeypatch, "--dry", "--data", f"lockfile_dir={big_locks(tmp_path, 181)}")
+    assert r.exit_code == 0, r.output
+    for name in (HEAD, WORKER):
+        assert f"[{name}] weights still to fetch: model 181.0 GiB" in r.output
