@@ -25,9 +25,10 @@ bench_timeout_s = 1800  # the gate's short bench, run from the control machine, 
 # --- install paths on the nodes ---------------------------------------------------------------
 install_dir = "/opt/sparkrig"  # helper programs and patch files
 config_dir = "/etc/sparkrig"  # per-rank env files
-weights_dir = "/var/lib/sparkrig/models"  # checkpoint and drafter land here (needs ~200 GB)
+weights_dir = "/var/lib/sparkrig/models"  # checkpoint and drafter land here (~183 GiB per revision)
 cache_dir = "/var/lib/sparkrig/cache"  # JIT caches (triton, flashinfer, vllm) kept across restarts
-min_disk_free_gib = 200  # preflight: free space required where weights land (unless complete)
+min_disk_free_gib = 64  # preflight: GiB left free where weights land after what is still to fetch
+reach_check = True  # preflight: the head reaches the Hub / image registry it must download from
 
 # --- host tuning ------------------------------------------------------------------------------
 swappiness = 0  # vm.swappiness; 0 keeps the engine's pages out of swap

@@ -22,6 +22,7 @@ from sparkrig.node import SYSCTL_FILE, Node, NodeReport, node_part
 from sparkrig.owned import OwnedReport, PathState, owned_of, paths_part, units_part
 from sparkrig.pairsecret import PairSecretFile, secret_parts
 from sparkrig.paths import paths
+from sparkrig.ports import PortsReport, ports_of, ports_part
 from sparkrig.release import ReleaseReport, release_part, report_of
 from sparkrig.serving import rank_part
 from sparkrig.settings import Settings
@@ -88,6 +89,7 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
     parts.append(paths_part(owned_files(s), owned_dirs(s)))
     parts.append(units_part(units(s)))
     parts.append(rank_part(s))
+    parts.append(ports_part(s))
     return tuple(parts)
 
 
@@ -109,6 +111,11 @@ class HostReport:
     def gids(self) -> tuple[GidEntry, ...]:
         entries: list[GidEntry] = self.values.get("gids", RoceGids)
         return tuple(entries)
+
+    @property
+    def ports(self) -> PortsReport:
+        """Who listens on the ports this rank needs (sparkrig/ports.py)."""
+        return ports_of(self.values)
 
     @property
     def image(self) -> ImageReport:

@@ -196,6 +196,11 @@ class ImageReport:
         """On the head: the local base tag is the image pulled by the pinned digest."""
         return self.base is not None and self.base.has_digest(base_digest(base_image))
 
+    def needs_registry(self, base_image: str) -> bool:
+        """On the head: the pinned image must come from its registry (neither the local base
+        nor the pinned ref is here)."""
+        return not self.pulled(base_image) and self.ref is None
+
     def layers(self, base_image: str) -> tuple[str, ...] | None:
         """The pinned content's layers on this node, when it has the pinned ref or base tag."""
         if self.pulled(base_image) and self.base is not None:
@@ -507,11 +512,12 @@ def base_image_pulled(image_repo: str, base_image: str, tag: str) -> Generator[A
     if report.pulled(base_image):
         host.noop(f"{local} is {base_image} (pulled by digest)")
         return
-    if report.ref is None:
+    pull = report.needs_registry(base_image)
+    if pull:
         _log(f"base image: will pull {base_image} from its registry")
     else:
         _log(f"base image: {base_image} is here; will name it {local}")
-    yield _sh(pull_command(base_image, local, have_ref=report.ref is not None))
+    yield _sh(pull_command(base_image, local, have_ref=not pull))
 
 
 @operation(is_idempotent=False)

@@ -108,6 +108,7 @@ class Knobs(BaseModel):
     weights_dir: str = _cluster()
     cache_dir: str
     min_disk_free_gib: float = Field(ge=0)
+    reach_check: bool
 
     swappiness: int = Field(ge=0, le=200)
     min_free_kbytes: int | None = _cluster(ge=1024)

@@ -40,6 +40,7 @@ from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import DeployError, FactProcessError
 from pyinfra.context import ctx_host, ctx_state
 
+from sparkrig.access import HostLines, first_command_failed
 from sparkrig.factlines import END
 from sparkrig.runscope import changed, once_per_run
 
@@ -270,8 +271,11 @@ def read(target: Any, parts: tuple[Part, ...], needs: tuple[str, ...] = ()) -> V
         if any(p in wanted for p in stale):
             if generation not in ("prepare", ("execute", 0)):
                 stale = [p for p in stale if p in wanted]
-            values = target.get_fact(HostState, parts=tuple(stale), _ignore_errors=True)
+            with HostLines(target) as printed:  # what the host said, if the command failed
+                values = target.get_fact(HostState, parts=tuple(stale), _ignore_errors=True)
             reads.count[name] = reads.count.get(name, 0) + 1
+            if not values:  # no part ran: SSH, sudo or the shell failed the command itself
+                raise StateReadFailed(f"{name}: {first_command_failed(printed.lines)}") from None
             missing = [p for p in stale if p.key not in values]
             if FAILED in values or missing:
                 why = values.get(FAILED) or (

@@ -6,8 +6,11 @@ from pyinfra import host, inventory, logger, state
 
 from sparkrig import baseline, hoststate
 from sparkrig.failing import problems_absent
+from sparkrig.image import patched_tag
 from sparkrig.pairsecret import api_key, pair_secret
-from sparkrig.preflight import describe, problems, warnings
+from sparkrig.ports import port_problems
+from sparkrig.preflight import describe, fetch_summary, problems, warnings
+from sparkrig.reach import Reach, reach_problems, wanted_urls
 from sparkrig.release import adoptable
 from sparkrig.settings import current, for_inventory
 from sparkrig.weights import Artifact, artifacts
@@ -37,18 +40,44 @@ if api is not None and api.source and settings.me.is_head:
     logger.info(f"{host.print_prefix}API key: {api.source}")
 
 
-# A checkout already complete at the pinned revisions needs no free space for the weights; nor
-# does one of the old layout the weights phase renames (its lockfile is the pinned one).
-def complete_here(art: Artifact) -> bool:
-    state = hoststate.read(settings)
-    held = state.weights_of(art.remote_lock)
-    return (held.complete and held.commit == art.commit) or adoptable(
-        art, state.file(art.remote_lock), state.release
+# The weights' bytes still to fetch here, from the lockfiles: a checkout already verified at the
+# pinned revisions needs none (verified files are subtracted), nor one of the old layout the
+# weights phase renames (its lockfile is the pinned one); a host that cannot say (first deploy,
+# another revision) needs the lockfile's whole size.
+def to_fetch(art: Artifact) -> int:
+    here = hoststate.read(settings)
+    held = here.weights_of(art.remote_lock)
+    if held.ok and held.commit == art.commit:
+        return 0 if held.complete else held.bytes_to_fetch
+    return 0 if adoptable(art, here.file(art.remote_lock), here.release) else art.total_bytes
+
+
+fetch_bytes = {art.name: to_fetch(art) for art in artifacts(settings)}
+if sum(fetch_bytes.values()):
+    logger.info(f"{host.print_prefix}weights still to fetch: {fetch_summary(fetch_bytes)}")
+found = problems(settings, node, peers, weights_to_fetch=sum(fetch_bytes.values()))
+# The head's reach of the Hub and the image registry, asked only when it must download from
+# them (one command more then; a converged pair needs no internet and is never asked).
+base = settings.knobs.base_image
+if settings.me.is_head and settings.knobs.reach_check and base is not None:
+    held_image = hoststate.read(settings).image_of(
+        image_repo=settings.knobs.image_repo,
+        base_image=base,
+        tag=patched_tag(base, settings.knobs.image_skip_patches),
     )
+    wanted = wanted_urls(
+        settings,
+        weights_missing=sum(fetch_bytes.values()) > 0,
+        image_missing=held_image.needs_registry(base),
+    )
+    if wanted:
+        reached = host.get_fact(Reach, urls=tuple(wanted), _ignore_errors=True)
+        found += reach_problems(wanted, reached)
 
-
-complete = all(complete_here(art) for art in artifacts(settings))
-found = problems(settings, node, peers, weights_complete=complete)
+ports = hoststate.read(settings).ports  # free, or held by sparkrig's own units and containers
+found += port_problems(settings, ports)
+if not ports.checked:
+    logger.warning(f"{host.print_prefix}ports not checked: ss (iproute2) is not installed")
 found += [secret.problem] if secret.problem else []
 found += [api.problem] if api is not None and api.problem else []
 

@@ -165,6 +165,47 @@ PAIR_SECRET = re.compile(r"^cat /etc/sparkrig/pair-token 2>/dev/null; echo ")  #
 API_KEY = re.compile(r"^cat /etc/sparkrig/api-key 2>/dev/null; echo ")  # the head's installed key
 RELEASE = re.compile(re.escape(LISTING))  # the release record and weights_dir's entries
 BASELINE = re.compile(r"^sh -c 'k=; read -r k < /proc/sys/kernel/osrelease")  # sparkrig/baseline
+REACH = re.compile(r"^/usr/bin/python3 -c '\nimport ssl, sys, urllib")  # sparkrig/reach.py
+PORTS = re.compile(
+    r"^sh -c '\ncommand -v ss "
+)  # sparkrig/ports.py: who listens on sparkrig's ports
+
+
+HUB_API = "https://huggingface.co/api/models/LibertAIDAI/GLM-5.3-Flash-NVFP4"
+REGISTRY_API = "https://registry.example/v2/"
+
+
+def reached(hub: str = "401", registry: str = "401") -> list[str]:
+    """sparkrig.reach.Reach's output: ``ok <url> <status>`` or ``fail <url> <why>`` (a status
+    is a number, anything else a reason the URL was not reached)."""
+    out = []
+    for url, said in ((HUB_API, hub), (REGISTRY_API, registry)):
+        out.append(f"{'ok' if said.isdigit() else 'fail'} {url} {said}")
+    return [*out, END]
+
+
+def listening(
+    port: int, program: str, pid: int, unit: str = "", container: str = "", address: str = "*"
+) -> str:
+    """One listener as sparkrig.ports.Listeners prints it: held by a systemd unit (``unit``)
+    or a docker container (``container``: its cgroup is docker's scope of its id)."""
+    cgroup = f"/system.slice/{unit}" if unit else ""
+    if container:
+        cgroup = f"/system.slice/docker-{hashlib.sha256(container.encode()).hexdigest()}.scope"
+    return f"listen={address}:{port}|{pid}|{program}|{cgroup}|{container}"
+
+
+def converged_listeners(s: Settings) -> list[str]:
+    """A serving rank's listeners: its container (the head: API and rendezvous), its beacon,
+    the worker's agent or the head's supervisor."""
+    k = s.knobs
+    out = [listening(k.pair_port, "python3", 2101, unit="sparkrig-pair.service", address=s.me.ip)]
+    helper = "sparkrig-supervisor.service" if s.me.is_head else "sparkrig-agent.service"
+    out.append(listening(k.agent_port, "python3", 2102, unit=helper, address=s.me.ip))
+    if s.me.is_head:
+        out.append(listening(k.api_port, "vllm", 3100, container=s.container_name))
+        out.append(listening(k.master_port, "vllm", 3100, container=s.container_name))
+    return [*out, END]
 
 
 def release_state(record: str = "", entries: tuple[str, ...] = ()) -> list[str]:
@@ -306,6 +347,8 @@ def bare(ip: str) -> dict[Any, Any]:
         RELEASE: release_state(),  # no release record, weights_dir empty
         BASELINE: baseline_report(),  # DGX OS as shipped: nothing held, no KHO in the kernel
         GIDS: gid_table(HCA, "enp1s0f1np1", ip),  # the GID appears once the address is applied
+        PORTS: [END],  # nothing listens on sparkrig's ports
+        REACH: reached(),  # the head reaches the Hub and the registry
         RANK_RUNTIME: rank_runtime(),  # no container, no start gate yet
         re.compile(rf"^p={OURS}; if \[ -L "): "",  # nothing sparkrig owns exists yet
         re.compile(rf"^! \(test -e {OURS} \|\| test -L "): "",
@@ -582,6 +625,7 @@ def converged(
         )
     canned.update(converged_image_state(IMAGE, pulled=s.me.is_head))
     canned[BASELINE] = baseline_report(held=True)
+    canned[PORTS] = converged_listeners(s)
     canned[RELEASE] = converged_release(s, owned)
     canned[RANK_STATUS] = rank_status(
         unit_ActiveState="active",

@@ -26,6 +26,9 @@ UNIT_STATE = re.compile(r"--property SubState (sparkrig-[\w-]+?)\.service \)")
 RENAME = re.compile(r"^mv -f (/\S+) (/\S+)$")
 
 
+# A key of a host's fake_responses (never part of a command): every command fails with its value
+# on stderr, as sudo fails each one before it runs (``sudo: a password is required``).
+SUDO_REFUSES = "##sudo-refuses##"
 PATH_LISTS = re.compile(r"for p in (.*?); do ")
 UNIT_LIST = re.compile(r"--property UnitFileState (.*?) \); fi$")
 Answer = tuple[bool, CommandOutput]
@@ -165,6 +168,9 @@ def run(
         return True, CommandOutput([OutputLine("stdout", x) for x in lines])
 
     def strict_lookup(self: FakeConnector, command: str) -> tuple[bool, CommandOutput]:
+        refused = (self.data.get("fake_responses") or {}).get(SUDO_REFUSES)
+        if refused is not None:
+            return False, CommandOutput([OutputLine("stderr", x) for x in refused])
         got = state_read(self, command) or answer(self, command)
         if got is not None:
             return got

@@ -10,7 +10,7 @@ from tests.plan import fakehosts
 from tests.plan.test_plan import ACTION, WORKER, apply, converge_state, settings
 
 GIB = 1024**3
-SHORT = "150.0 GiB free under /var/lib/sparkrig/models, need 200 GiB (min_disk_free_gib)"
+SHORT = "10.0 GiB free under /var/lib/sparkrig/models, need 64.0 GiB"
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +34,7 @@ def worker_disk_free(free: int) -> None:
 
 def test_a_complete_checkout_needs_no_free_space_for_the_weights(monkeypatch):
     converge_state()
-    worker_disk_free(150 * GIB)
+    worker_disk_free(10 * GIB)
     r = apply(monkeypatch)
     assert r.exit_code == 0, r.output
     assert SHORT not in r.output
@@ -43,7 +43,7 @@ def test_a_complete_checkout_needs_no_free_space_for_the_weights(monkeypatch):
 
 def test_a_checkout_of_another_revision_still_needs_the_free_space(monkeypatch):
     converge_state()
-    worker_disk_free(150 * GIB)
+    worker_disk_free(10 * GIB)
     stale = json.dumps({"ok": True, "commit": "0" * 40, "total_files": 2, "verified": 2,
                         "files_to_fetch": 0, "bytes_to_fetch": 0})  # fmt: skip
     fakehosts.inject("spark-b", {fakehosts.WEIGHTS_STATE: stale})

@@ -206,7 +206,11 @@ def ops_after(r: Run, op: str) -> list[str]:
     ("short", "report", "message"),
     [
         ("spark-b", {"docker": ""}, "docker is not installed"),
-        ("spark-b", {"disk_free": 150 * 1024**3}, "150.0 GiB free under /var/lib/sparkrig/models"),
+        (
+            "spark-b",
+            {"disk_free": 40 * 1024**3},
+            "40.0 GiB free under /var/lib/sparkrig/models, need 64.0 GiB",
+        ),
         (
             "spark-b",
             {"carrier": 0},
@@ -223,7 +227,11 @@ def ops_after(r: Run, op: str) -> list[str]:
 )
 def test_preflight_refusal_stops_everyone_before_any_change(monkeypatch, short, report, message):
     fakehosts.inject(short, {fakehosts.NODE: fakehosts.node_report(**report)})
-    r = apply(monkeypatch)
+    refused_before_any_change(apply(monkeypatch), message)
+
+
+def refused_before_any_change(r: Run, message: str) -> None:
+    """Preflight refused one host with ``message``, and nothing changed on any host."""
     assert r.exit_code != 0
     assert message in r.output
     refused = [c for cmds in r.commands.values() for c in cmds if c.endswith(">&2; exit 1")]

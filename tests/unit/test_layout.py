@@ -28,6 +28,8 @@ DOMAINS = {
     "pairsecret",  # the agents' secret and the API key on a rank
     "status",  # status.py's one read per rank
     "baseline",  # kernel, driver, NIC firmware, BIOS, packages: read, compared, held, kho=off
+    "ports",  # who listens on the ports a rank needs
+    "reach",  # the head's reach of the Hub and the image registry it must download from
 }
 # cross-cutting modules and the one fact or operation each exists for
 CROSS_CUTTING = {

@@ -1,0 +1,199 @@
+"""Preflight of a first deploy (issue 32): every refusal comes before any host changes and says
+its figures and its next step: too little disk for what the lockfiles still have to fetch, a
+port sparkrig needs held by another program, the head unable to reach the Hub or the image
+registry when it must download from them (and never asked when nothing must be downloaded),
+sudo refusing the deploy's first command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sparkrig.factlines import END
+from tests.image.fakeimage import image_state
+from tests.plan import fakehosts
+from tests.plan.harness import SUDO_REFUSES
+from tests.plan.test_plan import HEAD, WORKER, apply, converge_state, refused_before_any_change
+
+GIB = 1024**3
+LOCKS = Path("tests/plan/locks")
+MODEL_LOCK = "GLM-5.3-Flash-NVFP4.lock.json"
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    fakehosts.STATE.clear()
+    yield
+    fakehosts.STATE.clear()
+
+
+def big_locks(tmp: Path, model_gib: float) -> str:
+    """A copy of the plan tests' lockfiles whose model weighs ``model_gib`` GiB."""
+    for lock in LOCKS.glob("*.lock.json"):
+        shutil.copy(lock, tmp / lock.name)
+    data = json.loads((LOCKS / MODEL_LOCK).read_text())
+    for entry in data["files"]:
+        if entry["path"].endswith(".safetensors"):
+            entry["size"] = int(model_gib * GIB)
+    (tmp / MODEL_LOCK).write_text(json.dumps(data))
+    return str(tmp)
+
+
+def disk_free(short: str, free_gib: float) -> None:
+    fakehosts.inject(short, {fakehosts.NODE: fakehosts.node_report(disk_free=int(free_gib * GIB))})
+
+
+def test_a_first_deploy_needs_the_lockfiles_size_and_the_space_kept_free(monkeypatch, tmp_path):
+    locks = big_locks(tmp_path, 181)
+    disk_free("spark-b", 200)
+    r = apply(monkeypatch, "--data", f"lockfile_dir={locks}")
+    refused_before_any_change(
+        r,
+        f"200.0 GiB free under /var/lib/sparkrig/models, need 245.0 GiB: 181.0 GiB of weights "
+        f"still to fetch (the lockfiles in {locks}) + 64 GiB kept free (min_disk_free_gib)",
+    )
+
+
+def test_a_first_deploy_with_the_room_it_needs_goes_ahead(monkeypatch, tmp_path):
+    locks = big_locks(tmp_path, 181)
+    disk_free("spark-b", 246)
+    r = apply(monkeypatch, "--dry", "--data", f"lockfile_dir={locks}")
+    assert r.exit_code == 0, r.output
+    assert "GiB free under" not in r.output
+
+
+def test_verified_files_need_no_room_only_what_is_left_to_fetch(monkeypatch):
+    converge_state()
+    s = fakehosts.settings_of("tests/plan/inventory_state.py")[WORKER]
+    half = {"ok": True, "commit": s.knobs.model_revision, "total_files": 2, "verified": 1,
+            "missing": 1, "files_to_fetch": 1, "bytes_to_fetch": 90 * GIB}  # fmt: skip
+    fakehosts.inject("spark-b", {fakehosts.WEIGHTS_STATE: json.dumps(half)})
+    disk_free("spark-b", 150)  # 90 + 64 > 150
+    r = apply(monkeypatch)
+    refused_before_any_change(r, "150.0 GiB free under /var/lib/sparkrig/models, need 154.0 GiB: "
+                                 "90.0 GiB of weights still to fetch")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("short", "held", "message"),
+    [
+        (
+            "spark-a",
+            fakehosts.listening(8000, "node", 777, container="open-webui"),
+            "port 8000 (api_port) is held by node (pid 777, docker container open-webui) on "
+            "*:8000; stop that program, or set api_port to a port free on every node",
+        ),
+        (
+            "spark-b",
+            fakehosts.listening(29600, "beacond", 4321, unit="beacond.service", address="0.0.0.0"),
+            "port 29600 (pair_port) is held by beacond (pid 4321, beacond.service) on "
+            "0.0.0.0:29600; stop that program, or set pair_port to a port free on every node",
+        ),
+    ],
+    ids=["api-port-by-a-container", "pair-port-by-a-unit"],
+)
+def test_a_port_held_by_another_program_is_refused_naming_the_knob(
+    monkeypatch, short, held, message
+):
+    fakehosts.inject(short, {fakehosts.PORTS: [held, END]})
+    refused_before_any_change(apply(monkeypatch), message)
+
+
+def test_a_port_held_by_sparkrigs_own_unit_is_no_refusal(monkeypatch):
+    """A copy server left by an interrupted run holds copy_port: sparkrig's, so not refused."""
+    held = fakehosts.listening(29700, "python3", 555, unit="sparkrig-weights-serve.service")
+    fakehosts.inject("spark-a", {fakehosts.PORTS: [held, END]})
+    r = apply(monkeypatch, "--dry")
+    assert r.exit_code == 0, r.output
+    assert "is held by" not in r.output
+
+
+DNS = "[Errno -3] Temporary failure in name resolution"
+
+
+def reach_commands(r) -> list[str]:
+    return [c for c in r.commands.get(HEAD, []) if fakehosts.REACH.search(c)]
+
+
+@pytest.mark.parametrize(
+    ("reached", "message"),
+    [
+        (
+            {"hub": DNS},
+            f"the head does not reach {fakehosts.HUB_API} ({DNS}) and must download the weights "
+            "from the Hub (hub_endpoint https://huggingface.co;",
+        ),
+        (
+            {"registry": "timed out"},
+            f"the head does not reach {fakehosts.REGISTRY_API} (timed out) and must download the "
+            "base image registry.example/vllm from its registry",
+        ),
+    ],
+    ids=["hub", "registry"],
+)
+def test_a_first_deploy_the_head_cannot_download_for_is_refused(monkeypatch, reached, message):
+    fakehosts.inject("spark-a", {fakehosts.REACH: fakehosts.reached(**reached)})
+    r = apply(monkeypatch)
+    refused_before_any_change(r, message)
+    assert "check the head's DNS, route and firewall" in r.output
+
+
+def test_a_converged_pair_never_asks_for_the_internet(monkeypatch):
+    converge_state()
+    fakehosts.inject("spark-a", {fakehosts.REACH: fakehosts.reached(hub=DNS, registry=DNS)})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert reach_commands(r) == []
+
+
+def test_the_head_asks_only_for_what_it_must_download(monkeypatch):
+    """Weights verified, the base image gone: the registry is asked, the Hub is not."""
+    converge_state()
+    bare_image = image_state(fakehosts.IMAGE, pulled=False, base=False, patched=False)
+    fakehosts.inject("spark-a", {fakehosts.IMAGE_FACT: bare_image})
+    r = apply(monkeypatch, "--dry")
+    assert r.exit_code == 0, r.output
+    (asked,) = reach_commands(r)
+    assert fakehosts.REGISTRY_API in asked and fakehosts.HUB_API not in asked
+
+
+@pytest.mark.parametrize(
+    ("stderr", "message"),
+    [
+        (
+            ["sudo: a password is required"],
+            "sudo asks this user for a password and got none (sudo: a password is required): "
+            "type it when pyinfra asks `sudo password:` at the first command",
+        ),
+        (
+            ["Sorry, try again.", "sudo: 3 incorrect password attempts"],
+            "sudo refused the password typed at pyinfra's `sudo password:` prompt",
+        ),
+        (
+            ["sudo: a terminal is required to read the password"],
+            "check that SSH logs in (`ssh <host> true`), that sudo runs without a prompt",
+        ),
+    ],
+    ids=["no-password", "wrong-password", "other"],
+)
+def test_sudo_refusing_the_first_command_says_why_and_what_to_do(monkeypatch, stderr, message):
+    fakehosts.inject("spark-b", {SUDO_REFUSES: stderr})
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    shown = str(getattr(r.exception, "exception", r.exception))
+    assert shown.startswith(f"{WORKER}: ") and message in shown, shown
+    assert "\n" not in shown and "Traceback" not in r.output
+    if "password" in message:
+        assert "--same-sudo-password" in shown or "NOPASSWD" in shown
+    assert r.commands[WORKER] and all("##SPARKRIG-PART" in c for c in r.commands[WORKER])
+    assert all("##SPARKRIG-PART" in c for c in r.commands[HEAD]), "the head went on"
+
+
+def test_each_node_says_what_it_still_has_to_fetch(monkeypatch, tmp_path):
+    r = apply(monkeypatch, "--dry", "--data", f"lockfile_dir={big_locks(tmp_path, 181)}")
+    assert r.exit_code == 0, r.output
+    for name in (HEAD, WORKER):
+        assert f"[{name}] weights still to fetch: model 181.0 GiB" in r.output
