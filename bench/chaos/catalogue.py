@@ -198,11 +198,11 @@ CATALOGUE: tuple[Fault, ...] = (
           "disconnect or a driver reset can leave); brought up by one run, never a cable "
           "refusal", "any", "ip link set dev {iface} down", restarts=PAIR),
     Fault("host-package-removed", "the host package removed",
-          "/opt/sparkrig removed (what an upgrade of sparkrig's host package looks like to the "
-          "run: every module new); the run reinstalls it and the ranks keep serving: the "
-          "stop-together watch is reloaded with its beacon's socket kept, only the helpers "
-          "restart", "any", "rm -rf /opt/sparkrig",
-          restarts_on_target=("sparkrig-agent", "sparkrig-supervisor", "sparkrig-watchdog")),
+          "/opt/sparkrig removed; the run reinstalls it and reloads the stop-together watch (its "
+          "beacon's socket kept). Without the package's state job the weights cannot be judged "
+          "from their stamps, so the run verifies them again, which restarts the pair in order",
+          "any", "rm -rf /opt/sparkrig", restarts=PAIR,
+          restarts_on_target=("sparkrig-agent",)),
 )  # fmt: skip
 
 BY_KIND = {f.kind: f for f in CATALOGUE}

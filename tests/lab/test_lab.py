@@ -724,16 +724,17 @@ def test_docker_stopped_on_the_worker_is_healed_by_one_deploy(lab: Lab):
 
 
 def test_a_new_host_package_on_one_rank_leaves_the_pair_serving(lab: Lab):
-    """Issue 31: /opt/sparkrig removed on the head (to the run, every module of the host package
-    is new, as in an upgrade of sparkrig): one run reinstalls it and reloads the stop-together
+    """Issue 31: the head's host package is not what the deploy ships (its pair job's modules
+    changed, as in an upgrade of sparkrig): one run reinstalls them and reloads the stop-together
     watch, whose beacon keeps its socket across the exec; the worker's watch never sees the head
-    go, and no rank restarts (before the fix the worker stopped itself, was started alone by the
+    go and no rank restarts (before the fix the worker stopped itself, was started alone by the
     run and refused by the head's engine)."""
     head, worker = lab.head, lab.workers[0]
     assert serving(head)
     ranks = {g.name: g.unit_started(unit(g)) for g in lab.guests}
     head_mark, worker_mark = cursor(head), cursor(worker)
-    head.sh("rm -rf /opt/sparkrig")
+    for module in ("pair.py", "wedge.py", "units.py"):
+        head.sh(f"echo '# an older release' >> /opt/sparkrig/lib/sparkhost/{module}")
     r = pyinfra("-y", "--json", INV, "deploy.py")
     assert r.rc == 0, r.output[-6000:]
     changed = changed_ops(r.stdout)
