@@ -1,17 +1,34 @@
-"""Your Sparks. Edit this file: one host in `head` (rank 0), the others in `worker` (ranks
-1..N-1, in this order). Per-host keys are documented in README.md; every other knob is in
-group_data/all.py. To try sparkrig without Sparks, use the lab: lab/inventory.py."""
+"""Your Sparks. Fill in the three REQUIRED keys of each host; the rest is optional and commented.
+
+One host in `head` (rank 0), the others in `worker` (ranks 1..N-1, in this order). Every other
+knob is in group_data/all.py; the per-host keys: docs/operating.md "Inventory". To try sparkrig
+without Sparks, use the lab: lab/inventory.py.
+
+fabric_interface: one QSFP cable shows up as TWO netdevs, both Up (the port is two PCIe x4
+functions, each with its own RDMA device). `ibdev2netdev` on a Spark cabled at port 1 prints:
+
+    rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)
+    roceP2p1s0f1 port 1 ==> enP2p1s0f1np1 (Up)
+
+Use the first, on PCIe domain 0: `enp1s0f1np1` (`enp1s0f0np0` when the cable is in port 0), the
+same function on every Spark. sparkrig addresses it, runs NCCL over its RDMA device and leaves
+the other netdev alone (one function: about 12 GB/s all-reduce, docs/fabric.md "Bandwidth floor").
+"""
 
 head = [
     (
-        "spark-a",
+        "spark-a",  # the name the run's output uses
         {
-            "ssh_hostname": "spark-a.local",
-            "fabric_interface": "enp1s0f1np1",  # the CX7 function that is cabled (ibdev2netdev)
-            "fabric_address": "192.168.100.10/24",
-            # "roce_device": "rocep1s0f1",  # optional: detected from the GID table when absent
-            "uplink_interfaces": ["enP7s7", "wlP9s9"],  # weights download lanes, one per uplink
-            # "api_url": "http://spark-a.local:8000",  # optional: how the bench reaches the API
+            "ssh_hostname": "spark-a.local",  # REQUIRED: this Spark's LAN address (not the fabric)
+            # "ssh_user": "nvidia",  # the sudo-capable DGX OS user; default: your SSH config's
+            # "ssh_key": "~/.ssh/id_ed25519",  # default: your SSH agent and ~/.ssh keys
+            "fabric_interface": "enp1s0f1np1",  # REQUIRED: the cabled function (docstring above)
+            "fabric_address": "192.168.100.10/24",  # REQUIRED: this rank's fabric IPv4/prefix
+            # "roce_device": "rocep1s0f1",  # its RDMA device; detected from the GID table
+            # Weights download lanes, one per uplink, each with an IPv4 address and a gateway;
+            # absent: one lane over the default route. Wi-Fi (wlP9s9) only once it is configured.
+            # "uplink_interfaces": ["enP7s7", "wlP9s9"],
+            # "api_url": "http://spark-a.local:8000",  # how the bench reaches the API (default)
         },
     ),
 ]
@@ -20,9 +37,11 @@ worker = [
     (
         "spark-b",
         {
-            "ssh_hostname": "spark-b.local",
-            "fabric_interface": "enp1s0f1np1",
-            "fabric_address": "192.168.100.11/24",
+            "ssh_hostname": "spark-b.local",  # REQUIRED
+            # "ssh_user": "nvidia",
+            # "ssh_key": "~/.ssh/id_ed25519",
+            "fabric_interface": "enp1s0f1np1",  # REQUIRED
+            "fabric_address": "192.168.100.11/24",  # REQUIRED: the head's subnet
         },
     ),
 ]

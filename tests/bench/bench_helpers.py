@@ -1,7 +1,9 @@
-"""The lab's stand-in vLLM as a subprocess on 127.0.0.1, for the bench tests."""
+"""The lab's stand-in vLLM as a subprocess on 127.0.0.1, for the bench tests and for
+bench/agreement (the timing agreements the suite no longer asserts); `vllm bench serve`."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -11,10 +13,18 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from sparkrig.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "lab" / "standin_vllm.py"
 MODEL = "glm-5.3-flash"
+# vLLM imported as tests/serving imports it: its platform set to the CPU one before anything of
+# vLLM reads it (vllm.utils.torch_utils decides pinned memory at import; imported first from here,
+# it broke tests/serving's runner tests in the same process); a missing package is a skip
+_vllm = load_script("vllm_helpers", REPO / "tests" / "serving" / "vllm_helpers.py")
+vllm_cpu, vllm_package = _vllm.vllm_cpu, _vllm.vllm_package
 
 
 def free_port() -> int:
@@ -96,3 +106,21 @@ def word_tokenizer(directory: Path, words: int = 2000) -> Path:
     fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     fast.save_pretrained(str(directory))
     return directory
+
+
+def vllm_bench_serve(url: str, tokenizer: Path, out: Path, concurrency: int, prompts: int,
+                     output_len: int) -> dict[str, Any]:  # fmt: skip
+    """`vllm bench serve` (vLLM's own CLI, as `vllm bench serve` runs it), openai-chat backend,
+    random prompts from the local tokenizer, forced output length; its saved result."""
+    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+            "--backend", "openai-chat", "--base-url", url, "--endpoint", "/v1/chat/completions",
+            "--model", MODEL, "--tokenizer", str(tokenizer), "--dataset-name", "random",
+            "--random-input-len", "32", "--random-output-len", str(output_len),
+            "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
+            "--ignore-eos", "--temperature", "0", "--num-warmups", "0", "--save-result",
+            "--result-dir", str(out), "--result-filename", "result.json"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads((out / "result.json").read_text())
+    return result

@@ -12,26 +12,25 @@ from sparkrig.bench import __main__ as cli
 from sparkrig.bench.protocol import fffd_per_10k, recalled
 
 DECODE, PREFILL = 250.0, 8000.0
-# quick but long enough that a few milliseconds of HTTP and thread start-up stay under 3%
 RATES = Protocol(decode_tokens=400, repeats=3, prompts=1, streams=(2, 4),
                  contexts=(8192, 16384), tool=False, fffd_tokens=0)  # fmt: skip
 
 
-def test_the_bench_reports_the_standins_configured_rates_within_3_percent(tmp_path: Path) -> None:
+def test_the_bench_counts_every_forced_token_and_sizes_each_prompt(tmp_path: Path) -> None:
+    """What does not depend on the machine's load: every request ends with exactly its forced
+    token count from usage (several tokens per chunk, as speculative decoding sends them), each
+    prompt is sized with /tokenize and recalled. Whether the rates come out as configured is a
+    benchmark: bench/agreement (docs/bench.md)."""
     flags = ("--standin-decode-tok-s", str(DECODE), "--standin-prefill-tok-s", str(PREFILL),
              "--standin-tokens-per-chunk", "3")  # fmt: skip
     with standin(tmp_path, *flags) as url:
         r = measure(Endpoint(url, MODEL), RATES)
-    assert not r["errors"], r["errors"]
-    # several tokens per chunk, as speculative decoding sends them: usage counts, not chunks
-    assert within(r["single_stream_tok_s"], DECODE, 0.03), r
-    for n in (2, 4):
-        assert within(r["decode_tok_s"][str(n)], n * DECODE, 0.03), r["decode_tok_s"]
+    assert not r["errors"], r["errors"]  # each request's usage said its forced 400 tokens
+    assert r["single_stream_tok_s"] and sorted(r["decode_tok_s"]) == ["1", "2", "4"]
     assert [p["target_tokens"] for p in r["prefill"]] == [8192, 16384]
     for p in r["prefill"]:
         assert within(p["prompt_tokens"], p["target_tokens"], 0.02), p  # sized with /tokenize
-        assert within(p["prefill_tok_s"], PREFILL, 0.03), p
-        assert p["recall"] is True
+        assert p["prefill_tok_s"] and p["recall"] is True
 
 
 def test_the_bench_counts_fffd_per_10k_characters_of_the_japanese_answer(tmp_path: Path) -> None:

@@ -3,25 +3,16 @@ and `vllm bench serve` measuring the same stand-in (importing vLLM costs ~30 s p
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from bench_helpers import MODEL, standin, within, word_tokenizer
+from bench_helpers import MODEL, REPO, standin, vllm_bench_serve, vllm_cpu, word_tokenizer
 
 from sparkrig.bench import Endpoint, Protocol, measure
 from sparkrig.scripts import load_script
 
-REPO = Path(__file__).resolve().parents[2]
 engine = load_script("standin_engine", REPO / "lab" / "standin_engine.py")
-# vLLM imported as tests/serving imports it: its platform set to the CPU one before anything of
-# vLLM reads it (vllm.utils.torch_utils decides pinned memory at import; imported first from here,
-# it broke tests/serving's runner tests in the same process)
-vllm_cpu = load_script("vllm_helpers", REPO / "tests" / "serving" / "vllm_helpers.py").vllm_cpu
 
 
 def field_names(model: Any) -> set[str]:
@@ -74,41 +65,31 @@ def test_every_request_the_bench_sends_is_read_whole_by_vllms_request_models(
     assert seen == {"tokenize", "tool", "forced", "prefill"}
 
 
-def vllm_bench_serve(url: str, tokenizer: Path, out: Path, concurrency: int, prompts: int,
-                     output_len: int) -> dict[str, Any]:  # fmt: skip
-    """`vllm bench serve` (vLLM's own CLI, as `vllm bench serve` runs it), openai-chat backend,
-    random prompts from the local tokenizer, forced output length; its saved result."""
-    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
-            "--backend", "openai-chat", "--base-url", url, "--endpoint", "/v1/chat/completions",
-            "--model", MODEL, "--tokenizer", str(tokenizer), "--dataset-name", "random",
-            "--random-input-len", "32", "--random-output-len", str(output_len),
-            "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
-            "--ignore-eos", "--temperature", "0", "--num-warmups", "0", "--save-result",
-            "--result-dir", str(out), "--result-filename", "result.json"]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads((out / "result.json").read_text())
-    return result
-
-
-def test_vllm_bench_serve_agrees_with_the_bench_within_5_percent(tmp_path: Path) -> None:
+def test_vllm_bench_serve_and_the_bench_both_complete_and_count_the_same_tokens(
+    tmp_path: Path,
+) -> None:
+    """What does not depend on the machine's load: both clients finish every request and count
+    256 tokens in each (the bench from the server's usage, vLLM's from its own count). Whether
+    their tok/s agree is a benchmark: bench/agreement (docs/bench.md)."""
     vllm_cpu()  # the subprocess is vLLM; a missing vllm is a skip (and fails `make test`)
     tokenizer = word_tokenizer(tmp_path / "tokenizer")
     proto = Protocol(decode_tokens=256, repeats=2, prompts=1, streams=(4,), contexts=(),
                      tool=False, fffd_tokens=0)  # fmt: skip
+    sent: list[int] = []
     flags = ("--standin-decode-tok-s", "300", "--standin-tokens-per-chunk", "2",
              "--max-num-seqs", "8")  # fmt: skip
     with standin(tmp_path, *flags) as url:
-        ours = measure(Endpoint(url, MODEL), proto)
+        ours = measure(
+            Endpoint(url, MODEL, record=lambda p, b: sent.append(b["max_tokens"])), proto
+        )
         theirs = vllm_bench_serve(url, tokenizer, tmp_path / "vb", 4, 8, 256)
+    # no errors: every request's usage said 256 completion tokens (the bench checks each one)
     assert not ours["errors"], ours["errors"]
-    assert theirs["completed"] == 8 and theirs["total_output_tokens"] == 8 * 256
-    print(f"output tok/s at 4 streams: bench {ours['decode_tok_s']['4']}, vllm bench serve "
-          f"{theirs['output_throughput']:.2f}; per stream: bench {ours['per_stream_tok_s']['4']}, "
-          f"vllm bench 1000/median TPOT {1000 / theirs['median_tpot_ms']:.2f}")  # fmt: skip
-    assert within(ours["decode_tok_s"]["4"], theirs["output_throughput"], 0.05)
-    assert within(ours["per_stream_tok_s"]["4"], 1000 / theirs["median_tpot_ms"], 0.05)
+    assert sent == [256] * (2 + 2 * 4)  # 2 single-stream passes, 2 waves of 4
+    assert ours["decode_tok_s"]["4"] and ours["per_stream_tok_s"]["4"]  # a figure, any figure
+    assert theirs["completed"] == 8 and theirs["failed"] == 0
+    assert theirs["total_output_tokens"] == 8 * 256
+    assert theirs["output_throughput"] > 0 and theirs["median_tpot_ms"] > 0
 
 
 def test_the_standin_refuses_min_over_max_with_vllms_own_message() -> None:

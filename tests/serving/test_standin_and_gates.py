@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from serving_helpers import REPO, load_path, local_argv
 from sparkhost import gate as gate_script
+from vllm_helpers import skip_without_vllm_package
 
 from sparkrig import gates
 
@@ -354,9 +355,10 @@ def vllm_authenticate() -> Any:
     not the whole vllm package)."""
     import importlib.util
 
+    skip_without_vllm_package("vllm")
+    skip_without_vllm_package("starlette")
     spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("vllm (requirements-vllm.txt) is not installed")
+    assert spec is not None and spec.submodule_search_locations
     root = Path(next(iter(spec.submodule_search_locations)))
     return load_path("vllm_authenticate", root / "entrypoints/serve/middleware/authenticate.py")
 

@@ -180,11 +180,15 @@ def test_a_wedge_while_a_request_decodes_is_a_stall_after_stall_s(standin_pair: 
     last_moving = watch.at  # the last probe that can have seen a step before the wedge
     standin_pair.head.send_signal(signal.SIGUSR1)  # the lab: docker kill -s USR1 sparkrig-rank0
     wedged_at = time.monotonic()
+    before = watch.at  # the probe before the one that fires
     while (seen := watch.probe()).rule != "stall":
         assert seen.rule == "progress" and time.monotonic() - wedged_at < 10 * STALL_S, seen
-    took = watch.at - wedged_at
+        before = watch.at
     assert watch.at - last_moving >= STALL_S, "stalled before stall_s of stillness"
-    assert took <= STALL_S + 3 * INTERVAL_S, took  # stall_s + one interval, and the probes' time
+    # the first probe past stall_s of stillness fires, on the probes' own clock readings (how
+    # many seconds after the wedge that is depends on this machine's load: not asserted)
+    still = watch.clock.since
+    assert before - still < STALL_S <= watch.at - still, (before, watch.at, still)
     assert seen.ok is False and seen.detail.startswith("running=1 waiting=0 "), seen.detail
     assert watch.canaries == 0 and not decoding
     assert gate_script.http(standin_pair.url + "/health", None, 5.0)[0] == 200  # /health lies

@@ -9,6 +9,7 @@ tensors, as vLLM does on a platform without pinned memory.
 
 from __future__ import annotations
 
+import importlib.util
 from types import ModuleType
 from typing import Any
 
@@ -17,9 +18,29 @@ import pytest
 VLLM_PIN = "0.33.0"
 
 
+def not_installed(name: str) -> str:
+    """Why a test that needs one of vLLM's packages is skipped (and, under CI or
+    SPARKRIG_NO_SKIPS=1, fails: tests/conftest.py)."""
+    return (
+        f"{name} is one of vLLM's packages (requirements-vllm.txt) and is not installed: a "
+        "control-side venv (requirements.txt) has none; `make deps` installs them"
+    )
+
+
+def vllm_package(name: str) -> ModuleType:
+    """Import one of vLLM's packages, or skip the test saying which and where it comes from."""
+    return pytest.importorskip(name, reason=not_installed(name))
+
+
+def skip_without_vllm_package(name: str) -> None:
+    """The same, without importing it (importing vllm itself costs ~30 s)."""
+    if importlib.util.find_spec(name) is None:
+        pytest.skip(not_installed(name))
+
+
 def vllm_cpu() -> ModuleType:
     """Import vllm on CPU (a missing vllm is a skip, and skips fail `make test`)."""
-    vllm = pytest.importorskip("vllm", reason="vllm (requirements-vllm.txt) is not installed")
+    vllm = vllm_package("vllm")
     from vllm import platforms
     from vllm.platforms.cpu import CpuPlatform
 

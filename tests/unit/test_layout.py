@@ -1,4 +1,4 @@
-"""The library by domain (README "Layout"): facts and operations live in the module of their
+"""The library by domain (docs/design.md "Layout"): facts and operations live in the module of their
 domain, as in pyinfra's own facts/ and operations/ modules; the small cross-cutting modules hold
 none beyond the one each exists for, so no grab-bag module collects them again."""
 
@@ -73,11 +73,11 @@ def test_facts_and_operations_live_in_their_domain_module():
 
 
 # ---------------------------------------------------------------------------------------------
-# One-way imports: the layers README "Layout" draws
+# One-way imports: the layers docs/design.md "Layout" draws
 # ---------------------------------------------------------------------------------------------
 
 LIBRARY = Path(sparkrig.__file__).resolve().parent
-README = LIBRARY.parent / "README.md"
+DESIGN = LIBRARY.parent / "docs" / "design.md"
 LAYER_LINE = re.compile(r"^  layer (\d) +(\S+): +(.+)$")
 
 
@@ -140,7 +140,7 @@ def cycle_in(graph: dict[str, set[str]]) -> list[str]:
 
 
 def drawn_layers(text: str) -> dict[str, int]:
-    """module -> layer, from README's layer picture ("  layer N name: module module ...")."""
+    """module -> layer, from docs/design.md's layer picture ("  layer N name: module ...")."""
     layers: dict[str, int] = {}
     for line in text.splitlines():
         m = LAYER_LINE.match(line)
@@ -167,10 +167,11 @@ def test_the_library_has_no_import_cycle():
     assert cycle == [], f"import cycle: {' -> '.join(cycle)}"
 
 
-def test_the_readme_draws_every_module_in_a_layer_and_imports_only_go_down():
+def test_the_design_page_draws_every_module_in_a_layer_and_imports_only_go_down():
     graph = import_graph()
-    layers = drawn_layers(README.read_text())
-    assert set(layers) == set(graph) - {"__init__"}, "README's layer picture lists other modules"
+    layers = drawn_layers(DESIGN.read_text())
+    drawn = "docs/design.md's layer picture lists other modules"
+    assert set(layers) == set(graph) - {"__init__"}, drawn
     upward = {
         f"{module} (layer {layers[module]}) imports {dep} (layer {layers[dep]})"
         for module, deps in graph.items()
@@ -178,7 +179,7 @@ def test_the_readme_draws_every_module_in_a_layer_and_imports_only_go_down():
         for dep in deps
         if layers[dep] > layers[module]
     }
-    assert upward == set(), f"imports against README's layers: {sorted(upward)}"
+    assert upward == set(), f"imports against docs/design.md's layers: {sorted(upward)}"
     # the state-reading machinery knows no domain; only the tasks read the assembled state
     assert all(layers[dep] == 0 for dep in graph["stateread"]), graph["stateread"]
     assert [m for m, deps in graph.items() if "hoststate" in deps] == []
