@@ -34,6 +34,7 @@ def test_an_undeclared_trigger_is_refused():
         "fabric",
         "roce_device",
         "gid_moved",
+        "peer_down",
         "frozen",
         "env",
         "weights",
