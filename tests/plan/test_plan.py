@@ -301,12 +301,31 @@ def test_a_failing_gate_fails_the_deploy_and_nothing_is_pruned(monkeypatch):
         ("tests/plan/bad/two_heads.py", "group 'head' must hold exactly one host"),
         ("tests/plan/bad/same_ip.py", "fabric_address: 192.168.100.10 is already used"),
         ("tests/plan/bad/no_address.py", "spark-b: fabric_address: missing"),
+        (
+            "tests/plan/bad/misspelled_knob.py",
+            "spark-b: profil: unknown key; did you mean 'profile'",
+        ),
     ],
 )
 def test_bad_inventory_sends_no_command_to_any_host(monkeypatch, inventory, message):
     r = run(["-y", inventory, "deploy.py"], monkeypatch)
     assert r.exit_code != 0
     assert message in str(r.exception) + r.output
+    assert all(cmds == [] for cmds in r.commands.values()), r.commands
+
+
+def test_a_misspelled_knob_from_data_or_group_data_is_refused_per_host_before_any_command(
+    monkeypatch, tmp_path
+):
+    (tmp_path / "worker.py").write_text("pair_grace = 300\n")
+    args = ["--data", "profil=guard", "--group-data", str(tmp_path), "-y", INVENTORY, "deploy.py"]
+    r = run(args, monkeypatch)
+    text = str(r.exception) + r.output
+    assert r.exit_code != 0
+    for name in ("spark-a", "spark-b"):  # --data reaches every host
+        assert f"{name}: profil: unknown key; did you mean 'profile'?" in text
+    assert "spark-b: pair_grace: unknown key; did you mean 'pair_grace_s'?" in text
+    assert "spark-a: pair_grace" not in text  # group data of the workers only
     assert all(cmds == [] for cmds in r.commands.values()), r.commands
 
 
