@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pyinfra.api.exceptions import DeployError
 
-from sparkrig import lockfile
+from sparkrig import hubtoken, lockfile
 from sparkrig.runscope import once_per_run
 
 HEAD_GROUP = "head"
@@ -49,6 +49,11 @@ HOST_KEYS = ("fabric_interface", "fabric_address", "roce_device", "uplink_interf
 # Host data pyinfra 3.10's connectors read without declaring it in their ``data_meta``:
 # pyinfra/connectors/chroot.py (chroot_directory), dockerssh.py (docker_image, docker_container_id).
 PYINFRA_UNDECLARED_KEYS = ("chroot_directory", "docker_image", "docker_container_id")
+# Knobs that are gone, with what replaced them (a plain "unknown key" would guess a wrong one).
+RETIRED_KEYS = {
+    "hf_token_file": "retired: the Hub token is the one huggingface_hub finds (HF_TOKEN, else "
+    "the file `hf auth login` writes, which HF_TOKEN_PATH moves); remove the key",
+}
 
 # Marks a knob that must hold one value across every rank (the pair runs one model with one
 # config, and each rank calls the others' programs, files and ports by the same names).
@@ -108,7 +113,6 @@ class Knobs(BaseModel):
     drafter_repo: str = _cluster(pattern=REPO_RE.pattern)
     drafter_revision: str = _cluster()
     drafter_license_accepted: bool = _cluster()
-    hf_token_file: str
     lockfile_dir: str
 
     install_dir: str = _cluster()
@@ -383,6 +387,9 @@ def unknown_keys(host: str, data: dict[str, Any]) -> list[str]:
     known = known_keys()
     problems = []
     for key in sorted(k for k in data if k not in known):
+        if key in RETIRED_KEYS:
+            problems.append(f"{host}: {key}: {RETIRED_KEYS[key]}")
+            continue
         close = difflib.get_close_matches(key, sorted(known), n=1)
         if close:
             problems.append(f"{host}: {key}: unknown key; did you mean {close[0]!r}?")
@@ -567,13 +574,17 @@ def current() -> Settings:
 
 def for_inventory(inventory: Any) -> dict[str, Settings]:
     """Validate once per inventory object (the deploy file runs once per host), lockfiles
-    included: a missing or stale lockfile stops the run before any command reaches a host."""
+    included: a missing or stale lockfile, or a gated repo with no Hub token on this machine,
+    stops the run before any command reaches a host."""
 
     def validate() -> dict[str, Settings]:
         settings = build(view_of(inventory))
         for s in settings.values():  # DeployError naming the lockfile and the command to make it
             for _, repo, revision in s.locked_artifacts:
-                lockfile.checked(s.knobs.lockfile_dir, repo, revision, s.knobs.hub_endpoint)
+                endpoint = s.knobs.hub_endpoint
+                _, lock = lockfile.checked(s.knobs.lockfile_dir, repo, revision, endpoint)
+                if why := hubtoken.missing_for(repo, lock.get("gated"), endpoint):
+                    raise DeployError(why)
         return settings
 
     return once_per_run("settings", inventory, validate)

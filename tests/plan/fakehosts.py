@@ -448,7 +448,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     }
     for art in artifacts(s):
         text[art.remote_lock] = (art.lock_text, "644")
-    token = token_text(k.hf_token_file) if s.me.is_head else None
+    token = token_text() if s.me.is_head else None
     if token is not None:
         text[p["token_file"]] = (token, "600")
     if api_key_file(s):

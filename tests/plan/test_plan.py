@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -632,6 +633,42 @@ def test_secrets_never_reach_the_output_nor_a_command_line(monkeypatch):
     assert r.uploads[HEAD]["/etc/sparkrig/hf-token"] == (hub_token + "\n").encode()
     assert "/etc/sparkrig/hf-token" not in r.uploads[WORKER]  # the head alone fetches
     assert r.uploads[WORKER]["/etc/sparkrig/pair-token"].decode().strip() == pair_token
+
+
+def no_hub_token(monkeypatch, login_file: str) -> None:
+    """The control machine as huggingface_hub sees it: no token in the environment, and
+    ``login_file`` where `hf auth login` keeps it (absent: never logged in)."""
+    import huggingface_hub.constants
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", login_file)
+
+
+def test_the_login_files_token_reaches_the_head_when_hf_token_is_unset(monkeypatch, tmp_path):
+    login = tmp_path / "token"
+    login.write_text("hf_" + "login" * 6 + "\n")
+    no_hub_token(monkeypatch, str(login))
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert r.uploads[HEAD]["/etc/sparkrig/hf-token"] == ("hf_" + "login" * 6 + "\n").encode()
+
+
+def test_a_gated_repo_without_a_hub_token_is_refused_before_any_command(monkeypatch, tmp_path):
+    for lock in Path("tests/plan/locks").glob("*.lock.json"):
+        data = json.loads(lock.read_text())
+        gated = "manual" if data["repo"] == "LibertAIDAI/GLM-5.3-Flash-NVFP4" else False
+        (tmp_path / lock.name).write_text(json.dumps({**data, "gated": gated}))
+    no_hub_token(monkeypatch, str(tmp_path / "never-logged-in"))
+    r = run(["--data", f"lockfile_dir={tmp_path}", "-y", INVENTORY, "deploy.py"], monkeypatch)
+    text = str(r.exception) + r.output
+    assert r.exit_code != 0
+    assert "LibertAIDAI/GLM-5.3-Flash-NVFP4 is gated on the Hub (manual approval)" in text
+    assert "hf auth login" in text and "HF_TOKEN" in text
+    assert all(cmds == [] for cmds in r.commands.values()), r.commands
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "t" * 30)  # with a token the same lockfiles deploy
+    ok = run(["--data", f"lockfile_dir={tmp_path}", "-y", INVENTORY, "deploy.py"], monkeypatch)
+    assert ok.exit_code == 0, ok.output
 
 
 API_KEY, API_ENV = "/etc/sparkrig/api-key", "/etc/sparkrig/api-key.env"

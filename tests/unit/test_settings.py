@@ -268,3 +268,8 @@ def test_a_misspelled_pyinfra_key_is_refused_too():
     text = problems(edit(cluster(2), "worker", 0, ssh_usr="ops", _sudo_usr="root"))
     assert "spark-1: ssh_usr: unknown key; did you mean 'ssh_user'?" in text
     assert "spark-1: _sudo_usr: unknown key; did you mean '_sudo_user'?" in text
+
+
+def test_the_retired_hf_token_file_says_where_the_token_comes_from_now():
+    text = problems(edit(cluster(2), "head", 0, hf_token_file="~/.cache/huggingface/token"))
+    assert "spark-0: hf_token_file: retired: the Hub token is the one huggingface_hub finds" in text
