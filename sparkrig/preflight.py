@@ -55,7 +55,12 @@ def problems(
         )
     iface = s.me.fabric_interface
     if not node.link_present:
-        out.append(f"fabric interface {iface} does not exist (fabric_interface)")
+        have = ", ".join(f"{name} ({state or '?'})" for name, state in node.netdevs) or "none"
+        out.append(
+            f"fabric interface {iface} does not exist (fabric_interface); the netdevs here: "
+            f"{have}; set it in the inventory to the cabled ConnectX-7 netdev (`ibdev2netdev` on "
+            "the host shows which is Up)"
+        )
     elif not node.carrier:
         out.append(
             f"fabric interface {iface} has no link (operstate {node.operstate}): "

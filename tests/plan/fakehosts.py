@@ -49,7 +49,16 @@ def node_report(
     disk_free: int = 3000 * 1024**3,
     carrier: int = 1,
     claims: tuple[str, ...] = (),
+    netdevs: str | None = None,
 ) -> list[str]:
+    """``netdevs``: the fabric NIC is missing and the host has these (``name:operstate,...``)."""
+    link = [
+        "link_present=1",
+        f"operstate={'up' if carrier else 'down'}",
+        f"carrier={carrier}",
+        f"mtu={mtu}",
+        f"ipv4={ipv4}",
+    ]
     return [
         "arch=aarch64",
         "kernel=6.11.0-1016-nvidia",
@@ -59,11 +68,7 @@ def node_report(
         f"memfree_kb={100 * 1024**2}",
         f"swappiness={swappiness}",
         f"min_free_kbytes={min_free_kbytes}",
-        "link_present=1",
-        f"operstate={'up' if carrier else 'down'}",
-        f"carrier={carrier}",
-        f"mtu={mtu}",
-        f"ipv4={ipv4}",
+        *(link if netdevs is None else ["link_present=0", f"netdevs={netdevs}"]),
         "networkmanager=active",
         *claims,
         "##SPARKRIG-END##",
@@ -290,6 +295,13 @@ def rank_runtime(
             f"live_device_index={live_}", END]  # fmt: skip
 
 
+def start_of(unit: str) -> str:
+    """The deploy's command that starts the rank unit ``unit`` (sparkrig-head, sparkrig-worker)."""
+    from sparkrig.owned import start_command
+
+    return str(start_command(f"{unit}.service", journal=True).get_raw_value())
+
+
 def bare(ip: str) -> dict[Any, Any]:
     """Every command the deploy may send to a node it never touched, answered as that node."""
     table: dict[Any, Any] = {
@@ -322,6 +334,8 @@ def bare(ip: str) -> dict[Any, Any]:
         rf"^rm -f {OURS}$",
         rf"^rm -rf {OURS}$",  # uninstall.py removes sparkrig's directories
         r"^systemctl (start|stop|enable|disable|restart) sparkrig-[\w-]+(\.service)?$",
+        # a rank's start, which prints its journal when it fails (start_of)
+        r"^systemctl start (sparkrig-[\w-]+\.service) \|\| \{ journalctl -u \1 ",
         r"^systemctl daemon-reload$",
         r"^systemctl reset-failed 'sparkrig-\*'$",  # uninstall.py: removed units' failed state
         DOCKER_ACTION,
