@@ -31,7 +31,7 @@ def test_a_failed_state_read_fails_its_host_in_one_line_without_a_traceback(monk
     assert line.startswith(f"{WORKER}: state read: node failed (exit 1); check: "), line
     check = (
         "check: SSH to the host as the inventory says (ssh_hostname, ssh_user, ssh_key), sudo "
-        "for that user there (`sudo -v`) and /usr/bin/python3 (DGX OS ships it), which its node "
+        "for that user there (`sudo -v`) and python3 (DGX OS ships it), which its node "
         "part needs; `pyinfra INVENTORY deploy.py --dry -vvv` prints the read's command and output"
     )
     assert line.endswith(check), line
