@@ -13,7 +13,8 @@ model_revision = "caca4e6a4ebbd66f159d3d2fc256683fd6e27177"  # commit the lockfi
 drafter_repo = "incoai/GLM-5.3-Flash-DFlash2"  # DFlash2 speculative drafter (~2.2 GB)
 drafter_revision = "7d74cdd881ed7e32c31175984a67823127b66cfe"  # drafter commit
 drafter_license_accepted = False  # drafter is CC BY-NC-ND 4.0: set True to fetch/use it
-hf_token_file = "~/.cache/huggingface/token"  # on the control machine; copied 0600 to the head
+# Hub token: the one huggingface_hub finds on the control machine (HF_TOKEN, else the file
+# `hf auth login` writes), copied 0600 to the head; no knob (sparkrig/hubtoken.py)
 weights_verify = "quick"  # stamps (quick) or re-hash everything (full: refused while a rank serves)
 lockfile_dir = "locks"  # control-side directory holding <repo>.lock.json lockfiles
 purge_weights = False  # uninstall.py: True removes weights_dir too (kept by default)

@@ -12,6 +12,7 @@ It serves what huggingface_hub's metadata calls and plain `resolve/` downloads n
   a second "CDN" origin whose responses carry no ``X-*`` headers. Range requests get 206.
 - 404 with ``X-Error-Code`` (RepoNotFound, RevisionNotFound, EntryNotFound); 401 when
   ``--token-file`` is set and the bearer token is wrong (the CDN never checks tokens).
+  ``HubState.gated`` (tests) marks repos gated ("auto"/"manual") in model_info, as the Hub does.
 
 Test hooks (hub origin only):
 
@@ -266,6 +267,7 @@ class HubState:
                     self.by_sha[f.sha256] = f
         self.page_size = page_size
         self.token = token
+        self.gated: dict[str, str] = {}  # repo id -> the Hub's "auto"/"manual" (model_info)
         self.cdn = cdn  # "http://host:port" or ":port" (host taken from the request)
         self.lock = threading.Lock()
         self.log: list[dict[str, Any]] = []
@@ -427,7 +429,7 @@ class Handler(BaseHTTPRequestHandler):
             "author": repo.repo_id.split("/")[0],
             "sha": commit,
             "private": False,
-            "gated": False,
+            "gated": self.hub.gated.get(repo.repo_id, False),
             "disabled": False,
             "tags": [],
             "lastModified": COMMIT_DATE,

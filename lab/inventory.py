@@ -21,7 +21,6 @@ _knobs = {
     "base_image": _state["image"],
     "container_gpu_args": [],
     "container_memory": "1g",
-    "container_shm_size": "256m",
     "min_disk_free_gib": 1,
     "memfree_min_gib": 0.2,
     "nccl_smoke": False,  # the stand-in image has no torch/NCCL to smoke-test

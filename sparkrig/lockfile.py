@@ -7,12 +7,14 @@ sorted and stable, so a weights change shows up in review as a diff. The host-si
 (files/sparkhost/lockfile.py); the deploy never needs the Hub API afterwards.
 
     python3 -m sparkrig.lockfile refresh --repo ORG/NAME --revision main \
-        --endpoint https://huggingface.co --out locks/NAME.lock.json [--token-file F]
+        --endpoint https://huggingface.co --out locks/NAME.lock.json
     python3 -m sparkrig.lockfile show locks/NAME.lock.json
 
-Only huggingface_hub's metadata calls are used (``model_info`` to resolve the revision,
-``list_repo_tree(recursive=True, expand=True)`` for the file list). The endpoint is always passed
-explicitly: HF_ENDPOINT is read at import time.
+Only huggingface_hub's metadata calls are used (``model_info`` to resolve the revision and read
+whether the repo is gated, ``list_repo_tree(recursive=True, expand=True)`` for the file list). The
+endpoint is always passed explicitly: HF_ENDPOINT is read at import time. The token is the one
+huggingface_hub finds (sparkrig/hubtoken.py); a gated repo without one is refused, and the
+lockfile records ``gated`` so the deploy refuses it too, before any host is touched.
 """
 
 from __future__ import annotations
@@ -28,15 +30,8 @@ from typing import Any
 from pyinfra.api.exceptions import DeployError
 from sparkhost import lockfile as host_lockfile
 from sparkhost.lockfile import HEX40, LOCK_VERSION, LockfileError, validate
-from sparkhost.tokenfile import read_secret
 
-
-def read_token(token_file: str | None) -> str | None:
-    """Token from a file, else HF_TOKEN / HUGGING_FACE_HUB_TOKEN; None if neither.
-    Never printed or logged."""
-    if token_file:
-        return read_secret(token_file)
-    return os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN") or None
+from sparkrig import hubtoken
 
 
 def _entries_from_tree(items: Iterable[Any]) -> list[dict[str, Any]]:
@@ -64,18 +59,16 @@ def build_lock(
     token: str | None = None,
     repo_type: str = "model",
 ) -> dict[str, Any]:
-    """Resolve ``revision`` to a commit and list the files at that commit."""
+    """Resolve ``revision`` to a commit, read whether the repo is gated and list the files at
+    that commit."""
     from huggingface_hub import HfApi
 
     api = HfApi(endpoint=endpoint.rstrip("/"), token=token if token else False)
-    if HEX40.match(revision):
-        commit = revision
+    if repo_type == "dataset":
+        info: Any = api.dataset_info(repo, revision=revision, expand=["sha", "gated"])
     else:
-        if repo_type != "model":
-            info = api.repo_info(repo, revision=revision, repo_type=repo_type)
-        else:
-            info = api.model_info(repo, revision=revision, expand=["sha"])
-        commit = info.sha or ""
+        info = api.model_info(repo, revision=revision, expand=["sha", "gated"])
+    commit = info.sha or ""
     if not HEX40.match(commit):
         raise LockfileError(f"{repo}@{revision}: the Hub returned no 40-hex commit ({commit!r})")
     tree = api.list_repo_tree(
@@ -90,6 +83,7 @@ def build_lock(
         "repo_type": repo_type,
         "revision": revision,
         "commit": commit,
+        "gated": info.gated or False,  # "auto" or "manual": its files need a token
         "files": sorted(files, key=lambda f: f["path"]),
     }
     validate(lock)
@@ -191,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--endpoint", default="https://huggingface.co")
     r.add_argument("--repo-type", default="model", choices=["model", "dataset"])
     r.add_argument("--out", help="lockfile path (default locks/<name>.lock.json)")
-    r.add_argument("--token-file", help="file holding the HF token (else HF_TOKEN)")
     sh = sub.add_parser("show", help="summarise a lockfile")
     sh.add_argument("lock")
     args = ap.parse_args(argv)
@@ -203,13 +196,17 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out or os.path.join("locks", lock_name(args.repo))
     try:
-        token = read_token(args.token_file)
-        lock = build_lock(args.repo, args.revision, args.endpoint, token, args.repo_type)
+        lock = build_lock(
+            args.repo, args.revision, args.endpoint, hubtoken.hub_token(), args.repo_type
+        )
     except LockfileError as e:
         print(f"lockfile: {e}", file=sys.stderr)
         return 1
     except Exception as e:  # hub errors: print the class and message, never the token
         print(f"lockfile: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    if why := hubtoken.missing_for(args.repo, lock["gated"], args.endpoint):
+        print(f"lockfile: {why}", file=sys.stderr)
         return 1
     old = None
     if os.path.exists(out):

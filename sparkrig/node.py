@@ -43,6 +43,9 @@ if [ -d "$n" ]; then
   echo "ipv4=$(ip -o -4 addr show dev {iface} 2>/dev/null | awk '{{print $4}}' | paste -sd, -)"
 else
   echo "link_present=0"
+  l=; for d in /sys/class/net/*; do  # what the operator may have meant: name:operstate
+    v=; read -r v 2>/dev/null < $d/operstate; l="$l${{l:+,}}${{d##*/}}:$v"
+  done; echo "netdevs=$l"
 fi
 echo "networkmanager=$(systemctl is-active NetworkManager 2>/dev/null)"
 for f in /lib/netplan/*.yaml /etc/netplan/*.yaml /run/netplan/*.yaml; do
@@ -88,6 +91,8 @@ class NodeReport:
     # profiles bound to it by interface-name or MAC (netplan's own netplan-* profiles excluded)
     netplan_claims: tuple[str, ...] = ()
     nm_claims: tuple[NmProfile, ...] = ()
+    # when the fabric NIC is missing: every netdev of the host as (name, operstate)
+    netdevs: tuple[tuple[str, str], ...] = ()
 
     @property
     def driver(self) -> str:
@@ -120,6 +125,9 @@ def parse_node_report(lines: list[str]) -> NodeReport:
     values["netplan_claims"] = tuple(v for k, _, v in listed if k == "netplan_claim")
     values["nm_claims"] = tuple(
         NmProfile(*v.partition("|")[::2]) for k, _, v in listed if k == "nm_claim"
+    )
+    values["netdevs"] = tuple(
+        tuple(d.partition(":")[::2]) for d in raw.get("netdevs", "").split(",") if d
     )
     return NodeReport(**values)
 

@@ -369,6 +369,20 @@ def file_absent(path: str) -> Generator[Any, None, None]:
     yield StringCommand("rm", "-f", QuoteString(path))
 
 
+JOURNAL_LINES = 25  # of a unit whose start failed: its start gate's refusal and what to change
+
+
+def start_command(unit: str, journal: bool = False) -> StringCommand:
+    """``systemctl start`` of ``unit``; ``journal``: when the start fails, its last journal
+    lines go to stderr, which pyinfra shows under the failure (systemctl itself only says
+    "see journalctl"), so a start gate's refusal (sparkhost prep) is read where the run fails."""
+    start = StringCommand("systemctl", "start", QuoteString(unit))
+    if not journal:
+        return start
+    shown = f"journalctl -u {shlex.quote(unit)} -n {JOURNAL_LINES} -o cat --no-pager >&2"
+    return StringCommand(start, "||", "{", shown + ";", "exit", "1;", "}")
+
+
 @operation()
 def unit_state_set(
     service: str,
@@ -377,6 +391,7 @@ def unit_state_set(
     restarted: bool = False,
     daemon_reload: bool = False,
     reloaded: bool = False,
+    journal_on_failure: bool = False,
 ) -> Generator[Any, None, None]:
     """
     A systemd unit of this deploy, as ``systemd.service`` does it (same commands and no-op
@@ -388,6 +403,7 @@ def unit_state_set(
     + restarted: restart it when it runs
     + reloaded: reload it when it runs (``ExecReload=``)
     + daemon_reload: ``systemctl daemon-reload`` first
+    + journal_on_failure: a failed start prints the unit's last journal lines (``start_command``)
     """
     name = service if "." in service else f"{service}.service"
     try:
@@ -410,7 +426,7 @@ def unit_state_set(
             host.noop(f"service {name} is stopped")
     if running is True:
         if not is_running:
-            yield StringCommand("systemctl", "start", QuoteString(name))
+            yield start_command(name, journal_on_failure)
         else:
             host.noop(f"service {name} is running")
     if restarted and is_running:

@@ -82,7 +82,12 @@ def problems(
     out += [disk] if disk else []
     iface = s.me.fabric_interface
     if not node.link_present:
-        out.append(f"fabric interface {iface} does not exist (fabric_interface)")
+        have = ", ".join(f"{name} ({state or '?'})" for name, state in node.netdevs) or "none"
+        out.append(
+            f"fabric interface {iface} does not exist (fabric_interface); the netdevs here: "
+            f"{have}; set it in the inventory to the cabled ConnectX-7 netdev (`ibdev2netdev` on "
+            "the host shows which is Up)"
+        )
     elif node.admin_up and not node.carrier:
         # only an UP netdev says anything about the cable: a down one reads no carrier anyway,
         # and the fabric phase brings it up (fabric_link_raised)

@@ -454,7 +454,12 @@ def previous_restored(files: list[tuple[str, str]]) -> Generator[Any, None, None
       roll back to)
     """
     if not files:
-        yield fail_host("cannot roll back: this rank has no previous release recorded")
+        yield fail_host(
+            "cannot roll back: the release record of this rank lists no files of the previous "
+            "release, so the failed release stays in place; read why it failed above, then fix "
+            "the cause and run the deploy again, or set the knobs back to what last served "
+            "(status.py shows it) and run it again"
+        )
         return
     yield _sh(restore_command(files))
 

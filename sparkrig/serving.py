@@ -452,7 +452,7 @@ def api_serving(command: list[str]) -> Generator[Any, None, None]:
 
 
 @operation()
-def serving_gates_passed(command: list[str]) -> Generator[Any, None, None]:
+def serving_gates_passed(command: list[str], logs: str) -> Generator[Any, None, None]:
     """
     Prove the endpoint answers: /health, /v1/models, a math completion and a forced tool call.
 
@@ -460,6 +460,7 @@ def serving_gates_passed(command: list[str]) -> Generator[Any, None, None]:
     this a no-op and a re-run reports no changes; a failing gate fails the head with its detail.
 
     + command: the gate script's ``gates`` argv (prints one JSON line per gate)
+    + logs: where to read why, appended to a failure (``logs_to_read``)
     """
     output = host.get_fact(Command, command=shlex.join(command) + " 2>&1 || true") or ""
     results = parse_gate_lines(output)
@@ -471,7 +472,16 @@ def serving_gates_passed(command: list[str]) -> Generator[Any, None, None]:
         logger.info(f"{host.print_prefix}gates before this run: {report or 'no answer'}")
         yield StringCommand(*[QuoteString(a) for a in command])
         return
-    yield fail_host(f"serving gates failed: {report or output or 'no answer from the gate script'}")
+    said = report or output.strip() or "no answer from the gate script"
+    yield fail_host(f"serving gates failed: {said}; {logs}")
+
+
+def logs_to_read(s: Settings) -> str:
+    """Where an operator reads why this rank does not serve: its unit and its container."""
+    return (
+        f"read why on {s.me.name}: `sudo journalctl -u {s.unit_name} -n 200` (the serving "
+        f"unit) and `sudo docker logs --tail 200 {s.container_name}` (vLLM)"
+    )
 
 
 def role_template(

@@ -8,6 +8,8 @@ planned, so bad input never reaches a host.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import ipaddress
 import re
 from pathlib import PurePosixPath
@@ -23,7 +25,7 @@ from pydantic import (
 )
 from pyinfra.api.exceptions import DeployError
 
-from sparkrig import lockfile
+from sparkrig import hubtoken, lockfile
 from sparkrig.runscope import once_per_run
 
 HEAD_GROUP = "head"
@@ -42,6 +44,16 @@ KNOWN_BAD_IMAGES = {
     ),
 }
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+# Per-host keys of the inventory (``Rank``); ssh_hostname, also read, is pyinfra's own.
+HOST_KEYS = ("fabric_interface", "fabric_address", "roce_device", "uplink_interfaces", "api_url")
+# Host data pyinfra 3.10's connectors read without declaring it in their ``data_meta``:
+# pyinfra/connectors/chroot.py (chroot_directory), dockerssh.py (docker_image, docker_container_id).
+PYINFRA_UNDECLARED_KEYS = ("chroot_directory", "docker_image", "docker_container_id")
+# Knobs that are gone, with what replaced them (a plain "unknown key" would guess a wrong one).
+RETIRED_KEYS = {
+    "hf_token_file": "retired: the Hub token is the one huggingface_hub finds (HF_TOKEN, else "
+    "the file `hf auth login` writes, which HF_TOKEN_PATH moves); remove the key",
+}
 
 # Marks a knob that must hold one value across every rank (the pair runs one model with one
 # config, and each rank calls the others' programs, files and ports by the same names).
@@ -87,7 +99,8 @@ class KnownBadBaseline(BaseModel):
 
 
 class Knobs(BaseModel):
-    """Every knob of group_data/all.py, typed. Unknown keys are ignored (pyinfra adds its own).
+    """Every knob of group_data/all.py, typed. ``build`` refuses a key that is neither a knob,
+    a per-host key nor pyinfra's own (``unknown_keys``) before validating, so none is ignored.
 
     No knob has a default here: group_data/all.py holds each default once, so a knob missing
     from it is a validation error, not a silent second default."""
@@ -100,7 +113,6 @@ class Knobs(BaseModel):
     drafter_repo: str = _cluster(pattern=REPO_RE.pattern)
     drafter_revision: str = _cluster()
     drafter_license_accepted: bool = _cluster()
-    hf_token_file: str
     lockfile_dir: str
 
     install_dir: str = _cluster()
@@ -350,6 +362,46 @@ def view_of(inventory: Any) -> InventoryView:
     )
 
 
+@functools.cache
+def pyinfra_keys() -> frozenset[str]:
+    """Host data keys pyinfra itself reads: the global operation arguments, whose default is the
+    host data of the same name (pyinfra/api/arguments.py ``all_global_arguments``, read by
+    ``pop_global_arguments``: _sudo, _sudo_user, _env, ...), every installed connector's declared
+    data (``data_meta``: ssh_*, docker_*, fake_*, a plugin's own) and PYINFRA_UNDECLARED_KEYS."""
+    from pyinfra.api.arguments import all_global_arguments
+    from pyinfra.api.connectors import get_all_connectors
+
+    keys = {name for name, _ in all_global_arguments()}
+    for connector in get_all_connectors().values():
+        keys.update(getattr(connector, "data_meta", {}))
+    return frozenset(keys | set(PYINFRA_UNDECLARED_KEYS))
+
+
+def known_keys() -> frozenset[str]:
+    """Every key host data may hold: the knobs, the per-host keys and pyinfra's own."""
+    return frozenset(Knobs.model_fields) | set(HOST_KEYS) | pyinfra_keys()
+
+
+def unknown_keys(host: str, data: dict[str, Any]) -> list[str]:
+    """One problem per key of a host's merged data (group data, inventory, ``--data``) that is
+    no known key, naming the closest known one: a misspelled knob is never silently ignored."""
+    known = known_keys()
+    problems = []
+    for key in sorted(k for k in data if k not in known):
+        if key in RETIRED_KEYS:
+            problems.append(f"{host}: {key}: {RETIRED_KEYS[key]}")
+            continue
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        if close:
+            problems.append(f"{host}: {key}: unknown key; did you mean {close[0]!r}?")
+        else:
+            problems.append(
+                f"{host}: {key}: unknown key: not a knob of group_data/all.py, not a per-host key "
+                f"({', '.join(HOST_KEYS)}) nor pyinfra's host data (ssh_*, _sudo, ...); remove it"
+            )
+    return problems
+
+
 def _fmt(host: str, err: ValidationError) -> list[str]:
     out = []
     for e in err.errors():
@@ -378,6 +430,7 @@ def build(view: InventoryView) -> dict[str, Settings]:
     ranks: list[Rank] = []
     knobs: dict[str, Knobs] = {}
     for rank, (name, data) in enumerate(ordered):
+        problems.extend(unknown_keys(name, data))
         for key in ("fabric_interface", "fabric_address"):
             if data.get(key) in (None, ""):
                 problems.append(f"{name}: {key}: missing (set it on the host in the inventory)")
@@ -522,13 +575,17 @@ def current() -> Settings:
 
 def for_inventory(inventory: Any) -> dict[str, Settings]:
     """Validate once per inventory object (the deploy file runs once per host), lockfiles
-    included: a missing or stale lockfile stops the run before any command reaches a host."""
+    included: a missing or stale lockfile, or a gated repo with no Hub token on this machine,
+    stops the run before any command reaches a host."""
 
     def validate() -> dict[str, Settings]:
         settings = build(view_of(inventory))
         for s in settings.values():  # DeployError naming the lockfile and the command to make it
             for _, repo, revision in s.locked_artifacts:
-                lockfile.checked(s.knobs.lockfile_dir, repo, revision, s.knobs.hub_endpoint)
+                endpoint = s.knobs.hub_endpoint
+                _, lock = lockfile.checked(s.knobs.lockfile_dir, repo, revision, endpoint)
+                if why := hubtoken.missing_for(repo, lock.get("gated"), endpoint):
+                    raise DeployError(why)
         return settings
 
     return once_per_run("settings", inventory, validate)

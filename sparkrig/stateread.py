@@ -165,10 +165,16 @@ CHECK = "`pyinfra INVENTORY deploy.py --dry -vvv` prints the read's command and 
 
 
 def check_of(part: Part | None) -> str:
-    """What to check when ``part`` (None: the read as a whole) failed."""
+    """What to check when ``part`` (None: the read as a whole) failed: the read is one
+    ``sh -c`` over SSH under sudo, and some parts run the host's python3 (sparkrig/hostpkg.py;
+    this machinery imports no domain, so the check names python3, not its path)."""
     if part is None:
         return CHECK
-    return f"the command of {part.fact.__module__}.{part.fact.__name__} on the host ({CHECK})"
+    return (
+        "SSH to the host as the inventory says (ssh_hostname, ssh_user, ssh_key), sudo for that "
+        f"user there (`sudo -v`) and python3 (DGX OS ships it), which its {part.key} part "
+        f"needs; {CHECK}"
+    )
 
 
 class StateReadFailed(DeployError):

@@ -6,7 +6,6 @@ the host: files/sparkhost)."""
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -16,12 +15,12 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost.lockfile import installed_path
-from sparkhost.tokenfile import read_secret
 from sparkhost.units import transient_command
 
 from sparkrig import lockfile
 from sparkrig.failing import fail_host
 from sparkrig.hostpkg import PYTHON
+from sparkrig.hubtoken import hub_token
 from sparkrig.paths import revision_dir
 from sparkrig.settings import Settings
 from sparkrig.stateread import Part, Values, read_here
@@ -61,14 +60,10 @@ def artifacts(s: Settings) -> list[Artifact]:
     return out
 
 
-def token_text(token_file: str) -> str | None:
-    """The Hub token from the control machine (HF_TOKEN wins), or None when there is none."""
-    env = os.environ.get("HF_TOKEN")
-    if env:
-        return env.strip() + "\n"
-    if not os.path.isfile(os.path.expanduser(token_file)):
-        return None
-    token = read_secret(token_file)
+def token_text() -> str | None:
+    """The control machine's Hub token as the head's token file holds it (found the way
+    huggingface_hub finds it: sparkrig/hubtoken.py), or None when there is none."""
+    token = hub_token()
     return token + "\n" if token else None
 
 

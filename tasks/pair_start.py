@@ -46,7 +46,8 @@ def pair_started_in_order(
         (
             "worker start",
             on_workers(is_head, unit_state_set, name=workers, service=s.unit_name, running=True,
-                       enabled=enabled, _if=workers_if, _ignore_errors=ignore_errors),
+                       enabled=enabled, journal_on_failure=True, _if=workers_if,
+                       _ignore_errors=ignore_errors),
         ),
     ]  # fmt: skip
     if after_workers is not None:
@@ -62,7 +63,8 @@ def pair_started_in_order(
         (
             "head start",
             on_head(is_head, unit_state_set, name=head, service=s.unit_name, running=True,
-                    enabled=enabled, _if=head_if, _ignore_errors=ignore_errors),
+                    enabled=enabled, journal_on_failure=True, _if=head_if,
+                    _ignore_errors=ignore_errors),
         )
     )  # fmt: skip
     for what, meta in steps:

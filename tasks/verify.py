@@ -30,7 +30,7 @@ from sparkrig.release import (
     wanted,
     weights_kept,
 )
-from sparkrig.serving import api_key_file, api_serving, serving_gates_passed
+from sparkrig.serving import api_key_file, api_serving, logs_to_read, serving_gates_passed
 from sparkrig.settings import api_url, current
 from tasks.rollback import roll_back
 
@@ -73,6 +73,7 @@ rolls_back.watch(
         serving_gates_passed,
         name="Pass the four serving gates",
         command=gates,
+        logs=logs_to_read(settings),
         _if=lambda: not rolls_back(),
         _ignore_errors=bool(release_change),
     ),

@@ -47,9 +47,9 @@ for art in host.loop(wanted):
     file_present(name="Install the weights lockfiles", text=art.lock_text, dest=art.remote_lock)
 
 is_head = settings.me.is_head
-# The Hub token is the control machine's (HF_TOKEN or hf_token_file): the same for every host, so
-# every host has the operation when there is one; only the head fetches from the Hub.
-token = token_text(knobs.hf_token_file)
+# The Hub token is the control machine's (HF_TOKEN, else `hf auth login`'s file): the same for
+# every host, so every host has the operation when there is one; only the head fetches from the Hub.
+token = token_text()
 source_token: list[str] = []
 if token is not None:
     on_head(

@@ -33,6 +33,8 @@ def validate(lock: dict[str, Any]) -> None:
         raise LockfileError("repo must be 'org/name'")
     if not HEX40.match(str(lock.get("commit", ""))):
         raise LockfileError("commit must be 40 lowercase hex digits")
+    if lock.get("gated", False) not in (False, "auto", "manual"):  # the Hub's own values
+        raise LockfileError(f"gated must be false, 'auto' or 'manual', not {lock['gated']!r}")
     seen = set()
     for f in lock.get("files", []):
         p = f.get("path", "")

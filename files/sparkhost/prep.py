@@ -308,6 +308,21 @@ def gate_memory(
         sleep(2)
 
 
+def memory_advice(min_gib: float | None, margin_gib: float) -> str:
+    """What an operator changes when MemFree stays below the floor: the knobs that set it."""
+    if min_gib is not None:
+        floor = f"memfree_min_gib = {min_gib:g} pins it"
+    else:
+        floor = (
+            "it is MemTotal x the profile's gpu-memory-utilization + memfree_margin_gib = "
+            f"{margin_gib:g}, or memfree_min_gib when set"
+        )
+    return (
+        f"free that memory, or lower the floor ({floor}) in group_data/all.py and run the "
+        "deploy again; vLLM itself refuses to start below MemTotal x gpu-memory-utilization"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="sparkhost prep", description=__doc__.splitlines()[0])
     p.add_argument("--env", required=True, help="the rank's env file")
@@ -337,5 +352,6 @@ def main(argv: list[str] | None = None) -> int:
              + "\nstop them (docker rm -f / kill), then start again")  # fmt: skip
         return 4
     if not gate_memory(floor, args.wait):
+        warn("refusing to start: " + memory_advice(args.memfree_min_gib, args.memfree_margin_gib))
         return 3
     return 0

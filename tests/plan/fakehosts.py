@@ -50,7 +50,17 @@ def node_report(
     carrier: int = 1,
     admin_up: bool = True,
     claims: tuple[str, ...] = (),
+    netdevs: str | None = None,
 ) -> list[str]:
+    """``netdevs``: the fabric NIC is missing and the host has these (``name:operstate,...``)."""
+    link = [
+        "link_present=1",
+        f"operstate={'up' if carrier else 'down'}",
+        f"flags={'0x1003' if admin_up else '0x1002'}",  # IFF_UP (0x1) or not
+        f"carrier={carrier}",
+        f"mtu={mtu}",
+        f"ipv4={ipv4}",
+    ]
     return [
         "arch=aarch64",
         "kernel=6.11.0-1016-nvidia",
@@ -60,12 +70,7 @@ def node_report(
         f"memfree_kb={100 * 1024**2}",
         f"swappiness={swappiness}",
         f"min_free_kbytes={min_free_kbytes}",
-        "link_present=1",
-        f"operstate={'up' if carrier else 'down'}",
-        f"flags={'0x1003' if admin_up else '0x1002'}",  # IFF_UP (0x1) or not
-        f"carrier={carrier}",
-        f"mtu={mtu}",
-        f"ipv4={ipv4}",
+        *(link if netdevs is None else ["link_present=0", f"netdevs={netdevs}"]),
         "networkmanager=active",
         *claims,
         "##SPARKRIG-END##",
@@ -336,6 +341,13 @@ def rank_runtime(
             f"live_device_index={live_}", END]  # fmt: skip
 
 
+def start_of(unit: str) -> str:
+    """The deploy's command that starts the rank unit ``unit`` (sparkrig-head, sparkrig-worker)."""
+    from sparkrig.owned import start_command
+
+    return str(start_command(f"{unit}.service", journal=True).get_raw_value())
+
+
 def bare(ip: str) -> dict[Any, Any]:
     """Every command the deploy may send to a node it never touched, answered as that node."""
     table: dict[Any, Any] = {
@@ -370,6 +382,8 @@ def bare(ip: str) -> dict[Any, Any]:
         rf"^rm -f {OURS}$",
         rf"^rm -rf {OURS}$",  # uninstall.py removes sparkrig's directories
         r"^systemctl (start|stop|enable|disable|restart|reload) sparkrig-[\w-]+(\.service)?$",
+        # a rank's start, which prints its journal when it fails (start_of)
+        r"^systemctl start (sparkrig-[\w-]+\.service) \|\| \{ journalctl -u \1 ",
         r"^systemctl daemon-reload$",
         r"^systemctl reset-failed 'sparkrig-\*'$",  # uninstall.py: removed units' failed state
         DOCKER_ACTION,
@@ -496,7 +510,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     }
     for art in artifacts(s):
         text[art.remote_lock] = (art.lock_text, "644")
-    token = token_text(k.hf_token_file) if s.me.is_head else None
+    token = token_text() if s.me.is_head else None
     if token is not None:
         text[p["token_file"]] = (token, "600")
     if api_key_file(s):

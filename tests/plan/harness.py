@@ -21,7 +21,10 @@ from pyinfra.context import ctx_state
 from sparkrig import stateread
 from sparkrig.factlines import END
 
-UNIT_ACTION = re.compile(r"^systemctl (start|stop|restart) (sparkrig-[\w-]+?)(?:\.service)?$")
+# a rank's start prints its journal when it fails (sparkrig/owned.py start_command)
+UNIT_ACTION = re.compile(
+    r"^systemctl (start|stop|restart) (sparkrig-[\w-]+?)(?:\.service)?(?: \|\| \{ journalctl .*)?$"
+)
 UNIT_STATE = re.compile(r"--property SubState (sparkrig-[\w-]+?)\.service \)")
 RENAME = re.compile(r"^mv -f (/\S+) (/\S+)$")
 

@@ -86,9 +86,9 @@ def test_rotation_installs_a_new_key_and_restarts_the_pair_in_order(monkeypatch,
     assert r.uploads[HEAD][ENV] == f"VLLM_API_KEY={new}\n".encode()
     assert HEAD_UNIT not in r.uploads[HEAD]  # the unit names the file, not the key
     head = r.commands[HEAD]
-    stop, start = "systemctl stop sparkrig-head.service", "systemctl start sparkrig-head.service"
+    stop, start = "systemctl stop sparkrig-head.service", fakehosts.start_of("sparkrig-head")
     assert head.index(f"mv -f {ENV}.sparkrig-new {ENV}") < head.index(stop) < head.index(start)
-    assert "systemctl start sparkrig-worker.service" in r.commands[WORKER]
+    assert fakehosts.start_of("sparkrig-worker") in r.commands[WORKER]
     assert path.read_text() == new + "\n"  # the operator's clients get the new one
     assert "API key: rotated on request (api_key_rotate)" in r.output
     assert new not in r.output

@@ -52,8 +52,8 @@ def test_net_ib_below_the_floor_stops_the_run_before_the_pair_starts(monkeypatch
     assert "NCCL_IB_HCA=rocep1s0f1" in r.output
     # the floor reached the job from the knob, and nothing of the pair started
     assert any("--min-busbw-gbs 8" in c for c in r.commands[HEAD] if fakehosts.SMOKE_HEAD.match(c))
-    assert "systemctl start sparkrig-worker.service" not in r.commands[WORKER]
-    assert "systemctl start sparkrig-head.service" not in r.commands[HEAD]
+    assert fakehosts.start_of("sparkrig-worker") not in r.commands[WORKER]
+    assert fakehosts.start_of("sparkrig-head") not in r.commands[HEAD]
     assert not any(fakehosts.BOOT_WAIT.match(c) for c in r.commands[HEAD])
 
 

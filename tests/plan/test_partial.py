@@ -94,8 +94,8 @@ def test_full_verify_of_a_stopped_pair_re_hashes_and_restarts_nothing(monkeypatc
     # the re-hash is no restart trigger: no ordered pair restart was decided
     assert "systemctl stop sparkrig-watchdog.service" not in r.commands[HEAD]
     # the stopped pair is started again in order, as any deploy does
-    assert r.commands[WORKER].count("systemctl start sparkrig-worker.service") == 1
-    assert r.commands[HEAD].count("systemctl start sparkrig-head.service") == 1
+    assert r.commands[WORKER].count(fakehosts.start_of("sparkrig-worker")) == 1
+    assert r.commands[HEAD].count(fakehosts.start_of("sparkrig-head")) == 1
 
 
 def test_quick_verify_of_a_stopped_pair_re_hashes_nothing(monkeypatch):
@@ -103,4 +103,4 @@ def test_quick_verify_of_a_stopped_pair_re_hashes_nothing(monkeypatch):
     r = apply(monkeypatch)
     assert r.exit_code == 0, r.output
     assert not any(fakehosts.REHASH.search(c) for cmds in r.commands.values() for c in cmds)
-    assert "systemctl start sparkrig-head.service" in r.commands[HEAD]
+    assert fakehosts.start_of("sparkrig-head") in r.commands[HEAD]

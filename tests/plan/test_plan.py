@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -69,11 +70,11 @@ def test_first_run_starts_worker_then_head_gated_on_state(monkeypatch):
     wait = position(r, "Wait until every worker's container runs")
     start_head = position(r, "Start the head rank")
     assert start_worker < wait < start_head
-    assert "systemctl start sparkrig-worker.service" in r.commands[WORKER]
+    assert fakehosts.start_of("sparkrig-worker") in r.commands[WORKER]
     head = r.commands[HEAD]
     waits = [i for i, c in enumerate(head) if "sparkhost pair wait" in c]
     assert waits and "192.168.100.11" in head[waits[0]]
-    assert waits[0] < head.index("systemctl start sparkrig-head.service")
+    assert waits[0] < head.index(fakehosts.start_of("sparkrig-head"))
     assert not any("sparkrig-head" in c for c in r.commands[WORKER])
 
 
@@ -109,7 +110,7 @@ def test_limit_worker_plans_nothing_for_the_head(monkeypatch):
     assert r.commands.get(HEAD, []) == []
     assert HEAD not in r.changed_ops
     # the worker never starts or stops its rank alone: it asks the head's supervisor
-    assert "systemctl start sparkrig-worker.service" not in r.commands[WORKER]
+    assert fakehosts.start_of("sparkrig-worker") not in r.commands[WORKER]
     requests = [c for c in r.commands[WORKER] if "sparkhost pair request" in c]
     assert len(requests) == 1 and "--head 192.168.100.10" in requests[0]
     # (the state read names the host package's nccl_smoke.py: the smoke test is its container)
@@ -219,11 +220,19 @@ def ops_after(r: Run, op: str) -> list[str]:
         ),
         (
             "spark-b",
+            {"netdevs": "enP7s7:up,enp1s0f0np0:up,enp1s0f1np1x:down,lo:unknown"},
+            "fabric interface enp1s0f1np1 does not exist (fabric_interface); the netdevs here: "
+            "enP7s7 (up), enp1s0f0np0 (up), enp1s0f1np1x (down), lo (unknown); set it in the "
+            "inventory to the cabled ConnectX-7 netdev (`ibdev2netdev` on the host shows which "
+            "is Up)",
+        ),
+        (
+            "spark-b",
             {"min_free_kbytes": 1048576},
             "vm.min_free_kbytes differs: 67584 here, 1048576 on @fake/spark-b",
         ),
     ],
-    ids=["no-docker", "disk", "carrier", "min-free-kbytes"],
+    ids=["no-docker", "disk", "carrier", "no-fabric-nic", "min-free-kbytes"],
 )
 def test_preflight_refusal_stops_everyone_before_any_change(monkeypatch, short, report, message):
     fakehosts.inject(short, {fakehosts.NODE: fakehosts.node_report(**report)})
@@ -311,7 +320,7 @@ def test_a_failing_step_fails_the_deploy_and_nothing_after_it_runs(monkeypatch, 
     assert any(matcher.search(c) for c in r.commands[name])
     assert ops_after(r, op) == [], f"ran after {op!r} failed"
     if position(r, op) < position(r, "Start the head rank"):
-        assert "systemctl start sparkrig-head.service" not in r.commands[HEAD]
+        assert fakehosts.start_of("sparkrig-head") not in r.commands[HEAD]
 
 
 def test_a_failing_gate_fails_the_deploy_and_nothing_is_pruned(monkeypatch):
@@ -330,9 +339,11 @@ def test_a_failing_gate_fails_the_deploy_and_nothing_is_pruned(monkeypatch):
     failed = [c for c in r.commands[HEAD] if c.endswith(">&2; exit 1")]
     assert len(failed) == 1
     assert (
-        "serving gates failed: health ok (ok); models ok (ok); math FAILED (answered 392)"
-        in (failed[0])
-    )
+        "serving gates failed: health ok (ok); models ok (ok); math FAILED (answered 392); tool "
+        "ok (ok); "
+        "read why on @fake/spark-a: `sudo journalctl -u sparkrig-head -n 200` (the serving unit) "
+        "and `sudo docker logs --tail 200 sparkrig-rank0` (vLLM)"
+    ) in failed[0]
     assert not any("docker image rm" in c for cmds in r.commands.values() for c in cmds)
     # the same node with passing gates prunes the old tag, after the gates
     fakehosts.STATE["spark-a"].pop(fakehosts.GATES)
@@ -351,6 +362,10 @@ def test_a_failing_gate_fails_the_deploy_and_nothing_is_pruned(monkeypatch):
         ("tests/plan/bad/two_heads.py", "group 'head' must hold exactly one host"),
         ("tests/plan/bad/same_ip.py", "fabric_address: 192.168.100.10 is already used"),
         ("tests/plan/bad/no_address.py", "spark-b: fabric_address: missing"),
+        (
+            "tests/plan/bad/misspelled_knob.py",
+            "spark-b: profil: unknown key; did you mean 'profile'",
+        ),
     ],
 )
 def test_bad_inventory_sends_no_command_to_any_host(monkeypatch, inventory, message):
@@ -358,6 +373,46 @@ def test_bad_inventory_sends_no_command_to_any_host(monkeypatch, inventory, mess
     assert r.exit_code != 0
     assert message in str(r.exception) + r.output
     assert all(cmds == [] for cmds in r.commands.values()), r.commands
+
+
+def test_a_misspelled_knob_from_data_or_group_data_is_refused_per_host_before_any_command(
+    monkeypatch, tmp_path
+):
+    (tmp_path / "worker.py").write_text("pair_grace = 300\n")
+    args = ["--data", "profil=guard", "--group-data", str(tmp_path), "-y", INVENTORY, "deploy.py"]
+    r = run(args, monkeypatch)
+    text = str(r.exception) + r.output
+    assert r.exit_code != 0
+    for name in ("spark-a", "spark-b"):  # --data reaches every host
+        assert f"{name}: profil: unknown key; did you mean 'profile'?" in text
+    assert "spark-b: pair_grace: unknown key; did you mean 'pair_grace_s'?" in text
+    assert "spark-a: pair_grace" not in text  # group data of the workers only
+    assert all(cmds == [] for cmds in r.commands.values()), r.commands
+
+
+def test_a_rank_start_its_gate_refuses_fails_showing_the_refusal_and_the_knob(monkeypatch):
+    """The start gate (sparkhost prep) says why in the journal; the deploy shows those lines
+    under the failed start, where systemctl alone says only "see journalctl"."""
+    from sparkhost.prep import memory_advice
+
+    k = settings()[WORKER].knobs
+    advice = memory_advice(k.memfree_min_gib, k.memfree_margin_gib)
+    journal = [
+        "sparkrig-prep: MemFree 80.2 GiB < 101.9 GiB after 120 s of dropping caches; top ...",
+        f"sparkrig-prep: refusing to start: {advice}",
+    ]
+    start = fakehosts.start_of("sparkrig-worker")
+    fakehosts.inject("spark-b", {start: {"success": False, "stderr": journal}})
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    assert start in r.commands[WORKER]
+    assert start.endswith(
+        "|| { journalctl -u sparkrig-worker.service -n 25 -o cat --no-pager >&2; exit 1; }"
+    )
+    for line in journal:
+        assert line in r.output
+    assert "memfree_min_gib" in r.output and "group_data/all.py" in r.output
+    assert fakehosts.start_of("sparkrig-head") not in r.commands[HEAD]
 
 
 def test_weights_come_over_both_uplinks_to_the_head_then_over_the_fabric(monkeypatch):
@@ -441,10 +496,10 @@ def assert_ordered_pair_restart(r: Run) -> None:
     assert position(r, "Pause the watchdog during an ordered pair restart") < position(r, STOP)
     worker, head = r.commands[WORKER], r.commands[HEAD]
     assert worker.index("systemctl stop sparkrig-worker.service") < worker.index(
-        "systemctl start sparkrig-worker.service"
+        fakehosts.start_of("sparkrig-worker")
     )
     assert head.index("systemctl stop sparkrig-head.service") < head.index(
-        "systemctl start sparkrig-head.service"
+        fakehosts.start_of("sparkrig-head")
     )
 
 
@@ -622,7 +677,7 @@ def test_three_nodes_start_both_workers_before_the_head_waits_for_both(monkeypat
     workers = ("@fake/spark-b", "@fake/spark-c")
     for rank, name in enumerate(workers, start=1):
         cmds = r.commands[name]
-        assert "systemctl start sparkrig-worker.service" in cmds
+        assert fakehosts.start_of("sparkrig-worker") in cmds
         launch = [c for c in cmds if fakehosts.SMOKE_WORKER.search(c)]
         assert launch and f"RANK={rank}" in launch[0] and "WORLD_SIZE=3" in launch[0]
         assert any(c.startswith("ping -M do") and "192.168.100.10" in c for c in cmds)
@@ -663,6 +718,42 @@ def test_secrets_never_reach_the_output_nor_a_command_line(monkeypatch):
     assert r.uploads[HEAD]["/etc/sparkrig/hf-token"] == (hub_token + "\n").encode()
     assert "/etc/sparkrig/hf-token" not in r.uploads[WORKER]  # the head alone fetches
     assert r.uploads[WORKER]["/etc/sparkrig/pair-token"].decode().strip() == pair_token
+
+
+def no_hub_token(monkeypatch, login_file: str) -> None:
+    """The control machine as huggingface_hub sees it: no token in the environment, and
+    ``login_file`` where `hf auth login` keeps it (absent: never logged in)."""
+    import huggingface_hub.constants
+
+    for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", login_file)
+
+
+def test_the_login_files_token_reaches_the_head_when_hf_token_is_unset(monkeypatch, tmp_path):
+    login = tmp_path / "token"
+    login.write_text("hf_" + "login" * 6 + "\n")
+    no_hub_token(monkeypatch, str(login))
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert r.uploads[HEAD]["/etc/sparkrig/hf-token"] == ("hf_" + "login" * 6 + "\n").encode()
+
+
+def test_a_gated_repo_without_a_hub_token_is_refused_before_any_command(monkeypatch, tmp_path):
+    for lock in Path("tests/plan/locks").glob("*.lock.json"):
+        data = json.loads(lock.read_text())
+        gated = "manual" if data["repo"] == "LibertAIDAI/GLM-5.3-Flash-NVFP4" else False
+        (tmp_path / lock.name).write_text(json.dumps({**data, "gated": gated}))
+    no_hub_token(monkeypatch, str(tmp_path / "never-logged-in"))
+    r = run(["--data", f"lockfile_dir={tmp_path}", "-y", INVENTORY, "deploy.py"], monkeypatch)
+    text = str(r.exception) + r.output
+    assert r.exit_code != 0
+    assert "LibertAIDAI/GLM-5.3-Flash-NVFP4 is gated on the Hub (manual approval)" in text
+    assert "hf auth login" in text and "HF_TOKEN" in text
+    assert all(cmds == [] for cmds in r.commands.values()), r.commands
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "t" * 30)  # with a token the same lockfiles deploy
+    ok = run(["--data", f"lockfile_dir={tmp_path}", "-y", INVENTORY, "deploy.py"], monkeypatch)
+    assert ok.exit_code == 0, ok.output
 
 
 API_KEY, API_ENV = "/etc/sparkrig/api-key", "/etc/sparkrig/api-key.env"

@@ -112,8 +112,8 @@ def test_failed_gates_roll_back_worker_then_head_and_fail_naming_both(monkeypatc
         restored = [i for i, c in enumerate(cmds) if fakehosts.RESTORE.search(c)]
         assert len(restored) == 1
     # after the restore: the worker starts its rank, the head waits for it, then starts
-    w_start = len(worker) - 1 - worker[::-1].index("systemctl start sparkrig-worker.service")
-    h_start = len(head) - 1 - head[::-1].index("systemctl start sparkrig-head.service")
+    w_start = len(worker) - 1 - worker[::-1].index(fakehosts.start_of("sparkrig-worker"))
+    h_start = len(head) - 1 - head[::-1].index(fakehosts.start_of("sparkrig-head"))
     h_restore = next(i for i, c in enumerate(head) if fakehosts.RESTORE.search(c))
     h_wait = [i for i, c in enumerate(head) if fakehosts.PAIR_WAIT.match(c)][-1]
     assert h_restore < h_wait < h_start
@@ -135,6 +135,25 @@ def test_failed_gates_without_a_release_change_fail_as_before_with_no_rollback(m
     for cmds in r.commands.values():
         assert not any(fakehosts.RESTORE.search(c) for c in cmds)
         assert "systemctl stop sparkrig-worker.service" not in cmds
+
+
+def test_a_record_without_the_previous_files_cannot_roll_back_and_says_what_to_do(monkeypatch):
+    converge_state()
+    for short in ("spark-a", "spark-b"):
+        fakehosts.serving_recorded(short, files=())  # a record that lists no file to put back
+    failing_gates()
+    r = apply(monkeypatch, *UPGRADE)
+    assert r.exit_code != 0
+    said = (
+        "cannot roll back: the release record of this rank lists no files of the previous "
+        "release, so the failed release stays in place; read why it failed above, then fix "
+        "the cause and run the deploy again, or set the knobs back to what last served "
+        "(status.py shows it) and run it again"
+    )
+    for cmds in r.commands.values():
+        failed = [c for c in cmds if c.endswith(">&2; exit 1")]
+        assert [c for c in failed if said in c], failed
+        assert not any(fakehosts.RESTORE.search(c) for c in cmds)
 
 
 def test_limit_worker_refuses_an_upgrade_of_half_a_pair(monkeypatch):
@@ -207,13 +226,13 @@ def test_a_failed_smoke_test_during_an_upgrade_starts_nothing_new_and_rolls_back
     assert re.search(r"upgrade failed \([^)]*profile long\): NCCL smoke test: failed\. ", r.output)
     head, worker = r.commands[HEAD], r.commands[WORKER]
     # one start per rank: the previous release's, after its files were put back
-    assert head.count("systemctl start sparkrig-head.service") == 1
-    assert worker.count("systemctl start sparkrig-worker.service") == 1
+    assert head.count(fakehosts.start_of("sparkrig-head")) == 1
+    assert worker.count(fakehosts.start_of("sparkrig-worker")) == 1
     for cmds, unit in ((head, "sparkrig-head"), (worker, "sparkrig-worker")):
         restored = next(i for i, c in enumerate(cmds) if fakehosts.RESTORE.search(c))
-        assert cmds.index(f"systemctl start {unit}.service") > restored
+        assert cmds.index(fakehosts.start_of(unit)) > restored
     assert not any(fakehosts.BOOT_WAIT.match(c) for c in head[: head.index(
-        "systemctl start sparkrig-head.service")])  # fmt: skip
+        fakehosts.start_of("sparkrig-head"))])  # fmt: skip
 
 
 def test_an_upgrade_keeps_the_old_layout_programs_a_rollback_may_start_again(monkeypatch):

@@ -39,3 +39,7 @@ def test_a_missing_fabric_nic_is_reported_absent(tmp_path):
     report = node_report(tmp_path, interface="sparkrig-none0")
     assert not report.link_present and not report.carrier and report.mtu == 0
     assert report.memfree_kb > 0  # the rest of the report is still read
+    # what the operator may have meant: every netdev of the host, with its operstate
+    lo = Path("/sys/class/net/lo/operstate").read_text().strip()
+    assert ("lo", lo) in report.netdevs
+    assert {n for n, _ in report.netdevs} == {p.name for p in Path("/sys/class/net").iterdir()}

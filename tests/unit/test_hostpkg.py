@@ -94,13 +94,13 @@ def test_an_unknown_job_is_refused_with_the_list(installed):
     assert out.returncode == 2 and "jobs: fetch, verify" in out.stderr
 
 
-def test_one_secret_reader_for_every_secret(tmp_path, capsys, monkeypatch):
+def test_one_secret_reader_for_every_secret(tmp_path, capsys):
     """The hosts' readers (Hub token, pair secret, API key) and the control side's read through
     sparkhost.tokenfile: surrounding whitespace dropped, never printed."""
     from sparkhost import gate, pair
     from sparkhost.tokenfile import read_secret
 
-    from sparkrig import lockfile, pairsecret, weights
+    from sparkrig import pairsecret
 
     f = tmp_path / "secret"
     f.write_text("  s3cret\n\n")
@@ -113,12 +113,9 @@ def test_one_secret_reader_for_every_secret(tmp_path, capsys, monkeypatch):
     read_secret(str(f), warn_shared=True)
     assert capsys.readouterr().err == ""
     assert gate.read_api_key(str(f)) == pair.read_token(str(f)) == "s3cret"
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    assert lockfile.read_token(str(f)) == "s3cret" and weights.token_text(str(f)) == "s3cret\n"
     assert pairsecret.control_token(str(f)) == "s3cret"  # the pair secret and the API key
     empty = tmp_path / "empty"
     empty.write_text("\n")
     assert read_secret(str(empty)) is None and pair.read_token(str(empty)) == ""
     with pytest.raises(ValueError, match="is empty"):
         gate.read_api_key(str(empty))
-    assert weights.token_text(str(empty)) is None and lockfile.read_token(str(empty)) is None

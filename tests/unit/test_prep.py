@@ -169,6 +169,9 @@ def test_low_memfree_refuses_with_exit_3_and_lists_consumers(tree, capsys):
     assert tree.run("--fabric-wait", "5") == 3
     err = capsys.readouterr().err
     assert "MemFree 2.0 GiB < 8.0 GiB" in err and "top consumers" in err
+    # what to change: the knobs that set the floor (the deploy shows these journal lines)
+    assert "refusing to start: free that memory, or lower the floor (memfree_min_gib = " in err
+    assert "in group_data/all.py and run the deploy again" in err
 
 
 def test_another_container_or_gpu_process_refuses_with_exit_4_and_lists_them(tree, capsys):
@@ -242,3 +245,11 @@ def test_the_wait_for_a_dead_engines_memory_is_bounded_then_the_gates_decide(tre
     assert "waiting up to 2 s for the memory a dead engine held" in captured.out
     assert "after 2 s MemFree is 100.0 GiB; the checks below decide" in captured.out
     assert "GPU process 4242, python3, 61440 MiB" in captured.err
+
+
+def test_the_memory_advice_names_the_knobs_that_set_the_floor():
+    assert "(memfree_min_gib = 8 pins it)" in prep.memory_advice(8.0, 1.5)
+    derived = prep.memory_advice(None, 1.5)
+    assert "gpu-memory-utilization + memfree_margin_gib = 1.5, or memfree_min_gib when set" in (
+        derived
+    )

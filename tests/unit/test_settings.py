@@ -226,3 +226,50 @@ def test_cluster_wide_knobs_must_be_equal_on_every_host(key, value):
 def test_per_host_knobs_may_differ():
     view = edit(cluster(2), "worker", 0, container_memory="100g", roce_port=2)
     assert build(view)["spark-1"].knobs.container_memory == "100g"
+
+
+# --- unknown keys: a misspelled knob is refused, pyinfra's own keys pass --------------------------
+
+
+def test_a_misspelled_knob_is_refused_per_host_with_the_closest_known_name():
+    view = edit(cluster(3), "worker", 1, profil="guard", watchdog_grace=10)
+    text = problems(view)
+    assert "spark-2: profil: unknown key; did you mean 'profile'?" in text
+    assert "spark-2: watchdog_grace: unknown key; did you mean 'watchdog_grace_s'?" in text
+    assert "spark-0: profil" not in text and "spark-1: profil" not in text
+
+
+def test_a_key_like_no_known_one_is_refused_without_a_guess():
+    text = problems(edit(cluster(2), "head", 0, zqxj=1))
+    assert "spark-0: zqxj: unknown key: not a knob of group_data/all.py" in text
+    assert "did you mean" not in text
+
+
+def test_pyinfra_host_data_and_per_host_keys_are_not_knobs_but_pass():
+    pyinfra_data = {
+        "ssh_hostname": "10.0.0.1",
+        "ssh_user": "ops",
+        "ssh_key": "~/.ssh/id_ed25519",
+        "ssh_port": 2222,
+        "_sudo": True,
+        "_sudo_user": "root",
+        "_env": {"A": "1"},
+        "_use_sudo_login": True,
+        "fake_delay": 0,
+        "docker_identifier": "x",
+        "chroot_directory": "/mnt",
+    }
+    view = edit(cluster(2), "head", 0, roce_device="rocep1s0f1", api_url="http://h:8000")
+    view = edit(view, "worker", 0, uplink_interfaces=["enP7s7"], **pyinfra_data)
+    assert build(view)["spark-1"].me.address == "10.0.0.1"
+
+
+def test_a_misspelled_pyinfra_key_is_refused_too():
+    text = problems(edit(cluster(2), "worker", 0, ssh_usr="ops", _sudo_usr="root"))
+    assert "spark-1: ssh_usr: unknown key; did you mean 'ssh_user'?" in text
+    assert "spark-1: _sudo_usr: unknown key; did you mean '_sudo_user'?" in text
+
+
+def test_the_retired_hf_token_file_says_where_the_token_comes_from_now():
+    text = problems(edit(cluster(2), "head", 0, hf_token_file="~/.cache/huggingface/token"))
+    assert "spark-0: hf_token_file: retired: the Hub token is the one huggingface_hub finds" in text

@@ -94,34 +94,40 @@ def test_unknown_revision_and_repo(hub: Hub) -> None:
         lockfile.build_lock("nobody/nothing", "main", hub.url)
 
 
-def test_cli_refresh_with_token_never_printed(hub_root: Path, tmp_path: Path) -> None:
+def refresh(
+    h: Hub, tmp_path: Path, repo: str, **env: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``python3 -m sparkrig.lockfile refresh`` as the operator types it, with no token but the
+    ones ``env`` gives (HF_HOME: where `hf auth login` wrote one)."""
+    out = tmp_path / "locks" / "d.lock.json"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+    clean.setdefault("HF_HOME", str(tmp_path / "no-login"))
+    r = subprocess.run(
+        [sys.executable, "-m", "sparkrig.lockfile", "refresh", "--repo", repo,
+         "--endpoint", h.url, "--out", str(out)],
+        cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return r, out
+
+
+def logged_in(tmp_path: Path, token: str) -> str:
+    """An HF_HOME where `hf auth login` stored ``token`` (its file: $HF_HOME/token)."""
+    home = tmp_path / "hfhome"
+    home.mkdir(exist_ok=True)
+    (home / "token").write_text(token + "\n")
+    return str(home)
+
+
+def test_cli_refresh_uses_the_login_file_and_never_prints_the_token(
+    hub_root: Path, tmp_path: Path
+) -> None:
     token = "hf_SECRETtokenVALUE1234567890"
     h = Hub(hub_root, token=token)
-    tok = tmp_path / "token"
-    tok.write_text(token + "\n")
-    os.chmod(tok, 0o600)
-    out = tmp_path / "locks" / "d.lock.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
     try:
-        base = [sys.executable, "-m", "sparkrig.lockfile", "refresh"]
-        args = ["--repo", fakehub.DRAFTER_REPO, "--endpoint", h.url, "--out", str(out)]
-        r = subprocess.run(
-            base + args + ["--token-file", str(tok)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        denied = subprocess.run(
-            base + args,
-            cwd=ROOT,
-            env=dict(env, HF_HUB_DISABLE_IMPLICIT_TOKEN="1", HF_HOME=str(tmp_path / "hfhome")),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        authed = [r["auth"] for r in h.log() if r["status"] != 401]
+        r, out = refresh(h, tmp_path, fakehub.DRAFTER_REPO, HF_HOME=logged_in(tmp_path, token))
+        authed = [x["auth"] for x in h.log() if x["status"] != 401]
+        h.clear()
+        denied, _ = refresh(h, tmp_path, fakehub.DRAFTER_REPO)
     finally:
         h.close()
     assert r.returncode == 0, r.stderr
@@ -129,3 +135,37 @@ def test_cli_refresh_with_token_never_printed(hub_root: Path, tmp_path: Path) ->
     assert authed and all(authed)
     assert lockfile.load(str(out))["repo"] == fakehub.DRAFTER_REPO
     assert denied.returncode == 1 and token not in denied.stdout + denied.stderr
+
+
+def test_cli_refresh_takes_hf_token_before_the_login_file(hub_root: Path, tmp_path: Path) -> None:
+    """huggingface_hub's order: HF_TOKEN, then the file `hf auth login` wrote."""
+    h = Hub(hub_root, token="hf_fromTheEnvironment123")
+    try:
+        home = logged_in(tmp_path, "hf_fromTheLoginFile456")
+        r, _ = refresh(h, tmp_path, fakehub.DRAFTER_REPO, HF_HOME=home)
+        env, _ = refresh(
+            h, tmp_path, fakehub.DRAFTER_REPO, HF_HOME=home, HF_TOKEN="hf_fromTheEnvironment123"
+        )
+    finally:
+        h.close()
+    assert r.returncode == 1  # the file's token is not the one the Hub takes
+    assert env.returncode == 0, env.stderr
+
+
+def test_a_gated_repo_without_a_token_is_refused_naming_the_repo(
+    hub_root: Path, tmp_path: Path
+) -> None:
+    h = Hub(hub_root)
+    h.state.gated[fakehub.DRAFTER_REPO] = "manual"
+    try:
+        r, out = refresh(h, tmp_path / "none", fakehub.DRAFTER_REPO)
+        ok, locked = refresh(h, tmp_path / "env", fakehub.DRAFTER_REPO, HF_TOKEN="hf_" + "t" * 30)
+        public, _ = refresh(h, tmp_path / "public", fakehub.MODEL_REPO)
+    finally:
+        h.close()
+    assert r.returncode == 1 and not out.exists()
+    assert f"{fakehub.DRAFTER_REPO} is gated on the Hub (manual approval)" in r.stderr
+    assert "hf auth login" in r.stderr and "HF_TOKEN" in r.stderr
+    assert ok.returncode == 0, ok.stderr
+    assert lockfile.load(str(locked))["gated"] == "manual"  # the deploy reads it (settings.py)
+    assert public.returncode == 0, public.stderr  # not gated: no token needed

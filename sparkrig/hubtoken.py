@@ -1,0 +1,36 @@
+"""The Hub token of the control machine, found one way for the deploy and the lockfile command.
+
+``hub_token`` is huggingface_hub's own ``get_token()`` (2.4, huggingface_hub/utils/_auth.py),
+which takes the first of: a Trusted-Publishers OIDC exchange when HF_OIDC_RESOURCE is set, the
+HF_TOKEN environment variable (then the older HUGGING_FACE_HUB_TOKEN), the file `hf auth login`
+writes (HF_TOKEN_PATH, by default $HF_HOME/token, i.e. ~/.cache/huggingface/token). The deploy
+copies it to the head, whose fetcher alone talks to the Hub. A repo the Hub marks gated is listed
+without a token but its files are not served without one (huggingface.js#945), so a gated repo
+with no token is refused on the control machine, naming the repo (``missing_for``).
+"""
+
+from __future__ import annotations
+
+LOG_IN = (
+    "accept its terms on its Hub page, then log in on this machine with `hf auth login` "
+    "(or export HF_TOKEN=hf_...)"
+)
+
+
+def hub_token() -> str | None:
+    """The token huggingface_hub would send, or None when this machine has none."""
+    from huggingface_hub import get_token
+
+    return get_token()
+
+
+def missing_for(repo: str, gated: object, endpoint: str) -> str | None:
+    """Why ``repo`` cannot be fetched (gated: the Hub's ``gated`` field, False, "auto" or
+    "manual", as its lockfile records it) when no token is found; None when it can."""
+    if not gated or hub_token() is not None:
+        return None
+    page = f"{endpoint.rstrip('/')}/{repo}"
+    return (
+        f"{repo} is gated on the Hub ({gated} approval) and no Hub token was found: {LOG_IN}; "
+        f"its page: {page}"
+    )
