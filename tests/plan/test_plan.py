@@ -189,9 +189,9 @@ def test_a_rank_down_beside_a_serving_head_restarts_the_pair_in_order(monkeypatc
     assert position(r, "Stop every rank for an ordered pair restart") < position(
         r, "Start the worker rank"
     )
-    assert "systemctl start sparkrig-worker.service" in r.commands[WORKER]
+    assert fakehosts.start_of("sparkrig-worker") in r.commands[WORKER]
     assert position(r, "Start the worker rank") < position(r, "Start the head rank")
-    assert "systemctl start sparkrig-head.service" in head
+    assert fakehosts.start_of("sparkrig-head") in head
 
 
 PREFLIGHT = "Refuse a host that fails preflight"
