@@ -74,7 +74,7 @@ def test_review_then_deploy_run_as_written_on_bare_sparks(monkeypatch):
     assert set(dry.changed_ops) == {"@fake/spark-a", "@fake/spark-b"}  # and lists what would change
     applied = run(as_example(deploy), monkeypatch, stdin="\n")  # the operator presses enter
     assert applied.exit_code == 0, applied.output
-    assert "systemctl start sparkrig-head.service" in applied.commands["@fake/spark-a"]
+    assert fakehosts.start_of("sparkrig-head") in applied.commands["@fake/spark-a"]
     assert "systemctl start sparkrig-worker.service" in applied.commands["@fake/spark-b"]
 
 
