@@ -32,6 +32,7 @@ PLAIN = "plain"  # apply, then one run
 REBOOT = "reboot"  # apply (a reboot), wait until the node answers SSH again, then one run
 KILL_RUN = "kill-run"  # apply a fault that gives the run work, SIGKILL the run, run again
 SSH_CUT = "ssh-cut"  # apply a fault that gives the run work, cut one node's SSH, run again
+SELF_HEAL = "self-heal"  # apply, wait until the pair serves again by itself, then one run
 
 # The weights file a draw hits: the lockfile's entries sorted by path, picked by the draw's frac.
 PICK_WEIGHTS_FILE = (
@@ -186,7 +187,7 @@ CATALOGUE: tuple[Fault, ...] = (
           "kill -STOP $p $(pgrep -P $p); echo stopped $p",
           undo="p=$(docker inspect --format '{{.State.Pid}}' {container} 2>/dev/null); "
           "[ -n \"$p\" ] && [ \"$p\" != 0 ] && kill -CONT $p $(pgrep -P $p) 2>/dev/null; true",
-          restarts=PAIR),
+          mode=SELF_HEAL, restarts=PAIR),
     Fault("rank-unit-disabled", "a worker's rank unit disabled and stopped",
           "the worker's rank unit disabled and stopped by hand (systemctl disable --now)",
           "worker", "systemctl disable --now {unit}", restarts=PAIR),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench.chaos import checks, pyinfra_output
-from bench.chaos.catalogue import BY_KIND, KILL_RUN, REBOOT, SSH_CUT, Fault, fill
+from bench.chaos.catalogue import BY_KIND, KILL_RUN, REBOOT, SELF_HEAL, SSH_CUT, Fault, fill
 from bench.chaos.draw import CUT_AFTER_S, KILL_AFTER_S, Draw, moment_within
 from bench.chaos.report import HEALED, NOT_HEALED, REFUSED, Campaign, FaultResult
 from lab import REPO
@@ -247,6 +247,10 @@ class Runner:
             )
             return [self.deploy(log)], since
         self.apply(target, command_of(fault, values), log)
+        if fault.mode == SELF_HEAL:  # the helpers' business (the watchdog): no run until it serves
+            healed = self.settle(lab, log)
+            took = "not within the settle time" if healed is None else f"{healed - since:.0f} s"
+            log.write(f"# serving again by itself: {took}; then the operator's run\n")
         return [self.deploy(log)], since
 
     def interrupted(
