@@ -75,7 +75,7 @@ def test_review_then_deploy_run_as_written_on_bare_sparks(monkeypatch):
     applied = run(as_example(deploy), monkeypatch, stdin="\n")  # the operator presses enter
     assert applied.exit_code == 0, applied.output
     assert fakehosts.start_of("sparkrig-head") in applied.commands["@fake/spark-a"]
-    assert "systemctl start sparkrig-worker.service" in applied.commands["@fake/spark-b"]
+    assert fakehosts.start_of("sparkrig-worker") in applied.commands["@fake/spark-b"]
 
 
 def test_status_runs_as_written_on_the_converged_pair(monkeypatch):
