@@ -381,39 +381,58 @@ def test_the_heads_start_gate_asks_a_missing_workers_agent_to_start_its_rank(tmp
         agent.shutdown()
 
 
+class HeadWithSupervisor:
+    """The head on loopback: its supervisor (token s3cret; an ordered restart only recorded) and
+    its beacon, answering 200 while ``up()`` says so (default: once a restart was asked)."""
+
+    def __init__(self, tmp_path: Path, monkeypatch, up=None) -> None:
+        import argparse
+        import http.server
+
+        self.restarts: list[object] = []
+        self.token = tmp_path / "token"
+        self.token.write_text("s3cret\n")
+        monkeypatch.setattr(pair, "RESTART_LOCK", str(tmp_path / "restart.lock"))
+        monkeypatch.setattr(pair, "_restart_pair", lambda args: self.restarts.append(args) or 0)
+        head = self
+        self.up = up or (lambda: bool(head.restarts))
+
+        class HeadBeacon(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200 if head.up() else 503)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        pair.Supervisor.args = argparse.Namespace(timeout=5, head_unit="sparkrig-head.service")
+        pair.Supervisor.token = "s3cret"
+        (self.sup, self.sport), (self.beacon, self.bport) = (
+            serve(pair.Supervisor),
+            serve(HeadBeacon),
+        )
+
+    def argv(self, mode: str) -> list[str]:
+        return [mode, "--head", "127.0.0.1", "--port", str(self.bport),
+                "--agent-port", str(self.sport)]  # fmt: skip
+
+    def close(self) -> None:
+        self.sup.shutdown()
+        self.beacon.shutdown()
+
+
 def test_a_worker_without_its_head_in_the_run_asks_the_heads_supervisor(tmp_path, monkeypatch):
-    import argparse
-    import http.server
-
-    restarts = []
-    token = tmp_path / "token"
-    token.write_text("s3cret\n")
-    monkeypatch.setattr(pair, "RESTART_LOCK", str(tmp_path / "restart.lock"))
-    monkeypatch.setattr(pair, "_restart_pair", lambda args: restarts.append(args) or 0)
-
-    class HeadBeacon(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if restarts else 503)
-            self.end_headers()
-
-        def log_message(self, *a):
-            pass
-
-    pair.Supervisor.args = argparse.Namespace(timeout=5, head_unit="sparkrig-head.service")
-    pair.Supervisor.token = "s3cret"
-    (sup, sport), (beacon, bport) = serve(pair.Supervisor), serve(HeadBeacon)
+    head = HeadWithSupervisor(tmp_path, monkeypatch)
     try:
-        argv = ["request", "--head", "127.0.0.1", "--port", str(bport),
-                "--agent-port", str(sport), "--timeout", "5", "--token-file"]  # fmt: skip
+        argv = [*head.argv("request"), "--timeout", "5", "--token-file"]
         wrong = tmp_path / "wrong"
         wrong.write_text("guess\n")
         assert pair.main([*argv, str(wrong)]) == 1
-        assert restarts == []
-        assert pair.main([*argv, str(token)]) == 0
-        assert len(restarts) == 1
+        assert head.restarts == []
+        assert pair.main([*argv, str(head.token)]) == 0
+        assert len(head.restarts) == 1
     finally:
-        sup.shutdown()
-        beacon.shutdown()
+        head.close()
 
 
 def test_the_restart_budget_file_is_what_status_reads(monkeypatch, tmp_path):
@@ -510,41 +529,20 @@ def test_an_agent_answers_not_ready_while_docker_is_down_and_an_operator_stop_wi
 def test_a_worker_never_starts_while_the_heads_rank_runs(tmp_path, monkeypatch):
     """`pair alone`, a worker's start gate: the head's beacon answering 200 refuses the start and
     asks the head's supervisor for an ordered restart; a head that is down lets it start."""
-    import argparse
-    import http.server
-
-    restarts = []
-    token = tmp_path / "token"
-    token.write_text("s3cret\n")
-    monkeypatch.setattr(pair, "RESTART_LOCK", str(tmp_path / "restart.lock"))
-    monkeypatch.setattr(pair, "_restart_pair", lambda args: restarts.append(args) or 0)
     head_up = [False]
-
-    class HeadBeacon(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if head_up[0] else 503)
-            self.end_headers()
-
-        def log_message(self, *a):
-            pass
-
-    pair.Supervisor.args = argparse.Namespace(timeout=5, head_unit="sparkrig-head.service")
-    pair.Supervisor.token = "s3cret"
-    (sup, sport), (beacon, bport) = serve(pair.Supervisor), serve(HeadBeacon)
+    head = HeadWithSupervisor(tmp_path, monkeypatch, up=lambda: head_up[0])
     try:
-        argv = ["alone", "--head", "127.0.0.1", "--port", str(bport),
-                "--agent-port", str(sport), "--token-file", str(token)]  # fmt: skip
+        argv = [*head.argv("alone"), "--token-file", str(head.token)]
         assert pair.main(argv) == 0  # the head is down: the worker starts (ordered start)
-        assert restarts == []
+        assert head.restarts == []
         head_up[0] = True
         assert pair.main(argv) == 1  # the head's engine runs: never join it alone
         deadline = time.monotonic() + 10
-        while not restarts and time.monotonic() < deadline:
+        while not head.restarts and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(restarts) == 1  # the supervisor was asked for the ordered restart
+        assert len(head.restarts) == 1  # the supervisor was asked for the ordered restart
     finally:
-        sup.shutdown()
-        beacon.shutdown()
+        head.close()
 
 
 def start_watch(tmp_path: Path, package: Path) -> tuple[subprocess.Popen, int, Path]:
