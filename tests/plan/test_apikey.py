@@ -22,13 +22,6 @@ HELD = open("tests/plan/api-key").read().strip()  # what converge_state installs
 OTHER = open("tests/plan/api-key-2").read().strip()
 
 
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
-
-
 def control(tmp_path, content: str | None = None) -> tuple[list[str], object]:
     """--data making the control side's api_key_file a file of the test's own (absent: a fresh
     clone); never a fixture of the repository, which the run may overwrite."""

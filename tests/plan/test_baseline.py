@@ -5,8 +5,6 @@ baseline lines and drift, and no command more for any of it (sparkrig/baseline.p
 
 from __future__ import annotations
 
-import pytest
-
 from sparkrig.baseline import GRUB_DROPIN, grub_text
 from sparkrig.stateread import StateReadFailed
 from tests.plan import fakehosts
@@ -17,13 +15,6 @@ NEW_KERNEL = "7.0.0-1019-nvidia"
 SPARK_HELD = [
     name.format(k=fakehosts.SPARK_KERNEL) for name, _ in fakehosts.SPARK_PACKAGES
 ]  # every kernel and driver package of the fake Spark; linux-firmware and docker-ce are not
-
-
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
 
 
 def apply(monkeypatch, *extra: str) -> Run:

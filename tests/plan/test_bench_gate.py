@@ -18,13 +18,6 @@ PREVIOUS = {"single_stream_tok_s": 30.0, "decode_tok_s.4": 80.0, "tool_call_ok":
             "fffd_per_10k_chars": 0.0, "fffd_chars": 3000}  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
-
-
 def converge_with_figures(figures: dict[str, object] | None = PREVIOUS) -> None:
     """A converged pair whose serving release records ``figures`` (None: none, a record from
     before the gate) on every rank."""

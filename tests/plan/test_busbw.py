@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from sparkhost import nccl_smoke as ns
 
 from sparkrig.release import parse_record, record_path
@@ -18,13 +17,6 @@ from tests.plan.test_status import rank_lines, status
 
 SMOKE = {"spark-a": (0, fakehosts.SMOKE_HEAD), "spark-b": (1, fakehosts.SMOKE_CHECK)}
 ENV = {"NCCL_IB_HCA": fakehosts.HCA, "SPARKRIG_FABRIC_INTERFACE": "enp1s0f1np1"}
-
-
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
 
 
 def smoke_report(rank: int, busbw: float) -> dict[str, object]:

@@ -5,8 +5,6 @@ anything that needs it; inside the one state read per host (no command more)."""
 
 from __future__ import annotations
 
-import pytest
-
 from sparkrig.image import END
 from tests.image.fakeimage import MATCH
 from tests.plan import fakehosts
@@ -16,13 +14,6 @@ INVENTORY = "tests/plan/inventory_state.py"
 HEAD, WORKER = "@fake/spark-a", "@fake/spark-b"
 START = "Run docker and its socket, enabled"
 DAEMON_DOWN = ["ref=", "base=", "patched=", "daemon=unreachable", END]
-
-
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
 
 
 def docker_stopped_on_the_worker() -> None:

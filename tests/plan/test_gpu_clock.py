@@ -4,19 +4,10 @@ no rank; off (the default), nothing of it is sent."""
 
 from __future__ import annotations
 
-import pytest
-
 from tests.plan import fakehosts
 from tests.plan.test_plan import ACTION, HEAD, STOP, WORKER, apply, converge_state, position
 
 UNIT = "/etc/systemd/system/sparkrig-gpu-clock.service"
-
-
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
 
 
 def test_a_clock_cap_is_a_boot_unit_before_the_rank_applied_now_without_a_restart(monkeypatch):

@@ -23,13 +23,6 @@ INVENTORIES = {2: "tests/plan/inventory_state.py", 4: "tests/plan/inventory_4sta
 MODES = {"dry": ["--dry", "--diff"], "apply": ["-y"]}
 
 
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
-
-
 def converged_run(monkeypatch, nodes: int, mode: str) -> Run:
     inventory = INVENTORIES[nodes]
     for name, s in fakehosts.settings_of(inventory).items():

@@ -4,20 +4,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.plan import fakehosts
 from tests.plan.test_plan import ACTION, WORKER, apply, converge_state, settings
 
 GIB = 1024**3
 SHORT = "10.0 GiB free under /var/lib/sparkrig/models, need 64.0 GiB"
-
-
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
 
 
 def worker_disk_free(free: int) -> None:

@@ -11,13 +11,6 @@ from tests.plan.harness import run
 INVENTORY = "tests/plan/inventory_state.py"
 
 
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
-
-
 @pytest.mark.parametrize(
     ("option", "reason"),
     [

@@ -18,13 +18,6 @@ HELPERS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
-
-
 def fresh_clone(tmp_path) -> tuple[str, str]:
     """--data making the control side a fresh clone's: no pair-token file there."""
     return "--data", f"pair_token_file={tmp_path / 'pair-token'}"

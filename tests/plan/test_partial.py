@@ -6,21 +6,12 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from tests.plan import fakehosts
 from tests.plan.test_plan import ACTION, HEAD, STOP, WORKER, apply, converge_state
 
 WITH_THE_HEAD = "run `pyinfra inventory.py deploy.py` with the head (no --limit)"
 RANK = re.compile(r"^systemctl (start|stop) sparkrig-(head|worker)")
 IMAGE_LOAD = re.compile(r"^sh -c 'set -e\nmkdir -p -m 700 /var/lib/sparkrig/images\n")
-
-
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
 
 
 def test_limit_worker_without_its_weights_fails_naming_the_run_that_copies_them(monkeypatch):

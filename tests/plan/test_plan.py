@@ -31,13 +31,6 @@ STOP = "Stop every rank for an ordered pair restart"
 UP_FABRIC = "nmcli --wait 90 connection up netplan-enp1s0f1np1"
 
 
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
-
-
 def apply(monkeypatch, *extra: str, inventory: str = INVENTORY) -> Run:
     return run(["-y", *extra, inventory, "deploy.py"], monkeypatch)
 

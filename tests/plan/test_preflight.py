@@ -23,13 +23,6 @@ LOCKS = Path("tests/plan/locks")
 MODEL_LOCK = "GLM-5.3-Flash-NVFP4.lock.json"
 
 
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
-
-
 def big_locks(tmp: Path, model_gib: float) -> str:
     """A copy of the plan tests' lockfiles whose model weighs ``model_gib`` GiB."""
     for lock in LOCKS.glob("*.lock.json"):

@@ -9,21 +9,12 @@ import re
 import shlex
 from pathlib import Path
 
-import pytest
-
 from tests.plan import fakehosts
 from tests.plan.harness import run
 from tests.plan.test_plan import ACTION
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = "tests/plan/inventory_example.py"
-
-
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
 
 
 def commands(text: str) -> list[list[str]]:

@@ -31,13 +31,6 @@ FAILING = re.compile(r"/sparkhost gate gates .* \|\| true$")  # the gates as the
 OLD = "9" * 40
 
 
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
-
-
 def failing_gates() -> None:
     """The new release boots but fails the math gate; the previous one (after the rollback,
     the gate script run plainly) passes."""

@@ -3,19 +3,10 @@ no traceback, no prompt, and nothing but the read reaches any host."""
 
 from __future__ import annotations
 
-import pytest
-
 from sparkrig.stateread import StateReadFailed
 from tests.plan import fakehosts
 from tests.plan.harness import run
 from tests.plan.test_plan import HEAD, INVENTORY, WORKER
-
-
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
 
 
 def test_a_failed_state_read_fails_its_host_in_one_line_without_a_traceback(monkeypatch):

@@ -13,13 +13,6 @@ from tests.plan.harness import Run, run
 from tests.plan.test_plan import ACTION, HEAD, INVENTORY, WORKER, converge_state, settings
 
 
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
-
-
 def status(monkeypatch, *extra: str) -> Run:
     return run(["-y", *extra, INVENTORY, "status.py"], monkeypatch)
 

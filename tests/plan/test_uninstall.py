@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from tests.plan import fakehosts
 from tests.plan.harness import Run, run
 from tests.plan.test_plan import HEAD, INVENTORY, WORKER, converge_state, position
@@ -19,13 +17,6 @@ OWNED = [
     "/etc/sysctl.d/90-sparkrig.conf",
     "/etc/netplan/60-sparkrig-fabric.yaml",
 ]
-
-
-@pytest.fixture(autouse=True)
-def _clean_state():
-    fakehosts.STATE.clear()
-    yield
-    fakehosts.STATE.clear()
 
 
 def uninstall(monkeypatch, *extra: str) -> Run:

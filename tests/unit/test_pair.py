@@ -551,6 +551,8 @@ def start_watch(tmp_path: Path, package: Path) -> tuple[subprocess.Popen, int, P
     logs what it is asked; once its beacon answers."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    # what `docker inspect --format {{.State.Running}} NAME` prints for a running container, the
+    # one docker call the watch makes (sparkhost.pair.container_running)
     (bin_dir / "docker").write_text("#!/bin/sh\necho true\n")
     log = tmp_path / "systemctl.log"
     (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
