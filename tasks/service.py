@@ -59,9 +59,8 @@ image = serving_image(settings)  # the patched image every rank runs (tasks/imag
 # for the clients. Without the head in the run (--limit worker) nothing about the key is decided.
 # Off: both files go and the rank unit loses its --env-file.
 is_head = settings.me.is_head
-head_knobs = for_inventory(inventory)[
-    settings.head.name
-].knobs  # head-only knobs, the same everywhere
+everyone = for_inventory(inventory)
+head_knobs = everyone[settings.head.name].knobs  # head-only knobs, the same everywhere
 api = api_key(settings, hoststate.values)
 if head_knobs.api_auth and api is not None and api.token:
     on_head(
@@ -195,7 +194,6 @@ unit_state_set(
 rank_active, _ = hoststate.read(settings).unit(settings.unit_name)
 # A rank serving beside a peer whose rank is down (a worker stopped while the head ran) is never
 # joined by that peer alone: the pair restarts in order. Only the ranks of this run are read.
-everyone = for_inventory(inventory)
 down_peers = [
     r.name
     for r in settings.others

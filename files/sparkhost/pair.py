@@ -738,6 +738,16 @@ def supervise_round(
     return said
 
 
+def restart_pair_request(args: argparse.Namespace) -> urllib.request.Request:
+    """The authenticated POST /restart-pair to the head's supervisor (``--head``,
+    ``--agent-port``, ``--token-file``)."""
+    return urllib.request.Request(
+        f"http://{args.head}:{args.agent_port}/restart-pair",
+        method="POST",
+        headers={"X-Sparkrig-Token": read_token(args.token_file)},
+    )
+
+
 def alone(args: argparse.Namespace) -> int:
     """A worker's start gate: refuse to start while the head's rank runs (its beacon answers
     200). A rank started alone cannot join an engine that is already running (vLLM's head
@@ -750,13 +760,8 @@ def alone(args: argparse.Namespace) -> int:
         "join its engine; this start is refused and the head's supervisor is asked to restart "
         "the pair in order"
     )
-    req = urllib.request.Request(
-        f"http://{args.head}:{args.agent_port}/restart-pair",
-        method="POST",
-        headers={"X-Sparkrig-Token": read_token(args.token_file)},
-    )
     try:  # not waited for: the restart it starts stops and starts this very unit
-        urllib.request.urlopen(req, timeout=3).close()
+        urllib.request.urlopen(restart_pair_request(args), timeout=3).close()
     except OSError:
         pass
     return 1
@@ -764,11 +769,7 @@ def alone(args: argparse.Namespace) -> int:
 
 def request(args: argparse.Namespace) -> int:
     """A worker's deploy without the head: ask the head's supervisor for an ordered restart."""
-    req = urllib.request.Request(
-        f"http://{args.head}:{args.agent_port}/restart-pair",
-        method="POST",
-        headers={"X-Sparkrig-Token": read_token(args.token_file)},
-    )
+    req = restart_pair_request(args)
     log(f"asking the head's supervisor at {args.head}:{args.agent_port} for an ordered restart")
     try:
         with urllib.request.urlopen(req, timeout=args.timeout) as r:
