@@ -33,7 +33,8 @@ fi
 
 # --- the control side: the deploy and the lab (lab/ imports nothing else) ------------------------
 pip_install -r requirements.txt || fail "requirements.txt could not be installed"
-"$PY" -c 'import pyinfra_cli, jinja2, pydantic, huggingface_hub, click, gevent, requests' ||
+"$PY" -c 'import pyinfra_cli, jinja2, pydantic, huggingface_hub, click, gevent, requests
+import matplotlib.backends.backend_agg' ||
   fail "a dependency of the deploy does not import (see above)"
 if [ "$what" = lab ]; then
   echo "install-deps: the lab's and the deploy's dependencies installed in $((SECONDS - start)) s"

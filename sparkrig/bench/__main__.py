@@ -1,10 +1,14 @@
-"""python3 -m sparkrig.bench: the seeds' measurement protocol against the pair or any endpoint.
+"""python3 -m sparkrig.bench: the seeds' measurement protocols against the pair or any endpoint.
 
     python3 -m sparkrig.bench --inventory inventory.py          # the head the deploy made
     python3 -m sparkrig.bench --url http://host:8000 --model NAME [--api-key-file F] [--profile P]
+    python3 -m sparkrig.bench ... --protocol seed004 --stack NAME   # seed 004's protocol
+    python3 -m sparkrig.bench compare A.json B.json ...          # results side by side
 
-One JSON per run under --results-dir (default bench/results), or at --json PATH; a PNG beside it;
-a table on stdout with each figure against the running profile's expected one (docs/bench.md).
+--protocol seed000 (the default) is seeds 000 and 003's protocol (sparkrig/bench/protocol.py),
+seed004 seed 004's (sparkrig/bench/seed004.py). One JSON per run under --results-dir (default
+bench/results), or at --json PATH; its figure beside it (SVG and PNG); a table on stdout with each
+figure against the running profile's expected one, or the stack's published one (docs/bench.md).
 Exit status: 0 when every measurement ran, 1 when one failed (an error listed), 2 on bad usage.
 """
 
@@ -17,12 +21,15 @@ from pathlib import Path
 
 from sparkhost.gate import read_api_key
 
-from . import expected, report, target
+from . import compare, expected, published, report, seed004, target
 from .client import Endpoint
 from .protocol import SHORT, Protocol, measure
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = ("single", "shared", "guard", "long")
+PROTOCOLS = ("seed000", seed004.NAME)
+SEED000_ONLY = ("short", "decode_tokens", "repeats", "prompts", "streams", "contexts",
+                "fffd_tokens", "no_tool")  # fmt: skip
 
 
 def ints(text: str) -> tuple[int, ...]:
@@ -43,7 +50,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="served model name (with --url)")
     p.add_argument("--api-key-file", help="file holding the API key (sent as a Bearer token)")
     p.add_argument("--profile", choices=PROFILES, help="compare with this profile's figures")
-    p.add_argument("--json", type=Path, help="write the run's JSON here (PNG beside it)")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="seed000",
+                   help="seed000: seeds 000/003's (default); seed004: seed 004's")  # fmt: skip
+    p.add_argument("--stack", help="the stack measured, recorded in the result (compare judges "
+                   f"it against that stack's published figures; default {published.DEFAULT_STACK} "
+                   "with --inventory)")  # fmt: skip
+    p.add_argument("--json", type=Path, help="write the run's JSON here (figure beside it)")
     p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--short", action="store_true", help="the release gate's short bench")
     p.add_argument("--decode-tokens", type=int, help="forced tokens per request (512)")
@@ -70,38 +82,57 @@ def protocol_of(args: argparse.Namespace) -> Protocol:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:
+        return compare.main(argv[1:], REPO / "bench" / "results")
     args = parser().parse_args(argv)
+    if args.protocol == seed004.NAME:
+        given = [f"--{n.replace('_', '-')}" for n in SEED000_ONLY if getattr(args, n) not in
+                 (None, False)]  # fmt: skip
+        if given:
+            parser().error(f"{', '.join(given)}: seed 000's protocol only, not --protocol seed004")
     if args.inventory:
         t = target.read(args.inventory, Path.cwd())
         url, model, profile = t["url"], args.model or t["model"], args.profile or t["profile"]
         key_file = args.api_key_file or t["api_key_file"]
+        # the deployed stack; sparkrig.stacks (issue 33) will name it from the inventory
+        stack = args.stack or published.DEFAULT_STACK
     else:
         if not args.model:
             parser().error("--url needs --model (the served model name)")
         url, model, profile, key_file = args.url, args.model, args.profile, args.api_key_file
+        stack = args.stack
     try:
         key = read_api_key(key_file) if key_file else ""
     except (OSError, ValueError) as exc:
         print(f"bench: API key file {key_file}: {exc}", file=sys.stderr)
         return 2
-    proto = protocol_of(args)
+    proto: Protocol | seed004.Seed004 = (
+        seed004.Seed004() if args.protocol == seed004.NAME else protocol_of(args)
+    )
     ep = Endpoint(url, model, key)
     started = time.time()
-    print(f"bench: {url} model {model} profile {profile or '-'}; protocol {proto.as_dict()}",
-          flush=True)  # fmt: skip
+    print(f"bench: {url} model {model} profile {profile or '-'} stack {stack or '-'}; protocol "
+          f"{args.protocol} {proto.as_dict()}", flush=True)  # fmt: skip
     result = {
         "schema": "sparkrig-bench/1",
         "started_unix": round(started, 3),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "url": url, "model": model, "profile": profile, "protocol": proto.as_dict(),
-        "tolerance": args.tolerance,
+        "url": url, "model": model, "profile": profile, "stack": stack,
+        "protocol_name": args.protocol, "protocol": proto.as_dict(), "tolerance": args.tolerance,
     }  # fmt: skip
-    result.update(measure(ep, proto, log=lambda m: print(f"  {m}", flush=True)))
+    log = lambda m: print(f"  {m}", flush=True)  # noqa: E731
+    if isinstance(proto, seed004.Seed004):
+        result.update(seed004.measure(ep, proto, log=log))
+        result["verdicts"] = [expected.judge(e, result, args.tolerance)
+                              for e in published.figures_for(result)]  # fmt: skip
+    else:
+        result.update(measure(ep, proto, log=log))
+        result["verdicts"] = expected.verdicts(result, profile, args.tolerance)
     result["duration_s"] = round(time.time() - started, 1)
-    result["verdicts"] = expected.verdicts(result, profile, args.tolerance)
-    out, picture = report.write(result, args.results_dir, args.json)
+    out, pictures = report.write(result, args.results_dir, args.json)
     print(report.table(result))
-    print(f"\nJSON: {out}\nPNG:  {picture}")
+    print(f"\nJSON: {out}\n" + "\n".join(f"{p.suffix[1:].upper()}:  {p}" for p in pictures))
     return 1 if result["errors"] else 0
 
 

@@ -9,7 +9,7 @@ image or weights is compared with them only as a rough guide.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 SEED_000 = "seed 000 (000_fd10cb76903debf3.txt, Classmethod, 2x DGX Spark, v11 image)"
 SEED_003 = "seed 003 (003_b876b9038c2c4cb2.txt, sfxnz recipe, 2x DGX Spark, glm53-sm121-v13)"
@@ -104,31 +104,53 @@ def lookup(result: dict[str, Any], figure: str) -> list[float]:
     return [] if v is None else [float(v)]
 
 
+class Figure(Protocol):
+    """An expected or published figure: this module's Expected, published.Published."""
+
+    @property
+    def figure(self) -> str: ...
+    @property
+    def low(self) -> float: ...
+    @property
+    def high(self) -> float: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def condition(self) -> str: ...
+    @property
+    def lower_is_better(self) -> bool: ...
+
+
+def judge(e: Figure, result: dict[str, Any], tolerance: float) -> dict[str, Any]:
+    """One verdict row: measured (the worst of several), expected, source, condition, status
+    ("within" the tolerance, "short" of it, "better", "not measured")."""
+    values = lookup(result, e.figure)
+    row: dict[str, Any] = {
+        "figure": e.figure, "expected": [e.low, e.high] if e.high != e.low else e.low,
+        "source": e.source, "condition": e.condition, "measured": None,
+        "status": "not measured", "causes": "",
+    }  # fmt: skip
+    if values:
+        worst = max(values) if e.lower_is_better else min(values)
+        row["measured"] = worst
+        if e.lower_is_better:
+            bad = worst > e.high * (1 + tolerance)
+            good = worst < e.low * (1 - tolerance)
+        else:
+            bad = worst < e.low * (1 - tolerance)
+            good = worst > e.high * (1 + tolerance)
+        row["status"] = "short" if bad else "better" if good else "within"
+    return row
+
+
 def verdicts(result: dict[str, Any], profile: str | None, tolerance: float) -> list[dict[str, Any]]:
-    """One row per expected figure of the profile: measured (the worst of several), expected,
-    source, status ("within" the tolerance, "short" of it, "better", "not measured") and, when
-    short, the likely causes."""
+    """One row per expected figure of the profile (judge), with the likely causes when short."""
     rows = []
     for e in EXPECTED:
         if e.profile != profile:
             continue
-        values = lookup(result, e.figure)
-        row: dict[str, Any] = {
-            "figure": e.figure, "expected": [e.low, e.high] if e.high != e.low else e.low,
-            "source": e.source, "condition": e.condition, "measured": None,
-            "status": "not measured", "causes": "",
-        }  # fmt: skip
-        if values:
-            worst = max(values) if e.lower_is_better else min(values)
-            row["measured"] = worst
-            if e.lower_is_better:
-                bad = worst > e.high * (1 + tolerance)
-                good = worst < e.low * (1 - tolerance)
-            else:
-                bad = worst < e.low * (1 - tolerance)
-                good = worst > e.high * (1 + tolerance)
-            row["status"] = "short" if bad else "better" if good else "within"
-            if bad:
-                row["causes"] = CAUSES[e.figure.split(".", 1)[0]]
+        row = judge(e, result, tolerance)
+        if row["status"] == "short":
+            row["causes"] = CAUSES[e.figure.split(".", 1)[0]]
         rows.append(row)
     return rows

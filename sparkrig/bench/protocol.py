@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ HAYSTACK = (
     "weather as mild, checked the instruments, and moved on to the next marker along the bank. "
 )
 TOKENS_PER_HAYSTACK_SENTENCE = 40  # a first guess only; /tokenize corrects it
+Builder = Callable[[int], list[dict[str, Any]]]  # units of text -> chat messages
 
 
 @dataclass
@@ -67,9 +69,10 @@ SHORT = Protocol(repeats=1, prompts=4, streams=(4,), contexts=(), fffd_tokens=20
 
 
 @dataclass
-class Run:
+class Calls:
+    """The requests of one run against one endpoint: what failed, and progress lines."""
+
     endpoint: Endpoint
-    protocol: Protocol
     errors: list[str] = field(default_factory=list)
     log: Any = None  # callable(str) for progress lines
 
@@ -88,6 +91,11 @@ class Run:
             )
             return False
         return True
+
+
+@dataclass
+class Run(Calls):
+    protocol: Protocol = field(default_factory=Protocol)
 
 
 def decode_body(model: str, prompt: str, n: int) -> dict[str, Any]:
@@ -184,18 +192,25 @@ def haystack(target_tokens: int, sentences: int, keyword: str, salt: str) -> lis
     return [{"role": "user", "content": text}]
 
 
-def sized_haystack(ep: Endpoint, target: int, keyword: str, salt: str) -> list[dict[str, Any]]:
-    """A haystack of about ``target`` prompt tokens: sized with the server's /tokenize when it
-    has one (two corrections), else from a fixed tokens-per-sentence guess."""
-    sentences = max(2, target // TOKENS_PER_HAYSTACK_SENTENCE)
-    messages = haystack(target, sentences, keyword, salt)
+def sized_prompt(ep: Endpoint, target: int, build: Builder, per_unit: int) -> list[dict[str, Any]]:
+    """The messages ``build(units)`` makes, with ``units`` chosen so the prompt is about
+    ``target`` tokens: sized with the server's /tokenize when it has one (two corrections), else
+    from ``per_unit``, a tokens-per-unit guess."""
+    units = max(2, target // per_unit)
+    messages = build(units)
     for _ in range(2):
         n = ep.tokenize(messages)
         if not n:
             break
-        sentences = max(2, round(sentences * target / n))
-        messages = haystack(target, sentences, keyword, salt)
+        units = max(2, round(units * target / n))
+        messages = build(units)
     return messages
+
+
+def sized_haystack(ep: Endpoint, target: int, keyword: str, salt: str) -> list[dict[str, Any]]:
+    """A haystack of about ``target`` prompt tokens."""
+    return sized_prompt(ep, target, lambda n: haystack(target, n, keyword, salt),
+                        TOKENS_PER_HAYSTACK_SENTENCE)  # fmt: skip
 
 
 def prefill(run: Run, max_model_len: int | None) -> list[dict[str, Any]]:
@@ -264,7 +279,7 @@ def measure(ep: Endpoint, protocol: Protocol, log: Any = None) -> dict[str, Any]
     """Run the protocol against the endpoint; the result under the names other tooling reads:
     single_stream_tok_s, decode_tok_s (streams -> aggregate), prefill, tool_call_ok,
     fffd_per_10k_chars."""
-    run = Run(ep, protocol, log=log)
+    run = Run(ep, log=log, protocol=protocol)
     max_len = ep.max_model_len()
     single, passes, ttft = single_stream(run)
     agg, per = parallel(run)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,6 +85,31 @@ def standin_process(
     finally:
         p.kill()
         p.wait(10)
+
+
+def read_figure(stem: Path) -> tuple[Any, ET.Element]:
+    """The bench's figure ``stem``.png and ``stem``.svg, each read as what it claims to be: the
+    PNG decoded to an RGBA array (matplotlib's reader, which refuses a broken file), the SVG
+    parsed as XML with an <svg> root."""
+    from matplotlib import image
+
+    png = stem.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{png}: not a PNG"
+    pixels = image.imread(png)
+    svg = ET.parse(stem.with_suffix(".svg")).getroot()
+    assert svg.tag == "{http://www.w3.org/2000/svg}svg", svg.tag
+    return pixels, svg
+
+
+def count_colour(pixels: Any, rgb: tuple[int, int, int]) -> int:
+    """Pixels of the decoded PNG within 2/255 of the colour."""
+    want = [c / 255 for c in rgb]
+    return int((abs(pixels[:, :, :3] - want) < 2 / 255).all(axis=2).sum())
+
+
+def svg_text(svg: ET.Element) -> str:
+    """Everything the SVG says in words (plot.save keeps text as <text> elements)."""
+    return " ".join(el.text or "" for el in svg.iter())
 
 
 def within(measured: float | None, wanted: float, tolerance: float) -> bool:
