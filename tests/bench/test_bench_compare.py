@@ -1,0 +1,97 @@
+"""python3 -m sparkrig.bench compare: two stacks' seed-004 results (tests/bench/fixtures) in one
+table and one figure, each judged against its own stack's published figures (seed 004 line 7)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from bench_helpers import count_colour, read_figure, svg_text
+
+from sparkrig.bench import __main__ as cli
+from sparkrig.bench import compare, published
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+ENTRPI, TENSORFOLD = FIXTURES / "seed004-entrpi-exl3.json", FIXTURES / "seed004-tensorfold.json"
+BLUE, ORANGE = (31, 119, 180), (255, 127, 14)  # tab10's first two: one colour per stack
+
+
+def row(out: str, label: str) -> list[str]:
+    """One figure's row of the table: its cells, column by column ([measured, published,
+    status] for each stack)."""
+    line = next(ln for ln in out.splitlines() if ln.startswith(label))
+    return [c.split() for c in line.split("|")[1:]]  # type: ignore[misc]
+
+
+def test_two_stacks_side_by_side_each_against_its_own_published_figures(
+    tmp_path: Path, capsys: object
+) -> None:
+    rc = cli.main(["compare", str(ENTRPI), str(TENSORFOLD), "--out", str(tmp_path / "cmp")])
+    assert rc == 0
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    header = next(ln for ln in out.splitlines() if "entrpi-exl3" in ln and "tensorfold" in ln)
+    assert header.index("entrpi-exl3") < header.index("tensorfold")  # one column per result
+    # prose: Entrpi 27.0 against its 27.4; TensorFold 31.0 against its own 35.8 is short (against
+    # Entrpi's 27.4 it would read better)
+    assert row(out, "prose ") == [["27", "27.4", "WITHIN"], ["31", "35.8", "SHORT"]]
+    # code at reasoning low: Entrpi 44.1 short of 53.6; TensorFold 36.0 within its 36.3
+    assert row(out, "code, reasoning low") == [["44.1", "53.6", "SHORT"], ["36", "36.3", "WITHIN"]]
+    assert row(out, "code, reasoning max") == [
+        ["63.5", "62.7", "WITHIN"],
+        ["44.9", "44.6", "WITHIN"],
+    ]
+    assert row(out, "prose prompt") == [["1372", "1369", "WITHIN"], ["1340", "1342", "WITHIN"]]
+    assert row(out, "code prompt") == [["1290", "1306", "WITHIN"], ["1360", "1364", "WITHIN"]]
+    assert out.count("seed 004 (004_d4f0c35b177c450a.txt") == 2  # each stack's source, once
+    assert re.search(r"entrpi-exl3 \(prose, .*\): seed 004 .*Entrpi's kit", out)
+    assert "SVG: " + str(tmp_path / "cmp.svg") in out
+
+
+def test_the_figure_is_one_svg_and_one_png_with_both_stacks(tmp_path: Path) -> None:
+    cols = compare.columns([ENTRPI, TENSORFOLD], None)
+    svg_path, png_path = compare.draw(cols, tmp_path / "side-by-side")
+    assert (svg_path.name, png_path.name) == ("side-by-side.svg", "side-by-side.png")
+    pixels, svg = read_figure(tmp_path / "side-by-side")
+    words = svg_text(svg)
+    for said in ("entrpi-exl3", "tensorfold", "published (each stack's own)", "decode tok/s",
+                 "prefill tok/s", "code, reasoning max"):  # fmt: skip
+        assert said in words, said
+    assert count_colour(pixels, BLUE) > 2000 and count_colour(pixels, ORANGE) > 2000
+
+
+def test_a_published_figures_file_gives_a_stack_its_figures(tmp_path: Path, capsys: object) -> None:
+    """The seam for the stack declarations: a file names a stack's figures per protocol; a stack
+    it names takes only those; a stack nobody publishes for is listed as such."""
+    mine = json.loads(TENSORFOLD.read_text()) | {"stack": "vllm-nvfp4"}
+    (tmp_path / "mine.json").write_text(json.dumps(mine))
+    figures = {"vllm-nvfp4": {"seed004": [
+        {"figure": "prose_decode_tok_s", "value": [30.0, 32.0], "source": "a test's own figure",
+         "condition": "made up"}]}}  # fmt: skip
+    (tmp_path / "published.json").write_text(json.dumps(figures))
+    nobody = json.loads(ENTRPI.read_text()) | {"stack": "sfxnz-v13"}
+    (tmp_path / "nobody.json").write_text(json.dumps(nobody))
+    argv = ["compare", str(tmp_path / "mine.json"), str(tmp_path / "nobody.json"), "--published",
+            str(tmp_path / "published.json"), "--out", str(tmp_path / "c")]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert row(out, "prose ") == [["31", "30-32", "WITHIN"], ["27", "-"]]
+    assert row(out, "code, reasoning low") == [["36", "-"], ["44.1", "-"]]  # no figure, no verdict
+    assert "vllm-nvfp4 (prose): a test's own figure; made up" in out
+    assert "sfxnz-v13: none known for protocol seed004" in out
+
+
+def test_a_bad_published_file_is_refused_naming_what_is_wrong(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "published.json"
+    bad.write_text(json.dumps({"tensorfold": {"seed004": [{"figure": "prose_decode_tok_s"}]}}))
+    argv = ["compare", str(TENSORFOLD), "--published", str(bad), "--out", str(tmp_path / "c")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "tensorfold seed004: each figure needs figure, value and source" in err
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_two_results_of_one_stack_get_two_columns() -> None:
+    cols = compare.columns([TENSORFOLD, TENSORFOLD], None)
+    assert [c.name for c in cols] == ["tensorfold", "tensorfold (2)"]
+    assert cols[1].published == list(published.SEED004_FIGURES["tensorfold"])
