@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from bench_helpers import MODEL, REPO, standin, vllm_bench_serve, vllm_cpu, word_tokenizer
 
-from sparkrig.bench import Endpoint, Protocol, measure
+from sparkrig.bench import Endpoint, Protocol, measure, seed004
 from sparkrig.scripts import load_script
 
 engine = load_script("standin_engine", REPO / "lab" / "standin_engine.py")
@@ -63,6 +63,32 @@ def test_every_request_the_bench_sends_is_read_whole_by_vllms_request_models(
         elif not body.get("tools"):
             seen.add("prefill")
     assert seen == {"tokenize", "tool", "forced", "prefill"}
+
+
+def test_vllm_reads_seed_004s_calls_whole_reasoning_max_included(tmp_path: Path) -> None:
+    """Seed 004's calls as vLLM 0.33 takes them: temperature 0.2 and 384 tokens reach the engine,
+    and reasoning "low" and "max" are efforts its request model accepts and that turn the chat
+    template's thinking on (the prose call leaves the template's default alone)."""
+    vllm_cpu()
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    sent: list[tuple[str, dict[str, Any]]] = []
+    with standin(tmp_path, "--standin-decode-tok-s", "5000") as url:
+        r = seed004.measure(Endpoint(url, MODEL, record=lambda p, b: sent.append((p, b))),
+                            seed004.Seed004())  # fmt: skip
+    assert not r["errors"], r["errors"]
+    thinking = []
+    for path, body in sent:
+        if path != "/v1/chat/completions":
+            continue
+        req = ChatCompletionRequest.model_validate(body)  # a 400 from vLLM otherwise
+        assert not set(body) - field_names(ChatCompletionRequest)
+        sp = req.to_sampling_params(body["max_tokens"], {})
+        assert sp.temperature == 0.2 and sp.max_tokens == 384 and sp.min_tokens == 0
+        assert req.stream and req.stream_options and req.stream_options.include_usage
+        kwargs = req.build_chat_params(None, "auto").chat_template_kwargs
+        thinking.append((req.reasoning_effort, kwargs.get("enable_thinking")))
+    assert thinking == [(None, None), ("low", True), ("max", True)]
 
 
 def test_vllm_bench_serve_and_the_bench_both_complete_and_count_the_same_tokens(
