@@ -75,18 +75,21 @@ def cells(col: Column, figure: str, tolerance: float) -> tuple[str, str, str]:
     return num(row["measured"]), num(row["expected"]), row["status"]
 
 
+LABEL = 28  # the figure column's width
+
+
 def table(cols: list[Column], tolerance: float) -> str:
     width = 34
     names = figure_names(cols)
     lines = [f"sparkrig bench compare: {len(cols)} results, tolerance {tolerance:g}"]
-    lines.append(f"{'':<24}" + "".join(f" | {c.name:<{width}}" for c in cols))
-    lines.append(f"{'':<24}" + "".join(
+    lines.append(f"{'':<{LABEL}}" + "".join(f" | {c.name:<{width}}" for c in cols))
+    lines.append(f"{'':<{LABEL}}" + "".join(
         f" | {c.result.get('protocol_name') or 'seed000'}, {c.result.get('started', '?')}"
         .ljust(width + 3) for c in cols))  # fmt: skip
-    lines.append(f"{'figure':<24}" + f" | {'measured':>9} {'published':>11} {'status':<12}"
+    lines.append(f"{'figure':<{LABEL}}" + f" | {'measured':>9} {'published':>11} {'status':<12}"
                  * len(cols))  # fmt: skip
     for figure in names:
-        row = f"{plot.label(figure)[:24]:<24}"
+        row = f"{plot.label(figure)[:LABEL]:<{LABEL}}"
         for c in cols:
             m, p, s = cells(c, figure, tolerance)
             row += f" | {m:>9} {p:>11} {s.upper():<12}"
@@ -100,7 +103,8 @@ def table(cols: list[Column], tolerance: float) -> str:
         for e in c.published:
             said.setdefault((e.source, e.condition), []).append(plot.label(e.figure))
         for (source, condition), labels in said.items():
-            lines.append(f"  {c.name} ({', '.join(labels)}): {source}; {condition}")
+            which = "" if len(said) == 1 else f" ({' / '.join(labels)})"  # one source: all of them
+            lines.append(f"  {c.name}{which}: {source}; {condition}")
     return "\n".join(lines)
 
 

@@ -24,11 +24,11 @@ PUBLISHED = "black"
 LABELS = {
     "single_stream_tok_s": "1 stream",
     "prefill_tok_s": "prefill (worst context)",
-    "prose_decode_tok_s": "prose",
-    "code_low_decode_tok_s": "code, reasoning low",
-    "code_max_decode_tok_s": "code, reasoning max",
-    "prose_prefill_tok_s": "prose prompt",
-    "code_prefill_tok_s": "code prompt",
+    "prose_decode_tok_s": "prose decode",
+    "code_low_decode_tok_s": "code decode, reasoning low",
+    "code_max_decode_tok_s": "code decode, reasoning max",
+    "prose_prefill_tok_s": "prefill, prose prompt",
+    "code_prefill_tok_s": "prefill, code prompt",
     "ttft_p50_s": "TTFT p50 (s)",
     "fffd_per_10k_chars": "U+FFFD per 10k chars",
 }

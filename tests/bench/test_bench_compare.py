@@ -34,17 +34,26 @@ def test_two_stacks_side_by_side_each_against_its_own_published_figures(
     assert header.index("entrpi-exl3") < header.index("tensorfold")  # one column per result
     # prose: Entrpi 27.0 against its 27.4; TensorFold 31.0 against its own 35.8 is short (against
     # Entrpi's 27.4 it would read better)
-    assert row(out, "prose ") == [["27", "27.4", "WITHIN"], ["31", "35.8", "SHORT"]]
+    assert row(out, "prose decode") == [["27", "27.4", "WITHIN"], ["31", "35.8", "SHORT"]]
     # code at reasoning low: Entrpi 44.1 short of 53.6; TensorFold 36.0 within its 36.3
-    assert row(out, "code, reasoning low") == [["44.1", "53.6", "SHORT"], ["36", "36.3", "WITHIN"]]
-    assert row(out, "code, reasoning max") == [
+    assert row(out, "code decode, reasoning low") == [
+        ["44.1", "53.6", "SHORT"],
+        ["36", "36.3", "WITHIN"],
+    ]
+    assert row(out, "code decode, reasoning max") == [
         ["63.5", "62.7", "WITHIN"],
         ["44.9", "44.6", "WITHIN"],
     ]
-    assert row(out, "prose prompt") == [["1372", "1369", "WITHIN"], ["1340", "1342", "WITHIN"]]
-    assert row(out, "code prompt") == [["1290", "1306", "WITHIN"], ["1360", "1364", "WITHIN"]]
+    assert row(out, "prefill, prose prompt") == [
+        ["1372", "1369", "WITHIN"],
+        ["1340", "1342", "WITHIN"],
+    ]
+    assert row(out, "prefill, code prompt") == [
+        ["1290", "1306", "WITHIN"],
+        ["1360", "1364", "WITHIN"],
+    ]
     assert out.count("seed 004 (004_d4f0c35b177c450a.txt") == 2  # each stack's source, once
-    assert re.search(r"entrpi-exl3 \(prose, .*\): seed 004 .*Entrpi's kit", out)
+    assert re.search(r"entrpi-exl3: seed 004 .*Entrpi's kit", out)
     assert "SVG: " + str(tmp_path / "cmp.svg") in out
 
 
@@ -55,7 +64,7 @@ def test_the_figure_is_one_svg_and_one_png_with_both_stacks(tmp_path: Path) -> N
     pixels, svg = read_figure(tmp_path / "side-by-side")
     words = svg_text(svg)
     for said in ("entrpi-exl3", "tensorfold", "published (each stack's own)", "decode tok/s",
-                 "prefill tok/s", "code, reasoning max"):  # fmt: skip
+                 "prefill tok/s", "code decode, reasoning max"):  # fmt: skip
         assert said in words, said
     assert count_colour(pixels, BLUE) > 2000 and count_colour(pixels, ORANGE) > 2000
 
@@ -75,9 +84,12 @@ def test_a_published_figures_file_gives_a_stack_its_figures(tmp_path: Path, caps
             str(tmp_path / "published.json"), "--out", str(tmp_path / "c")]  # fmt: skip
     assert cli.main(argv) == 0
     out = capsys.readouterr().out  # type: ignore[attr-defined]
-    assert row(out, "prose ") == [["31", "30-32", "WITHIN"], ["27", "-"]]
-    assert row(out, "code, reasoning low") == [["36", "-"], ["44.1", "-"]]  # no figure, no verdict
-    assert "vllm-nvfp4 (prose): a test's own figure; made up" in out
+    assert row(out, "prose decode") == [["31", "30-32", "WITHIN"], ["27", "-"]]
+    assert row(out, "code decode, reasoning low") == [
+        ["36", "-"],
+        ["44.1", "-"],
+    ]  # no figure, no verdict
+    assert "vllm-nvfp4: a test's own figure; made up" in out
     assert "sfxnz-v13: none known for protocol seed004" in out
 
 
