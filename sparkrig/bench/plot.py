@@ -57,7 +57,8 @@ def save(fig: Figure, stem: Path) -> list[Path]:
     """``stem``.svg and ``stem``.png. The SVG keeps its words as text (searchable) and no date, so
     a figure redrawn from the same result is the same file."""
     paths = [stem.with_suffix(".svg"), stem.with_suffix(".png")]
-    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as <text>, not glyph paths
+    # text as <text>, not glyph paths; ids from a fixed salt, not a random one per file
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "sparkrig"}):
         fig.savefig(paths[0], format="svg", metadata={"Date": None})
     fig.savefig(paths[1], format="png", dpi=100)
     return paths

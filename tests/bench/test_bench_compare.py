@@ -107,3 +107,11 @@ def test_two_results_of_one_stack_get_two_columns() -> None:
     cols = compare.columns([TENSORFOLD, TENSORFOLD], None)
     assert [c.name for c in cols] == ["tensorfold", "tensorfold (2)"]
     assert cols[1].published == list(published.SEED004_FIGURES["tensorfold"])
+
+
+def test_the_same_results_redraw_the_same_files(tmp_path: Path) -> None:
+    """No date and no random ids in the SVG, so a committed figure changes only with its data."""
+    cols = compare.columns([ENTRPI, TENSORFOLD], None)
+    first = [p.read_bytes() for p in compare.draw(cols, tmp_path / "a")]
+    again = [p.read_bytes() for p in compare.draw(cols, tmp_path / "b")]
+    assert first == again
