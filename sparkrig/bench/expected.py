@@ -143,14 +143,19 @@ def judge(e: Figure, result: dict[str, Any], tolerance: float) -> dict[str, Any]
     return row
 
 
-def verdicts(result: dict[str, Any], profile: str | None, tolerance: float) -> list[dict[str, Any]]:
-    """One row per expected figure of the profile (judge), with the likely causes when short."""
+def verdicts_of(figures: list[Figure], result: dict[str, Any], tolerance: float
+                ) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per figure (judge); a short one of today's recipe (this module's figures) names
+    the likely causes, which are that recipe's."""
     rows = []
-    for e in EXPECTED:
-        if e.profile != profile:
-            continue
+    for e in figures:
         row = judge(e, result, tolerance)
-        if row["status"] == "short":
+        if row["status"] == "short" and isinstance(e, Expected):
             row["causes"] = CAUSES[e.figure.split(".", 1)[0]]
         rows.append(row)
     return rows
+
+
+def verdicts(result: dict[str, Any], profile: str | None, tolerance: float) -> list[dict[str, Any]]:
+    """The verdicts on the profile's expected figures."""
+    return verdicts_of([e for e in EXPECTED if e.profile == profile], result, tolerance)

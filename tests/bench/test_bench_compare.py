@@ -10,7 +10,7 @@ from pathlib import Path
 from bench_helpers import count_colour, read_figure, svg_text
 
 from sparkrig.bench import __main__ as cli
-from sparkrig.bench import compare, published
+from sparkrig.bench import compare, expected, published
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 ENTRPI, TENSORFOLD = FIXTURES / "seed004-entrpi-exl3.json", FIXTURES / "seed004-tensorfold.json"
@@ -115,3 +115,17 @@ def test_the_same_results_redraw_the_same_files(tmp_path: Path) -> None:
     first = [p.read_bytes() for p in compare.draw(cols, tmp_path / "a")]
     again = [p.read_bytes() for p in compare.draw(cols, tmp_path / "b")]
     assert first == again
+
+
+def test_a_run_is_judged_by_its_own_stacks_figures_only() -> None:
+    """Seed 000's figures are today's recipe's (vllm-nvfp4, or no stack named): a seed-000 run of
+    another stack is not judged by them; the causes named when short are that recipe's."""
+    run = {"protocol_name": "seed000", "profile": "shared", "single_stream_tok_s": 10.0}
+    for stack in (None, "vllm-nvfp4"):
+        rows = expected.verdicts_of(published.figures_for(run | {"stack": stack}), run, 0.1)
+        single = next(r for r in rows if r["figure"] == "single_stream_tok_s")
+        assert single["status"] == "short" and "speculation not active" in single["causes"]
+    assert published.figures_for(run | {"stack": "entrpi-exl3"}) == []
+    slow = json.loads(TENSORFOLD.read_text())
+    rows = expected.verdicts_of(published.figures_for(slow), slow, 0.1)
+    assert [r["status"] for r in rows][:1] == ["short"] and rows[0]["causes"] == ""
