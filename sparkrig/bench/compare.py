@@ -35,7 +35,13 @@ def measured(result: dict[str, Any]) -> dict[str, float]:
     context for prefill)."""
     names = ["single_stream_tok_s"]
     names += [f"decode_tok_s.{k}" for k in (result.get("decode_tok_s") or {}) if k != "1"]
-    names += ["prefill_tok_s", "ttft_p50_s", "fffd_per_10k_chars", *seed004.FIGURES]
+    names += [
+        "prefill_tok_s",
+        "ttft_p50_s",
+        "fffd_per_10k_chars",
+        *seed004.FIGURES,
+        "max_model_len",
+    ]
     out = {}
     for name in names:
         values = expected.lookup(result, name)

@@ -30,6 +30,7 @@ LABELS = {
     "prose_prefill_tok_s": "prefill, prose prompt",
     "code_prefill_tok_s": "prefill, code prompt",
     "ttft_p50_s": "TTFT p50 (s)",
+    "max_model_len": "context cap (tokens)",
     "fffd_per_10k_chars": "U+FFFD per 10k chars",
 }
 

@@ -41,9 +41,10 @@ class Published:
 
 
 def _seed004(prose: float, low: float, high: float, pre_prose: float, pre_code: float,
-             who: str) -> tuple[Published, ...]:  # fmt: skip
+             cap: int, who: str) -> tuple[Published, ...]:  # fmt: skip
     """Seed 004 line 7, in its order: prose decode, code at reasoning low, code at reasoning max,
-    prefill on the prose prompt, prefill on the code prompt."""
+    prefill on the prose prompt, prefill on the code prompt, the context cap (the result's
+    max_model_len, from /v1/models)."""
     c = f"{who}; {SEED_004_CONDITION}"
     return (
         Published("prose_decode_tok_s", prose, prose, SEED_004, c),
@@ -51,18 +52,19 @@ def _seed004(prose: float, low: float, high: float, pre_prose: float, pre_code: 
         Published("code_max_decode_tok_s", high, high, SEED_004, c),
         Published("prose_prefill_tok_s", pre_prose, pre_prose, SEED_004, c),
         Published("code_prefill_tok_s", pre_code, pre_code, SEED_004, c),
+        Published("max_model_len", cap, cap, SEED_004, c),
     )
 
 
 # Seed 004 line 7: "Prose decode was 27.4 tok/s on Entrpi and 35.8 on TensorFold. Code at reasoning
 # low was 53.6 and 36.3. Code at reasoning max was 62.7 and 44.6. Prefill on the prose prompt was
-# 1,369 tok/s and 1,342. On the code prompt, 1,306 and 1,364." The TensorFold figures are the
-# seed author's own TensorFold stack on neko-legends' EXL3 (line 5), not another recipe's
-# (docs/stacks-facts.md section 0.2).
+# 1,369 tok/s and 1,342. On the code prompt, 1,306 and 1,364. Context cap is 524,288 on Entrpi and
+# 1,048,576 on TensorFold." The TensorFold figures are the seed author's own TensorFold stack on
+# neko-legends' EXL3 (line 5), not another recipe's (docs/stacks-facts.md section 0.2).
 SEED004_FIGURES: dict[str, tuple[Published, ...]] = {
-    "entrpi-exl3": _seed004(27.4, 53.6, 62.7, 1369.0, 1306.0,
+    "entrpi-exl3": _seed004(27.4, 53.6, 62.7, 1369.0, 1306.0, 524288,
                             "Entrpi's kit, brandonmusic's 4bpw EXL3, MXFP8 DFlash2 drafter"),
-    "tensorfold": _seed004(35.8, 36.3, 44.6, 1342.0, 1364.0,
+    "tensorfold": _seed004(35.8, 36.3, 44.6, 1342.0, 1364.0, 1048576,
                            "TensorFold, neko-legends' EXL3, incoai's DFlash2"),
 }  # fmt: skip
 

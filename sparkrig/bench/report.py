@@ -52,7 +52,9 @@ def num(v: Any, unit: str = "") -> str:
         return "ok" if v else "FAILED"
     if isinstance(v, list):
         return f"{v[0]:g}-{v[1]:g}{unit}"
-    return f"{v:g}{unit}" if isinstance(v, float | int) else str(v)
+    if isinstance(v, float | int):
+        return f"{int(v)}{unit}" if float(v).is_integer() else f"{v:g}{unit}"
+    return str(v)
 
 
 def table(result: dict[str, Any]) -> str:

@@ -61,7 +61,7 @@ class Seed004:
 
 # --- the two prompts --------------------------------------------------------------------------
 PROSE_PARAGRAPH = (
-    "Chapter {i}. In the {nth} year of the ferry, the river town of {place} woke before the "
+    "Chapter {i}. In year {year} of the ferry, the river town of {place} woke before the "
     "bells, and the {trade} opened their shutters to a fog that lay on the water like wool. "
     "Nobody who lived there would have called it a remarkable morning, yet the old ferryman "
     "counted the boats twice, because one of them had come back without its lantern. "
@@ -92,7 +92,7 @@ TOKENS_PER_UNIT = {"prose": 70, "code": 75}  # first guesses only; /tokenize cor
 def prose_messages(units: int, salt: str) -> list[dict[str, Any]]:
     body = "".join(
         PROSE_PARAGRAPH.format(
-            i=i + 1, nth=i + 2, place=PLACES[i % len(PLACES)], trade=TRADES[i % len(TRADES)]
+            i=i + 1, year=i + 2, place=PLACES[i % len(PLACES)], trade=TRADES[i % len(TRADES)]
         )
         for i in range(units)
     )

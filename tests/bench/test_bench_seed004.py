@@ -73,7 +73,7 @@ def test_the_command_records_protocol_and_stack_and_judges_the_stacks_own_figure
     expected = {v["figure"]: v["expected"] for v in r["verdicts"]}
     assert expected == {"prose_decode_tok_s": 35.8, "code_low_decode_tok_s": 36.3,
                         "code_max_decode_tok_s": 44.6, "prose_prefill_tok_s": 1342.0,
-                        "code_prefill_tok_s": 1364.0}  # fmt: skip
+                        "code_prefill_tok_s": 1364.0, "max_model_len": 1048576.0}  # fmt: skip
     read_figure(out.with_suffix(""))
     table = capsys.readouterr().out  # type: ignore[attr-defined]
     assert "stack tensorfold protocol seed004" in table and "code-max decode tok/s" in table
