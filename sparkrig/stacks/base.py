@@ -1,0 +1,83 @@
+"""What a stack declares: one frozen value per way of serving GLM-5.3-Flash on the pair.
+
+A stack is an engine family (its adapter builds argv, readiness, metrics: ``families/``), an image
+pinned by digest (with sparkrig's patch layer or none), a model and a drafter at pinned commits,
+per-rank environment, the API port and how the API is authenticated, its gates, what the watchdog
+reads for progress, its memory gate, the caches a rank mounts, the stop order and the figures it
+is expected to reach, each with its source. Adding a stack is adding one declaration (one module
+of ``sparkrig/stacks/``); a new engine family adds one adapter.
+
+This module knows no domain beyond the declaration itself: no settings, no pyinfra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Family = Literal["vllm", "tensorfold"]
+# What a stack's memory gate measures (the stacks disagree: docs/stacks.md):
+# memfree: /proc/meminfo MemFree (sparkrig's own start gate, today's default);
+# used: free(1)'s "used" column must stay below the floor (Entrpi's 6 GB preflight);
+# available: MemAvailable must reach the floor (MiaAI's / TensorFold's budget).
+MemoryMeasure = Literal["memfree", "used", "available"]
+ApiAuth = Literal["vllm-api-key", "none"]
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A Hub repository at one commit (the lockfile is made from exactly this)."""
+
+    repo: str
+    revision: str  # 40-hex commit
+    why: str = ""  # why this commit (where the recipe pins none, sparkrig says why it chose it)
+    license_note: str = ""  # e.g. "CC BY-NC-ND 4.0: needs drafter_license_accepted"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A published figure the stack is expected to reach, with where it was published."""
+
+    name: str  # e.g. "decode_tok_s_prose", "prefill_tok_s"
+    value: float
+    unit: str  # "tok/s"
+    protocol: str  # the bench protocol it was measured with ("seed000", "seed004")
+    source: str  # seed file or URL
+
+
+@dataclass(frozen=True)
+class MemoryGate:
+    measure: MemoryMeasure
+    floor_gib: float | None  # None: derived as today (gpu_memory_utilization x MemTotal + margin)
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One stack, in one place. Field by field, what the layer needs to deploy, gate, watch,
+    switch and measure it."""
+
+    name: str  # the value of the `stack` knob, e.g. "vllm-nvfp4"
+    family: Family
+    title: str  # one line for the README's stacks table
+    image: str | None  # reference pinned by digest; None: the operator must give one (why in image_note)
+    image_note: str  # where the image comes from; for None, why there is no published one and how to build it
+    patched: bool  # True: sparkrig builds its patch layer (files/Dockerfile + files/patches) on top
+    model: Pin
+    drafter: Pin | None  # None: this stack loads no drafter
+    env: Mapping[str, str]  # per-rank environment beyond sparkrig's fabric/NCCL env (same on every rank)
+    fork_env: tuple[str, ...] = ()  # env names the engine's stock release does not know, with source in docs
+    fork_flags: tuple[str, ...] = ()  # serve flags (or flag=value) only the stack's fork accepts
+    serve_flags: tuple[str, ...] = ()  # the recipe's own flags for every rank (family adapter adds the rest)
+    head_flags: tuple[str, ...] = ()  # flags only rank 0 gets (e.g. a chat template)
+    profiles: tuple[str, ...] = ("single", "shared", "guard", "long")  # sparkrig profiles it serves
+    api_port: int = 8000
+    api_auth: ApiAuth = "vllm-api-key"
+    readiness_path: str = "/health"
+    progress_metrics: tuple[str, ...] = ()  # /metrics names whose movement the watchdog reads
+    memory: MemoryGate = MemoryGate("memfree", None)
+    caches: Mapping[str, str] = field(default_factory=dict)  # container path -> what it caches
+    stop_order: Literal["head-first", "workers-first"] = "head-first"
+    figures: tuple[Figure, ...] = ()
+    sources: tuple[str, ...] = ()  # where the declaration's facts were read
