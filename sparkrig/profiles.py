@@ -39,7 +39,9 @@ from sparkrig.stacks.vllm_nvfp4 import (
     KV_CACHE_DTYPE,
     REASONING_PARSER,
     TOOL_CALL_PARSER,
-    VLLM_NVFP4,
+)
+from sparkrig.stacks.vllm_nvfp4 import (
+    STACK as NVFP4,
 )
 
 __all__ = [
@@ -59,7 +61,7 @@ __all__ = [
     "speculative_config",
 ]
 
-PROFILES: dict[str, Profile] = dict(VLLM_NVFP4.profiles)
+PROFILES: dict[str, Profile] = dict(NVFP4.profiles)
 DEFAULT_PROFILE = "shared"
 
 MANDATORY_FLAGS: tuple[str, ...] = (
@@ -74,14 +76,14 @@ MANDATORY_FLAGS: tuple[str, ...] = (
 
 def needs_drafter(profile: str) -> bool:
     """True when the profile loads the DFlash2 drafter (licence knob and drafter download)."""
-    return VLLM_NVFP4.needs_drafter(profile)
+    return NVFP4.needs_drafter(profile)
 
 
 def speculative_config(profile: str, drafter_dir: str | None = None) -> str | None:
     """The --speculative-config JSON of a profile, or None when it does not speculate."""
-    return vllm.speculative_config(VLLM_NVFP4, profile, drafter_dir)
+    return vllm.speculative_config(NVFP4, profile, drafter_dir)
 
 
 def serve_args(profile: str, **kw: Any) -> list[str]:
     """argv of one rank of the default stack (``families/vllm.py serve_args``'s keywords)."""
-    return vllm.serve_args(VLLM_NVFP4, profile, **kw)
+    return vllm.serve_args(NVFP4, profile, **kw)

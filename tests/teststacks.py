@@ -9,7 +9,7 @@ from typing import Any
 
 from sparkrig.stacks import STACKS
 from sparkrig.stacks.base import Pin, Stack
-from sparkrig.stacks.vllm_nvfp4 import VLLM_NVFP4
+from sparkrig.stacks.vllm_nvfp4 import STACK as NVFP4
 
 OTHER_IMAGE = "registry.example/other@sha256:" + "cd" * 32
 
@@ -18,7 +18,7 @@ def register(monkeypatch: Any, name: str = "test-other", **fields: Any) -> Stack
     """A stack named ``name``: vllm-nvfp4's declaration with its own image, model and drafter
     pins (override any field with ``fields``), in STACKS until the test ends."""
     stack = replace(
-        VLLM_NVFP4,
+        NVFP4,
         **{
             "name": name,
             "image": OTHER_IMAGE,

@@ -5,12 +5,12 @@ a new engine family also adds one adapter under ``families/``."""
 
 from __future__ import annotations
 
+from sparkrig.stacks import vllm_nvfp4
 from sparkrig.stacks.base import Stack
-from sparkrig.stacks.vllm_nvfp4 import VLLM_NVFP4
 
 DEFAULT_STACK = "vllm-nvfp4"
 
-STACKS: dict[str, Stack] = {s.name: s for s in (VLLM_NVFP4,)}
+STACKS: dict[str, Stack] = {s.name: s for s in (vllm_nvfp4.STACK,)}
 
 
 def get(name: str) -> Stack:

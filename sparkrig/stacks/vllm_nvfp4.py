@@ -38,7 +38,7 @@ PROFILES: dict[str, Profile] = {
     ),
 }  # fmt: skip
 
-VLLM_NVFP4 = Stack(
+STACK = Stack(
     name="vllm-nvfp4",
     family="vllm",
     title="NVFP4 on the community vLLM v11 image + sparkrig's patch layer (seeds 000-002)",

@@ -167,10 +167,10 @@ def test_limit_worker_never_touches_the_head(monkeypatch):
 def test_a_stack_without_the_patch_layer_pulls_by_digest_and_builds_nothing(monkeypatch):
     """``Stack.patched`` False: the head pulls the image by digest and the workers copy it as
     before, nothing is built anywhere, and every rank runs the pulled image's local tag."""
-    from sparkrig.stacks.vllm_nvfp4 import VLLM_NVFP4
+    from sparkrig.stacks.vllm_nvfp4 import STACK as NVFP4
     from tests import teststacks
 
-    weights = {"model": VLLM_NVFP4.model, "drafter": VLLM_NVFP4.drafter}  # tests/plan/locks
+    weights = {"model": NVFP4.model, "drafter": NVFP4.drafter}  # tests/plan/locks
     teststacks.register(monkeypatch, "test-bare", patched=False, **weights)
     r = apply(monkeypatch, "--data", "stack=test-bare")
     assert r.exit_code == 0, r.output

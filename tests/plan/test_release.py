@@ -253,16 +253,16 @@ def another_stack(monkeypatch) -> tuple[str, ...]:
     """A test-only stack beside vllm-nvfp4 (tests/teststacks.py): the same weights pins (the
     lockfiles in tests/plan allow them), its own flag and env; the inventory pins the image. The
     ``--data`` that selects it."""
-    from sparkrig.stacks.vllm_nvfp4 import VLLM_NVFP4
+    from sparkrig.stacks.vllm_nvfp4 import STACK as NVFP4
     from tests import teststacks
 
     teststacks.register(
         monkeypatch,
         "test-other",
-        model=VLLM_NVFP4.model,
-        drafter=VLLM_NVFP4.drafter,
-        env={**VLLM_NVFP4.env, STACK_ENV: "other"},
-        serve_flags=(*VLLM_NVFP4.serve_flags, "--test-other-flag"),
+        model=NVFP4.model,
+        drafter=NVFP4.drafter,
+        env={**NVFP4.env, STACK_ENV: "other"},
+        serve_flags=(*NVFP4.serve_flags, "--test-other-flag"),
     )
     return ("--data", "stack=test-other")
 
