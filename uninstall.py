@@ -16,7 +16,7 @@ from pyinfra.operations import files, server, systemd
 
 from sparkrig.baseline import GRUB_DROPIN
 from sparkrig.fabric import DISPLACED_DIR
-from sparkrig.image import ImageState, old_images_pruned, patched_tag, prune_commands
+from sparkrig.image import ImageState, old_images_pruned, prune_commands, serving_tag
 from sparkrig.node import SYSCTL_FILE
 from sparkrig.paths import paths
 from sparkrig.release import PREV
@@ -90,9 +90,8 @@ old_images_pruned(
     name="Remove every image of the sparkrig image repository", image_repo=knobs.image_repo, keep=[]
 )
 # The head pulled the base by its digest: that reference keeps it after its local tag is gone.
-assert knobs.base_image is not None  # settings refuse a missing base_image
-base = knobs.base_image
-tag = patched_tag(base, knobs.image_skip_patches)
+base = settings.image_ref
+tag = serving_tag(settings)
 pulled = host.get_fact(ImageState, image_repo=knobs.image_repo, base_image=base, tag=tag).ref
 server.shell(
     name="Remove the base image pulled by its digest",

@@ -6,12 +6,23 @@ uplink_interfaces, the head's api_url) belong in the inventory, not here."""
 # --- connection -----------------------------------------------------------------------------
 _sudo = True  # operators log in as a sudo-capable user (DGX OS default), not root
 
+# --- stack: how GLM-5.3-Flash is served (docs/stacks.md) -----------------------------------
+# One of the declared stacks (sparkrig/stacks/): vllm-nvfp4 is the NVFP4 vLLM v11 recipe of
+# seeds 000-002. A stack pins its image, model and drafter; switching it is a release change.
+stack = "vllm-nvfp4"  # the stack every rank serves (same on every host)
+# Per-stack pins, {stack: {key: value}} with the keys base_image, model_repo, model_revision,
+# drafter_repo, drafter_revision; a top-level knob of that name wins over them, and they win
+# over the stack's declaration (e.g. the operator's own sfxnz-v13 image by digest).
+stack_pins = {}  # per-stack overrides of the stack's pins
+
 # --- model and drafter (pinned: a 40-hex commit, never a branch) -----------------------------
 hub_endpoint = "https://huggingface.co"  # Hub (or mirror) base URL used for metadata and downloads
-model_repo = "LibertAIDAI/GLM-5.3-Flash-NVFP4"  # NVFP4 checkpoint, 181 GiB in 123 LFS files
-model_revision = "caca4e6a4ebbd66f159d3d2fc256683fd6e27177"  # commit the lockfile was made from
-drafter_repo = "incoai/GLM-5.3-Flash-DFlash2"  # DFlash2 speculative drafter (~2.2 GB)
-drafter_revision = "7d74cdd881ed7e32c31175984a67823127b66cfe"  # drafter commit
+# None: the selected stack's pin (vllm-nvfp4: LibertAIDAI/GLM-5.3-Flash-NVFP4 @caca4e6a, the
+# NVFP4 checkpoint, 181 GiB in 123 LFS files; incoai/GLM-5.3-Flash-DFlash2 @7d74cdd8, ~2.2 GB)
+model_repo = None  # checkpoint repository; None: the stack's
+model_revision = None  # commit the lockfile was made from; None: the stack's
+drafter_repo = None  # speculative drafter repository; None: the stack's
+drafter_revision = None  # drafter commit; None: the stack's
 drafter_license_accepted = False  # drafter is CC BY-NC-ND 4.0: set True to fetch/use it
 # Hub token: the one huggingface_hub finds on the control machine (HF_TOKEN, else the file
 # `hf auth login` writes), copied 0600 to the head; no knob (sparkrig/hubtoken.py)
@@ -49,9 +60,9 @@ roce_device_restore = ["modprobe mlx5_ib"]  # run when the fabric NIC has no RoC
 nccl_env = {}  # extra NCCL_* / runtime variables appended to every rank's env file
 
 # --- image ------------------------------------------------------------------------------------
-# vLLM image pinned by digest (repo@sha256:<64 hex>): the v11 image every working report used
-# (docs/sources.md, "Image"; it carries vLLM 0.1.dev20051+g487ecf187, docs/vllm.md)
-base_image = "ghcr.io/tonyd2wild/vllm-glm53-flash@sha256:4def0ef644cb2e9814136dcffd5e385e21bc594f48f3b292234051904abe85a6"  # noqa: E501
+# The serving image pinned by digest (repo@sha256:<64 hex>); None: the selected stack's (vllm-nvfp4:
+# the v11 image every working report used, docs/sources.md "Image", vLLM 0.1.dev20051+g487ecf187)
+base_image = None  # image by digest; None: the stack's
 base_image_known_bad_ok = False  # True lets a base image known to fail (stock vllm-openai) through
 image_repo = "sparkrig/vllm-glm53"  # local name of the patched image; tag = content hash
 container_gpu_args = ["--gpus", "all"]  # how the container gets the GPU; one token per element

@@ -246,7 +246,7 @@ def known_bad(s: Settings, b: BaselineReport) -> list[str]:
     """The catalogue's verdicts on this rank: its reason and source, each."""
     out = []
     for entry in s.knobs.known_bad_baselines:
-        if matches(entry, b, s.knobs.base_image or ""):
+        if matches(entry, b, s.image_ref):
             out.append(
                 f"known-bad baseline (kernel {b.kernel}, driver {b.driver or 'none'}, NIC "
                 f"firmware {b.nic_fw or 'none'}): {entry.reason} [{entry.source}] (set "

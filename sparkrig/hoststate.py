@@ -80,8 +80,7 @@ def units(s: Settings) -> list[str]:
 def parts_of(s: Settings) -> tuple[Part, ...]:
     """The parts of ``s``'s host's state read (the same whoever asks), each its domain's."""
     parts = [node_part(s), gids_part()]
-    if s.knobs.base_image is not None:
-        parts.append(image_part(s))
+    parts.append(image_part(s))  # settings refuse a stack with no image pinned
     parts += weights_parts(s, hostpkg.remote_dir(s.knobs.install_dir))
     parts += secret_parts(s)
     parts.append(release_part(s))

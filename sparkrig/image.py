@@ -81,19 +81,25 @@ def patched_tag(
     return image_tag(base_image, context_files(files_dir), hashed_build_args(skip_patches))
 
 
-def serving_image(settings: Settings, files_dir: str | Path = FILES_DIR) -> str:
-    """The image reference every rank unit runs: ``<image_repo>:<content hash>``."""
+def serving_tag(settings: Settings, files_dir: str | Path = FILES_DIR) -> str:
+    """The ``<image_repo>`` tag every rank runs: the patched image's content hash, or, for a
+    stack without sparkrig's patch layer (``Stack.patched`` False), the local base tag itself
+    (``base-<digest hex>``): pulled by digest and run as it is, nothing built."""
     k = settings.knobs
-    if k.base_image is None:  # settings refuse this before any task runs
-        raise ValueError("base_image is not set")
-    return image_ref(k.image_repo, patched_tag(k.base_image, k.image_skip_patches, files_dir))
+    if not settings.stack.patched:
+        return local_base(k.image_repo, settings.image_ref).rpartition(":")[2]
+    return patched_tag(settings.image_ref, k.image_skip_patches, files_dir)
+
+
+def serving_image(settings: Settings, files_dir: str | Path = FILES_DIR) -> str:
+    """The image reference every rank unit runs: ``<image_repo>:<serving_tag>``."""
+    return image_ref(settings.knobs.image_repo, serving_tag(settings, files_dir))
 
 
 def images_to_keep(settings: Settings, files_dir: str | Path = FILES_DIR) -> list[str]:
     """What ``old_images_pruned`` keeps: the serving image and the base it was built from."""
-    k = settings.knobs
-    assert k.base_image is not None
-    return [serving_image(settings, files_dir), local_base(k.image_repo, k.base_image)]
+    base = local_base(settings.knobs.image_repo, settings.image_ref)
+    return list(dict.fromkeys([serving_image(settings, files_dir), base]))
 
 
 def context_tar(files: Mapping[str, bytes]) -> bytes:
@@ -471,10 +477,7 @@ def _log(message: str) -> None:
 
 def image_part(s: Settings) -> Part:
     """The state read's part of the images: the base, the local base, the patched tag."""
-    k = s.knobs
-    assert k.base_image is not None  # settings refuse a missing base_image
-    tag = patched_tag(k.base_image, k.image_skip_patches)
-    image = {"image_repo": k.image_repo, "base_image": k.base_image, "tag": tag}
+    image = {"image_repo": s.knobs.image_repo, "base_image": s.image_ref, "tag": serving_tag(s)}
     return Part("image", ImageState, tuple(sorted(image.items())))
 
 

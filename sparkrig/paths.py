@@ -29,8 +29,11 @@ def paths(s: Settings) -> dict[str, str]:
         "run_dir": "/run/sparkrig",
         "gid_env": rankenv.HANDED_PATH,
         "restart_script": f"{k.install_dir}/bin/sparkrig-restart-pair",
-        "model_dir": revision_dir(k.weights_dir, "model", k.model_revision),
-        "drafter_dir": revision_dir(k.weights_dir, "drafter", k.drafter_revision),
+        "model_dir": revision_dir(k.weights_dir, "model", s.model.revision),
+        # a stack with no drafter has no drafter directory ("": nothing uses it then)
+        "drafter_dir": revision_dir(k.weights_dir, "drafter", s.drafter.revision)
+        if s.drafter
+        else "",
         "rank_unit": f"/etc/systemd/system/{s.unit_name}.service",
         "pair_unit": "/etc/systemd/system/sparkrig-pair.service",
         "gpu_clock_unit": "/etc/systemd/system/sparkrig-gpu-clock.service",

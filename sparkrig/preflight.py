@@ -51,34 +51,48 @@ def fetch_summary(fetch_bytes: dict[str, int]) -> str:
     return ", ".join(f"{name} {size / GIB:.1f} GiB" for name, size in fetch_bytes.items() if size)
 
 
-def disk_problem(s: Settings, node: NodeReport, weights_to_fetch: int) -> str | None:
+def disk_problem(
+    s: Settings, node: NodeReport, weights_to_fetch: int, kept: str = ""
+) -> str | None:
     """Too little free space where the weights land: what the lockfiles say is still to fetch
     here (``weights_to_fetch`` bytes: verified files excluded) plus ``min_disk_free_gib`` kept
     free after it (the base image's pull and its saved copy for the workers, the JIT caches).
-    Nothing to fetch needs nothing: a converged pair is never refused for its disk."""
+    Nothing to fetch needs nothing: a converged pair is never refused for its disk. ``kept``:
+    the serving release during a release change (a stack switch, a new revision), whose weights
+    stay on this disk, already counted as used, until the new release passes its gates."""
     k = s.knobs
     if weights_to_fetch <= 0:
         return None
     need = weights_to_fetch + k.min_disk_free_gib * GIB
     if node.disk_free >= need:
         return None
+    stays = (
+        f"; the serving release ({kept}) keeps its weights there until the new one passes its gates"
+        if kept
+        else ""
+    )
     return (
         f"{node.disk_free / GIB:.1f} GiB free under {k.weights_dir}, need {need / GIB:.1f} GiB: "
         f"{weights_to_fetch / GIB:.1f} GiB of weights still to fetch (the lockfiles in "
-        f"{k.lockfile_dir}) + {k.min_disk_free_gib:g} GiB kept free (min_disk_free_gib); free "
-        f"space on that filesystem, or set weights_dir to a larger one"
+        f"{k.lockfile_dir}) + {k.min_disk_free_gib:g} GiB kept free (min_disk_free_gib){stays}; "
+        "free space on that filesystem, or set weights_dir to a larger one"
     )
 
 
 def problems(
-    s: Settings, node: NodeReport, peers: dict[str, NodeReport], weights_to_fetch: int = 0
+    s: Settings,
+    node: NodeReport,
+    peers: dict[str, NodeReport],
+    weights_to_fetch: int = 0,
+    kept: str = "",
 ) -> list[str]:
     """Reasons this host must not be converged; each names what to fix. ``weights_to_fetch``:
-    bytes of the pinned revisions not yet verified here (``disk_problem``)."""
+    bytes of the pinned revisions not yet verified here, ``kept``: the serving release whose
+    weights stay during a release change (``disk_problem``)."""
     k, out = s.knobs, []
     if not node.docker:
         out.append("docker is not installed (DGX OS ships it; install docker.io)")
-    disk = disk_problem(s, node, weights_to_fetch)
+    disk = disk_problem(s, node, weights_to_fetch, kept)
     out += [disk] if disk else []
     iface = s.me.fabric_interface
     if not node.link_present:

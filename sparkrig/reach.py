@@ -59,7 +59,7 @@ def registry_of(image: str) -> str:
 
 
 def hub_url(s: Settings) -> str:
-    return f"{s.knobs.hub_endpoint.rstrip('/')}/api/models/{s.knobs.model_repo}"
+    return f"{s.knobs.hub_endpoint.rstrip('/')}/api/models/{s.model.repo}"
 
 
 def registry_url(image: str) -> str:
@@ -103,9 +103,9 @@ def wanted_urls(s: Settings, weights_missing: bool, image_missing: bool) -> dict
             f"the weights from the Hub (hub_endpoint {k.hub_endpoint}; the fetcher connects "
             "directly, through no proxy)"
         )
-    if image_missing and k.base_image is not None:
-        urls[registry_url(k.base_image)] = (
-            f"the base image {k.base_image.partition('@')[0]} from its registry (docker pulls "
+    if image_missing:
+        urls[registry_url(s.image_ref)] = (
+            f"the base image {s.image_ref.partition('@')[0]} from its registry (docker pulls "
             "through its own proxy settings: if the head reaches it only through those, set "
             "reach_check = False)"
         )

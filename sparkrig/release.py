@@ -54,6 +54,7 @@ from sparkrig.owned import PathState, owned_of
 from sparkrig.paths import paths
 from sparkrig.runscope import Watch, watch
 from sparkrig.settings import Settings
+from sparkrig.stacks import DEFAULT_STACK
 from sparkrig.stateread import Part, Values, read_here
 from sparkrig.weights import Artifact
 
@@ -92,10 +93,13 @@ class Release:
     baseline: tuple[tuple[str, str], ...] = ()
     # the release gate's short-bench figures on the pair (sparkrig/benchgate.py), the same way
     bench: tuple[tuple[str, Any], ...] = ()
+    # the stack it serves (knob `stack`): a stack change is a release change even where the
+    # image and revisions stay; a record from before stacks holds the first one's releases
+    stack: str = DEFAULT_STACK
 
     @property
-    def identity(self) -> tuple[str, str, str, str]:
-        return (self.image, self.model_revision, self.drafter_revision, self.profile)
+    def identity(self) -> tuple[str, str, str, str, str]:
+        return (self.stack, self.image, self.model_revision, self.drafter_revision, self.profile)
 
     @property
     def weights(self) -> tuple[str, ...]:
@@ -109,7 +113,8 @@ class Release:
         tag = self.image.rpartition(":")[2]
         drafter = f", drafter {self.drafter_revision[:12]}" if self.drafter_revision else ""
         return (
-            f"image {tag[:12]}, model {self.model_revision[:12]}{drafter}, profile {self.profile}"
+            f"stack {self.stack}, image {tag[:12]}, model {self.model_revision[:12]}{drafter}, "
+            f"profile {self.profile}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -119,6 +124,7 @@ class Release:
             "model_revision": self.model_revision,
             "drafter_revision": self.drafter_revision,
             "profile": self.profile,
+            "stack": self.stack,
             "files": {path: sha for path, sha in self.files},
         }
         if self.fabric:  # absent when unmeasured: a record from before the figure stays as it is
@@ -145,6 +151,7 @@ def release_from(raw: Any) -> Release:
         model_revision=str(raw["model_revision"]),
         drafter_revision=str(raw.get("drafter_revision") or ""),
         profile=str(raw["profile"]),
+        stack=str(raw.get("stack") or DEFAULT_STACK),
         files=tuple(sorted((str(p), str(h)) for p, h in files.items())),
         fabric=tuple(sorted(raw["fabric"].items())) if isinstance(raw.get("fabric"), dict) else (),
         baseline=tuple(sorted((str(k), str(v)) for k, v in baseline.items())),
@@ -273,9 +280,10 @@ def parse_release_state(lines: list[str]) -> ReleaseReport:
 
 def release_files(s: Settings) -> list[str]:
     """The files that make a release on a rank: its unit (image, weights directories, serve
-    flags) and the weights lockfiles. Kept as ``.prev`` during an upgrade."""
-    k = s.knobs
-    files = [paths(s)["rank_unit"], installed_path(k.config_dir, "model")]
+    flags), its env file (the stack's env) and the weights lockfiles. Kept as ``.prev`` during
+    an upgrade, put back by a rollback: a failed stack change restores the previous stack's."""
+    k, p = s.knobs, paths(s)
+    files = [p["rank_unit"], p["env_file"], installed_path(k.config_dir, "model")]
     if s.needs_drafter:
         files.append(installed_path(k.config_dir, "drafter"))
     return files
@@ -284,16 +292,16 @@ def release_files(s: Settings) -> list[str]:
 def wanted(s: Settings, shas: dict[str, str] | None = None) -> Release:
     """The release this run installs; with ``shas`` (path -> sha256) its files' digests."""
     k = s.knobs
-    assert k.base_image is not None  # settings refuse a missing base_image
     files: tuple[tuple[str, str], ...] = ()
     if shas is not None:
         files = tuple(sorted((p, shas.get(p, "")) for p in release_files(s)))
     return Release(
         image=serving_image(s),
-        base=local_base(k.image_repo, k.base_image),
-        model_revision=k.model_revision,
-        drafter_revision=k.drafter_revision if s.needs_drafter else "",
+        base=local_base(k.image_repo, s.image_ref),
+        model_revision=s.model.revision,
+        drafter_revision=s.drafter.revision if s.needs_drafter and s.drafter else "",
         profile=k.profile,
+        stack=k.stack,
         files=files,
     )
 

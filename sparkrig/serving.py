@@ -3,7 +3,7 @@ template contexts), the stop-together and restart helpers, and the operations th
 pair in order and prove it serves (beacon wait, boot wait, the four gates).
 
 The gate logic is files/sparkhost/gate.py (its command lines: sparkrig/gates.py); the serve flags
-per profile are sparkrig/profiles.py."""
+are the selected stack's (sparkrig/stacks/, built by its family's adapter: stacks/families/)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from sparkrig.failing import fail_host
 from sparkrig.gates import gates_passed, parse_gate_lines, probe_command
 from sparkrig.owned import file_present, unit_state_set
 from sparkrig.paths import paths
-from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value, serve_args
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
+from sparkrig.stacks.families import vllm
 from sparkrig.stateread import Part, Values, read_here
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
@@ -58,12 +58,29 @@ def flag_lines(args: list[str]) -> list[str]:
     return lines
 
 
+def _component(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+
+
 def jit_cache_dir(cache_dir: str, image: str | None) -> str:
     """The JIT cache directory of one image, cache_dir/<image, made a path component>: a
     changed image retriggers JIT tuning, so sfxnz keys it by image (docs/sources.md, "Image")."""
     if not image:
         return cache_dir
-    return f"{cache_dir.rstrip('/')}/{re.sub(r'[^A-Za-z0-9._-]+', '_', image)}"
+    return f"{cache_dir.rstrip('/')}/{_component(image)}"
+
+
+def cache_volumes(s: Settings, image: str | None) -> list[str]:
+    """``--volume`` options of the caches the stack's rank mounts (``Stack.caches``), each on
+    persistent disk under the image's JIT cache directory: a stack with one cache gets that
+    directory itself, one with several a subdirectory per container path."""
+    base = jit_cache_dir(s.knobs.cache_dir, image)
+    caches = list(s.stack.caches)
+    out: list[str] = []
+    for path in caches:
+        host_dir = base if len(caches) == 1 else f"{base}/{_component(path.strip('/'))}"
+        out += ["--volume", f"{host_dir}:{path}"]
+    return out
 
 
 def api_key_file(s: Settings) -> str | None:
@@ -99,7 +116,7 @@ def docker_run_args(s: Settings, image: str | None = None, serving: bool = True)
         "--env-file", p["env_file"],
         *api_env,
         "--volume", f"{k.weights_dir}:{k.weights_dir}:ro",
-        "--volume", f"{jit_cache_dir(k.cache_dir, image)}:/root/.cache",
+        *cache_volumes(s, image),
         *k.container_gpu_args,
         "--entrypoint", "vllm",
     ]  # fmt: skip
@@ -131,8 +148,10 @@ def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
 
 
 def rank_serve_args(s: Settings) -> list[str]:
+    """The rank's engine argv after the image's entrypoint, from the stack's family adapter."""
     k, p = s.knobs, paths(s)
-    argv = serve_args(
+    argv = vllm.serve_args(
+        s.stack,
         k.profile,
         rank=s.me.rank,
         nnodes=s.nnodes,
@@ -148,17 +167,42 @@ def rank_serve_args(s: Settings) -> list[str]:
     return argv[1:]  # the entrypoint is `vllm`
 
 
+def memory_floor_gib(s: Settings) -> float | None:
+    """The start gate's pinned memory floor: the knob memfree_min_gib, else the stack's
+    (``Stack.memory.floor_gib``); None: derived on the node from the utilization."""
+    k = s.knobs
+    return k.memfree_min_gib if k.memfree_min_gib is not None else s.stack.memory.floor_gib
+
+
+def gpu_memory_utilization(s: Settings) -> str:
+    """The --gpu-memory-utilization the rank's engine starts with (the floor's input)."""
+    return vllm.gpu_memory_utilization(rank_serve_args(s))
+
+
 def memory_gate_args(s: Settings) -> str:
     """sparkrig-prep's memory flags: the floor vLLM's start check implies (the rank's own
-    --gpu-memory-utilization x MemTotal + margin, read on the node) unless memfree_min_gib pins
-    one; and the rank's container, which is not a foreign memory holder."""
+    --gpu-memory-utilization x MemTotal + margin, read on the node) unless memfree_min_gib or the
+    stack pins one; what the stack's gate measures when it is not MemFree; and the rank's
+    container, which is not a foreign memory holder."""
     k = s.knobs
-    util = flag_value(rank_serve_args(s), "--gpu-memory-utilization") or GPU_MEMORY_UTILIZATION
-    args = ["--gpu-memory-utilization", util, "--memfree-margin-gib", f"{k.memfree_margin_gib:g}",
+    args = ["--gpu-memory-utilization", gpu_memory_utilization(s),
+            "--memfree-margin-gib", f"{k.memfree_margin_gib:g}",
             "--container", s.container_name]  # fmt: skip
-    if k.memfree_min_gib is not None:
-        args += ["--memfree-min-gib", f"{k.memfree_min_gib:g}"]
+    floor = memory_floor_gib(s)
+    if floor is not None:
+        args += ["--memfree-min-gib", f"{floor:g}"]
+    if s.stack.memory.measure != "memfree":
+        args += ["--memory-measure", s.stack.memory.measure]
     return " ".join(args)
+
+
+def weights_id(s: Settings) -> str:
+    """What the rank unit's header says it serves: ``repo@revision`` of the model, and of the
+    drafter when the profile loads it."""
+    said = f"{s.model.repo}@{s.model.revision}"
+    if s.needs_drafter and s.drafter is not None:
+        said += f" + {s.drafter.repo}@{s.drafter.revision}"
+    return said
 
 
 def rank_unit_context(s: Settings, image: str, weights_id: str) -> dict[str, Any]:

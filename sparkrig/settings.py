@@ -12,6 +12,7 @@ import difflib
 import functools
 import ipaddress
 import re
+from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import Any, Literal
 
@@ -27,6 +28,8 @@ from pyinfra.api.exceptions import DeployError
 
 from sparkrig import hubtoken, lockfile
 from sparkrig.runscope import once_per_run
+from sparkrig.stacks import STACKS, get
+from sparkrig.stacks.base import Pin, Stack
 
 HEAD_GROUP = "head"
 WORKER_GROUP = "worker"
@@ -54,6 +57,10 @@ RETIRED_KEYS = {
     "hf_token_file": "retired: the Hub token is the one huggingface_hub finds (HF_TOKEN, else "
     "the file `hf auth login` writes, which HF_TOKEN_PATH moves); remove the key",
 }
+
+# The knobs a stack pins (its declaration's image, model and drafter): each defaults to None, "the
+# selected stack's pin"; stack_pins[<stack>] overrides them per stack, with these keys.
+PIN_KEYS = ("base_image", "model_repo", "model_revision", "drafter_repo", "drafter_revision")
 
 # Marks a knob that must hold one value across every rank (the pair runs one model with one
 # config, and each rank calls the others' programs, files and ports by the same names).
@@ -98,6 +105,19 @@ class KnownBadBaseline(BaseModel):
         return self
 
 
+def pin_problem(key: str, value: Any) -> str | None:
+    """Why ``value`` is no valid pin for ``key`` (one of PIN_KEYS), or None."""
+    if not isinstance(value, str):
+        return f"must be a string, not {value!r}"
+    if key == "base_image" and not DIGEST_REF_RE.match(value):
+        return f"must be pinned by digest (repo@sha256:<64 hex>), not {value!r}"
+    if key.endswith("_revision") and not COMMIT_RE.match(value):
+        return f"must be a 40-hex commit sha, not {value!r} (pin the revision)"
+    if key.endswith("_repo") and not REPO_RE.match(value):
+        return f"must be a Hub repository (owner/name), not {value!r}"
+    return None
+
+
 class Knobs(BaseModel):
     """Every knob of group_data/all.py, typed. ``build`` refuses a key that is neither a knob,
     a per-host key nor pyinfra's own (``unknown_keys``) before validating, so none is ignored.
@@ -108,10 +128,12 @@ class Knobs(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     hub_endpoint: str = _cluster(pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
-    model_repo: str = _cluster(pattern=REPO_RE.pattern)
-    model_revision: str = _cluster()
-    drafter_repo: str = _cluster(pattern=REPO_RE.pattern)
-    drafter_revision: str = _cluster()
+    stack: str = _cluster()
+    stack_pins: dict[str, dict[str, str]] = _cluster()
+    model_repo: str | None = _cluster(pattern=REPO_RE.pattern)
+    model_revision: str | None = _cluster()
+    drafter_repo: str | None = _cluster(pattern=REPO_RE.pattern)
+    drafter_revision: str | None = _cluster()
     drafter_license_accepted: bool = _cluster()
     lockfile_dir: str
 
@@ -195,16 +217,40 @@ class Knobs(BaseModel):
 
     @field_validator("model_revision", "drafter_revision")
     @classmethod
-    def _pinned_commit(cls, value: str) -> str:
-        if not COMMIT_RE.match(value):
-            raise ValueError(f"must be a 40-hex commit sha, not {value!r} (pin the revision)")
+    def _pinned_commit(cls, value: str | None) -> str | None:
+        if value is not None and (why := pin_problem("model_revision", value)):
+            raise ValueError(why)
         return value
 
     @field_validator("base_image")
     @classmethod
     def _pinned_digest(cls, value: str | None) -> str | None:
-        if value is not None and not DIGEST_REF_RE.match(value):
-            raise ValueError(f"must be pinned by digest (repo@sha256:<64 hex>), not {value!r}")
+        if value is not None and (why := pin_problem("base_image", value)):
+            raise ValueError(why)
+        return value
+
+    @field_validator("stack")
+    @classmethod
+    def _declared_stack(cls, value: str) -> str:
+        return get(value).name  # ValueError naming the declared stacks
+
+    @field_validator("stack_pins")
+    @classmethod
+    def _stack_pins(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        problems = []
+        for stack, pins in value.items():
+            if stack not in STACKS:
+                problems.append(f"[{stack!r}]: unknown stack; choose among {', '.join(STACKS)}")
+                continue
+            for key, pin in pins.items():
+                if key not in PIN_KEYS:
+                    problems.append(
+                        f"[{stack!r}][{key!r}]: unknown pin; the keys are {', '.join(PIN_KEYS)}"
+                    )
+                elif why := pin_problem(key, pin):
+                    problems.append(f"[{stack!r}][{key!r}]: {why}")
+        if problems:
+            raise ValueError("; ".join(problems))
         return value
 
     @field_validator("install_dir", "config_dir", "weights_dir", "cache_dir", "fabric_netplan_file")
@@ -326,18 +372,71 @@ class Settings(BaseModel):
         return f"sparkrig-{HEAD_GROUP}"
 
     @property
+    def stack(self) -> Stack:
+        """The selected stack's declaration (knob ``stack``)."""
+        return get(self.knobs.stack)
+
+    @property
+    def image_ref(self) -> str:
+        """The stack's image, pinned by digest, as this run resolves it (``pinned_image``)."""
+        image = pinned_image(self.knobs)
+        if image is None:  # build refuses this before any task runs
+            raise ValueError(f"stack {self.knobs.stack!r}: no image pinned")
+        return image
+
+    @property
+    def model(self) -> Pin:
+        """The checkpoint this run serves (``pinned_model``)."""
+        return pinned_model(self.knobs)
+
+    @property
+    def drafter(self) -> Pin | None:
+        """The drafter the stack pins (``pinned_drafter``), whether or not the profile loads it."""
+        return pinned_drafter(self.knobs)
+
+    @property
     def needs_drafter(self) -> bool:
-        return self.knobs.profile == "single"
+        return self.stack.needs_drafter(self.knobs.profile)
 
     @property
     def locked_artifacts(self) -> list[tuple[str, str, str]]:
         """(name, repo, revision) of every artifact a rank needs, each pinned by a lockfile:
         the model, and the drafter when the profile needs it."""
-        k = self.knobs
-        wanted = [("model", k.model_repo, k.model_revision)]
-        if self.needs_drafter:
-            wanted.append(("drafter", k.drafter_repo, k.drafter_revision))
+        wanted = [("model", self.model.repo, self.model.revision)]
+        drafter = self.drafter
+        if self.needs_drafter and drafter is not None:
+            wanted.append(("drafter", drafter.repo, drafter.revision))
         return wanted
+
+
+def pinned(k: Knobs, key: str) -> str | None:
+    """One pin (a key of PIN_KEYS) as set by the operator: the top-level knob, else
+    ``stack_pins[stack]``; None leaves the stack's declaration."""
+    value = getattr(k, key)
+    return value if value is not None else k.stack_pins.get(k.stack, {}).get(key)
+
+
+def pinned_image(k: Knobs) -> str | None:
+    """base_image > stack_pins[stack]["base_image"] > the stack's image (None: it declares none)."""
+    return pinned(k, "base_image") or get(k.stack).image
+
+
+def pinned_model(k: Knobs) -> Pin:
+    """The model repository and revision, each: knob > stack_pins[stack] > the declaration."""
+    declared = get(k.stack).model
+    return replace(
+        declared,
+        repo=pinned(k, "model_repo") or declared.repo,
+        revision=pinned(k, "model_revision") or declared.revision,
+    )
+
+
+def pinned_drafter(k: Knobs) -> Pin | None:
+    """The drafter, as ``pinned_model``; None when the stack declares none and none is set."""
+    declared = get(k.stack).drafter or Pin("", "")
+    repo = pinned(k, "drafter_repo") or declared.repo
+    revision = pinned(k, "drafter_revision") or declared.revision
+    return replace(declared, repo=repo, revision=revision) if repo and revision else None
 
 
 class InventoryView:
@@ -507,21 +606,12 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                         f"{name}: {key}: {getattr(k, key)!r} differs from {first_name}'s "
                         f"{getattr(first, key)!r}; it must be equal on every host"
                     )
-            if k.profile == "single" and not k.drafter_license_accepted:
-                problems.append(
-                    f"{name}: profile: 'single' uses the DFlash2 drafter (CC BY-NC-ND 4.0); "
-                    "set drafter_license_accepted = True or choose profile 'shared'"
-                )
+            problems.extend(_stack_problems(name, k))
             ports = (k.api_port, k.master_port, k.master_port + 1, k.pair_port, k.copy_port)
             if len({*ports, k.agent_port, k.image_copy_port}) != 7:
                 problems.append(
                     f"{name}: api_port, master_port (+1 for the smoke test), pair_port, "
                     "copy_port, agent_port and image_copy_port must differ"
-                )
-            if k.base_image is None:
-                problems.append(
-                    f"{name}: base_image: missing; pin the vLLM image by digest "
-                    "(repo@sha256:<64 hex>) in group_data/all.py"
                 )
             if k.api_key_rotate and not k.api_auth:
                 problems.append(
@@ -539,15 +629,50 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                     f"watchdog_interval_s {k.watchdog_interval_s}: a stall is no progress seen "
                     "over several probes, never one"
                 )
-            if (
-                k.base_image is not None
-                and (why := known_bad_image(k.base_image))
-                and not k.base_image_known_bad_ok
-            ):
-                problems.append(
-                    f"{name}: base_image: {k.base_image} is known not to work: {why} "
-                    "(set base_image_known_bad_ok = True to use it anyway)"
-                )
+    return problems
+
+
+def _stack_problems(name: str, k: Knobs) -> list[str]:
+    """What the selected stack refuses in one host's knobs: a profile it does not serve, no
+    image pinned, a known-bad image, a drafter it lacks or whose licence is not accepted."""
+    problems: list[str] = []
+    stack = get(k.stack)
+    if k.profile not in stack.profiles:
+        return [
+            f"{name}: profile: stack {stack.name!r} serves no profile {k.profile!r}; choose "
+            f"one of {', '.join(stack.profiles)} (or another stack)"
+        ]
+    image = pinned_image(k)
+    if image is None:
+        problems.append(
+            f"{name}: base_image: missing: stack {stack.name!r} declares no image "
+            f"({stack.image_note}); pin one by digest (repo@sha256:<64 hex>) in base_image or "
+            f"stack_pins[{stack.name!r}]['base_image'] (docs/stacks.md)"
+        )
+    elif (why := known_bad_image(image)) and not k.base_image_known_bad_ok:
+        problems.append(
+            f"{name}: base_image: {image} is known not to work: {why} "
+            "(set base_image_known_bad_ok = True to use it anyway)"
+        )
+    gate = stack.memory
+    if gate.measure != "memfree" and gate.floor_gib is None and k.memfree_min_gib is None:
+        problems.append(
+            f"{name}: memfree_min_gib: stack {stack.name!r}'s start gate measures "
+            f"{gate.measure!r} memory and declares no floor; set memfree_min_gib (GiB)"
+        )
+    drafter = pinned_drafter(k)
+    if stack.needs_drafter(k.profile):
+        if drafter is None:
+            problems.append(
+                f"{name}: profile: {k.profile!r} loads a drafter and stack {stack.name!r} "
+                "declares none; set drafter_repo and drafter_revision, or choose another profile"
+            )
+        elif drafter.license_note and not k.drafter_license_accepted:
+            problems.append(
+                f"{name}: profile: {k.profile!r} uses the drafter {drafter.repo} "
+                f"({drafter.license_note}); set drafter_license_accepted = True or choose "
+                "another profile"
+            )
     return problems
 
 

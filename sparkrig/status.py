@@ -20,9 +20,8 @@ from sparkrig.busbw import figure_text
 from sparkrig.fabric import gid_table_command
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.paths import revision_dir
-from sparkrig.profiles import GPU_MEMORY_UTILIZATION, flag_value
 from sparkrig.release import RECORD, Release, parse_record, record_path
-from sparkrig.serving import rank_serve_args
+from sparkrig.serving import gpu_memory_utilization, memory_floor_gib
 from sparkrig.settings import Settings
 
 # Everything below only reads: systemctl show, docker inspect, cat/sed/grep of files, stat, awk.
@@ -235,7 +234,7 @@ def fact_args(s: Settings, env_file: str, gid_file: str, run_dir: str) -> dict[s
         "gid_file": gid_file,
         "iface": s.me.fabric_interface,
         "lock": lockfile.installed_path(k.config_dir, "model"),
-        "stamps": revision_dir(k.weights_dir, "model", k.model_revision) + ".stamps.json",
+        "stamps": revision_dir(k.weights_dir, "model", s.model.revision) + ".stamps.json",
         "run_dir": run_dir,
         "record": record_path(k.config_dir),
         "roce_device": s.me.roce_device or "",
@@ -247,10 +246,9 @@ def memfree_floor_kb(s: Settings, memtotal_kb: int) -> int:
     memory_floor, fed the flags the rank unit gives it (units.memory_gate_args)."""
     from sparkhost import prep
 
-    k = s.knobs
-    util = flag_value(rank_serve_args(s), "--gpu-memory-utilization") or GPU_MEMORY_UTILIZATION
+    util = gpu_memory_utilization(s)
     floor = prep.memory_floor(
-        k.memfree_min_gib, float(util), k.memfree_margin_gib, total=memtotal_kb * 1024
+        memory_floor_gib(s), float(util), s.knobs.memfree_margin_gib, total=memtotal_kb * 1024
     )
     return int(floor) // 1024
 
@@ -291,11 +289,13 @@ def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
             f"GPU clock lock sparkrig-gpu-clock is {st.gpu_clock_unit or 'absent'}: the clock is "
             f"not capped at {k.gpu_clock_max_mhz} MHz (re-run the deploy)"
         )
-    if st.weights_commit != k.model_revision:
-        out.append(f"weights {st.weights_commit or 'absent'}, want {k.model_revision}")
+    if st.weights_commit != s.model.revision:
+        out.append(f"weights {st.weights_commit or 'absent'}, want {s.model.revision}")
     # A serving rank holds its memory; a rank that is down must find the start gate's floor free,
     # or its next start is refused (docs/sources.md, "Memory gate").
-    floor = memfree_floor_kb(s, st.memtotal_kb) if st.memtotal_kb else 0
+    # (a stack whose gate measures other than MemFree is judged by its start gate alone)
+    memfree_gate = s.stack.memory.measure == "memfree"
+    floor = memfree_floor_kb(s, st.memtotal_kb) if st.memtotal_kb and memfree_gate else 0
     if st.active != "active" and st.memfree_kb < floor:
         out.append(
             f"MemFree {st.memfree_kb / 1024**2:.1f} GiB is below the start gate's floor "

@@ -1,9 +1,10 @@
-"""Phase 5, image: the patched serving image, built on every node from the base pinned by digest.
+"""Phase 5, image: the serving image on every node, from the stack's image pinned by digest.
 
 Only the head pulls the base image from its registry; it saves it and serves it read-only on its
 fabric address while the workers copy it (their layers checked against the head's after
 `docker load`), so nothing crosses the internet twice. Every node then builds
-`<image_repo>:<content hash>` from files/ without network; a present tag is never rebuilt."""
+`<image_repo>:<content hash>` from files/ without network; a present tag is never rebuilt. A
+stack without sparkrig's patch layer (``Stack.patched`` False) runs the pulled image as it is."""
 
 from pyinfra import host, inventory, state
 
@@ -17,16 +18,15 @@ from sparkrig.image import (
     copy_plan,
     describe,
     patched_image_built,
-    patched_tag,
+    serving_tag,
 )
 from sparkrig.ordering import on_head, on_workers
 from sparkrig.settings import current, for_inventory
 
 settings = current()
 knobs = settings.knobs
-assert knobs.base_image is not None  # settings refuse a missing base_image before any task runs
-base = knobs.base_image
-tag = patched_tag(base, knobs.image_skip_patches)
+base = settings.image_ref
+tag = serving_tag(settings)
 is_head = settings.me.is_head
 
 
@@ -95,11 +95,12 @@ on_head(
     served=bool(missing),
     _if=served.did_change,
 )
-patched_image_built(
-    name="Build the patched serving image",
-    image_repo=knobs.image_repo,
-    base_image=base,
-    tag=tag,
-    build_dir=f"{knobs.install_dir}/image-build",
-    skip_patches=list(knobs.image_skip_patches),
-)
+if settings.stack.patched:  # the stack is the same on every host: so is this operation
+    patched_image_built(
+        name="Build the patched serving image",
+        image_repo=knobs.image_repo,
+        base_image=base,
+        tag=tag,
+        build_dir=f"{knobs.install_dir}/image-build",
+        skip_patches=list(knobs.image_skip_patches),
+    )

@@ -6,12 +6,12 @@ from pyinfra import host, inventory, logger, state
 
 from sparkrig import baseline, hoststate
 from sparkrig.failing import problems_absent
-from sparkrig.image import patched_tag
+from sparkrig.image import serving_tag
 from sparkrig.pairsecret import api_key, pair_secret
 from sparkrig.ports import port_problems
 from sparkrig.preflight import describe, fetch_summary, problems, warnings
 from sparkrig.reach import Reach, reach_problems, wanted_urls
-from sparkrig.release import adoptable
+from sparkrig.release import adoptable, change
 from sparkrig.settings import current, for_inventory
 from sparkrig.weights import Artifact, artifacts
 
@@ -55,15 +55,17 @@ def to_fetch(art: Artifact) -> int:
 fetch_bytes = {art.name: to_fetch(art) for art in artifacts(settings)}
 if sum(fetch_bytes.values()):
     logger.info(f"{host.print_prefix}weights still to fetch: {fetch_summary(fetch_bytes)}")
-found = problems(settings, node, peers, weights_to_fetch=sum(fetch_bytes.values()))
+# During a release change (a stack switch, a new revision) the serving release's weights stay
+# until the new one passes: already on the disk, so free space counts them; the refusal says so.
+record = hoststate.read(settings).release
+kept = record.serving.label() if change(settings, record) and record.serving else ""
+found = problems(settings, node, peers, weights_to_fetch=sum(fetch_bytes.values()), kept=kept)
 # The head's reach of the Hub and the image registry, asked only when it must download from
 # them (one command more then; a converged pair needs no internet and is never asked).
-base = settings.knobs.base_image
-if settings.me.is_head and settings.knobs.reach_check and base is not None:
+base = settings.image_ref
+if settings.me.is_head and settings.knobs.reach_check:
     held_image = hoststate.read(settings).image_of(
-        image_repo=settings.knobs.image_repo,
-        base_image=base,
-        tag=patched_tag(base, settings.knobs.image_skip_patches),
+        image_repo=settings.knobs.image_repo, base_image=base, tag=serving_tag(settings)
     )
     wanted = wanted_urls(
         settings,

@@ -1,7 +1,8 @@
-"""Phase 1b, release: when the release (image, model/drafter revision, profile) changes, keep the
-serving release's files as ``*.prev`` before any phase rewrites them, so a failed upgrade can be
-rolled back (tasks/verify.py); its image and weights revision stay until the new release passes
-the gates. An upgrade needs the whole pair: refused, before anything changes, without the head."""
+"""Phase 1b, release: when the release (stack, image, model/drafter revision, profile) changes,
+keep the serving release's files as ``*.prev`` before any phase rewrites them, so a failed
+upgrade can be rolled back (tasks/verify.py); its image and weights revision stay until the new
+release passes the gates. An upgrade needs the whole pair: refused, before anything changes,
+without the head."""
 
 from pyinfra import host, inventory, logger, state
 

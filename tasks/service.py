@@ -34,6 +34,7 @@ from sparkrig.serving import (
     stale_gid_dropped,
     supervisor_unit_context,
     watchdog_unit_context,
+    weights_id,
 )
 from sparkrig.settings import current, for_inventory
 from tasks.pair_start import pair_started_in_order
@@ -42,9 +43,7 @@ from tasks.pair_stop import pair_stopped_in_order
 settings = current()
 knobs = settings.knobs
 host_paths = paths(settings)
-weights_id = f"{knobs.model_repo}@{knobs.model_revision}"
-if settings.needs_drafter:
-    weights_id += f" + {knobs.drafter_repo}@{knobs.drafter_revision}"
+weights = weights_id(settings)
 
 # The stop-together watch and the helpers run the host package's pair job (shipped by the host
 # phase): a change to any module that job loads restarts them, a change elsewhere does not.
@@ -95,7 +94,7 @@ elif not head_knobs.api_auth:
         )
 rank_unit = file_present(
     name="Install the rank unit",
-    text=render("sparkrig-rank.service.j2", **rank_unit_context(settings, image, weights_id)),
+    text=render("sparkrig-rank.service.j2", **rank_unit_context(settings, image, weights)),
     dest=host_paths["rank_unit"],
 )
 pair_unit = file_present(

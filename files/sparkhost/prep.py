@@ -19,7 +19,10 @@
 5. Refuse (exit 4, listing them) while another container or a GPU compute process
    (`nvidia-smi --query-compute-apps`, when present) runs on this node. The MemFree floor is
    --memfree-min-gib when given, else ceil(MemTotal x --gpu-memory-utilization) + the margin:
-   vLLM's own start check (docs/vllm.md).
+   vLLM's own start check (docs/vllm.md). A stack may measure otherwise (--memory-measure,
+   sparkrig/stacks/base.py MemoryGate): MemAvailable must reach the floor (`available`), or
+   free(1)'s "used" (MemTotal - MemAvailable, procps-ng 4) must stay at or below it (`used`,
+   Entrpi's 6 GB preflight); both need the floor pinned.
 Stdlib only. Exit codes: 0 ready, 2 fabric or GID wrong, 3 not enough free memory, 4 memory held
 by another container or GPU process.
 """
@@ -181,6 +184,29 @@ def memfree() -> int:
     return meminfo("MemFree")
 
 
+# What the gate reads (--memory-measure), its name in the journal, and whether the floor is a
+# minimum (memfree, available) or a ceiling (used).
+MEASURES = {"memfree": "MemFree", "available": "MemAvailable", "used": "used memory"}
+
+
+def memory_reading(measure: str = "memfree") -> int:
+    """Bytes of the gate's measure now."""
+    if measure == "used":
+        return meminfo("MemTotal") - meminfo("MemAvailable")
+    return meminfo("MemAvailable") if measure == "available" else memfree()
+
+
+def memory_met(measure: str, value: int, floor: int) -> bool:
+    return value <= floor if measure == "used" else value >= floor
+
+
+def memory_said(measure: str, value: int, floor: int) -> str:
+    """e.g. ``MemFree 100.0 GiB >= 8.0 GiB``."""
+    met = memory_met(measure, value, floor)
+    sign = ("<=" if met else ">") if measure == "used" else (">=" if met else "<")
+    return f"{MEASURES[measure]} {value / GIB:.1f} GiB {sign} {floor / GIB:.1f} GiB"
+
+
 def memory_floor(
     min_gib: float | None, utilization: float, margin_gib: float, total: int | None = None
 ) -> int:
@@ -244,28 +270,30 @@ def await_release(
     wait_s: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    measure: str = "memfree",
 ) -> bool:
     """Wait, up to ``wait_s``, until no GPU compute process is left and MemFree reaches the floor
     (a dead engine's memory comes back as its processes exit); True when it did. Says what it
     waits for, and how it ended; the checks after it decide either way."""
     start = clock()
     drop_caches()
-    procs, free = gpu_processes(), memfree()
-    if not procs and free >= floor:
+    name = MEASURES[measure]
+    procs, free = gpu_processes(), memory_reading(measure)
+    if not procs and memory_met(measure, free, floor):
         return True
     log(
-        f"waiting up to {wait_s:.0f} s for the memory a dead engine held to come back: MemFree "
+        f"waiting up to {wait_s:.0f} s for the memory a dead engine held to come back: {name} "
         f"{free / GIB:.1f} GiB of {floor / GIB:.1f} GiB"
         + (f"; GPU processes left: {'; '.join(procs)}" if procs else "")
     )
     while clock() - start < wait_s:
         sleep(2)
         drop_caches()
-        procs, free = gpu_processes(), memfree()
-        if not procs and free >= floor:
-            log(f"memory back after {clock() - start:.0f} s: MemFree {free / GIB:.1f} GiB")
+        procs, free = gpu_processes(), memory_reading(measure)
+        if not procs and memory_met(measure, free, floor):
+            log(f"memory back after {clock() - start:.0f} s: {name} {free / GIB:.1f} GiB")
             return True
-    log(f"after {wait_s:.0f} s MemFree is {free / GIB:.1f} GiB; the checks below decide")
+    log(f"after {wait_s:.0f} s {name} is {free / GIB:.1f} GiB; the checks below decide")
     return False
 
 
@@ -291,17 +319,18 @@ def gate_memory(
     wait_s: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    measure: str = "memfree",
 ) -> bool:
     deadline = clock() + wait_s
     while True:
         drop_caches()
-        free = memfree()
-        if free >= floor:
-            log(f"MemFree {free / GIB:.1f} GiB >= {floor / GIB:.1f} GiB")
+        value = memory_reading(measure)
+        if memory_met(measure, value, floor):
+            log(memory_said(measure, value, floor))
             return True
         if clock() >= deadline:
             warn(
-                f"MemFree {free / GIB:.1f} GiB < {floor / GIB:.1f} GiB after "
+                f"{memory_said(measure, value, floor)} after "
                 f"{wait_s:.0f} s of dropping caches; top consumers:\n{top_consumers()}"
             )
             return False
@@ -330,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="the profile's")
     p.add_argument("--memfree-margin-gib", type=float, default=1.5)
     p.add_argument("--container", help="this rank's container (not a foreign holder)")
+    p.add_argument("--memory-measure", choices=sorted(MEASURES), default="memfree",
+                   help="what the floor is checked against (the stack's memory gate)")  # fmt: skip
     p.add_argument("--wait", type=float, default=120, help="seconds to keep dropping caches")
     p.add_argument(
         "--fabric-wait", type=float, default=300, help="seconds to wait for carrier and GID"
@@ -337,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gid-env", default=rankenv.HANDED_PATH, help="where the index goes")
     args = p.parse_args(argv)
 
+    if args.memory_measure != "memfree" and args.memfree_min_gib is None:
+        p.error(f"--memory-measure {args.memory_measure} needs --memfree-min-gib (the floor)")
     env = rankenv.read(args.env)
     if not gate_fabric(env, args.fabric_wait, args.gid_env):
         warn("refusing to start; if the fabric itself is wrong, re-run the deploy to fix it")
@@ -345,13 +378,13 @@ def main(argv: list[str] | None = None) -> int:
                          args.memfree_margin_gib)  # fmt: skip
     removed = bool(args.container) and remove_own_container(args.container)
     if removed or (gpu_processes() and not other_containers(args.container)):
-        await_release(floor, args.wait)
+        await_release(floor, args.wait, measure=args.memory_measure)
     holders = foreign_holders(args.container)
     if holders:
         warn("refusing to start: memory on this node is held by:\n  " + "\n  ".join(holders)
              + "\nstop them (docker rm -f / kill), then start again")  # fmt: skip
         return 4
-    if not gate_memory(floor, args.wait):
+    if not gate_memory(floor, args.wait, measure=args.memory_measure):
         warn("refusing to start: " + memory_advice(args.memfree_min_gib, args.memfree_margin_gib))
         return 3
     return 0

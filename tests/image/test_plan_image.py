@@ -162,3 +162,23 @@ def test_limit_worker_never_touches_the_head(monkeypatch):
     assert r.exit_code == 0, r.output
     assert r.commands.get(HEAD, []) == []
     assert any("docker build" in c for c in image_commands(r, WORKER))
+
+
+def test_a_stack_without_the_patch_layer_pulls_by_digest_and_builds_nothing(monkeypatch):
+    """``Stack.patched`` False: the head pulls the image by digest and the workers copy it as
+    before, nothing is built anywhere, and every rank runs the pulled image's local tag."""
+    from sparkrig.stacks.vllm_nvfp4 import STACK as NVFP4
+    from tests import teststacks
+
+    weights = {"model": NVFP4.model, "drafter": NVFP4.drafter}  # tests/plan/locks
+    teststacks.register(monkeypatch, "test-bare", patched=False, **weights)
+    r = apply(monkeypatch, "--data", "stack=test-bare")
+    assert r.exit_code == 0, r.output
+    assert any(f"docker pull --quiet {BASE}" in c for c in image_commands(r, HEAD))
+    assert any("curl " in c and "docker load" in c for c in image_commands(r, WORKER))
+    for host, unit in ((HEAD, "sparkrig-head"), (WORKER, "sparkrig-worker")):
+        assert not [c for c in image_commands(r, host) if "docker build" in c]
+        assert "/opt/sparkrig/image-build/context.tar" not in r.uploads[host]
+        assert not [op for op in r.host_ops[host] if op.endswith(OPS[4])]
+        text = r.uploads[host][f"/etc/systemd/system/{unit}.service"].decode()
+        assert f"# image: {LOCAL}\n" in text and f"    {LOCAL} \\\n" in text

@@ -474,13 +474,11 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
         restart_args,
         supervisor_unit_context,
         watchdog_unit_context,
+        weights_id,
     )
     from sparkrig.weights import artifacts, token_text
 
     k, p = s.knobs, paths(s)
-    weights_id = f"{k.model_repo}@{k.model_revision}"
-    if s.needs_drafter:
-        weights_id += f" + {k.drafter_repo}@{k.drafter_revision}"
     text: dict[str, tuple[str, str]] = {
         "/etc/sysctl.d/90-sparkrig.conf": (
             render("sysctl.conf.j2", swappiness=k.swappiness, min_free_kbytes=k.min_free_kbytes),
@@ -501,7 +499,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
         ),
         p["rank_unit"]: (
             render(
-                "sparkrig-rank.service.j2", **rank_unit_context(s, serving_image(s), weights_id)
+                "sparkrig-rank.service.j2", **rank_unit_context(s, serving_image(s), weights_id(s))
             ),
             "644",
         ),
@@ -650,7 +648,7 @@ def converged(
         gids=tuple(gid_table(HCA, s.me.fabric_interface, ip, index=gid_index)[:-1]),
         mtu=mtu,
         memfree_kb=3 * 1024 * 1024,
-        weights_commit=k.model_revision,
+        weights_commit=s.model.revision,
         weights_verified=1796000000,
         baseline=canned[BASELINE],
         record="".join(canned[RELEASE][: canned[RELEASE].index(LISTING) - 1]),

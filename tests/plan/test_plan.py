@@ -14,7 +14,7 @@ from sparkrig.factlines import END
 from sparkrig.paths import paths
 from sparkrig.release import parse_record, record_path, wanted
 from sparkrig.render import render
-from sparkrig.serving import rank_unit_context
+from sparkrig.serving import rank_unit_context, weights_id
 from tests.plan import fakehosts
 from tests.plan.harness import Run, run
 
@@ -607,11 +607,7 @@ def older(name: str, path: str, text: str) -> dict[str, dict]:
 
 def rank_unit_with_image(name: str, image: str) -> str:
     s = settings()[name]
-    k = s.knobs
-    return render(
-        "sparkrig-rank.service.j2",
-        **rank_unit_context(s, image, f"{k.model_repo}@{k.model_revision}"),
-    )
+    return render("sparkrig-rank.service.j2", **rank_unit_context(s, image, weights_id(s)))
 
 
 @pytest.mark.parametrize(

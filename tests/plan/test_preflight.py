@@ -61,7 +61,7 @@ def test_a_first_deploy_with_the_room_it_needs_goes_ahead(monkeypatch, tmp_path)
 def test_verified_files_need_no_room_only_what_is_left_to_fetch(monkeypatch):
     converge_state()
     s = fakehosts.settings_of("tests/plan/inventory_state.py")[WORKER]
-    half = {"ok": True, "commit": s.knobs.model_revision, "total_files": 2, "verified": 1,
+    half = {"ok": True, "commit": s.model.revision, "total_files": 2, "verified": 1,
             "missing": 1, "files_to_fetch": 1, "bytes_to_fetch": 90 * GIB}  # fmt: skip
     fakehosts.inject("spark-b", {fakehosts.WEIGHTS_STATE: json.dumps(half)})
     disk_free("spark-b", 150)  # 90 + 64 > 150
@@ -190,3 +190,30 @@ def test_each_node_says_what_it_still_has_to_fetch(monkeypatch, tmp_path):
     assert r.exit_code == 0, r.output
     for name in (HEAD, WORKER):
         assert f"[{name}] weights still to fetch: model 181.0 GiB" in r.output
+
+
+def test_a_stack_switch_needs_the_new_stacks_lockfiles_beside_the_serving_stacks_weights(
+    monkeypatch, tmp_path
+):
+    """Switching stacks: the serving stack's weights stay on the disk (free space already counts
+    them) and the new stack's lockfile must fit beside them; the refusal names both."""
+    from tests import teststacks
+
+    locks = big_locks(tmp_path, 181)  # the serving stack's, and the new stack's below
+    other = json.loads((tmp_path / MODEL_LOCK).read_text())
+    other.update(repo="example/other-model", commit="1" * 40, revision="1" * 40)
+    (tmp_path / "other-model.lock.json").write_text(json.dumps(other))
+    teststacks.register(monkeypatch, "test-other", drafter=None)
+    converge_state()
+    disk_free("spark-b", 200)
+    r = apply(
+        monkeypatch, "--data", f"lockfile_dir={locks}", "--data", "stack=test-other",
+        "--data", "reach_check=False",  # the fakes answer no Hub for the new model
+    )  # fmt: skip
+    refused_before_any_change(
+        r,
+        "200.0 GiB free under /var/lib/sparkrig/models, need 245.0 GiB: 181.0 GiB of weights "
+        f"still to fetch (the lockfiles in {locks}) + 64 GiB kept free (min_disk_free_gib); "
+        "the serving release (stack vllm-nvfp4, image ",
+    )
+    assert "keeps its weights there until the new one passes its gates" in r.output

@@ -13,9 +13,11 @@ import pytest
 
 from sparkrig.release import Release, parse_record, record_path, release_files
 from tests.plan import fakehosts
+from tests.plan.harness import run
 from tests.plan.test_plan import (
     ACTION,
     HEAD,
+    INVENTORY,
     LEGACY_OP,
     WORKER,
     apply,
@@ -63,7 +65,7 @@ def test_a_release_change_keeps_the_serving_release_before_any_phase_rewrites_it
         record = uploaded_record(r, name)
         assert [x.profile for x in record] == ["long", "shared"]
         assert not any(fakehosts.RESTORE.search(c) for c in r.commands[name])
-    assert "release changes (image" in r.output and "profile long)" in r.output
+    assert "release changes (stack vllm-nvfp4, image" in r.output and "profile long)" in r.output
 
 
 def test_a_run_without_a_release_change_keeps_records_and_rolls_back_nothing(monkeypatch):
@@ -83,9 +85,10 @@ def test_failed_gates_roll_back_worker_then_head_and_fail_naming_both(monkeypatc
     assert r.exit_code != 0
     # what failed is named (the fakes answer a failing command with "failed" on stderr; a real
     # shell prints the gate report there: tests/lab)
-    said = r"upgrade failed \(image \w+, model \w+, profile shared -> image \w+, model \w+, "
+    said = r"upgrade failed \(stack vllm-nvfp4, image \w+, model \w+, profile shared -> "
+    said += r"stack vllm-nvfp4, image \w+, model \w+, "
     assert re.search(said + r"profile long\): gates: failed\. ", r.output), r.output[-3000:]
-    assert "Rolled back: the previous release (image" in r.output
+    assert "Rolled back: the previous release (stack vllm-nvfp4, image" in r.output
     assert "profile shared) passed the four gates and serves again" in r.output
     # the rollback's operations, in the ordered restart's order
     order = [
@@ -239,3 +242,79 @@ def test_an_upgrade_keeps_the_old_layout_programs_a_rollback_may_start_again(mon
     for name in (HEAD, WORKER):
         assert any(op.endswith(LEGACY_OP) for op in r.host_ops[name])
         assert not [c for c in r.commands[name] if c.startswith("rm -f") and c[6:] in old], name
+
+
+# --- a stack change is a release change (docs/stacks.md) ------------------------------------
+
+STACK_ENV = "SPARKRIG_TEST_STACK"
+
+
+def another_stack(monkeypatch) -> tuple[str, ...]:
+    """A test-only stack beside vllm-nvfp4 (tests/teststacks.py): the same weights pins (the
+    lockfiles in tests/plan allow them), its own flag and env; the inventory pins the image. The
+    ``--data`` that selects it."""
+    from sparkrig.stacks.vllm_nvfp4 import STACK as NVFP4
+    from tests import teststacks
+
+    teststacks.register(
+        monkeypatch,
+        "test-other",
+        model=NVFP4.model,
+        drafter=NVFP4.drafter,
+        env={**NVFP4.env, STACK_ENV: "other"},
+        serve_flags=(*NVFP4.serve_flags, "--test-other-flag"),
+    )
+    return ("--data", "stack=test-other")
+
+
+def test_a_stack_change_is_a_release_change_kept_gated_and_recorded(monkeypatch):
+    converge_state()
+    r = apply(monkeypatch, *another_stack(monkeypatch))
+    assert r.exit_code == 0, r.output
+    assert "release changes (stack vllm-nvfp4, image" in r.output
+    assert "-> stack test-other, image" in r.output
+    assert position(r, KEEP_OP) < position(r, "Install the rank unit")
+    for name, s in settings().items():
+        kept = [c for c in r.commands[name] if fakehosts.KEEP.search(c)]
+        assert len(kept) == 1, name
+        for path in release_files(s):  # the unit, the lockfiles and the env file
+            assert f"cp -p {path} {path}.prev" in kept[0]
+        assert "cp -p /etc/sparkrig/rank.env /etc/sparkrig/rank.env.prev" in kept[0]
+        unit = r.uploads[name][f"/etc/systemd/system/{s.unit_name}.service"].decode()
+        assert "--test-other-flag" in unit
+        assert f"{STACK_ENV}=other" in r.uploads[name]["/etc/sparkrig/rank.env"].decode()
+        # the gates passed: the record holds the new stack's release, then the previous one
+        assert [x.stack for x in uploaded_record(r, name)] == ["test-other", "vllm-nvfp4"]
+
+
+def test_a_stack_change_that_fails_its_gates_restores_the_previous_stack(monkeypatch):
+    converge_state()
+    failing_gates()
+    r = apply(monkeypatch, *another_stack(monkeypatch))
+    assert r.exit_code != 0
+    assert re.search(r"upgrade failed \(stack vllm-nvfp4, .* -> stack test-other, ", r.output)
+    assert "Rolled back: the previous release (stack vllm-nvfp4, image" in r.output
+    for name, s in settings().items():
+        restored = [c for c in r.commands[name] if fakehosts.RESTORE.search(c)]
+        assert len(restored) == 1, name
+        for path in release_files(s):
+            assert f"cp -p {path}.prev {path}" in restored[0]
+        assert uploaded_record(r, name) == ()  # nothing recorded: the previous stack serves
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def test_dry_diff_of_a_stack_change_shows_every_file_that_changes(monkeypatch):
+    selected = another_stack(monkeypatch)
+    converge_state()
+    dry = run(["--dry", "--diff", *selected, INVENTORY, "deploy.py"], monkeypatch)
+    assert dry.exit_code == 0, dry.output
+    shown = set(re.findall(r"Will (?:modify|create) (/\S+)", ANSI.sub("", dry.output)))
+    converge_state()
+    applied = apply(monkeypatch, *selected)
+    assert applied.exit_code == 0, applied.output
+    record = record_path(next(iter(settings().values())).knobs.config_dir)
+    written = {path for uploads in applied.uploads.values() for path in uploads if path != record}
+    assert written and written <= shown, sorted(written - shown)
+    assert {"/etc/sparkrig/rank.env", "/etc/systemd/system/sparkrig-head.service"} <= shown

@@ -120,8 +120,16 @@ def test_unknown_flag_and_bad_values_are_refused(parser: Any) -> None:
 
 def _vllm_env_names() -> set[str]:
     """Every VLLM_* variable sparkrig sets: the env files and units of the golden renders,
-    the templates, and the Python that builds container arguments."""
-    names: set[str] = set()
+    the templates, the Python that builds container arguments, and every declared stack's env
+    (less the names it declares fork-only: ``Stack.fork_env``)."""
+    from sparkrig.stacks import STACKS
+
+    names = {
+        name
+        for stack in STACKS.values()
+        for name in stack.env
+        if name.startswith("VLLM_") and name not in stack.fork_env
+    }
     rx = re.compile(r"\b(VLLM_[A-Z0-9_]+)\s*=")
     roots = [REPO / "tests" / "golden", REPO / "templates", REPO / "sparkrig", REPO / "tasks"]
     for root in roots:

@@ -21,7 +21,7 @@ from sparkrig.fabric import env_context, moved_gid_index
 from sparkrig.paths import paths
 from sparkrig.release import release_files
 from sparkrig.render import render
-from sparkrig.serving import rank_unit_context
+from sparkrig.serving import rank_unit_context, weights_id
 from sparkrig.settings import Settings, build
 from sparkrig.status import RankStatus, fact_args, problems
 from tests.unit.conftest import cluster
@@ -37,8 +37,7 @@ def rank_env(s: Settings, gid_index: int) -> str:
 
 
 def rank_unit(s: Settings) -> str:
-    k = s.knobs
-    context = rank_unit_context(s, k.base_image or "", f"{k.model_repo}@{k.model_revision}")
+    context = rank_unit_context(s, s.image_ref, weights_id(s))
     return render("sparkrig-rank.service.j2", **context)
 
 

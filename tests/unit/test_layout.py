@@ -108,11 +108,19 @@ def sparkrig_imports(tree: ast.Module) -> list[tuple[str, bool]]:
 
 
 def import_graph(root: Path = LIBRARY) -> dict[str, set[str]]:
-    """module -> the sparkrig modules it imports (at module level), for every module."""
+    """module -> the sparkrig modules it imports (at module level), for every module; a package
+    (sparkrig/stacks/, sparkrig/bench/) is one module, importing what its files import."""
     graph: dict[str, set[str]] = {}
     for path in sorted(root.glob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
         graph[path.stem] = {m for m, _ in sparkrig_imports(tree)} - {path.stem, "__init__"}
+    for package in sorted(p.parent for p in root.glob("*/__init__.py")):
+        found = {
+            m
+            for path in sorted(package.rglob("*.py"))
+            for m, _ in sparkrig_imports(ast.parse(path.read_text(), filename=str(path)))
+        }
+        graph[package.name] = found - {package.name, "__init__"}
     return graph
 
 

@@ -253,3 +253,24 @@ def test_the_memory_advice_names_the_knobs_that_set_the_floor():
     assert "gpu-memory-utilization + memfree_margin_gib = 1.5, or memfree_min_gib when set" in (
         derived
     )
+
+
+def test_a_stacks_memory_measure_used_is_a_ceiling_and_available_a_floor(tree, capsys):
+    """--memory-measure (a stack's MemoryGate): `used` = MemTotal - MemAvailable must stay at or
+    below the pinned GiB (Entrpi's 6 GB preflight), `available` = MemAvailable must reach it."""
+    tree.gid(3, WANT)
+    kb = 1024 * 1024
+    (tree.proc / "meminfo").write_text(  # 120 GiB total, 5 GiB used, 1 GiB MemFree
+        f"MemTotal:       {120 * kb} kB\nMemFree:        {1 * kb} kB\n"
+        f"MemAvailable:   {115 * kb} kB\n"
+    )
+    base = ["--env", str(tree.env), "--wait", "0", "--gid-env", str(tree.gid_env)]
+    assert prep.main([*base, "--memory-measure", "used", "--memfree-min-gib", "6"]) == 0
+    assert "used memory 5.0 GiB <= 6.0 GiB" in capsys.readouterr().out
+    assert prep.main([*base, "--memory-measure", "used", "--memfree-min-gib", "4"]) == 3
+    assert "used memory 5.0 GiB > 4.0 GiB" in capsys.readouterr().err
+    assert prep.main([*base, "--memory-measure", "available", "--memfree-min-gib", "110"]) == 0
+    assert "MemAvailable 115.0 GiB >= 110.0 GiB" in capsys.readouterr().out
+    assert prep.main([*base, "--memfree-min-gib", "6"]) == 3  # MemFree 1 GiB: the default
+    with pytest.raises(SystemExit):  # a measure other than MemFree needs its floor pinned
+        prep.main([*base, "--memory-measure", "used"])

@@ -6,7 +6,8 @@ import pytest
 from pyinfra.api.exceptions import DeployError
 
 from sparkrig.settings import InventoryView, build
-from tests.unit.conftest import ROOT, cluster
+from tests.teststacks import register
+from tests.unit.conftest import DIGEST, ROOT, cluster
 
 STOCK = "vllm/vllm-openai:glm53-flash-arm64-cu130@sha256:" + "ab" * 32
 
@@ -95,10 +96,6 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
             "spark-0: base_image: must be pinned by digest",
         ),
         (
-            lambda v: edit(v, "head", 0, base_image=None),
-            "spark-0: base_image: missing; pin the vLLM image by digest",
-        ),
-        (
             lambda v: [edit(v, g, 0, base_image=STOCK) for g in ("head", "worker")],
             f"spark-0: base_image: {STOCK} is known not to work: the stock vLLM image",
         ),
@@ -137,7 +134,7 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
         ),
         (
             lambda v: [edit(v, g, 0, profile="single") for g in ("head", "worker")],
-            "profile: 'single' uses the DFlash2 drafter (CC BY-NC-ND 4.0)",
+            "profile: 'single' uses the drafter incoai/GLM-5.3-Flash-DFlash2 (CC BY-NC-ND 4.0",
         ),
         (
             lambda v: edit(v, "head", 0, container_gpu_args=["--gpus all"]),
@@ -164,17 +161,18 @@ def test_single_profile_with_the_licence_accepted_needs_the_drafter():
     assert build(view)["spark-1"].needs_drafter
 
 
-def test_base_image_defaults_to_the_v11_digest_and_a_known_bad_one_needs_the_override():
+def test_base_image_defaults_to_the_stacks_v11_digest_and_a_known_bad_one_needs_the_override():
     from tests.unit.conftest import knob_defaults
 
     v11 = "ghcr.io/tonyd2wild/vllm-glm53-flash@sha256:4def0ef644cb2e9814136dcffd5e385e21bc594f48f3b292234051904abe85a6"  # noqa: E501
-    assert knob_defaults()["base_image"] == v11
+    assert knob_defaults()["base_image"] is None  # None: the selected stack's pin
+    assert build(cluster(2, base_image=None))["spark-1"].image_ref == v11
     assert knob_defaults()["base_image_known_bad_ok"] is False
     stock = STOCK
     view = cluster(2)
     for g in ("head", "worker"):
         edit(view, g, 0, base_image=stock, base_image_known_bad_ok=True)
-    assert build(view)["spark-1"].knobs.base_image == stock
+    assert build(view)["spark-1"].image_ref == stock
 
 
 # --- knobs: declared once, cluster-wide ones checked --------------------------------------------
@@ -273,3 +271,145 @@ def test_a_misspelled_pyinfra_key_is_refused_too():
 def test_the_retired_hf_token_file_says_where_the_token_comes_from_now():
     text = problems(edit(cluster(2), "head", 0, hf_token_file="~/.cache/huggingface/token"))
     assert "spark-0: hf_token_file: retired: the Hub token is the one huggingface_hub finds" in text
+
+
+# --- the stack and its pins (docs/stacks.md) ------------------------------------------------
+
+
+def other_stack(monkeypatch, **fields):
+    return register(monkeypatch, "test-other", **fields)
+
+
+def test_the_stack_knob_defaults_to_vllm_nvfp4_and_resolves_its_pins():
+    s = build(cluster(2, base_image=None))["spark-1"]
+    assert s.knobs.stack == "vllm-nvfp4" and s.stack.name == "vllm-nvfp4"
+    assert s.image_ref == s.stack.image
+    assert (s.model.repo, s.model.revision) == (
+        "LibertAIDAI/GLM-5.3-Flash-NVFP4",
+        "caca4e6a4ebbd66f159d3d2fc256683fd6e27177",
+    )
+    assert s.drafter is not None and s.drafter.revision.startswith("7d74cdd8")
+    assert s.locked_artifacts == [("model", s.model.repo, s.model.revision)]
+
+
+def test_an_unknown_stack_is_refused_naming_the_declared_ones():
+    from sparkrig.stacks import STACKS
+
+    text = problems(cluster(2, stack="vllm-fp8"))
+    assert "spark-0: stack: unknown stack 'vllm-fp8'; choose one of " in text
+    assert all(name in text for name in STACKS)
+
+
+def test_the_stack_must_be_the_same_on_every_host(monkeypatch):
+    other_stack(monkeypatch)
+    view = cluster(2, base_image=None)
+    edit(view, "worker", 0, stack="test-other")
+    assert "spark-1: stack: 'test-other' differs from spark-0's 'vllm-nvfp4'" in problems(view)
+
+
+@pytest.mark.parametrize(
+    ("pins", "message"),
+    [
+        ({"no-such-stack": {}}, "stack_pins: ['no-such-stack']: unknown stack; choose among"),
+        ({"vllm-nvfp4": {"image": "x"}}, "['vllm-nvfp4']['image']: unknown pin; the keys are "),
+        (
+            {"vllm-nvfp4": {"base_image": "ghcr.io/x/y:latest"}},
+            "['vllm-nvfp4']['base_image']: must be pinned by digest",
+        ),
+        (
+            {"vllm-nvfp4": {"model_revision": "main"}},
+            "['vllm-nvfp4']['model_revision']: must be a 40-hex commit sha, not 'main'",
+        ),
+        (
+            {"vllm-nvfp4": {"drafter_repo": "no-owner"}},
+            "['vllm-nvfp4']['drafter_repo']: must be a Hub repository (owner/name)",
+        ),
+    ],
+)
+def test_stack_pins_are_validated(pins, message):
+    assert message in problems(cluster(2, stack_pins=pins))
+
+
+def test_pins_precedence_knob_over_stack_pins_over_the_declaration(monkeypatch):
+    stack = other_stack(monkeypatch)
+    pinned_image = "registry.example/pinned@sha256:" + "ef" * 32
+    knob_image = "registry.example/knob@sha256:" + "12" * 32
+    pins = {"test-other": {"base_image": pinned_image, "model_revision": "3" * 40}}
+    # the declaration alone
+    s = build(cluster(2, base_image=None, stack="test-other"))["spark-0"]
+    assert (s.image_ref, s.model.revision) == (stack.image, "1" * 40)
+    # stack_pins of the selected stack over it; another stack's pins change nothing
+    s = build(cluster(2, base_image=None, stack="test-other", stack_pins=pins))["spark-0"]
+    assert (s.image_ref, s.model.revision, s.model.repo) == (
+        pinned_image,
+        "3" * 40,
+        "example/other-model",
+    )
+    s = build(cluster(2, base_image=None, stack_pins=pins))["spark-0"]  # vllm-nvfp4 selected
+    assert s.image_ref != pinned_image and s.model.revision.startswith("caca4e6a")
+    # a top-level knob over both
+    view = cluster(2, base_image=knob_image, stack="test-other", stack_pins=pins)
+    s = build(view)["spark-0"]
+    assert s.image_ref == knob_image and s.model.revision == "3" * 40
+
+
+def test_a_stack_with_no_image_is_refused_before_any_host_naming_why(monkeypatch):
+    other_stack(monkeypatch, image=None, image_note="no published image: build the v8 chain")
+    text = problems(cluster(2, base_image=None, stack="test-other"))
+    assert "spark-0: base_image: missing: stack 'test-other' declares no image" in text
+    assert "no published image: build the v8 chain" in text
+    assert "stack_pins['test-other']['base_image']" in text
+    pins = {"test-other": {"base_image": DIGEST}}
+    assert build(cluster(2, base_image=None, stack="test-other", stack_pins=pins))
+
+
+def test_a_profile_the_stack_does_not_serve_is_refused(monkeypatch):
+    stack = other_stack(monkeypatch)
+    only_single = {"single": stack.profiles["single"]}
+    other_stack(monkeypatch, profiles=only_single)
+    text = problems(cluster(2, stack="test-other"))  # profile shared
+    assert "profile: stack 'test-other' serves no profile 'shared'; choose one of single" in text
+
+
+def test_a_stacks_memory_gate_reaches_the_start_gate_and_needs_a_floor(monkeypatch):
+    from sparkrig.serving import memory_gate_args
+    from sparkrig.stacks.base import MemoryGate
+
+    s = build(cluster(2))["spark-1"]
+    assert "--memory-measure" not in memory_gate_args(s)  # vllm-nvfp4: MemFree, derived floor
+    assert "--memfree-min-gib" not in memory_gate_args(s)
+    other_stack(monkeypatch, memory=MemoryGate("used", 6.0, "Entrpi's 6 GB preflight"))
+    args = memory_gate_args(build(cluster(2, stack="test-other"))["spark-1"])
+    assert "--memfree-min-gib 6 --memory-measure used" in args
+    args = memory_gate_args(build(cluster(2, stack="test-other", memfree_min_gib=5))["spark-1"])
+    assert "--memfree-min-gib 5 --memory-measure used" in args  # the knob wins
+    other_stack(monkeypatch, memory=MemoryGate("available", None))
+    assert "stack 'test-other''s start gate measures 'available' memory and declares no floor" in (
+        problems(cluster(2, stack="test-other"))
+    )
+
+
+def test_a_stacks_caches_env_and_flags_reach_the_rank(monkeypatch):
+    from sparkrig.fabric import env_context
+    from sparkrig.render import render
+    from sparkrig.serving import docker_run_args, rank_serve_args
+
+    other_stack(
+        monkeypatch,
+        caches={"/jit-cache": "every JIT cache", "/root/.triton": "triton"},
+        env={"GLM53_TEST": "1"},
+        serve_flags=("--linear-backend", "marlin"),
+        head_flags=("--chat-template", "/chat_template.jinja"),
+    )
+    settings = build(cluster(2, stack="test-other"))
+    head, worker = settings["spark-0"], settings["spark-1"]
+    run = docker_run_args(worker, "img@sha256:" + "ab" * 32)
+    volumes = {run[i + 1] for i, word in enumerate(run) if word == "--volume"}
+    base = "/var/lib/sparkrig/cache/img_sha256_" + "ab" * 32
+    assert {f"{base}/jit-cache:/jit-cache", f"{base}/root_.triton:/root/.triton"} <= volumes
+    assert not any(v.endswith(":/root/.cache") for v in volumes)
+    env = render("rank.env.j2", **env_context(worker), hca="rocep1s0f1", gid_index="3")
+    assert "\nGLM53_TEST=1\n" in env and "VLLM_ENGINE_READY_TIMEOUT_S" not in env
+    assert "--linear-backend" in rank_serve_args(worker)
+    assert "--chat-template" in rank_serve_args(head)
+    assert "--chat-template" not in rank_serve_args(worker)  # head_flags: rank 0 alone

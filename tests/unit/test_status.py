@@ -63,9 +63,8 @@ def test_a_handed_over_gid_that_left_the_table_is_off():
     s = build(cluster(2))["spark-1"]
     k = s.knobs
     table = tuple(parse_rank_state([*gid_lines(s.me.ip, s.me.fabric_interface, 3), END]).gids)
-    fine = RankState("active", "running", "", "img", 3, table, 3, k.fabric_mtu, 0, k.model_revision)
+    commit = s.model.revision
+    fine = RankState("active", "running", "", "img", 3, table, 3, k.fabric_mtu, 0, commit)
     assert problems(s, fine, "img") == []
-    moved = RankState(
-        "active", "running", "", "img", 3, table, 4, k.fabric_mtu, 0, k.model_revision
-    )
+    moved = RankState("active", "running", "", "img", 3, table, 4, k.fabric_mtu, 0, commit)
     assert problems(s, moved, "img") == ["GID index: start gate handed over 4, live table 3"]

@@ -12,7 +12,7 @@ import pytest
 from sparkrig.baseline import grub_text
 from sparkrig.fabric import env_context
 from sparkrig.render import base_context, render
-from sparkrig.serving import pair_unit_context, rank_unit_context
+from sparkrig.serving import pair_unit_context, rank_unit_context, weights_id
 from sparkrig.settings import Settings, build
 from tests.unit.conftest import cluster
 
@@ -21,7 +21,6 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 def owned_files(s: Settings) -> dict[str, str]:
     k = s.knobs
-    weights = f"{k.model_repo}@{k.model_revision}"
     return {
         "90-sparkrig.conf": render(
             "sysctl.conf.j2", swappiness=k.swappiness, min_free_kbytes=k.min_free_kbytes
@@ -34,7 +33,7 @@ def owned_files(s: Settings) -> dict[str, str]:
         ),
         "rank.env": render("rank.env.j2", **env_context(s), hca="rocep1s0f1", gid_index="3"),
         f"{s.unit_name}.service": render(
-            "sparkrig-rank.service.j2", **rank_unit_context(s, k.base_image or "", weights)
+            "sparkrig-rank.service.j2", **rank_unit_context(s, s.image_ref, weights_id(s))
         ),
         "sparkrig-pair.service": render("sparkrig-pair.service.j2", **pair_unit_context(s)),
         "90-sparkrig-kho.cfg": grub_text(),  # written where the kernel has KHO (kho_off)

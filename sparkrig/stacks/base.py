@@ -1,0 +1,124 @@
+"""What a stack declares: one frozen value per way of serving GLM-5.3-Flash on the pair.
+
+A stack is an engine family (its adapter builds argv, readiness, metrics: ``families/``), an image
+pinned by digest (with sparkrig's patch layer or none), a model and a drafter at pinned commits,
+per-rank environment, the API port and how the API is authenticated, its gates, what the watchdog
+reads for progress, its memory gate, the caches a rank mounts, the stop order and the figures it
+is expected to reach, each with its source. Adding a stack is adding one declaration (one module
+of ``sparkrig/stacks/``); a new engine family adds one adapter.
+
+This module knows no domain beyond the declaration itself: no settings, no pyinfra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Family = Literal["vllm", "tensorfold"]
+# What a stack's memory gate measures (the stacks disagree: docs/stacks.md):
+# memfree: /proc/meminfo MemFree (sparkrig's own start gate, today's default);
+# used: free(1)'s "used" column must stay below the floor (Entrpi's 6 GB preflight);
+# available: MemAvailable must reach the floor (MiaAI's / TensorFold's budget).
+MemoryMeasure = Literal["memfree", "used", "available"]
+ApiAuth = Literal["vllm-api-key", "none"]
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A Hub repository at one commit (the lockfile is made from exactly this)."""
+
+    repo: str
+    revision: str  # 40-hex commit
+    why: str = ""  # why this commit (where the recipe pins none, sparkrig says why it chose it)
+    license_note: str = ""  # e.g. "CC BY-NC-ND 4.0: needs drafter_license_accepted"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One serve profile of a stack (the knob ``profile``): the numbers its engine is started
+    with. The family adapter turns them into flags (vLLM: ``families/vllm.py``); a number left
+    None adds no flag (a recipe that sets its limits in ``serve_flags`` declares only its
+    speculation here)."""
+
+    name: str  # the value of the `profile` knob: single | shared | guard | long
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    kv_cache_memory_bytes: int | None = None  # None: the engine sizes the KV pool itself
+    max_num_batched_tokens: int | None = None  # None: the engine's default
+    speculative: str | None = None  # "dflash" (loads the stack's drafter), "mtp" or None
+    num_speculative_tokens: int = 0
+    logits_processors: tuple[str, ...] = ()
+    doc: str = ""  # one line: what it is for and its figure, with the source
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A published figure the stack is expected to reach, with where it was published."""
+
+    name: str  # e.g. "decode_tok_s_prose", "prefill_tok_s"
+    value: float
+    unit: str  # "tok/s"
+    protocol: str  # the bench protocol it was measured with ("seed000", "seed004")
+    source: str  # seed file or URL
+    profile: str = ""  # the profile it was measured with ("" when the stack serves one)
+
+
+@dataclass(frozen=True)
+class MemoryGate:
+    measure: MemoryMeasure
+    floor_gib: float | None  # None: derived as today (gpu_memory_utilization x MemTotal + margin)
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One stack, in one place. Field by field, what the layer needs to deploy, gate, watch,
+    switch and measure it."""
+
+    name: str  # the value of the `stack` knob, e.g. "vllm-nvfp4"
+    family: Family
+    title: str  # one line for the README's stacks table
+    # reference pinned by digest; None: the operator must give one (why in image_note)
+    image: str | None
+    # where the image comes from; for None, why there is no published one and how to build it
+    image_note: str
+    patched: bool  # True: sparkrig builds its patch layer (files/Dockerfile + files/patches) on top
+    model: Pin
+    drafter: Pin | None  # None: this stack loads no drafter
+    # per-rank environment beyond sparkrig's fabric/NCCL env (same on every rank), in the rank env
+    # file after VLLM_HOST_IP, HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE (templates/rank.env.j2)
+    env: Mapping[str, str]
+    profiles: Mapping[str, Profile]  # the sparkrig profiles it serves, by name (knob `profile`)
+    # env names the engine's stock release does not know, with their source in docs
+    fork_env: tuple[str, ...] = ()
+    fork_flags: tuple[str, ...] = ()  # serve flags (or flag=value) only the stack's fork accepts
+    # the recipe's own flags for every rank (the family adapter adds the rest)
+    serve_flags: tuple[str, ...] = ()
+    head_flags: tuple[str, ...] = ()  # flags only rank 0 gets (e.g. a chat template)
+    api_port: int = 8000
+    api_auth: ApiAuth = "vllm-api-key"
+    readiness_path: str = "/health"
+    progress_metrics: tuple[str, ...] = ()  # /metrics names whose movement the watchdog reads
+    memory: MemoryGate = MemoryGate("memfree", None)
+    # container path -> what it caches; each is mounted from the persistent cache_dir, per image
+    # (one cache: <cache_dir>/<image>; several: <cache_dir>/<image>/<path made a name>)
+    caches: Mapping[str, str] = field(default_factory=dict)
+    stop_order: Literal["head-first", "workers-first"] = "head-first"
+    figures: tuple[Figure, ...] = ()
+    sources: tuple[str, ...] = ()  # where the declaration's facts were read
+
+    def profile(self, name: str) -> Profile:
+        """The profile ``name``; ValueError naming the profiles this stack serves."""
+        try:
+            return self.profiles[name]
+        except KeyError:
+            raise ValueError(
+                f"unknown profile {name!r} for stack {self.name!r}; choose one of "
+                f"{', '.join(self.profiles)}"
+            ) from None
+
+    def needs_drafter(self, profile: str) -> bool:
+        """True when the profile loads the stack's drafter (its licence, its download)."""
+        return self.profile(profile).speculative == "dflash"

@@ -1,0 +1,149 @@
+"""The vLLM family: the `vllm serve` command line of every rank, as a pure function of a stack's
+declaration and typed inputs (moved here from sparkrig/profiles.py, generalised by the stack).
+
+The family adds what every vLLM stack on the pair needs: tensor parallel over the nodes with the
+mp executor and ``--nnodes/--node-rank/--master-addr/--master-port`` (no Ray); then the stack's
+own flags (``Stack.serve_flags``, every rank), the profile's numbers, its speculation and logits
+processors, the chat template's thinking default and the stack's ``head_flags`` on rank 0, the API
+flags (``--host/--port/--served-model-name``) on rank 0 and ``--headless`` on the workers, and the
+operator's ``extra_serve_args`` last (argparse keeps the last value of a flag)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from collections.abc import Sequence
+
+from sparkrig.stacks.base import Profile, Stack
+
+# The fallback when a stack's argv sets no --gpu-memory-utilization (the memory gate derives its
+# floor from it): the value most recipes pass (docs/sources.md, "vLLM serve flags and profiles").
+GPU_MEMORY_UTILIZATION = "0.85"
+DEFAULT_HOST = "0.0.0.0"  # the API is the product: reachable from the LAN (operator firewalls)
+
+# Flags the family puts on every rank of every vLLM stack (tests check each argv carries them).
+DISTRIBUTED_FLAGS: tuple[str, ...] = (
+    "--tensor-parallel-size",
+    "--distributed-executor-backend",
+    "--nnodes",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+)
+
+
+def speculative_config(stack: Stack, profile: str, drafter_dir: str | None = None) -> str | None:
+    """The --speculative-config JSON of a profile, or None when it does not speculate."""
+    p = stack.profile(profile)
+    if p.speculative is None:
+        return None
+    cfg: dict[str, object] = {"method": p.speculative}
+    if p.speculative == "dflash":
+        if not drafter_dir:
+            raise ValueError(f"profile {p.name!r} needs the drafter directory")
+        cfg["model"] = drafter_dir
+    cfg["num_speculative_tokens"] = p.num_speculative_tokens
+    return json.dumps(cfg, separators=(",", ":"))
+
+
+def _check_port(name: str, port: int) -> None:
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise ValueError(f"{name} must be a TCP port (1..65535), got {port!r}")
+
+
+def profile_flags(p: Profile) -> list[str]:
+    """The profile's numbers as flags (a None number adds none: the engine's default, or the
+    stack's ``serve_flags``)."""
+    numbers = (
+        ("--max-model-len", p.max_model_len),
+        ("--max-num-seqs", p.max_num_seqs),
+        ("--kv-cache-memory-bytes", p.kv_cache_memory_bytes),
+        ("--max-num-batched-tokens", p.max_num_batched_tokens),
+    )
+    return [word for flag, n in numbers if n is not None for word in (flag, str(n))]
+
+
+def serve_args(
+    stack: Stack,
+    profile: str,
+    *,
+    rank: int,
+    nnodes: int,
+    master_addr: str,
+    master_port: int,
+    model_dir: str,
+    api_port: int = 8000,
+    served_name: str = "glm-5.3-flash",
+    drafter_dir: str | None = None,
+    extra_args: Sequence[str] = (),
+    host: str = DEFAULT_HOST,
+    thinking: bool | None = False,
+) -> list[str]:
+    """argv of one rank: ``["vllm", "serve", MODEL_DIR, flags...]`` (the image's entrypoint is
+    `vllm`, so a container gets ``argv[1:]`` after ``--entrypoint vllm``).
+
+    ``thinking`` is the chat template's default ``enable_thinking`` (off, and a
+    request turns it on with ``chat_template_kwargs: {"enable_thinking": true}``; None leaves the
+    template's own default). ``master_addr`` is the head's fabric IPv4 without prefix length.
+    ``extra_args`` are appended last, so they override earlier flags (argparse keeps the last).
+    """
+    if stack.family != "vllm":
+        raise ValueError(f"stack {stack.name!r} is of the {stack.family} family, not vllm")
+    p = stack.profile(profile)
+    if not isinstance(nnodes, int) or nnodes < 1:
+        raise ValueError(f"nnodes must be >= 1, got {nnodes!r}")
+    if not isinstance(rank, int) or not 0 <= rank < nnodes:
+        raise ValueError(f"rank must be in 0..{nnodes - 1}, got {rank!r}")
+    try:
+        ipaddress.IPv4Address(master_addr)
+    except ValueError:
+        raise ValueError(f"master_addr must be an IPv4 address, got {master_addr!r}") from None
+    _check_port("master_port", master_port)
+    _check_port("api_port", api_port)
+    if not model_dir:
+        raise ValueError("model_dir is required")
+    if isinstance(extra_args, str):
+        raise TypeError("extra_args must be a list of tokens, not a string")
+
+    args = ["vllm", "serve", model_dir]
+    args += [
+        "--tensor-parallel-size", str(nnodes),
+        "--distributed-executor-backend", "mp",
+        "--nnodes", str(nnodes),
+        "--node-rank", str(rank),
+        "--master-addr", master_addr,
+        "--master-port", str(master_port),
+    ]  # fmt: skip
+    args += stack.serve_flags
+    args += profile_flags(p)
+    spec = speculative_config(stack, profile, drafter_dir)
+    if spec is not None:
+        args += ["--speculative-config", spec]
+    if p.logits_processors:
+        args += ["--logits-processors", *p.logits_processors]
+    if rank == 0 and thinking is not None:
+        kwargs = json.dumps({"enable_thinking": thinking}, separators=(",", ":"))
+        args += ["--default-chat-template-kwargs", kwargs]
+    if rank == 0:
+        args += stack.head_flags
+        args += ["--host", host, "--port", str(api_port), "--served-model-name", served_name]
+    else:
+        args += ["--headless"]
+    args += [str(a) for a in extra_args]
+    return args
+
+
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """Last value given for ``flag`` in an argv (None if absent or a bare switch at the end)."""
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def gpu_memory_utilization(args: Sequence[str]) -> str:
+    """The --gpu-memory-utilization a rank's argv starts vLLM with (the memory gate's input)."""
+    return flag_value(args, "--gpu-memory-utilization") or GPU_MEMORY_UTILIZATION
