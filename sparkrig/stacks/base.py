@@ -61,15 +61,20 @@ class Stack:
     name: str  # the value of the `stack` knob, e.g. "vllm-nvfp4"
     family: Family
     title: str  # one line for the README's stacks table
-    image: str | None  # reference pinned by digest; None: the operator must give one (why in image_note)
-    image_note: str  # where the image comes from; for None, why there is no published one and how to build it
+    # reference pinned by digest; None: the operator must give one (why in image_note)
+    image: str | None
+    # where the image comes from; for None, why there is no published one and how to build it
+    image_note: str
     patched: bool  # True: sparkrig builds its patch layer (files/Dockerfile + files/patches) on top
     model: Pin
     drafter: Pin | None  # None: this stack loads no drafter
-    env: Mapping[str, str]  # per-rank environment beyond sparkrig's fabric/NCCL env (same on every rank)
-    fork_env: tuple[str, ...] = ()  # env names the engine's stock release does not know, with source in docs
+    # per-rank environment beyond sparkrig's fabric/NCCL env (same on every rank)
+    env: Mapping[str, str]
+    # env names the engine's stock release does not know, with source in docs
+    fork_env: tuple[str, ...] = ()
     fork_flags: tuple[str, ...] = ()  # serve flags (or flag=value) only the stack's fork accepts
-    serve_flags: tuple[str, ...] = ()  # the recipe's own flags for every rank (family adapter adds the rest)
+    # the recipe's own flags for every rank (family adapter adds the rest)
+    serve_flags: tuple[str, ...] = ()
     head_flags: tuple[str, ...] = ()  # flags only rank 0 gets (e.g. a chat template)
     profiles: tuple[str, ...] = ("single", "shared", "guard", "long")  # sparkrig profiles it serves
     api_port: int = 8000
