@@ -109,8 +109,8 @@ STACK = Stack(
         why=(
             "Entrpi's installer pins no revision of its EXL3_REPO (default brandonmusic/"
             "GLM-5.3-Flash-tr3-4bpw, the 'Brandon's K4' seed 004 measured). 5ab363a8 is the TR3 "
-            "4bpw snapshot other recipes pin and measure (MiaAI-Lab's README and provenance "
-            "table, peterstorm's labels, jspark3's contract) and the one the installer's fallback "
+            "4bpw snapshot other recipes pin and measure (docs/stacks.md lists the stored copies "
+            "that name it) and the one the installer's fallback "
             "Mia-AiLab/GLM-5.3-Flash-EXL3-TR3-4bpw@25a44fdbf16862a46b7cc9921142c6c81350af2f "
             "mirrors byte for byte (~164 GiB, 120 shards: install.sh's have_exl3 wants >= 120). "
             "Entrpi's own figures name no revision."
