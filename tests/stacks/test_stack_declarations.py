@@ -150,3 +150,23 @@ def test_a_measured_floor_is_given_where_the_gate_is_not_sparkrigs_own(stack: St
     if stack.memory.measure != "memfree":
         assert stack.memory.floor_gib is not None and stack.memory.floor_gib > 0
     assert stack.memory.source
+
+
+def readme_rows() -> dict[str, str]:
+    text = (REPO / "README.md").read_text().split("\n## Stacks\n", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"^\| `([a-z0-9-]+)` \|(.*)$", text, re.MULTILINE))
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=IDS)
+def test_the_readme_stacks_table_shows_the_declaration(stack: Stack) -> None:
+    """The README's row names the stack's image digest (or says there is none), its pins and
+    at least one of its figures with the figure's source."""
+    row = readme_rows()[stack.name]
+    if stack.image:
+        assert stack.image.split("@sha256:")[1][:8] in row
+    else:
+        assert "none published" in row
+    for pin in [stack.model] + ([stack.drafter] if stack.drafter else []):
+        assert f"{pin.repo}@{pin.revision[:8]}" in row, pin
+    assert any(f"{f.value:,g}" in row for f in stack.figures)
+    assert any(f.source.split(" (")[0].removeprefix("Entrpi ") in row for f in stack.figures)
