@@ -52,7 +52,10 @@ def chat_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def argv(stack: Stack, nnodes: int, rank: int, chat_template: Path) -> list[str]:
-    """`vllm serve` argv (without the entrypoint) as the vllm family builds one rank's."""
+    """`vllm serve` argv (without the entrypoint) of one rank: the stack's flags plus what the
+    vllm family adds (sparkrig/stacks/entrpi_exl3.py's docstring lists it). The family adapter,
+    sparkrig/stacks/families/vllm.py, is written on branch `stacks`; once merged, this builds
+    the argv with it instead."""
     head = list(stack.head_flags)
     if "--chat-template" in head:
         head[head.index("--chat-template") + 1] = str(chat_template)
@@ -61,10 +64,9 @@ def argv(stack: Stack, nnodes: int, rank: int, chat_template: Path) -> list[str]
            "--nnodes", str(nnodes), "--node-rank", str(rank),
            "--master-addr", "192.168.100.10", "--master-port", "29521",
            *stack.serve_flags]  # fmt: skip
-    for profile in stack.profiles[:1]:
-        spec = speculative_config(profile, DRAFTER_DIR)
-        if spec:
-            cmd += ["--speculative-config", spec]
+    spec = speculative_config(stack.profiles[0], DRAFTER_DIR)
+    if spec:
+        cmd += ["--speculative-config", spec]
     if rank == 0:
         cmd += [*head, "--default-chat-template-kwargs", '{"enable_thinking":false}',
                 "--host", "0.0.0.0", "--port", str(stack.api_port),
