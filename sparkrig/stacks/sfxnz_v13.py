@@ -147,8 +147,8 @@ STACK = Stack(
         "/jit-cache": "FlashInfer, vLLM (torch.compile, DeepGEMM), Triton, TileLang JIT caches",
         "/cache": "HF_HOME=/cache/huggingface (trust-remote-code modules)",
     },
-    # run.sh starts rank 1 first (sleep 25 s), then rank 0; its stop.sh was not read (lead):
-    # sparkrig's own order
+    # run.sh starts rank 1 first (sleep 25 s), then rank 0; stop.sh@a4b7e29f removes the head's
+    # container first, then the worker's over ssh
     stop_order="head-first",
     figures=(
         # seed 003: ruler v2, 8 short prose prompts, 512 forced tokens, greedy, thinking off,
