@@ -170,3 +170,16 @@ def test_the_readme_stacks_table_shows_the_declaration(stack: Stack) -> None:
         assert f"{pin.repo}@{pin.revision[:8]}" in row, pin
     assert any(f"{f.value:,g}" in row for f in stack.figures)
     assert any(f.source.split(" (")[0].removeprefix("Entrpi ") in row for f in stack.figures)
+
+
+def docs_section(name: str) -> str:
+    text = (REPO / "docs" / "stacks.md").read_text()
+    return text.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=IDS)
+def test_the_docs_section_gives_each_pins_lockfile_command(stack: Stack) -> None:
+    section = docs_section(stack.name)
+    for pin in [stack.model] + ([stack.drafter] if stack.drafter else []):
+        command = f"refresh --repo {pin.repo} \\\n  --revision {pin.revision} "
+        assert command in section, pin
