@@ -254,13 +254,10 @@ def up(n_hosts: int, smp: int) -> None:
     print(f"network: namespace {net.NS}, internet address {inet}", flush=True)
     net.create(n_hosts)
 
-    digest = image.build_standin(base, STATE_DIR / "registry")
-    state["image_digest"] = digest
-    state["image"] = f"{state['registry']}/{image.IMAGE_NAME}@{digest}"
-    failing = image.failing_digest(STATE_DIR / "registry")
-    state["image_failing"] = f"{state['registry']}/{image.IMAGE_NAME}@{failing}"
-    slow = image.slow_digest(STATE_DIR / "registry")  # 30% slower: the bench gate's lab test
-    state["image_slow"] = f"{state['registry']}/{image.IMAGE_NAME}@{slow}"
+    # the stock stand-in, its failing and slow variants (30% slower: the bench gate's lab test)
+    # and one image per engine flavour, each stack's among them
+    state["image_digest"] = image.build_standin(base, STATE_DIR / "registry")
+    state.update(image.standin_refs(state["registry"], STATE_DIR / "registry"))
     start_server(
         state,
         "registry",
@@ -389,6 +386,8 @@ def status() -> None:
     )
     print(f"hub      {state['hub_endpoint']}  (pid {state['pids'].get('fakehub', '-')})")
     print(f"image    {state['image']}")
+    for stack, ref in state.get("stack_images", {}).items():
+        print(f"stack    {stack:<12} {ref}")
     for up, desc in net.shaping().items():
         print(f"uplink {up}  {desc}")
     ok_all = True
