@@ -20,7 +20,10 @@ Where real vLLM 0.33 refuses, the stand-in refuses at the same stage with the sa
 argparse (an option the flavour lacks: exit 2, tests/serving), then, when the engine config is
 built (``create_engine_config``, on the head and on a headless worker alike), the environment
 (an unknown VLLM_* name: a warning, an error with --fail-on-environ-validation), the quantization
-method (``ModelConfig``), the attention backend, in that order: exit 1 with a traceback.
+method (``ModelConfig``), the attention backend, in that order: exit 1 with a traceback. No
+flavour refuses to start for a variable that is missing: no real engine here does (the refusals
+docs/stacks-facts.md lists, Entrpi's GID derivation and sfxnz's image-name check for GLM53_*, are
+in their host-side launchers, which sparkrig does not run).
 """
 
 from __future__ import annotations
