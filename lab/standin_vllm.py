@@ -749,23 +749,43 @@ def stage(opts: Options, msg: str) -> None:
     time.sleep(opts.delay)
 
 
+def validate_serve_args(opts: Options) -> None:
+    """vLLM 0.33's checks before anything loads (entrypoints/common/cli_args.py
+    validate_parsed_serve_args): a --chat-template that looks like a path must exist
+    (renderers/chat_utils/chat_template.py; the stand-in has no built-in templates to fall back
+    on). A rank whose template file was not mounted stops here."""
+    template = opts.get("--chat-template")
+    if template is not None and not any(c in template for c in "{}\n"):
+        if not os.path.exists(template):
+            builtin = f"<vllm>/transformers_utils/chat_templates/{template}"
+            exception_exit(
+                "vllm.exceptions.VLLMValidationError: The supplied chat template string "
+                f"({template}) appears path-like, but doesn't exist! Tried: {template} and "
+                f"{builtin} (parameter=chat_template)",
+                "vllm/entrypoints/common/cli_args.py, in validate_parsed_serve_args",
+            )
+
+
 def build_config(opts: Options, flavour: flavours.Flavour) -> None:
     """The stage where vLLM builds its engine config (create_engine_config, head and headless
     worker alike): unknown VLLM_* variables are warned about (refused with
     --fail-on-environ-validation), then a value the flavour's engine does not have stops it with
     vLLM's exception and exit 1."""
+    where = "vllm/engine/arg_utils.py, in create_engine_config"
     for name in flavours.unknown_env(flavour):
         if "--fail-on-environ-validation" in opts.switches:
-            config_refused(f"ValueError: Unknown vLLM environment variable detected: {name}")
+            exception_exit(f"ValueError: Unknown vLLM environment variable detected: {name}", where)
         log(f"Unknown vLLM environment variable detected: {name}", "WARNING")
     error = flavours.config_error(flavour, opts.get)
     if error is not None:
-        config_refused(error)
+        exception_exit(error, where)
 
 
-def config_refused(error: str) -> None:
+def exception_exit(error: str, where: str) -> None:
+    """End as `vllm serve` does when an exception escapes it: a traceback ending in the
+    exception's line on stderr, exit 1."""
     print("Traceback (most recent call last):", file=sys.stderr)
-    print('  File "vllm/engine/arg_utils.py", in create_engine_config (stand-in)', file=sys.stderr)
+    print(f"  File {where} (stand-in)", file=sys.stderr)
     print(error, file=sys.stderr, flush=True)
     raise SystemExit(1)
 
@@ -784,6 +804,7 @@ def run(argv: list[str]) -> int:
             f"vllm serve: error: unrecognized arguments: {' '.join(opts.unknown)}", file=sys.stderr
         )
         return 2
+    validate_serve_args(opts)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     log(f"vLLM API server version {VERSION} (stand-in flavour {flavour.name})")
     check_model(opts)

@@ -69,7 +69,7 @@ def run_standin(flavour: str, model: Path, argv: list[str], env: dict[str, str] 
     environ = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     environ.update({flavours.ENV: flavour, "STANDIN_DELAY": "0", **(env or {})})
     return subprocess.run(
-        [sys.executable, str(STANDIN), "serve", str(model), *argv],
+        [sys.executable, str(STANDIN), "serve", str(model), "--host", "127.0.0.1", *argv],
         capture_output=True, text=True, env=environ, timeout=60,
     )  # fmt: skip
 
@@ -177,6 +177,21 @@ def test_stock_process_fails_on_fork_env_when_told_to(model_dir: Path) -> None:
     assert r.stderr.splitlines()[-1] == (
         "ValueError: Unknown vLLM environment variable detected: VLLM_USE_B12X_FP8_GEMM"
     )
+
+
+def test_a_chat_template_that_looks_like_a_path_must_exist(model_dir: Path) -> None:
+    """sfxnz-v13's head takes --chat-template /chat_template.jinja: unmounted, vLLM stops before
+    it loads anything (validate_parsed_serve_args)."""
+    missing = model_dir / "chat_template.jinja"
+    r = run_standin("sfxnz-v13", model_dir, ["--chat-template", str(missing)])
+    assert r.returncode == 1 and "vLLM API server version" not in r.stdout
+    assert r.stderr.splitlines()[-1].startswith(
+        "vllm.exceptions.VLLMValidationError: The supplied chat template string "
+        f"({missing}) appears path-like, but doesn't exist! Tried: {missing} and "
+    )
+    missing.write_text("{{ messages }}")  # mounted: it goes on, to the config stage here
+    r = run_standin("sfxnz-v13", model_dir, ["--chat-template", str(missing), "-q", "exl3"])
+    assert r.returncode == 1 and "Unknown quantization method: exl3" in r.stderr
 
 
 def _free_port() -> int:
