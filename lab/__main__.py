@@ -89,15 +89,42 @@ def start_server(state: dict[str, Any], name: str, argv: list[str]) -> int:
     return _started(name, pid)
 
 
+# the knobs a stack pins (sparkrig/settings.py PIN_KEYS): the keys of each stack_pins entry
+PIN_KEYS = ("base_image", "model_repo", "model_revision", "drafter_repo", "drafter_revision")
+
+
+def stack_pins(
+    stack_images: dict[str, str], stack_repos: dict[str, dict[str, str]], knobs: dict[str, Any]
+) -> dict[str, dict[str, str]]:
+    """The inventory's ``stack_pins``: every stack's stand-in image and fake Hub repos. The
+    default stack (vllm-nvfp4) takes the model pins of <hub_root>/knobs.json, so editing that file
+    still changes the lab's default weights."""
+    pins = {
+        stack: {"base_image": image_ref, **stack_repos[stack]}
+        for stack, image_ref in stack_images.items()
+        if stack in stack_repos
+    }
+    if "vllm-nvfp4" in pins:
+        pins["vllm-nvfp4"].update({k: v for k, v in knobs.items() if k in PIN_KEYS})
+    return pins
+
+
+def repos_to_lock(state: dict[str, Any]) -> list[tuple[str, str]]:
+    """(repo, revision) of every model and drafter the lab's inventory can select."""
+    pinned = [state["knobs"], *state.get("stack_pins", {}).values()]
+    wanted = [(p[f"{kind}_repo"], p[f"{kind}_revision"]) for p in pinned
+              for kind in ("model", "drafter") if f"{kind}_repo" in p]  # fmt: skip
+    return sorted(set(wanted))
+
+
 def make_lockfiles(state: dict[str, Any]) -> str:
-    """Lock the stand-in's repos the way an operator locks the real ones: the real
-    huggingface_hub client against the Hub stand-in (from inside the lab namespace)."""
+    """Lock the stand-in's repos (every stack's) the way an operator locks the real ones: the
+    real huggingface_hub client against the Hub stand-in (from inside the lab namespace)."""
     locks = STATE_DIR / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     inet = state["internet_address"]
     _wait_port(inet, HUB_PORT, timeout=30)
-    for kind in ("model", "drafter"):
-        repo, revision = state["knobs"][f"{kind}_repo"], state["knobs"][f"{kind}_revision"]
+    for repo, revision in repos_to_lock(state):
         out = locks / (repo.split("/")[-1] + ".lock.json")
         subprocess.run(
             ["ip", "netns", "exec", net.NS, sys.executable, "-m", "sparkrig.lockfile", "refresh",
@@ -128,6 +155,13 @@ def start_fakehub(state: dict[str, Any]) -> int | None:
             kind = "drafter" if "drafter" in repo else "model"
             knobs[f"{kind}_repo"], knobs[f"{kind}_revision"] = repo, commit
         knobs_file.write_text(json.dumps(knobs, indent=2) + "\n")
+    stacks_file = root / "stacks.json"
+    if not stacks_file.exists():  # a model + drafter per stack (vllm-nvfp4: the pair above)
+        gen = subprocess.run(
+            [sys.executable, str(script), "--root", str(root), "--generate-stacks"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        stacks_file.write_text(gen.stdout.strip().splitlines()[-1] + "\n")
     inet = state["internet_address"]
     argv = [
         sys.executable, str(script), "--root", str(root),
@@ -254,13 +288,10 @@ def up(n_hosts: int, smp: int) -> None:
     print(f"network: namespace {net.NS}, internet address {inet}", flush=True)
     net.create(n_hosts)
 
-    digest = image.build_standin(base, STATE_DIR / "registry")
-    state["image_digest"] = digest
-    state["image"] = f"{state['registry']}/{image.IMAGE_NAME}@{digest}"
-    failing = image.failing_digest(STATE_DIR / "registry")
-    state["image_failing"] = f"{state['registry']}/{image.IMAGE_NAME}@{failing}"
-    slow = image.slow_digest(STATE_DIR / "registry")  # 30% slower: the bench gate's lab test
-    state["image_slow"] = f"{state['registry']}/{image.IMAGE_NAME}@{slow}"
+    # the stock stand-in, its failing and slow variants (30% slower: the bench gate's lab test)
+    # and one image per engine flavour, each stack's among them
+    state["image_digest"] = image.build_standin(base, STATE_DIR / "registry")
+    state.update(image.standin_refs(state["registry"], STATE_DIR / "registry"))
     start_server(
         state,
         "registry",
@@ -277,6 +308,10 @@ def up(n_hosts: int, smp: int) -> None:
     knobs_file = Path(state["hub_root"]) / "knobs.json"
     if knobs_file.exists():  # written by whoever generates the Hub stand-in's repos
         state["knobs"].update(json.loads(knobs_file.read_text()))
+        stacks_file = Path(state["hub_root"]) / "stacks.json"
+        if stacks_file.exists():
+            repos = json.loads(stacks_file.read_text())
+            state["stack_pins"] = stack_pins(state["stack_images"], repos, state["knobs"])
         state["knobs"]["lockfile_dir"] = make_lockfiles(state)
 
     forwards = [f"{h['ssh_port']}={h['mgmt_address']}:22" for h in state["hosts"]]
@@ -389,6 +424,8 @@ def status() -> None:
     )
     print(f"hub      {state['hub_endpoint']}  (pid {state['pids'].get('fakehub', '-')})")
     print(f"image    {state['image']}")
+    for stack, ref in state.get("stack_images", {}).items():
+        print(f"stack    {stack:<12} {ref}")
     for up, desc in net.shaping().items():
         print(f"uplink {up}  {desc}")
     ok_all = True

@@ -31,6 +31,7 @@ Repos live under ``--root`` as directories holding a ``.fakehub.json`` (``{"repo
 
     python3 lab/fakehub.py --listen 127.0.0.1:8900 --root /tmp/hub [--cdn-listen 127.0.0.1:8901]
     python3 lab/fakehub.py --root /tmp/hub --generate-only [--shard-mb 4,4,2,1]
+    python3 lab/fakehub.py --root /tmp/hub --generate-stacks   # a model + drafter per stack
 """
 
 from __future__ import annotations
@@ -54,6 +55,14 @@ META = ".fakehub.json"
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 MODEL_REPO = "sparkrig-test/tiny-model"
 DRAFTER_REPO = "sparkrig-test/tiny-drafter"
+# The lab's small stand-ins for each stack's target and drafter (lab/__main__.py puts them in the
+# inventory's stack_pins): vllm-nvfp4 keeps the standard pair; distinct last names, so each gets
+# its own lockfile in one lockfile_dir (sparkrig.lockfile.lock_name).
+STACK_REPOS = {
+    "vllm-nvfp4": (MODEL_REPO, DRAFTER_REPO),
+    "entrpi-exl3": ("sparkrig-test/tiny-exl3", "sparkrig-test/tiny-drafter-mxfp8"),
+    "sfxnz-v13": ("sparkrig-test/tiny-nvfp4-v13", "sparkrig-test/tiny-dflash2-v13"),
+}
 CHUNK = 64 * 1024
 COMMIT_DATE = "2025-01-01T00:00:00.000Z"
 
@@ -250,6 +259,23 @@ def generate_repos(root: str, shard_sizes: list[int] | None = None) -> dict[str,
         MODEL_REPO: generate_repo(root, MODEL_REPO, sizes),
         DRAFTER_REPO: generate_repo(root, DRAFTER_REPO, [3 << 19], extra_small=False, seed="d"),
     }
+
+
+def generate_stack_repos(root: str) -> dict[str, dict[str, str]]:
+    """The standard pair plus a smaller model (2+2+1 MiB) and drafter (1.5 MiB) per other stack,
+    each with its own bytes; returns {stack: {model_repo, model_revision, drafter_repo,
+    drafter_revision}}. Deterministic, like generate_repos."""
+    commits = generate_repos(root)
+    for stack, (model, drafter) in STACK_REPOS.items():
+        if model not in commits:
+            commits[model] = generate_repo(root, model, [2 << 20, 2 << 20, 1 << 20], seed=stack)
+        if drafter not in commits:
+            commits[drafter] = generate_repo(root, drafter, [3 << 19], False, seed=f"{stack}:d")
+    return {
+        stack: {"model_repo": model, "model_revision": commits[model],
+                "drafter_repo": drafter, "drafter_revision": commits[drafter]}
+        for stack, (model, drafter) in STACK_REPOS.items()
+    }  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -690,7 +716,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--generate", action="store_true", help="generate the test repos first")
     ap.add_argument("--generate-only", action="store_true", help="generate the repos and exit")
     ap.add_argument("--shard-mb", help="comma list of model shard sizes in MiB (generate)")
+    ap.add_argument(
+        "--generate-stacks",
+        action="store_true",
+        help="generate a model + drafter repo per stack, print their pins and exit",
+    )
     args = ap.parse_args(argv)
+    if args.generate_stacks:
+        print(json.dumps(generate_stack_repos(args.root), sort_keys=True), flush=True)
+        return 0
     if args.generate or args.generate_only:
         sizes = (
             [int(float(x) * (1 << 20)) for x in args.shard_mb.split(",")] if args.shard_mb else None

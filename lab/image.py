@@ -13,19 +13,35 @@ import subprocess
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 from lab import CACHE_DIR, LAB_DIR
 
 RECIPE = LAB_DIR / "build-image.sh"
 STANDIN_SRC = LAB_DIR / "standin_vllm.py"
-STANDIN_ENGINE = LAB_DIR / "standin_engine.py"  # the stand-in's timed engine, shipped beside it
-STANDIN_FLAGS = LAB_DIR / "vllm-flags.txt"  # pinned vLLM's serve flags; the stand-in refuses others
+# shipped beside it in /opt/standin: its timed engine, its flavours and their flag lists (the
+# pinned vLLM's serve flags and config values; each flavour file adds what its engine has more)
+STANDIN_FILES = [
+    LAB_DIR / "standin_engine.py",
+    LAB_DIR / "standin_flavour.py",
+    LAB_DIR / "vllm-flags.txt",
+    LAB_DIR / "vllm-values.txt",
+    *sorted((LAB_DIR / "flavours").glob("*.txt")),
+]
 IMAGE_NAME = "glm53-standin"
 IMAGE_TAG = "lab"
 FAILING_TAG = "lab-failing"  # the same stand-in whose math gate fails (an upgrade that rolls back)
 FAILING_ENV = "STANDIN_FAIL_GATES=math"
 SLOW_TAG = "lab-slow"  # the same stand-in, decode and prefill 30% slower (a bench gate refuses)
 SLOW_ENV = "STANDIN_SPEED=0.7"
+# The engine flavour each image answers as (lab/standin_flavour.py), baked into its config. The
+# images above are stock vLLM 0.33 (the vllm-nvfp4 stack's engine); one more image per flavour
+# (tag "flavour-<name>"), the same layer with only the flavour set.
+FLAVOUR_ENV = "SPARKRIG_STANDIN_ENGINE"
+STOCK_FLAVOUR = "vllm-0.33"
+FLAVOURS = ("vllm-0.33", "entrpi-fork", "sfxnz-v13", "never-ready")
+# the engine each stack runs (docs/stacks-facts.md): its stand-in image in the lab's stack_pins
+STACK_FLAVOURS = {"vllm-nvfp4": "vllm-0.33", "entrpi-exl3": "entrpi-fork", "sfxnz-v13": "sfxnz-v13"}
 # every variant prefills at a real pair's long-prompt rate: "Prefill is flat at 1,391-1,510 tok/s
 # all the way to 200K ... a 200K token prompt, the first character takes 139.2 seconds" (seed 000,
 # Classmethod's two-Spark GLM-5.3-Flash measurements). A 200K-token prompt then holds the head
@@ -175,20 +191,32 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
     tar.addfile(ti, io.BytesIO(data))
 
 
-def build_standin(base: Path, registry_root: Path) -> str:
-    """Write the stand-in image into registry_root; return its manifest digest ("sha256:...").
-
-    The layer is python3 (+ stdlib and libs) from the guest rootfs, /opt/standin/standin_vllm.py
-    and a /usr/local/bin/vllm wrapper. Deterministic: same inputs, same digest."""
-    rootfs = base / "rootfs"
+def standin_files() -> dict[str, bytes]:
+    """What /opt/standin holds: path in the image -> bytes."""
     src = STANDIN_SRC.read_bytes() if STANDIN_SRC.exists() else PLACEHOLDER.encode()
-    flags = STANDIN_FLAGS.read_bytes() + b"\0" + STANDIN_ENGINE.read_bytes()
-    key = hashlib.sha256(src + flags + base.name.encode() + Path(__file__).read_bytes()).hexdigest()
-    key = key[:16]
+    files = {"opt/standin/standin_vllm.py": src}
+    for path in STANDIN_FILES:
+        files[f"opt/standin/{path.relative_to(LAB_DIR).as_posix()}"] = path.read_bytes()
+    return files
+
+
+def build_standin(base: Path, registry_root: Path) -> str:
+    """Write the stand-in images into registry_root; return the stock image's manifest digest
+    ("sha256:..."); the others' by tag_digest().
+
+    The layer is python3 (+ stdlib and libs) from the guest rootfs, /opt/standin/ (the stand-in,
+    its engine, its flavours) and a /usr/local/bin/vllm wrapper. Deterministic: same inputs, same
+    digests."""
+    rootfs = base / "rootfs"
+    files = standin_files()
+    key_src = hashlib.sha256(base.name.encode() + Path(__file__).read_bytes())
+    for name, data in sorted(files.items()):
+        key_src.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    key = key_src.hexdigest()[:16]
     cache = base / f"standin-{key}"
     if not (cache / "digest").exists():
         print("stand-in image: building layer", flush=True)
-        _build_layer(rootfs, src, cache, flags)
+        _build_layer(rootfs, files, cache)
     if registry_root.exists():
         shutil.rmtree(registry_root)
     shutil.copytree(cache / "registry", registry_root)
@@ -197,21 +225,37 @@ def build_standin(base: Path, registry_root: Path) -> str:
     return digest
 
 
-def failing_digest(registry_root: Path) -> str:
-    """The failing variant's manifest digest, in the registry build_standin wrote."""
-    ref = registry_root / "manifests" / IMAGE_NAME / f"{FAILING_TAG}.digest"
+def tag_digest(registry_root: Path, tag: str) -> str:
+    """The manifest digest of one of the stand-in's tags (FAILING_TAG: its math gate fails;
+    SLOW_TAG: STANDIN_SPEED=0.7; flavour_tag(name)), in the registry build_standin wrote."""
+    ref = registry_root / "manifests" / IMAGE_NAME / f"{tag}.digest"
     return ref.read_text().strip()
 
 
-def slow_digest(registry_root: Path) -> str:
-    """The slow variant's manifest digest (STANDIN_SPEED=0.7), in the registry build_standin
-    wrote."""
-    ref = registry_root / "manifests" / IMAGE_NAME / f"{SLOW_TAG}.digest"
-    return ref.read_text().strip()
+def flavour_tag(flavour: str) -> str:
+    return f"flavour-{flavour}"
 
 
-def _build_layer(rootfs: Path, src: bytes, cache: Path, flags_and_engine: bytes) -> None:
-    flags, _, engine_src = flags_and_engine.partition(b"\0")
+def standin_refs(registry: str, registry_root: Path) -> dict[str, Any]:
+    """The lab state's image keys, each "<registry>/glm53-standin@sha256:...": ``image`` (stock
+    vLLM 0.33), ``image_failing``, ``image_slow``, ``standin_images`` {flavour: ref},
+    ``stack_images`` {stack: its engine flavour's ref} and ``image_never_ready``."""
+
+    def ref(tag: str) -> str:
+        return f"{registry}/{IMAGE_NAME}@{tag_digest(registry_root, tag)}"
+
+    flavours = {f: ref(flavour_tag(f)) for f in FLAVOURS}
+    return {
+        "image": ref(IMAGE_TAG),
+        "image_failing": ref(FAILING_TAG),
+        "image_slow": ref(SLOW_TAG),
+        "standin_images": flavours,
+        "stack_images": {stack: flavours[f] for stack, f in STACK_FLAVOURS.items()},
+        "image_never_ready": flavours["never-ready"],
+    }
+
+
+def _build_layer(rootfs: Path, files: dict[str, bytes], cache: Path) -> None:
     tmp = cache.with_name(cache.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     blobs = tmp / "registry" / "blobs"
@@ -220,13 +264,13 @@ def _build_layer(rootfs: Path, src: bytes, cache: Path, flags_and_engine: bytes)
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for p in _layer_paths(rootfs, _closure(rootfs, STANDIN_ROOTS)):
             tar.add(rootfs / p[1:], arcname=p[1:], recursive=False)
-        for d in ("opt", "opt/standin"):
+        dirs = {str(Path(name).parent) for name in files} | {"opt"}
+        for d in sorted(dirs):
             ti = tarfile.TarInfo(d)
             ti.type, ti.mode, ti.mtime = tarfile.DIRTYPE, 0o755, 0
             tar.addfile(ti)
-        _add_bytes(tar, "opt/standin/standin_vllm.py", src, 0o644)
-        _add_bytes(tar, "opt/standin/vllm-flags.txt", flags, 0o644)
-        _add_bytes(tar, "opt/standin/standin_engine.py", engine_src, 0o644)
+        for name, data in sorted(files.items()):
+            _add_bytes(tar, name, data, 0o644)
         wrapper = b'#!/bin/sh\nexec python3 /opt/standin/standin_vllm.py "$@"\n'
         _add_bytes(tar, "usr/local/bin/vllm", wrapper, 0o755)
     layer_tar = raw.getvalue()
@@ -241,15 +285,21 @@ def _build_layer(rootfs: Path, src: bytes, cache: Path, flags_and_engine: bytes)
     mdir.mkdir(parents=True)
     # the stand-in, its failing variant (same layer; STANDIN_FAIL_GATES=math in its config,
     # so its math gate fails: an upgrade to it must roll back, tests/lab test_an_upgrade_...) and
-    # its slow variant (STANDIN_SPEED=0.7: every gate passes, the bench figures are 30% lower)
-    for tag, env, out in (
-        (IMAGE_TAG, [], "digest"),
-        (FAILING_TAG, [FAILING_ENV], "digest-failing"),
-        (SLOW_TAG, [SLOW_ENV], "digest-slow"),
-    ):
-        env = [PREFILL_ENV, *env]
-        digest = _write_image(blobs, mdir, tag, diff_id, layer_digest, len(layer), env)
-        (tmp / out).write_text(digest + "\n")
+    # its slow variant (STANDIN_SPEED=0.7: every gate passes, the bench figures are 30% lower),
+    # all stock vLLM 0.33; then one image per engine flavour
+    stock = f"{FLAVOUR_ENV}={STOCK_FLAVOUR}"
+    images = [
+        (IMAGE_TAG, [stock]),
+        (FAILING_TAG, [stock, FAILING_ENV]),
+        (SLOW_TAG, [stock, SLOW_ENV]),
+    ]
+    images += [(flavour_tag(f), [f"{FLAVOUR_ENV}={f}"]) for f in FLAVOURS]
+    for tag, env in images:
+        digest = _write_image(
+            blobs, mdir, tag, diff_id, layer_digest, len(layer), [PREFILL_ENV, *env]
+        )
+        if tag == IMAGE_TAG:
+            (tmp / "digest").write_text(digest + "\n")
     mib = f"layer {len(layer_tar) >> 20} MiB, gzip {len(layer) >> 20} MiB"
     print(f"stand-in image: {mib}", flush=True)
     shutil.rmtree(cache, ignore_errors=True)

@@ -5,6 +5,13 @@ Reads .lab/state.json (written by `python3 -m lab up`). Same host data keys as a
 overrides as host data so they beat group_data/*.py (pyinfra lets group_data files override inline
 group data, but host data wins over both; `--data k=v` still wins over everything).
 Module-level lists are pyinfra groups: keep helpers private (leading underscore).
+
+Stacks: a lab built with a stand-in per stack (state "stack_pins", written by `lab up`) gives
+every stack its stand-in image and fake Hub repos as `stack_pins` and sets no top-level
+base_image/model_*/drafter_*, so `--data stack=entrpi-exl3` alone switches the pair (a top-level
+knob would override every stack's pin). A lab from before that keeps today's top-level pins.
+Lab-only override, e.g. for a stack whose engine never becomes ready (the rollback test):
+`--data stack=entrpi-exl3 --data base_image=<state "image_never_ready">`.
 """
 
 import json as _json
@@ -18,7 +25,6 @@ _state = _json.loads(_STATE_FILE.read_text())
 # knobs pointed at the lab's stand-ins and sized for 2 GiB TCG guests without GPUs
 _knobs = {
     "hub_endpoint": _state["hub_endpoint"],
-    "base_image": _state["image"],
     "container_gpu_args": [],
     "container_memory": "1g",
     "min_disk_free_gib": 1,
@@ -39,7 +45,13 @@ if "api_forward_port" not in _state:  # a lab from before the API forward: no be
     _knobs["bench_gate"] = False
 # model_repo / model_revision / drafter_* etc.: whatever generated the Hub stand-in's repos put in
 # <hub_root>/knobs.json, copied to state["knobs"] by `lab up`
-_knobs.update(_state.get("knobs", {}))
+if "stack_pins" in _state:  # {stack: {base_image, model_*, drafter_*}}, `lab up` from stacks on
+    _knobs["stack_pins"] = _state["stack_pins"]
+    _pinned = {key for pins in _state["stack_pins"].values() for key in pins}
+    _knobs.update({k: v for k, v in _state.get("knobs", {}).items() if k not in _pinned})
+else:
+    _knobs["base_image"] = _state["image"]
+    _knobs.update(_state.get("knobs", {}))
 
 
 def _host(h: dict) -> tuple:

@@ -1,14 +1,21 @@
 """Stand-in for `vllm serve` in the lab: stdlib only, OpenAI-compatible, multi-node aware.
 
-Command line: ``[vllm] serve MODEL_DIR [--flag value ...]`` as sparkrig.profiles builds it. An
-option the pinned vLLM's `vllm serve` does not have (lab/vllm-flags.txt, extracted from its parser)
-stops the start with argparse's error and exit 2, like the real engine: a renamed flag fails here.
+Command line: ``[vllm] serve MODEL_DIR [--flag value ...]`` as sparkrig.profiles builds it. The
+engine it answers as is the image's flavour (lab/standin_flavour.py: stock vLLM 0.33, Entrpi's
+fork, sfxnz's v13, or one that never becomes ready), baked in as $SPARKRIG_STANDIN_ENGINE. An
+option the flavour's `vllm serve` does not have (for 0.33: lab/vllm-flags.txt, extracted from its
+parser) stops the start with argparse's error and exit 2, like the real engine: a renamed flag
+fails here. A value the engine refuses only when it builds its config (`--quantization exl3` on
+stock 0.33) stops it there, after the model directory was read, with vLLM's exception and exit 1;
+a VLLM_* variable the flavour does not know is warned about then, as vLLM does.
 
 Behaviour, modelled on real vLLM multi-node (mp executor) so ordering, gates and stop-together can
 be proven on the lab VMs:
 
 - MODEL_DIR must hold config.json (the real engine reads the mounted weights): exit 1 otherwise. A
   dflash --speculative-config must name an existing drafter directory: exit 1 otherwise.
+- The never-ready flavour boots (rendezvous, weights, KV cache) and then hangs in CUDA graph
+  capture: its API never starts, so /health never answers 200, while its worker stays joined.
 - Rank 0 (head) listens on --master-addr:--master-port (torch.distributed's TCP store) and waits
   until every worker (--nnodes - 1) has joined, then "loads weights", "captures CUDA graphs", starts
   the API on --host:--port and logs "Application startup complete.".
@@ -66,32 +73,24 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # standin_engine, shipped beside it
 import standin_engine as engine  # noqa: E402
+import standin_flavour as flavours  # noqa: E402
 
 VERSION = "0.0.0+standin"
 
-# The real `vllm serve` options (lab/vllm-flags.txt, extracted from the pinned vLLM's own parser by
-# scripts/extract-vllm-flags.py; shipped next to this file in the stand-in image): option -> nargs.
-FLAGS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm-flags.txt")
+# The stock flavour's `vllm serve` options (lab/vllm-flags.txt, extracted from the pinned vLLM's own
+# parser by scripts/extract-vllm-flags.py; shipped next to this file in the stand-in image).
+FLAGS_FILE = os.path.join(flavours.HERE, "vllm-flags.txt")
 STANDIN_FLAGS = {
     "--standin-delay": "1", "--standin-rendezvous-timeout": "1", "--standin-exit-on-peer-loss": "0",
     **engine.FLAGS,
 }  # fmt: skip
 
 
-def load_flags(path: str = FLAGS_FILE) -> dict[str, str]:
-    """option -> nargs ("0", "1", "?", "+", "*") of the pinned vLLM, plus the stand-in's own."""
-    flags = dict(STANDIN_FLAGS)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip() and not line.startswith("#"):
-                    opt, nargs = line.split()
-                    flags[opt] = nargs
-    except OSError as exc:
-        raise SystemExit(
-            f"vllm serve (stand-in): cannot read the flag list {path}: {exc}"
-        ) from None
-    return flags
+def load_flags(flavour: flavours.Flavour | None = None) -> dict[str, str]:
+    """option -> nargs ("0", "1", "?", "+", "*") of the flavour's vLLM (the image's, by
+    default), plus the stand-in's own."""
+    flavour = flavours.load() if flavour is None else flavour
+    return {**STANDIN_FLAGS, **flavour.flags}
 
 
 def log(msg: str, level: str = "INFO") -> None:
@@ -710,7 +709,7 @@ class Handler(BaseHTTPRequestHandler):
 # --- main ---------------------------------------------------------------------------------------
 HELP = """usage: vllm serve MODEL_DIR [options]   (sparkrig lab stand-in for vLLM)
   --host H --port P --served-model-name NAME --nnodes N --node-rank R --headless
-  --master-addr A --master-port P   (any flag of the pinned vLLM; others are refused)
+  --master-addr A --master-port P   (any flag of the image's flavour of vLLM; others are refused)
   --standin-delay S --standin-rendezvous-timeout S --standin-exit-on-peer-loss
   --standin-decode-tok-s R --standin-prefill-tok-s R --standin-speed F --standin-tokens-per-chunk K
   --standin-fffd-per-10k N --standin-mode normal|wedged|long-prefill --standin-wedge-after N
@@ -750,6 +749,47 @@ def stage(opts: Options, msg: str) -> None:
     time.sleep(opts.delay)
 
 
+def validate_serve_args(opts: Options) -> None:
+    """vLLM 0.33's checks before anything loads (entrypoints/common/cli_args.py
+    validate_parsed_serve_args): a --chat-template that looks like a path must exist
+    (renderers/chat_utils/chat_template.py; the stand-in has no built-in templates to fall back
+    on). A rank whose template file was not mounted stops here."""
+    template = opts.get("--chat-template")
+    if template is not None and not any(c in template for c in "{}\n"):
+        if not os.path.exists(template):
+            builtin = f"<vllm>/transformers_utils/chat_templates/{template}"
+            exception_exit(
+                "vllm.exceptions.VLLMValidationError: The supplied chat template string "
+                f"({template}) appears path-like, but doesn't exist! Tried: {template} and "
+                f"{builtin} (parameter=chat_template)",
+                "vllm/entrypoints/common/cli_args.py, in validate_parsed_serve_args",
+            )
+
+
+def build_config(opts: Options, flavour: flavours.Flavour) -> None:
+    """The stage where vLLM builds its engine config (create_engine_config, head and headless
+    worker alike): unknown VLLM_* variables are warned about (refused with
+    --fail-on-environ-validation), then a value the flavour's engine does not have stops it with
+    vLLM's exception and exit 1."""
+    where = "vllm/engine/arg_utils.py, in create_engine_config"
+    for name in flavours.unknown_env(flavour):
+        if "--fail-on-environ-validation" in opts.switches:
+            exception_exit(f"ValueError: Unknown vLLM environment variable detected: {name}", where)
+        log(f"Unknown vLLM environment variable detected: {name}", "WARNING")
+    error = flavours.config_error(flavour, opts.get)
+    if error is not None:
+        exception_exit(error, where)
+
+
+def exception_exit(error: str, where: str) -> None:
+    """End as `vllm serve` does when an exception escapes it: a traceback ending in the
+    exception's line on stderr, exit 1."""
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print(f"  File {where} (stand-in)", file=sys.stderr)
+    print(error, file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
 def run(argv: list[str]) -> int:
     if not argv or argv[0] in ("--help", "-h") or argv[:2] == ["serve", "--help"]:
         print(HELP, end="")
@@ -757,15 +797,18 @@ def run(argv: list[str]) -> int:
     if argv[0] == "--version":
         print(VERSION)
         return 0
-    opts = parse_args(argv)
+    flavour = flavours.load()
+    opts = parse_args(argv, load_flags(flavour))
     if opts.unknown:  # argparse's own wording and exit status
         print(
             f"vllm serve: error: unrecognized arguments: {' '.join(opts.unknown)}", file=sys.stderr
         )
         return 2
+    validate_serve_args(opts)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    log(f"vLLM API server version {VERSION}")
+    log(f"vLLM API server version {VERSION} (stand-in flavour {flavour.name})")
     check_model(opts)
+    build_config(opts, flavour)
     tp = opts.num("--tensor-parallel-size", opts.nnodes)
     log(
         f"Initializing a V1 LLM engine ({VERSION}) with config: model={opts.model!r}, "
@@ -774,7 +817,7 @@ def run(argv: list[str]) -> int:
     timeout = float(opts.get("--standin-rendezvous-timeout") or 600)
     if opts.headless:
         return run_worker(opts, timeout)
-    return run_head(opts, timeout)
+    return run_head(opts, timeout, never_ready=flavour.never_ready)
 
 
 def run_worker(opts: Options, timeout: float) -> int:
@@ -807,7 +850,15 @@ def run_worker(opts: Options, timeout: float) -> int:
     return 1
 
 
-def run_head(opts: Options, timeout: float) -> int:
+def hang_in_graph_capture() -> int:
+    """Hang where a real boot can hang for good (CUDA graph capture): the API never starts, so
+    /health never answers; SIGTERM still stops the process (docker stop)."""
+    log("Capturing CUDA graphs (decode, FULL): 0%")
+    while True:
+        time.sleep(3600)
+
+
+def run_head(opts: Options, timeout: float, never_ready: bool = False) -> int:
     knobs = engine.knobs_from(
         opts.get,
         max_num_seqs=opts.num("--max-num-seqs", engine.DEFAULT_MAX_NUM_SEQS),
@@ -831,16 +882,18 @@ def run_head(opts: Options, timeout: float) -> int:
             fail(f"rendezvous timed out after {timeout:.0f} s: {len(peers.joined)} of "
                  f"{peers.expected} worker(s) joined")  # fmt: skip
         log(f"world_size={opts.nnodes} rank=0 backend=nccl: all ranks joined")
-    for msg in (
+    boot = [
         f"Starting to load model {opts.model}...",
         f"Loading weights took {opts.delay:.2f} seconds",
         "GPU KV cache size: 1,103,764 tokens",
-        "Capturing CUDA graphs (decode, FULL): 100%",
-        "Graph capturing finished in 0 secs",
-    ):
+    ]
+    for msg in boot:
         stage(opts, msg)
-        if msg.startswith("GPU KV cache size"):
-            benign_traceback()
+    benign_traceback()
+    if never_ready:
+        return hang_in_graph_capture()
+    for msg in ("Capturing CUDA graphs (decode, FULL): 100%", "Graph capturing finished in 0 secs"):
+        stage(opts, msg)
     host = opts.get("--host") or "0.0.0.0"
     port = opts.num("--port", 8000)
     api = Api((host, port), Handler)

@@ -152,3 +152,14 @@ def test_flag_file_equals_a_fresh_extraction(extractor: Any) -> None:
     assert extractor.FLAGS_FILE.read_text() == extractor.render(), (
         "lab/vllm-flags.txt is stale: run scripts/extract-vllm-flags.py"
     )
+
+
+def test_config_values_file_equals_a_fresh_extraction(extractor: Any) -> None:
+    """The stand-in's stock flavour refuses `--quantization exl3` at the config stage from this
+    file (lab/standin_flavour.py): it must be the pinned vLLM's own lists."""
+    text = extractor.VALUES_FILE.read_text()
+    assert text == extractor.render_values(), (
+        "lab/vllm-values.txt is stale: run scripts/extract-vllm-flags.py"
+    )
+    assert "quantization modelopt_fp4\n" in text and "quantization exl3\n" not in text
+    assert "attention-backend B12X\n" in text and "attention-backend B12X_MLA_SPARSE\n" not in text
