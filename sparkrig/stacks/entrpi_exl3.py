@@ -152,7 +152,7 @@ STACK = Stack(
             "single",
             speculative="dflash",
             num_speculative_tokens=7,
-            doc="DFlash2 MXFP8 drafter, 7 tokens: the launcher's own speculative config (its limits are serve_flags)",
+            doc="DFlash2 MXFP8 drafter, 7 tokens: the launcher's speculative config",
         )
     },
     api_port=8000,  # install.sh PORT default; the frozen launcher copy's 8888 is its own change

@@ -141,7 +141,7 @@ STACK = Stack(
             "single",
             speculative="dflash",
             num_speculative_tokens=7,
-            doc="DFlash2 drafter, 7 tokens: run.sh's own speculative config (its limits are serve_flags)",
+            doc="DFlash2 drafter, 7 tokens: run.sh's speculative config",
         )
     },
     api_port=8000,

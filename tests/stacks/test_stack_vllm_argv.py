@@ -20,9 +20,9 @@ from stack_helpers import DECLARED, REPO, fork_only
 from vllm_helpers import vllm_cpu
 
 from sparkrig.profiles import flag_value
-from sparkrig.stacks.families import vllm as vllm_family
 from sparkrig.scripts import load_script
 from sparkrig.stacks.base import Stack
+from sparkrig.stacks.families import vllm as vllm_family
 
 VLLM_STACKS = [s for s in DECLARED.values() if s.family == "vllm"]
 IDS = [s.name for s in VLLM_STACKS]
