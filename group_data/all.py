@@ -74,7 +74,7 @@ image_copy_port = 29701  # the head serves the saved base image to workers here 
 image_transfer_dir = "/var/lib/sparkrig/images"  # where the base image tar is saved and received
 
 # --- serving ----------------------------------------------------------------------------------
-profile = "shared"  # serve profile: single | shared | guard | long
+profile = None  # single | shared | guard | long; None: the stack's own (vllm-nvfp4: shared)
 served_model_name = "glm-5.3-flash"  # name /v1/models reports and clients ask for
 api_port = 8000  # OpenAI-compatible API on the head
 api_auth = True  # /v1 needs a Bearer key (api_key_file); False: an open API, for a trusted LAN

@@ -29,6 +29,9 @@ _knobs = {
     "container_memory": "1g",
     "min_disk_free_gib": 1,
     "memfree_min_gib": 0.2,
+    # the fake Hub's drafters are test data, not the CC BY-NC-ND DFlash2; accepting here lets a
+    # stack whose one profile loads a drafter (entrpi-exl3, sfxnz-v13) switch with --data stack=
+    "drafter_license_accepted": True,
     "nccl_smoke": False,  # the stand-in image has no torch/NCCL to smoke-test
     "image_skip_patches": ["sm121-topk"],  # ... and no vLLM for the SM121 top-k patch
     # the guests' RoCE device is Soft-RoCE, made by their lab-rxe unit (lab/build-image.sh)

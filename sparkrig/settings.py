@@ -215,6 +215,18 @@ class Knobs(BaseModel):
     bench_tolerance: float = _cluster(ge=0, lt=1)
     bench_timeout_s: int = _cluster(ge=10)
 
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stack_profile(cls, data: Any) -> Any:
+        """``profile = None`` serves the selected stack's own profile (vllm-nvfp4: shared; a
+        recipe that serves one configuration: that one), so `--data stack=<name>` alone switches."""
+        if isinstance(data, dict) and data.get("profile") is None and "stack" in data:
+            try:
+                data = {**data, "profile": get(data["stack"]).own_profile}
+            except (ValueError, TypeError):
+                pass  # an unknown stack: its own error names the choices
+        return data
     @field_validator("model_revision", "drafter_revision")
     @classmethod
     def _pinned_commit(cls, value: str | None) -> str | None:

@@ -108,6 +108,16 @@ class Stack:
     stop_order: Literal["head-first", "workers-first"] = "head-first"
     figures: tuple[Figure, ...] = ()
     sources: tuple[str, ...] = ()  # where the declaration's facts were read
+    default_profile: str = ""  # what `profile = None` serves; "": the first declared profile
+
+    def __post_init__(self) -> None:
+        if self.default_profile and self.default_profile not in self.profiles:
+            raise ValueError(f"stack {self.name!r}: default_profile not among its profiles")
+
+    @property
+    def own_profile(self) -> str:
+        """The profile the knob's None selects: the declared default, else the first one."""
+        return self.default_profile or next(iter(self.profiles))
 
     def profile(self, name: str) -> Profile:
         """The profile ``name``; ValueError naming the profiles this stack serves."""

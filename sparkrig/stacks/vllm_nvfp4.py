@@ -69,6 +69,7 @@ STACK = Stack(
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
     },
     profiles=PROFILES,
+    default_profile="shared",  # seed 000's several-users profile, sparkrig's default since v1
     serve_flags=(
         "--block-size",
         str(BLOCK_SIZE),

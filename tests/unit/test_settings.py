@@ -366,9 +366,19 @@ def test_a_stack_with_no_image_is_refused_before_any_host_naming_why(monkeypatch
 def test_a_profile_the_stack_does_not_serve_is_refused(monkeypatch):
     stack = other_stack(monkeypatch)
     only_single = {"single": stack.profiles["single"]}
-    other_stack(monkeypatch, profiles=only_single)
-    text = problems(cluster(2, stack="test-other"))  # profile shared
+    other_stack(monkeypatch, profiles=only_single, default_profile="")
+    text = problems(cluster(2, stack="test-other", profile="shared"))
     assert "profile: stack 'test-other' serves no profile 'shared'; choose one of single" in text
+
+
+def test_profile_none_serves_the_stacks_own_profile(monkeypatch):
+    """`--data stack=<name>` alone switches: the default profile None is the stack's own."""
+    s = build(cluster(2, profile=None))["spark-1"]
+    assert s.knobs.profile == "shared"  # vllm-nvfp4's declared default
+    stack = other_stack(monkeypatch)
+    other_stack(monkeypatch, profiles={"single": stack.profiles["single"]}, default_profile="")
+    s = build(cluster(2, stack="test-other", profile=None, drafter_license_accepted=True))
+    assert s["spark-1"].knobs.profile == "single"  # its one profile
 
 
 def test_a_stacks_memory_gate_reaches_the_start_gate_and_needs_a_floor(monkeypatch):

@@ -1,0 +1,127 @@
+"""The stack layer on the lab (issue 33): the converged pair switched to another stack and back,
+a stack whose engine never becomes ready rolled back, and the compare table of two stacks.
+
+Each stack runs its own stand-in image (lab/image.py: one per engine flavour, the flavour baked
+into the image) and its own small fake Hub repos (lab/inventory.py ``stack_pins``), so a switch
+changes the image, the weights, the argv and the env as it does on real Sparks. Ordered: each test
+builds on the state the previous one left.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lab.guest import API_KEY, SPARKHOST
+from tests.lab.conftest import ROOT, STATE, Lab, pyinfra
+
+pytestmark = pytest.mark.lab
+INV = "lab/inventory.py"
+SWITCH_TO = "entrpi-exl3"
+
+
+def lab_state() -> dict:
+    return json.loads(STATE.read_text())
+
+
+def running_image(guest) -> str:
+    """The image reference the rank's container was started from."""
+    return guest.sh(f"docker inspect --format '{{{{.Config.Image}}}}' {guest.container}").strip()
+
+
+def flavour(guest) -> str:
+    """The engine flavour the rank's stand-in answers as (baked into its image)."""
+    return guest.sh(f"docker exec {guest.container} printenv SPARKRIG_STANDIN_ENGINE").strip()
+
+
+def gates_pass(lab: Lab) -> list[dict]:
+    out = lab.head.sh(
+        f"{SPARKHOST} gate gates --url http://127.0.0.1:8000 --model glm-5.3-flash "
+        f"--api-key-file {API_KEY}"
+    )
+    gates = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert len(gates) == 4 and all(g["ok"] for g in gates), gates
+    return gates
+
+
+def model_dirs(guest) -> list[str]:
+    out = guest.sh("ls -d /var/lib/sparkrig/models/model-* 2>/dev/null; true")
+    return sorted(out.split())
+
+
+def assert_serves(lab: Lab, stack: str, expect_flavour: str) -> None:
+    state = lab_state()
+    for g in lab.guests:
+        assert running_image(g) == state["stack_images"][stack] or stack == "vllm-nvfp4", (
+            g.name,
+            running_image(g),
+        )
+        assert flavour(g) == expect_flavour, g.name
+    gates_pass(lab)
+
+
+def test_stacks_converged_on_the_default_stack(lab: Lab):
+    r = pyinfra("-y", INV, "deploy.py")
+    assert r.rc == 0, r.output[-6000:]
+    assert_serves(lab, "vllm-nvfp4", "vllm-0.33")
+
+
+def test_switch_to_entrpi_exl3_passes_the_gates_and_the_next_dry_run_plans_nothing(lab: Lab):
+    before = {g.name: model_dirs(g) for g in lab.guests}
+    r = pyinfra("-y", INV, "deploy.py", "--data", f"stack={SWITCH_TO}")
+    assert r.rc == 0, r.output[-6000:]
+    assert_serves(lab, SWITCH_TO, "entrpi-fork")
+    for g in lab.guests:  # the previous stack's weights stay beside the new one's
+        after = model_dirs(g)
+        assert set(before[g.name]) < set(after), (g.name, before[g.name], after)
+    dry = pyinfra("--dry", INV, "deploy.py", "--data", f"stack={SWITCH_TO}")
+    assert dry.rc == 0, dry.output[-4000:]
+    assert "Will change" not in dry.output and "Will create" not in dry.output, dry.output[-4000:]
+
+
+def test_switch_back_to_the_default_stack(lab: Lab):
+    r = pyinfra("-y", INV, "deploy.py")
+    assert r.rc == 0, r.output[-6000:]
+    assert_serves(lab, "vllm-nvfp4", "vllm-0.33")
+
+
+def test_a_stack_whose_engine_never_becomes_ready_is_rolled_back(lab: Lab):
+    never = lab_state()["image_never_ready"]
+    r = pyinfra("-y", INV, "deploy.py", "--data", f"stack={SWITCH_TO}", "--data", f"base_image={never}")
+    assert r.rc != 0
+    assert "previous release serves again" in r.output, r.output[-6000:]
+    assert_serves(lab, "vllm-nvfp4", "vllm-0.33")
+
+
+def test_compare_two_stacks_with_seed_004s_protocol(lab: Lab, tmp_path):
+    """One seed-004 run per stack (the pair switched between them), then one table and one
+    figure side by side, each stack against its own published figures."""
+    out_dir = ROOT / ".lab" / "compare"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for stack, data in (("vllm-nvfp4", []), (SWITCH_TO, ["--data", f"stack={SWITCH_TO}"])):
+        if data:
+            r = pyinfra("-y", INV, "deploy.py", *data)
+            assert r.rc == 0, r.output[-6000:]
+        result = out_dir / f"{stack}.json"
+        bench = subprocess.run(
+            [sys.executable, "-m", "sparkrig.bench", "--inventory", INV, "--protocol", "seed004",
+             "--stack", stack, "--json", str(result)],
+            cwd=ROOT, capture_output=True, text=True, timeout=1800,
+        )  # fmt: skip
+        assert bench.returncode == 0, bench.stdout[-3000:] + bench.stderr[-3000:]
+        results.append(str(result))
+    compare = subprocess.run(
+        [sys.executable, "-m", "sparkrig.bench", "compare", *results, "--out",
+         str(out_dir / "compare")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert compare.returncode == 0, compare.stdout + compare.stderr
+    print(compare.stdout)
+    assert "vllm-nvfp4" in compare.stdout and SWITCH_TO in compare.stdout
+    assert (out_dir / "compare.svg").exists() and (out_dir / "compare.png").exists()
+    r = pyinfra("-y", INV, "deploy.py")  # leave the default stack serving
+    assert r.rc == 0, r.output[-6000:]
