@@ -77,6 +77,7 @@ def env_context(s: Settings) -> dict[str, Any]:
         "mtu": k.fabric_mtu,
         "port": k.roce_port,
         "subnet": str(s.fabric_network),
+        "stack": s.stack.name,
         "stack_env": list(s.stack.env.items()),
         "extra": sorted(k.nccl_env.items()),
     }

@@ -215,7 +215,6 @@ class Knobs(BaseModel):
     bench_tolerance: float = _cluster(ge=0, lt=1)
     bench_timeout_s: int = _cluster(ge=10)
 
-
     @model_validator(mode="before")
     @classmethod
     def _stack_profile(cls, data: Any) -> Any:
@@ -227,6 +226,7 @@ class Knobs(BaseModel):
             except (ValueError, TypeError):
                 pass  # an unknown stack: its own error names the choices
         return data
+
     @field_validator("model_revision", "drafter_revision")
     @classmethod
     def _pinned_commit(cls, value: str | None) -> str | None:

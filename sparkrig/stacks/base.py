@@ -87,8 +87,10 @@ class Stack:
     patched: bool  # True: sparkrig builds its patch layer (files/Dockerfile + files/patches) on top
     model: Pin
     drafter: Pin | None  # None: this stack loads no drafter
-    # per-rank environment beyond sparkrig's fabric/NCCL env (same on every rank), in the rank env
-    # file after VLLM_HOST_IP, HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE (templates/rank.env.j2)
+    # per-rank environment beyond sparkrig's own (same on every rank): the rank env file's last
+    # lines, after the fabric/NCCL set and the runtime lines every stack gets
+    # (templates/rank.env.j2: VLLM_HOST_IP, HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE,
+    # VLLM_ENGINE_READY_TIMEOUT_S=3600, VLLM_NO_USAGE_STATS=1, PYTORCH_CUDA_ALLOC_CONF)
     env: Mapping[str, str]
     profiles: Mapping[str, Profile]  # the sparkrig profiles it serves, by name (knob `profile`)
     # env names the engine's stock release does not know, with their source in docs

@@ -129,10 +129,8 @@ STACK = Stack(
         ),
     ),
     env={
-        # launcher, every rank; rank.env already has HF_HUB_OFFLINE and TRANSFORMERS_OFFLINE
-        "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
-        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-        "VLLM_NO_USAGE_STATS": "1",  # sparkrig's own, on every vLLM stack: no usage report
+        # launcher, every rank; rank.env already has HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE,
+        # VLLM_ENGINE_READY_TIMEOUT_S=3600 and PYTORCH_CUDA_ALLOC_CONF with the same values
         "HF_HOME": "/cache/huggingface",
         "TORCH_CUDA_ARCH_LIST": "12.1a",
         "FLASHINFER_CUDA_ARCH_LIST": "12.1a",

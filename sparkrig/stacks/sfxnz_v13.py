@@ -110,10 +110,8 @@ STACK = Stack(
         license_note="CC BY-NC-ND 4.0: needs drafter_license_accepted",
     ),
     env={
-        # run.sh, every rank
-        "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
-        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-        "VLLM_NO_USAGE_STATS": "1",  # sparkrig's own, on every vLLM stack: no usage report
+        # run.sh, every rank; rank.env already has VLLM_ENGINE_READY_TIMEOUT_S=3600 and
+        # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, the same values
         "HF_HOME": "/cache/huggingface",
         "TORCH_CUDA_ARCH_LIST": "12.1a",
         "FLASHINFER_CUDA_ARCH_LIST": "12.1a",

@@ -62,12 +62,9 @@ STACK = Stack(
         why="the DFlash2 drafter of seed 000's profile S (~2.2 GB)",
         license_note="CC BY-NC-ND 4.0: needs drafter_license_accepted",
     ),
-    # the rank env file's runtime lines (templates/rank.env.j2), in this order
-    env={
-        "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
-        "VLLM_NO_USAGE_STATS": "1",
-        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-    },
+    # nothing beyond the runtime lines every rank's env file has (templates/rank.env.j2:
+    # VLLM_ENGINE_READY_TIMEOUT_S=3600, VLLM_NO_USAGE_STATS=1, expandable segments)
+    env={},
     profiles=PROFILES,
     default_profile="shared",  # seed 000's several-users profile, sparkrig's default since v1
     serve_flags=(

@@ -90,7 +90,9 @@ def test_switch_back_to_the_default_stack(lab: Lab):
 
 def test_a_stack_whose_engine_never_becomes_ready_is_rolled_back(lab: Lab):
     never = lab_state()["image_never_ready"]
-    r = pyinfra("-y", INV, "deploy.py", "--data", f"stack={SWITCH_TO}", "--data", f"base_image={never}")
+    r = pyinfra(
+        "-y", INV, "deploy.py", "--data", f"stack={SWITCH_TO}", "--data", f"base_image={never}"
+    )
     assert r.rc != 0
     assert "previous release serves again" in r.output, r.output[-6000:]
     assert_serves(lab, "vllm-nvfp4", "vllm-0.33")

@@ -88,11 +88,6 @@ def test_fork_only_pieces_equal_the_test_data(stack: Stack) -> None:
         assert flag_value(argv, flag) == value, item
 
 
-# What sparkrig sets on every vLLM stack of its own accord (the recipes do not): no usage report
-# to vLLM's collector (vllm/usage/usage_lib.py reads it; rank.env had it before the stack layer).
-SPARKRIG_OWN_ENV = {"VLLM_NO_USAGE_STATS"}
-
-
 def rank_env_names() -> set[str]:
     text = (REPO / "templates" / "rank.env.j2").read_text()
     return set(re.findall(r"^([A-Z][A-Z0-9_]*)=", text, re.MULTILINE))
@@ -109,7 +104,7 @@ def test_every_recipe_variable_is_carried_or_left_out_for_a_reason(stack: Stack)
             assert name in stack.env and name not in rank_env, name
         else:
             assert where.startswith("not carried: ") and name not in stack.env, name
-    extra = set(stack.env) - set(recipe) - SPARKRIG_OWN_ENV
+    extra = set(stack.env) - set(recipe)
     assert not extra, f"env the recipe does not set: {sorted(extra)}"
 
 

@@ -419,7 +419,8 @@ def test_a_stacks_caches_env_and_flags_reach_the_rank(monkeypatch):
     assert {f"{base}/jit-cache:/jit-cache", f"{base}/root_.triton:/root/.triton"} <= volumes
     assert not any(v.endswith(":/root/.cache") for v in volumes)
     env = render("rank.env.j2", **env_context(worker), hca="rocep1s0f1", gid_index="3")
-    assert "\nGLM53_TEST=1\n" in env and "VLLM_ENGINE_READY_TIMEOUT_S" not in env
+    # after sparkrig's own lines, which every stack gets
+    assert env.index("VLLM_ENGINE_READY_TIMEOUT_S=3600") < env.index("\nGLM53_TEST=1\n")
     assert "--linear-backend" in rank_serve_args(worker)
     assert "--chat-template" in rank_serve_args(head)
     assert "--chat-template" not in rank_serve_args(worker)  # head_flags: rank 0 alone
