@@ -168,10 +168,15 @@ def rank_serve_args(s: Settings) -> list[str]:
 
 
 def memory_floor_gib(s: Settings) -> float | None:
-    """The start gate's pinned memory floor: the knob memfree_min_gib, else the stack's
-    (``Stack.memory.floor_gib``); None: derived on the node from the utilization."""
-    k = s.knobs
-    return k.memfree_min_gib if k.memfree_min_gib is not None else s.stack.memory.floor_gib
+    """The start gate's pinned memory bound: the knob memfree_min_gib, else the stack's
+    (``Stack.memory.floor_gib``); None: derived on the node from the utilization. The knob is
+    a floor of free memory, so a stack whose gate is a ceiling on *used* memory (Entrpi's 6 GB
+    preflight) keeps its own ceiling: a free-memory floor read as a used-memory ceiling would
+    refuse every start (0.2 GiB free floor -> 0.2 GiB used ceiling)."""
+    k, gate = s.knobs, s.stack.memory
+    if gate.measure == "used":
+        return gate.floor_gib
+    return k.memfree_min_gib if k.memfree_min_gib is not None else gate.floor_gib
 
 
 def gpu_memory_utilization(s: Settings) -> str:

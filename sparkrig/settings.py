@@ -667,10 +667,15 @@ def _stack_problems(name: str, k: Knobs) -> list[str]:
             "(set base_image_known_bad_ok = True to use it anyway)"
         )
     gate = stack.memory
-    if gate.measure != "memfree" and gate.floor_gib is None and k.memfree_min_gib is None:
+    if gate.measure == "available" and gate.floor_gib is None and k.memfree_min_gib is None:
         problems.append(
             f"{name}: memfree_min_gib: stack {stack.name!r}'s start gate measures "
             f"{gate.measure!r} memory and declares no floor; set memfree_min_gib (GiB)"
+        )
+    elif gate.measure == "used" and gate.floor_gib is None:  # a ceiling no knob sets
+        problems.append(
+            f"{name}: stack: {stack.name!r}'s start gate caps used memory and declares no "
+            "ceiling (sparkrig/stacks/: MemoryGate('used', <GiB>))"
         )
     drafter = pinned_drafter(k)
     if stack.needs_drafter(k.profile):

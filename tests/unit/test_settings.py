@@ -391,8 +391,13 @@ def test_a_stacks_memory_gate_reaches_the_start_gate_and_needs_a_floor(monkeypat
     other_stack(monkeypatch, memory=MemoryGate("used", 6.0, "Entrpi's 6 GB preflight"))
     args = memory_gate_args(build(cluster(2, stack="test-other"))["spark-1"])
     assert "--memfree-min-gib 6 --memory-measure used" in args
+    # memfree_min_gib is a free-memory floor: it never becomes a used-memory ceiling (the lab's
+    # 0.2 GiB floor did, and refused every start of entrpi-exl3 with 0.3 GiB used)
+    args = memory_gate_args(build(cluster(2, stack="test-other", memfree_min_gib=0.2))["spark-1"])
+    assert "--memfree-min-gib 6 --memory-measure used" in args
+    other_stack(monkeypatch, memory=MemoryGate("available", 100.0))
     args = memory_gate_args(build(cluster(2, stack="test-other", memfree_min_gib=5))["spark-1"])
-    assert "--memfree-min-gib 5 --memory-measure used" in args  # the knob wins
+    assert "--memfree-min-gib 5 --memory-measure available" in args  # a floor: the knob wins
     other_stack(monkeypatch, memory=MemoryGate("available", None))
     assert "stack 'test-other''s start gate measures 'available' memory and declares no floor" in (
         problems(cluster(2, stack="test-other"))

@@ -53,6 +53,7 @@ def test_a_profile_that_declares_only_its_speculation_adds_no_numbers():
     stack = replace(
         NVFP4,
         profiles={"single": single},
+        default_profile="",
         serve_flags=("--max-model-len", "327680"),
     )
     argv = vllm.serve_args(stack, "single", rank=0, drafter_dir="/d", **RANK)
