@@ -13,10 +13,14 @@ import time
 from pathlib import Path
 
 import pytest
-from sparkhost import pair
+from sparkhost import pair, pairmac
+from sparkhost.helperhttp import GuardedServer
 from sparkhost.units import parse_unit_state
 
 from sparkrig.hostpkg import SOURCE
+
+SECRET = "0123456789abcdef" * 3  # 48 hex digits, as sparkrig makes them
+KEY = pairmac.derive(SECRET)
 
 
 def test_a_peer_that_was_up_and_misses_three_probes_stops_the_rank():
@@ -208,9 +212,10 @@ def fake_systemctl(tmp_path):
 
 
 def start_agent(tmp_path: Path, bin_dir: Path, **env: str) -> tuple[subprocess.Popen, int]:
-    """The worker agent on loopback (token s3cret, run dir tmp_path/run), once it listens."""
+    """The worker agent on loopback (the pair secret SECRET, run dir tmp_path/run), once it
+    listens."""
     token = tmp_path / "token"
-    token.write_text("s3cret\n")
+    token.write_text(SECRET + "\n")
     path = f"{bin_dir}:{os.environ['PATH']}"
     env = {**os.environ, "PATH": path, "SPARKRIG_RUN_DIR": str(tmp_path / "run"), **env}
     port = free_port()
@@ -231,20 +236,22 @@ def start_agent(tmp_path: Path, bin_dir: Path, **env: str) -> tuple[subprocess.P
             time.sleep(0.1)
 
 
-def test_agent_starts_the_unit_only_for_the_right_token(tmp_path, fake_systemctl):
+def test_agent_starts_the_unit_only_for_a_request_signed_with_the_pair_secret(
+    tmp_path, fake_systemctl
+):
     bin_dir, log = fake_systemctl
     run = tmp_path / "run"
     proc, port = start_agent(tmp_path, bin_dir)
     try:
-        assert pair.ask("127.0.0.1", port, "wrong", "start") is False
-        assert pair.ask("127.0.0.1", port, "s3cret", "reboot") is False
+        assert pair.ask("127.0.0.1", port, pairmac.derive("x" * 48), "start") is False
+        assert pair.ask("127.0.0.1", port, KEY, "reboot") is False
         assert not log.exists()
         assert pair.agent_ready("127.0.0.1", port) == (True, "ready")
-        assert pair.ask("127.0.0.1", port, "s3cret", "stop") is True
+        assert pair.ask("127.0.0.1", port, KEY, "stop") is True
         # the head's stop: marked as sparkrig's own, so the rank's ExecStop does not call it an
         # operator's
         assert "ordered restart requested by 127.0.0.1" in (run / "pair-down").read_text()
-        assert pair.ask("127.0.0.1", port, "s3cret", "start") is True
+        assert pair.ask("127.0.0.1", port, KEY, "start") is True
         assert log.read_text().splitlines() == [
             "stop sparkrig-worker.service",
             "--no-block start sparkrig-worker.service",
@@ -334,10 +341,9 @@ def test_unit_state_reads_keys_not_positions(show, expected):
 
 
 def serve(handler) -> tuple[object, int]:
-    import http.server
     import threading
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = GuardedServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, server.server_address[1]
 
@@ -355,9 +361,13 @@ def test_the_heads_start_gate_asks_a_missing_workers_agent_to_start_its_rank(tmp
         def log_message(self, *a):
             pass
 
+    verifier = pairmac.Verifier(KEY)
+
     class Agent(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
-            ok = self.path == "/start" and self.headers["X-Sparkrig-Token"] == "s3cret"
+            fields = {name: self.headers.get(name, "") for name in pairmac.FIELDS}
+            receiver = "{}:{}".format(*self.connection.getsockname()[:2])
+            ok = verifier.check(fields, "POST", "/start", receiver) == (0, "")
             if ok:
                 started.append(self.path)
             self.send_response(202 if ok else 403)
@@ -368,7 +378,7 @@ def test_the_heads_start_gate_asks_a_missing_workers_agent_to_start_its_rank(tmp
 
     (beacon, bport), (agent, aport) = serve(Beacon), serve(Agent)
     token = tmp_path / "token"
-    token.write_text("s3cret\n")
+    token.write_text(SECRET + "\n")
     try:
         argv = ["wait", "--peers", "127.0.0.1", "--port", str(bport), "--timeout", "3"]
         assert pair.main(argv) == 1  # without the agent it only waits
@@ -382,17 +392,19 @@ def test_the_heads_start_gate_asks_a_missing_workers_agent_to_start_its_rank(tmp
 
 
 class HeadWithSupervisor:
-    """The head on loopback: its supervisor (token s3cret; an ordered restart only recorded) and
-    its beacon, answering 200 while ``up()`` says so (default: once a restart was asked)."""
+    """The head on loopback: its supervisor (the pair secret SECRET; an ordered restart only
+    recorded; a budget of ``max_restarts`` an hour) and its beacon, answering 200 while ``up()``
+    says so (default: once a restart was asked)."""
 
-    def __init__(self, tmp_path: Path, monkeypatch, up=None) -> None:
+    def __init__(self, tmp_path: Path, monkeypatch, up=None, max_restarts: int = 3) -> None:
         import argparse
         import http.server
 
         self.restarts: list[object] = []
         self.token = tmp_path / "token"
-        self.token.write_text("s3cret\n")
+        self.token.write_text(SECRET + "\n")
         monkeypatch.setattr(pair, "RESTART_LOCK", str(tmp_path / "restart.lock"))
+        monkeypatch.setattr(pair, "RUN", str(tmp_path / "run"))  # the budget file
         monkeypatch.setattr(pair, "_restart_pair", lambda args: self.restarts.append(args) or 0)
         head = self
         self.up = up or (lambda: bool(head.restarts))
@@ -406,7 +418,8 @@ class HeadWithSupervisor:
                 pass
 
         pair.Supervisor.args = argparse.Namespace(timeout=5, head_unit="sparkrig-head.service")
-        pair.Supervisor.token = "s3cret"
+        pair.Supervisor.policy = pair.SupervisorPolicy(max_restarts, 3600, settle=5)
+        monkeypatch.setattr(pair.Supervisor, "verifier", pairmac.Verifier(KEY))
         (self.sup, self.sport), (self.beacon, self.bport) = (
             serve(pair.Supervisor),
             serve(HeadBeacon),
