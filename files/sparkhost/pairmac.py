@@ -32,7 +32,7 @@ NONCE_CAP = 4096  # far above the few requests a minute the pair makes
 TIME, NONCE, MAC = "X-Sparkrig-Time", "X-Sparkrig-Nonce", "X-Sparkrig-Mac"
 FIELDS = (TIME, NONCE, MAC)
 _FORMAT = {
-    TIME: re.compile(r"\d{1,12}"),
+    TIME: re.compile(r"[0-9]{1,12}"),
     NONCE: re.compile(r"[0-9a-f]{32}"),
     MAC: re.compile(r"[0-9a-f]{64}"),
 }
