@@ -4,8 +4,9 @@ stranger's idle, slow or unsigned connections.
 - A handler gives up on a connection that sends nothing for TIMEOUT_S (slowloris).
 - At most MAX_CONNECTIONS are open at once. A connection past the cap closes the oldest one not
   yet settled, so a thousand idle connections cost the peers' probes nothing: each probe pushes
-  out one of them. A settled connection (a signed request being carried out: an agent's /stop
-  waits for systemd) is never pushed out; when every slot holds one, a new connection is closed.
+  out one of them. A settled connection (being answered: a probe, or a signed request carried
+  out, as an agent's /stop waiting for systemd) is never pushed out; when every slot holds one,
+  a new connection is closed at once.
 - A POST is carried out only when signed with the pair secret (sparkhost.pairmac).
 
 The units' LimitNOFILE bounds the descriptors of the rest (connections still in the backlog
@@ -16,6 +17,7 @@ from __future__ import annotations
 import http.server
 import socket
 import threading
+import time
 from typing import Any
 
 from sparkhost import pairmac
@@ -45,25 +47,48 @@ class GuardedServer(http.server.ThreadingHTTPServer):
                     return
                 oldest = next(iter(self.unsettled))
                 del self.unsettled[oldest]
-                try:  # wakes its handler's blocked read, which ends it
-                    oldest.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                push_out(oldest)
             self.unsettled[request] = None
         super().process_request(request, client_address)
 
     def settle(self, request: Any) -> None:
-        """``request``'s connection is doing signed work: never push it out."""
+        """``request``'s connection is being answered (a probe, a signed request carried out):
+        never push it out."""
         with self.guard:
             if request in self.unsettled:  # else pushed out already: its answer fails anyway
                 del self.unsettled[request]
                 self.settled.add(request)
+
+    def drain(self, grace: float = 1.0, timeout: float = TIMEOUT_S) -> None:
+        """Before the program is replaced (a reload, once serve_forever has stopped): let the
+        connections end, push out those still unsettled after ``grace`` (idle ones: a peer's
+        probe sends its request at once), and wait up to ``timeout`` for those being answered.
+        An exec would cut them off mid-answer, a missed probe for the peer."""
+        start = time.monotonic()
+        pushed = False
+        while time.monotonic() - start < timeout:
+            with self.guard:
+                if not self.unsettled and not self.settled:
+                    return
+                if not pushed and time.monotonic() - start >= grace:
+                    pushed = True
+                    for conn in self.unsettled:
+                        push_out(conn)
+            time.sleep(0.01)
 
     def shutdown_request(self, request: Any) -> None:
         with self.guard:
             self.unsettled.pop(request, None)
             self.settled.discard(request)
         super().shutdown_request(request)
+
+
+def push_out(conn: socket.socket) -> None:
+    """End a connection: its handler's blocked read wakes with nothing, which ends it."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 class Handler(http.server.BaseHTTPRequestHandler):

@@ -96,6 +96,7 @@ class Beacon(Handler):
     running = False
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        self.server.settle(self.request)  # being answered: a reload waits for it
         up = Beacon.running
         body = f"{self.container} {'running' if up else 'not running'}\n".encode()
         try:
@@ -315,6 +316,7 @@ def watch(args: argparse.Namespace) -> int:
         if reload.wait(args.interval):
             reload.clear()
             server.shutdown()  # stops answering; the socket stays open, connections queue
+            server.drain()
             reexec(sock, [p for p, up in state.seen.items() if up])
             threading.Thread(target=server.serve_forever, daemon=True).start()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -264,6 +265,58 @@ def test_agent_starts_the_unit_only_for_a_request_signed_with_the_pair_secret(
         proc.wait(5)
 
 
+def post_status(req) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_a_captured_stop_replayed_to_the_agent_is_refused(tmp_path, fake_systemctl):
+    """What a stranger on the fabric could capture is a signed /stop: sent again, to this agent
+    (409) or with the secret itself as the old static header (401), it stops nothing."""
+    import urllib.request
+
+    bin_dir, log = fake_systemctl
+    proc, port = start_agent(tmp_path, bin_dir)
+    try:
+        captured = pair.signed_post("127.0.0.1", port, "/stop", KEY)
+        assert post_status(captured)[0] == 202
+        assert post_status(captured) == (409, "replayed: this request was already answered\n")
+        bearer = urllib.request.Request(
+            f"http://127.0.0.1:{port}/stop", method="POST", headers={"X-Sparkrig-Token": SECRET}
+        )
+        assert post_status(bearer)[0] == 401
+    finally:
+        proc.terminate()
+        proc.wait(5)
+    assert log.read_text().splitlines() == ["stop sparkrig-worker.service"]  # once
+
+
+@pytest.mark.parametrize("text", ["", "s3cret", SECRET[:31]])
+@pytest.mark.parametrize("mode", ["agent", "supervise"])
+def test_a_helper_refuses_to_start_on_an_empty_or_short_secret(tmp_path, mode, text):
+    token = tmp_path / "pair-token"
+    token.write_text(text + "\n")
+    argv = [sys.executable, str(SOURCE), "pair", mode, "--listen", f"127.0.0.1:{free_port()}",
+            "--token-file", str(token)]  # fmt: skip
+    if mode == "agent":
+        argv += ["--unit", "sparkrig-worker.service"]
+    else:
+        argv += ["--head-unit", "sparkrig-head.service", "--workers", "127.0.0.2", "--port", "1",
+                 "--agent-port", "1"]  # fmt: skip
+    env = {**os.environ, "SPARKRIG_RUN_DIR": str(tmp_path / "run")}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert f"the pair secret {token} is" in done.stdout
+    assert "re-run the deploy (pyinfra inventory.py deploy.py)" in done.stdout
+    assert not text or text not in done.stdout
+
+
 class Beacon:
     """A peer's beacon on loopback: 503 (container not running) until ``up`` is set."""
 
@@ -444,6 +497,24 @@ def test_a_worker_without_its_head_in_the_run_asks_the_heads_supervisor(tmp_path
         assert head.restarts == []
         assert pair.main([*argv, str(head.token)]) == 0
         assert len(head.restarts) == 1
+    finally:
+        head.close()
+
+
+def test_a_workers_request_past_the_supervisors_budget_is_refused_with_why(
+    tmp_path, monkeypatch, capsys
+):
+    head = HeadWithSupervisor(tmp_path, monkeypatch, max_restarts=1)
+    try:
+        argv = [*head.argv("request"), "--timeout", "5", "--token-file", str(head.token)]
+        assert pair.main(argv) == 0
+        assert pair.main(argv) == 1
+        assert len(head.restarts) == 1  # the second one was not run
+        out = capsys.readouterr().out
+        assert "the supervisor's budget of 1 restarts in 3600 s is spent" in out
+        assert re.search(r"the next is allowed in 3[56]\d\d s", out), out
+        status, why = post_status(pair.signed_post("127.0.0.1", head.sport, "/restart-pair", KEY))
+        assert status == 429 and "budget" in why
     finally:
         head.close()
 
