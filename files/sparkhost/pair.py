@@ -173,11 +173,14 @@ def write_budget(helper: str, restarts: list[float], max_restarts: int, window: 
         "window_s": window,
     }
     path = budget_file(helper)
+    tmp = (
+        f"{path}.{threading.get_ident()}.tmp"  # the supervisor writes from its rounds and requests
+    )
     try:
         os.makedirs(RUN, exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(json.dumps(data, sort_keys=True) + "\n")
-        os.replace(path + ".tmp", path)
+        os.replace(tmp, path)
     except OSError:
         pass
 
