@@ -31,15 +31,16 @@ ready again, at most `--max-restarts` per `--window` seconds; never after an ope
 also takes a signed POST /restart-pair, which `request` sends from a worker whose deploy
 ran without the head (`--limit worker`), under the same budget.
 
-Every POST is signed with the pair secret (sparkhost.pairmac: a MAC over method, path, receiver,
-time and nonce; no secret on the wire, no request answered twice); a helper refuses to start on an
-empty or short secret. The helpers' servers time out idle connections and cap them
-(sparkhost.helperhttp).
 `watchdog` (on the head) restarts the pair that way when the engine is wedged: requests in flight
 and nothing in vLLM's /metrics moved for `--stall` seconds, or, while idle, a short real completion
 (the canary) failed `--fails` times in a row (sparkhost.wedge); at most `--max-restarts` per
 `--window` seconds, never within `--grace` seconds of a start. A pair that is down is the
 supervisor's business, not the watchdog's.
+
+Every POST is signed with the pair secret (sparkhost.pairmac: a MAC over method, path, receiver,
+time and nonce; no secret on the wire, no request answered twice); a helper refuses to start on an
+empty or short secret. The helpers' servers time out idle connections and cap them
+(sparkhost.helperhttp).
 
 Stdlib only. Exit codes: 0 ok, 1 timed out / failed / usage.
 """
@@ -173,9 +174,8 @@ def write_budget(helper: str, restarts: list[float], max_restarts: int, window: 
         "window_s": window,
     }
     path = budget_file(helper)
-    tmp = (
-        f"{path}.{threading.get_ident()}.tmp"  # the supervisor writes from its rounds and requests
-    )
+    # the supervisor writes it from its rounds and from workers' requests: one name per thread
+    tmp = f"{path}.{threading.get_ident()}.tmp"
     try:
         os.makedirs(RUN, exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as f:
