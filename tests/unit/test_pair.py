@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -629,10 +630,13 @@ def test_a_worker_never_starts_while_the_heads_rank_runs(tmp_path, monkeypatch):
         head.close()
 
 
-def start_watch(tmp_path: Path, package: Path) -> tuple[subprocess.Popen, int, Path]:
+def start_watch(
+    tmp_path: Path, package: Path, nofile: int = 0
+) -> tuple[subprocess.Popen, int, Path]:
     """The stop-together watch run from ``package`` (a copy of the host package) on loopback,
     watching its own beacon, with a docker that says its container runs and a systemctl that
-    logs what it is asked; once its beacon answers."""
+    logs what it is asked (``nofile``: its descriptor limit, as a unit's LimitNOFILE); once its
+    beacon answers."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     # what `docker inspect --format {{.State.Running}} NAME` prints for a running container, the
@@ -650,6 +654,8 @@ def start_watch(tmp_path: Path, package: Path) -> tuple[subprocess.Popen, int, P
          "--container", "rank0", "--listen", f"127.0.0.1:{port}", "--peers", "127.0.0.1",
          "--port", str(port), "--interval", "0.2", "--fails", "1"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
+        if nofile else None,
     )  # fmt: skip
     deadline = time.monotonic() + 30
     while not pair.beacon_up("127.0.0.1", port, timeout=1):
@@ -714,3 +720,26 @@ def urlopen_text(url: str) -> str:
             return str(r.read().decode())
     except OSError:
         return ""
+
+
+def test_a_flood_of_idle_connections_to_the_beacon_never_stops_the_pair(tmp_path):
+    """Issue 35: about a thousand idle connections exhausted the beacon (one thread and one
+    descriptor each, systemd's default soft limit of 1024), its peers' probes failed and the pair
+    stopped itself. The watch here probes its own beacon and stops its rank at the first miss."""
+    proc, port, log = start_watch(tmp_path, SOURCE, nofile=1024)
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(1200):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+        answered: list[bool] = []
+        end = time.monotonic() + 3  # the watch probes its beacon 15 times meanwhile
+        while time.monotonic() < end or len(answered) < 10:
+            answered.append(pair.beacon_up("127.0.0.1", port))
+        assert proc.poll() is None
+    finally:
+        for s in idle:
+            s.close()
+        proc.terminate()
+        out = proc.communicate(timeout=10)[0]
+    assert all(answered), out
+    assert not log.exists(), out  # the watch never stopped its rank
