@@ -116,6 +116,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             fields = {name: self.headers.get(name, "") for name in pairmac.FIELDS}
             status, why = self.verifier.check(fields, self.command, self.path, receiver, body)
         if status:
+            if status == 409:  # a good MAC seen before: someone captured and resent it
+                print(f"sparkrig-pair: {self.command} {self.path} from {self.client_address[0]} "
+                      f"refused: {why}", flush=True)  # fmt: skip
             self.answer(status, why)
             return False
         self.server.settle(self.request)

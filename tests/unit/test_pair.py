@@ -224,7 +224,7 @@ def start_agent(tmp_path: Path, bin_dir: Path, **env: str) -> tuple[subprocess.P
     proc = subprocess.Popen(
         [sys.executable, str(SOURCE), "pair", "agent", "--listen", f"127.0.0.1:{port}",
          "--unit", "sparkrig-worker.service", "--token-file", str(token)],
-        env=env,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 30
     while True:
@@ -294,8 +294,9 @@ def test_a_captured_stop_replayed_to_the_agent_is_refused(tmp_path, fake_systemc
         assert post_status(bearer)[0] == 401
     finally:
         proc.terminate()
-        proc.wait(5)
+        out = proc.communicate(timeout=5)[0]
     assert log.read_text().splitlines() == ["stop sparkrig-worker.service"]  # once
+    assert "POST /stop from 127.0.0.1 refused: replayed" in out  # the journal says so
 
 
 @pytest.mark.parametrize("text", ["", "s3cret", SECRET[:31]])
