@@ -111,12 +111,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         receiver = "{}:{}".format(*self.connection.getsockname()[:2])
         if self.verifier is None:
-            status, why = 401, "unsigned"
+            status, why = 401, pairmac.UNSIGNED
         else:
             fields = {name: self.headers.get(name, "") for name in pairmac.FIELDS}
             status, why = self.verifier.check(fields, self.command, self.path, receiver, body)
         if status:
-            if status == 409:  # a good MAC seen before: someone captured and resent it
+            if why != pairmac.UNSIGNED:  # a good MAC: resent, stale, or a flood of them
                 print(f"sparkrig-pair: {self.command} {self.path} from {self.client_address[0]} "
                       f"refused: {why}", flush=True)  # fmt: skip
             self.answer(status, why)

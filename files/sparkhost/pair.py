@@ -413,8 +413,15 @@ def ask(worker: str, port: int, key: bytes, action: str, timeout: float = 180) -
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return bool(r.status == 202)
     except OSError as err:
-        log(f"agent on {worker} did not {action} its rank: {err}")
+        log(f"agent on {worker} did not {action} its rank: {refusal(err)}")
         return False
+
+
+def refusal(err: OSError) -> str:
+    """Why a helper's request failed: the helper's answer when it gave one, else the error."""
+    if isinstance(err, urllib.error.HTTPError):
+        return err.read().decode(errors="replace").strip() or f"HTTP {err.code}"
+    return str(err)
 
 
 def wait_all(peers: list[str], port: int, up: bool, timeout: float) -> bool:
@@ -673,7 +680,7 @@ def agent_ready(worker: str, port: int) -> tuple[bool, str]:
         with urllib.request.urlopen(f"http://{worker}:{port}/ready", timeout=5) as r:
             return bool(r.status == 200), "ready"
     except urllib.error.HTTPError as err:
-        return False, err.read().decode(errors="replace").strip() or f"HTTP {err.code}"
+        return False, refusal(err)
     except OSError:
         return False, f"agent {worker}:{port} not answering"
 
@@ -820,12 +827,8 @@ def request(args: argparse.Namespace) -> int:
     try:
         with urllib.request.urlopen(req, timeout=args.timeout) as r:
             ok = r.status == 202
-    except urllib.error.HTTPError as err:
-        why = err.read().decode(errors="replace").strip() or f"HTTP {err.code}"
-        log(f"the head's supervisor did not restart the pair: {why}")
-        ok = False
     except OSError as err:
-        log(f"the head's supervisor did not restart the pair: {err}")
+        log(f"the head's supervisor did not restart the pair: {refusal(err)}")
         ok = False
     if not ok:
         log(

@@ -85,8 +85,11 @@ def sign(
     return {TIME: when, NONCE: nonce, MAC: mac(key, method, path, receiver, when, nonce, body)}
 
 
+UNSIGNED = "unsigned"  # all a sender without the secret learns
+
+
 class Verifier:
-    """A receiver's check of signed requests: format, window, MAC, then the nonce, so no state
+    """A receiver's check of signed requests: format, MAC, window, then the nonce, so no state
     changes before the MAC is good. Thread-safe (the helpers answer each request in a thread)."""
 
     def __init__(self, key: bytes, window: float = WINDOW_S, cap: int = NONCE_CAP) -> None:
@@ -103,17 +106,22 @@ class Verifier:
         body: bytes = b"",
         now: float | None = None,
     ) -> tuple[int, str]:
-        """(0, "") for a good request, else (HTTP status, why): 401 unsigned, out of the window
-        or a wrong MAC (one answer for all three), 409 a replay, 503 the nonce cache full."""
+        """(0, "") for a good request, else (HTTP status, why): 401 UNSIGNED (malformed or a
+        wrong MAC), 401 stale (a good MAC out of the window: why says by how much, for the ranks'
+        clocks), 409 a replay, 503 the nonce cache full."""
         now = time.time() if now is None else now
         given = {name: headers.get(name) or "" for name in _FORMAT}
         if not all(rx.fullmatch(given[name]) for name, rx in _FORMAT.items()):
-            return 401, "unsigned"
-        if abs(now - int(given[TIME])) > self.window:
-            return 401, "unsigned"
+            return 401, UNSIGNED
         want = mac(self.key, method, path, receiver, given[TIME], given[NONCE], body)
         if not hmac.compare_digest(want.encode(), given[MAC].encode()):
-            return 401, "unsigned"
+            return 401, UNSIGNED
+        skew = int(given[TIME]) - now
+        if abs(skew) > self.window:
+            return 401, (
+                f"stale: signed {skew:+.0f} s from this rank's clock (window {self.window:.0f} s):"
+                " a captured request, or the ranks' clocks disagree (timedatectl on both)"
+            )
         with self.lock:
             self.seen = {n: t for n, t in self.seen.items() if t > now}
             if given[NONCE] in self.seen:

@@ -292,11 +292,16 @@ def test_a_captured_stop_replayed_to_the_agent_is_refused(tmp_path, fake_systemc
             f"http://127.0.0.1:{port}/stop", method="POST", headers={"X-Sparkrig-Token": SECRET}
         )
         assert post_status(bearer)[0] == 401
+        old = pairmac.sign(KEY, "POST", "/stop", f"127.0.0.1:{port}", now=time.time() - 3600)
+        stale = urllib.request.Request(f"http://127.0.0.1:{port}/stop", method="POST", headers=old)
+        status, why = post_status(stale)
+        assert status == 401 and re.match(r"stale: signed -360[01] s from this rank's clock", why)
     finally:
         proc.terminate()
         out = proc.communicate(timeout=5)[0]
     assert log.read_text().splitlines() == ["stop sparkrig-worker.service"]  # once
     assert "POST /stop from 127.0.0.1 refused: replayed" in out  # the journal says so
+    assert re.search(r"POST /stop from 127\.0\.0\.1 refused: stale: signed -360[01] s", out)
 
 
 @pytest.mark.parametrize("text", ["", "s3cret", SECRET[:31]])

@@ -45,8 +45,13 @@ def test_a_replay_after_its_nonce_left_the_cache_is_refused_by_the_window():
 @pytest.mark.parametrize("skew", [-31, 31, -3600, 10**9])
 def test_a_time_outside_the_window_is_refused(skew):
     v = pairmac.Verifier(KEY, window=30)
-    assert check(v, signed(now=NOW + skew)) == 401
+    status, why = v.check(signed(now=NOW + skew), "POST", "/stop", AGENT, now=NOW)
+    assert status == 401
+    # signed with the secret: the sender may learn by how much (the ranks' clocks), no one else
+    assert why.startswith(f"stale: signed {skew:+d} s from this rank's clock (window 30 s)")
     assert v.seen == {}  # nothing remembered of a refused request
+    wrong = pairmac.sign(pairmac.derive("f" * 48), "POST", "/stop", AGENT, now=NOW + skew)
+    assert v.check(wrong, "POST", "/stop", AGENT, now=NOW) == (401, "unsigned")
 
 
 @pytest.mark.parametrize("skew", [-30, 0, 30])
