@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import urllib.request
 
 import pytest
 from sparkhost import pair, pairmac
@@ -86,7 +87,9 @@ def test_a_signed_request_being_carried_out_is_never_pushed_out_by_a_flood():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     result: list[int] = []
     req = pair.signed_post("127.0.0.1", port, "/stop", KEY)
-    caller = threading.Thread(target=lambda: result.append(pair.urllib.request.urlopen(req).status))
+    caller = threading.Thread(
+        target=lambda: result.append(urllib.request.urlopen(req, timeout=60).status), daemon=True
+    )
     caller.start()
     idle: list[socket.socket] = []
     try:
