@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
+from sparkhost.pairmac import MIN_SECRET
 from sparkhost.tokenfile import read_secret
 
 from sparkrig.factlines import END
@@ -77,13 +78,14 @@ class Kind:
     scope: str = "every rank"  # who must be in the run to rotate it
     none_held: str = "no rank holds one"
     stale_control: str = "ignored (delete it, or {how})"  # a differing control-side copy
+    min_length: int = 0  # a shorter one held or seeded is refused (the pair secret signs)
 
 
 ROTATE_HOW = (
     "set pair_token_rotate = True for one run (e.g. --data pair_token_rotate=True) with every "
     "rank in it: one new secret on every rank, their agents, supervisor and watchdog restarted"
 )
-PAIR = Kind("pair secret", "pair_token_rotate", ROTATE_HOW)
+PAIR = Kind("pair secret", "pair_token_rotate", ROTATE_HOW, min_length=MIN_SECRET)
 API_ROTATE_HOW = (
     "set api_key_rotate = True for one run (e.g. --data api_key_rotate=True) with the head in "
     "it: a new key on the head, its serving restarted in order, the key written to api_key_file "
@@ -149,6 +151,14 @@ def decide(
         )
     if distinct:
         holders = ", ".join(sorted(found))
+        if len(distinct[0]) < kind.min_length:
+            return Secret(
+                "",
+                "",
+                problem=f"the {kind.name} {kind.holders} holds ({holders}) is "
+                f"{len(distinct[0])} characters, shorter than the {kind.min_length} its helpers "
+                f"need to start (a truncated file?); {how}",
+            )
         warning = ""
         if control and control != distinct[0]:
             stale = kind.stale_control.format(how=how)
@@ -158,6 +168,14 @@ def decide(
             )
         return Secret(distinct[0], f"the one {kind.holders} holds ({holders})", warning=warning)
     if control:
+        if len(control) < kind.min_length:
+            return Secret(
+                "",
+                "",
+                problem=f"{control_file} holds a {kind.name} of {len(control)} characters, "
+                f"shorter than the {kind.min_length} its helpers need to start: delete it (a "
+                f"new one is made) or write one of {kind.min_length} or more",
+            )
         return Secret(control, f"{kind.none_held}: {control_file} installed")
     if missing_ranks:
         return Secret(

@@ -15,7 +15,7 @@ started alone cannot join a running engine; it asks the head's supervisor for an
 `wait` can also ask each missing worker's agent to start its rank (the head's start gate does:
 starting the head starts the pair, e.g. after the head rebooted alone).
 
-`agent` runs on each worker: on an authenticated POST /start or /stop from the head it starts or
+`agent` runs on each worker: on a signed POST /start or /stop from the head it starts or
 stops the worker's rank unit (the head cannot reach a worker's systemd otherwise); GET /ready says
 whether the worker may be started (200) or an operator stopped it (409). `restart` (on the head)
 restarts the pair in order: head down, workers down, workers up (through their agents), head up;
@@ -28,13 +28,19 @@ forgets it, as systemd forgets a stop); the next start of the rank clears it.
 `supervise` (on the head, always on) restarts the pair in order when it went down by itself (a
 rank died, a node rebooted, the head's start gate timed out) and every worker's agent answers
 ready again, at most `--max-restarts` per `--window` seconds; never after an operator's stop. It
-also takes an authenticated POST /restart-pair, which `request` sends from a worker whose deploy
-ran without the head (`--limit worker`).
+also takes a signed POST /restart-pair, which `request` sends from a worker whose deploy
+ran without the head (`--limit worker`), under the same budget.
+
 `watchdog` (on the head) restarts the pair that way when the engine is wedged: requests in flight
 and nothing in vLLM's /metrics moved for `--stall` seconds, or, while idle, a short real completion
 (the canary) failed `--fails` times in a row (sparkhost.wedge); at most `--max-restarts` per
 `--window` seconds, never within `--grace` seconds of a start. A pair that is down is the
 supervisor's business, not the watchdog's.
+
+Every POST is signed with the pair secret (sparkhost.pairmac: a MAC over method, path, receiver,
+time and nonce; no secret on the wire, no request answered twice); a helper refuses to start on an
+empty or short secret. The helpers' servers time out idle connections and cap them
+(sparkhost.helperhttp).
 
 Stdlib only. Exit codes: 0 ok, 1 timed out / failed / usage.
 """
@@ -43,8 +49,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import hmac
-import http.server
 import json
 import os
 import signal
@@ -56,8 +60,9 @@ import time
 import urllib.error
 import urllib.request
 
-from sparkhost import tokenfile, wedge
+from sparkhost import pairmac, wedge
 from sparkhost.common import read_text as read_flag
+from sparkhost.helperhttp import GuardedServer, Handler
 from sparkhost.units import unit_state
 
 
@@ -84,7 +89,7 @@ def container_running(name: str) -> bool:
     return out.stdout.strip() == "true"
 
 
-class Beacon(http.server.BaseHTTPRequestHandler):
+class Beacon(Handler):
     """Answers from a cache a background thread keeps fresh: a slow `docker inspect` must never
     make a peer's probe time out and take the pair down."""
 
@@ -92,6 +97,7 @@ class Beacon(http.server.BaseHTTPRequestHandler):
     running = False
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        self.server.settle(self.request)  # being answered: a reload waits for it
         up = Beacon.running
         body = f"{self.container} {'running' if up else 'not running'}\n".encode()
         try:
@@ -101,9 +107,6 @@ class Beacon(http.server.BaseHTTPRequestHandler):
             self.wfile.write(body)
         except OSError:
             pass  # the prober gave up; nothing to tell it
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
 
 
 def refresh_container_state(name: str, interval: float = 1.0) -> None:
@@ -171,11 +174,13 @@ def write_budget(helper: str, restarts: list[float], max_restarts: int, window: 
         "window_s": window,
     }
     path = budget_file(helper)
+    # the supervisor writes it from its rounds and from workers' requests: one name per thread
+    tmp = f"{path}.{threading.get_ident()}.tmp"
     try:
         os.makedirs(RUN, exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(json.dumps(data, sort_keys=True) + "\n")
-        os.replace(path + ".tmp", path)
+        os.replace(tmp, path)
     except OSError:
         pass
 
@@ -256,8 +261,8 @@ def beacon_socket(listen: str) -> socket.socket:
     return sock
 
 
-def beacon_server(sock: socket.socket) -> http.server.ThreadingHTTPServer:
-    server = http.server.ThreadingHTTPServer(sock.getsockname(), Beacon, bind_and_activate=False)
+def beacon_server(sock: socket.socket) -> GuardedServer:
+    server = GuardedServer(sock.getsockname(), Beacon, bind_and_activate=False)
     server.socket.close()
     server.socket = sock
     return server
@@ -314,6 +319,7 @@ def watch(args: argparse.Namespace) -> int:
         if reload.wait(args.interval):
             reload.clear()
             server.shutdown()  # stops answering; the socket stays open, connections queue
+            server.drain()
             reexec(sock, [p for p, up in state.seen.items() if up])
             threading.Thread(target=server.serve_forever, daemon=True).start()
 
@@ -322,7 +328,7 @@ def wait(args: argparse.Namespace) -> int:
     peers = [p for p in args.peers.split(",") if p]
     deadline = time.monotonic() + args.timeout
     started = time.monotonic()
-    token = read_token(args.token_file) if args.token_file else ""
+    key = read_key(args.token_file) if args.token_file else b""
     asked: dict[str, float] = {}
     while True:
         down = [p for p in peers if not beacon_up(p, args.port)]
@@ -335,21 +341,22 @@ def wait(args: argparse.Namespace) -> int:
                 "supervisor restarts the pair in order once every worker's agent answers"
             )
             return 1
-        for peer in down if token else []:  # starting the head starts the pair
+        for peer in down if key else []:  # starting the head starts the pair
             if time.monotonic() - asked.get(peer, -1e9) >= 30:
                 asked[peer] = time.monotonic()
-                if ask(peer, args.agent_port, token, "start", timeout=10):
+                if ask(peer, args.agent_port, key, "start", timeout=10):
                     log(f"asked {peer}'s agent to start its rank")
         time.sleep(args.interval)
 
 
-def read_token(path: str) -> str:
-    return tokenfile.read_secret(path) or ""
+def read_key(path: str) -> bytes:
+    """The signing key of the pair secret in ``path``; pairmac.SecretError (said by main) when
+    it is missing, empty or short."""
+    return pairmac.load_secret(path)
 
 
-class Agent(http.server.BaseHTTPRequestHandler):
+class Agent(Handler):
     unit = ""
-    token = ""
 
     def do_GET(self) -> None:  # noqa: N802
         """/ready: 200 when the head may start this rank, 409 when an operator stopped it, 503
@@ -367,42 +374,54 @@ class Agent(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_POST(self) -> None:  # noqa: N802
-        given = self.headers.get("X-Sparkrig-Token", "")
+        if not self.signed():
+            return
         action = {"/start": ["--no-block", "start"], "/stop": ["stop"]}.get(self.path)
-        if action is None or not hmac.compare_digest(given, self.token):
-            self.send_response(403)
-            self.end_headers()
+        if action is None:
+            self.answer(404)
             return
         log(f"{self.path[1:]} of {self.unit} requested by {self.client_address[0]}")
         if self.path == "/stop":
             mark_pair_down(f"ordered restart requested by {self.client_address[0]}")
         done = subprocess.run(["systemctl", *action, self.unit], check=False).returncode == 0
-        self.send_response(202 if done else 500)
-        self.end_headers()
+        self.answer(202 if done else 500)
 
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+
+def listen_address(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host, int(port)
 
 
 def agent(args: argparse.Namespace) -> int:
-    host, _, port = args.listen.rpartition(":")
-    Agent.unit, Agent.token = args.unit, read_token(args.token_file)
+    Agent.unit = args.unit
+    Agent.verifier = pairmac.Verifier(read_key(args.token_file), args.mac_window)
     log(f"agent for {args.unit} on {args.listen}")
-    http.server.ThreadingHTTPServer((host, int(port)), Agent).serve_forever()
+    GuardedServer(listen_address(args.listen), Agent).serve_forever()
     return 0
 
 
-def ask(worker: str, port: int, token: str, action: str, timeout: float = 180) -> bool:
+def signed_post(host: str, port: int, path: str, key: bytes) -> urllib.request.Request:
+    """A POST to a helper at ``host:port``, signed with the pair secret's ``key`` now."""
+    headers = pairmac.sign(key, "POST", path, f"{host}:{port}")
+    return urllib.request.Request(f"http://{host}:{port}{path}", method="POST", headers=headers)
+
+
+def ask(worker: str, port: int, key: bytes, action: str, timeout: float = 180) -> bool:
     """Ask a worker's agent to start or stop its rank (a stop returns once it is down)."""
-    req = urllib.request.Request(
-        f"http://{worker}:{port}/{action}", method="POST", headers={"X-Sparkrig-Token": token}
-    )
+    req = signed_post(worker, port, f"/{action}", key)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return bool(r.status == 202)
     except OSError as err:
-        log(f"agent on {worker} did not {action} its rank: {err}")
+        log(f"agent on {worker} did not {action} its rank: {refusal(err)}")
         return False
+
+
+def refusal(err: OSError) -> str:
+    """Why a helper's request failed: the helper's answer when it gave one, else the error."""
+    if isinstance(err, urllib.error.HTTPError):
+        return err.read().decode(errors="replace").strip() or f"HTTP {err.code}"
+    return str(err)
 
 
 def wait_all(peers: list[str], port: int, up: bool, timeout: float) -> bool:
@@ -467,13 +486,17 @@ def restart_pair(args: argparse.Namespace) -> int:
 
 def _restart_pair(args: argparse.Namespace) -> int:
     workers = [p for p in args.workers.split(",") if p]
-    token = read_token(args.token_file)
+    try:
+        key = read_key(args.token_file)
+    except pairmac.SecretError as err:
+        log(f"the pair is not restarted: {err}")
+        return 1
     log(f"restarting the pair: {args.head_unit}, then {', '.join(workers)}")
     mark_pair_down("ordered restart of the pair")  # so the head's stop is not an operator's
     subprocess.run(["systemctl", "stop", args.head_unit], check=False)
-    if not all(ask(w, args.agent_port, token, "stop") for w in workers):
+    if not all(ask(w, args.agent_port, key, "stop") for w in workers):
         return 1
-    if not all(ask(w, args.agent_port, token, "start") for w in workers):
+    if not all(ask(w, args.agent_port, key, "start") for w in workers):
         return 1
     if not wait_all(workers, args.port, up=True, timeout=args.timeout):
         log("workers did not come up")
@@ -546,6 +569,7 @@ def http_ok(url: str, timeout: float = 10.0) -> bool:
 
 
 def watchdog(args: argparse.Namespace) -> int:
+    read_key(args.token_file)  # its restarts sign with it: refuse to start without a good one
     policy = WatchdogPolicy(args.fails, args.grace, args.max_restarts, args.window)
     clock = wedge.StallClock(args.stall)
     write_budget("watchdog", policy.restarts, args.max_restarts, args.window)
@@ -605,11 +629,18 @@ class SupervisorPolicy:
     def __init__(self, max_restarts: int, window: float, settle: float) -> None:
         self.max_restarts, self.window, self.settle = max_restarts, window, settle
         self.restarts: list[float] = []
+        self.lock = threading.Lock()  # the rounds and the workers' requests share the budget
 
     def observe(
         self, now: float, active: bool, went_down: bool, operator: bool, workers_ready: bool
     ) -> str:
         """Returns restart, wait (down by itself, a worker not back), give-up or nothing ("")."""
+        with self.lock:
+            return self._observe(now, active, went_down, operator, workers_ready)
+
+    def _observe(
+        self, now: float, active: bool, went_down: bool, operator: bool, workers_ready: bool
+    ) -> str:
         self.restarts = [t for t in self.restarts if now - t < self.window]
         if active or operator or not went_down:
             return ""  # serving or starting; an operator's stop; never started (a fresh host)
@@ -622,13 +653,34 @@ class SupervisorPolicy:
         self.restarts.append(now)
         return "restart"
 
+    def request(self, now: float) -> str:
+        """A worker's request for an ordered restart, under the rounds' budget: "" when granted
+        (and counted), else why it is refused."""
+        with self.lock:
+            self.restarts = [t for t in self.restarts if now - t < self.window]
+            if len(self.restarts) < self.max_restarts:
+                self.restarts.append(now)
+                return ""
+            again = self.restarts[0] + self.window - now
+        return (
+            f"refused: the supervisor's budget of {self.max_restarts} restarts in "
+            f"{self.window:.0f} s is spent; the next is allowed in {again:.0f} s (or on the "
+            "head: sudo sparkrig-restart-pair)"
+        )
+
+    def forget(self, when: float) -> None:
+        """Uncount the restart granted at ``when`` (another one was under way)."""
+        with self.lock:
+            if when in self.restarts:
+                self.restarts.remove(when)
+
 
 def agent_ready(worker: str, port: int) -> tuple[bool, str]:
     try:
         with urllib.request.urlopen(f"http://{worker}:{port}/ready", timeout=5) as r:
             return bool(r.status == 200), "ready"
     except urllib.error.HTTPError as err:
-        return False, err.read().decode(errors="replace").strip() or f"HTTP {err.code}"
+        return False, refusal(err)
     except OSError:
         return False, f"agent {worker}:{port} not answering"
 
@@ -637,45 +689,50 @@ def down_reason(head_unit: str, failed: bool) -> str:
     return read_flag(MARKER) or (f"{head_unit} failed" if failed else "")
 
 
-class Supervisor(http.server.BaseHTTPRequestHandler):
-    """POST /restart-pair (token): a worker whose deploy ran without the head asks for an ordered
-    restart; answered once the head's start was issued (202) or the restart failed (500)."""
+class Supervisor(Handler):
+    """POST /restart-pair (signed): a worker whose deploy ran without the head asks for an
+    ordered restart, under the supervisor's own budget (429 and why when it is spent); answered
+    once the head's start was issued (202) or the restart failed (500)."""
 
     args: argparse.Namespace
-    token = ""
+    policy: SupervisorPolicy
 
     def do_POST(self) -> None:  # noqa: N802
-        given = self.headers.get("X-Sparkrig-Token", "")
-        if self.path != "/restart-pair" or not hmac.compare_digest(given, self.token):
-            self.send_response(403)
-            self.end_headers()
+        if not self.signed():
             return
-        log(f"ordered restart of the pair requested by {self.client_address[0]}")
+        if self.path != "/restart-pair":
+            self.answer(404)
+            return
+        client = self.client_address[0]
         lock = RestartLock()
         if lock.acquire():
             try:
+                refused = self.policy.request(time.monotonic())
+                if refused:
+                    log(f"ordered restart of the pair requested by {client} {refused}")
+                    self.answer(429, refused)
+                    return
+                p = self.policy
+                write_budget("supervisor", p.restarts, p.max_restarts, p.window)
+                log(f"ordered restart of the pair requested by {client}")
                 ok = _restart_pair(self.args) == 0
             finally:
                 lock.release()
         else:  # a restart is under way: wait for it, never run a second one
-            log("a restart is already under way; waiting for it instead")
+            log(f"ordered restart requested by {client}: one is under way; waiting for it")
             ok = lock.acquire(timeout=self.args.timeout + 300)
             lock.release()
             ok = ok and unit_state(self.args.head_unit)[0]
-        self.send_response(202 if ok else 500)
-        self.end_headers()
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.answer(202 if ok else 500)
 
 
 def supervise(args: argparse.Namespace) -> int:
-    Supervisor.args, Supervisor.token = args, read_token(args.token_file)
-    host, _, port = args.listen.rpartition(":")
-    server = http.server.ThreadingHTTPServer((host, int(port)), Supervisor)
+    policy = SupervisorPolicy(args.max_restarts, args.window, settle=args.timeout)
+    Supervisor.args, Supervisor.policy = args, policy
+    Supervisor.verifier = pairmac.Verifier(read_key(args.token_file), args.mac_window)
+    server = GuardedServer(listen_address(args.listen), Supervisor)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     workers = [p for p in args.workers.split(",") if p]
-    policy = SupervisorPolicy(args.max_restarts, args.window, settle=args.timeout)
     write_budget("supervisor", policy.restarts, args.max_restarts, args.window)
     log(
         f"supervisor for {args.head_unit} on {args.listen}: restarts the pair in order when it "
@@ -715,7 +772,7 @@ def supervise_round(
     if verdict == "restart":
         log(f"the pair went down by itself ({reason}); every worker is back: restarting it")
         if restart_pair(args) == LOCKED:  # one began since the test above: not ours to count
-            policy.restarts.pop()
+            policy.forget(now)
         write_budget("supervisor", policy.restarts, args.max_restarts, args.window)
         return ""
     msg = ""
@@ -739,13 +796,9 @@ def supervise_round(
 
 
 def restart_pair_request(args: argparse.Namespace) -> urllib.request.Request:
-    """The authenticated POST /restart-pair to the head's supervisor (``--head``,
-    ``--agent-port``, ``--token-file``)."""
-    return urllib.request.Request(
-        f"http://{args.head}:{args.agent_port}/restart-pair",
-        method="POST",
-        headers={"X-Sparkrig-Token": read_token(args.token_file)},
-    )
+    """The signed POST /restart-pair to the head's supervisor (``--head``, ``--agent-port``,
+    ``--token-file``)."""
+    return signed_post(args.head, args.agent_port, "/restart-pair", read_key(args.token_file))
 
 
 def alone(args: argparse.Namespace) -> int:
@@ -775,7 +828,7 @@ def request(args: argparse.Namespace) -> int:
         with urllib.request.urlopen(req, timeout=args.timeout) as r:
             ok = r.status == 202
     except OSError as err:
-        log(f"the head's supervisor did not restart the pair: {err}")
+        log(f"the head's supervisor did not restart the pair: {refusal(err)}")
         ok = False
     if not ok:
         log(
@@ -846,6 +899,9 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--window", type=float, default=21600)
     su.add_argument("--listen", required=True, help="the head's fabric IP:agent port")
     su.add_argument("--interval", type=float, default=5)
+    for sp in (a, su):
+        sp.add_argument("--mac-window", type=float, default=pairmac.WINDOW_S,
+                        help="seconds a signed request's time may be off")  # fmt: skip
     args = p.parse_args(argv)
     modes = {
         "watch": watch,
@@ -857,4 +913,8 @@ def main(argv: list[str] | None = None) -> int:
         "request": request,
         "alone": alone,
     }
-    return modes.get(args.mode, watchdog)(args)
+    try:
+        return modes.get(args.mode, watchdog)(args)
+    except pairmac.SecretError as err:  # a helper never starts on a secret that cannot sign
+        log(str(err))
+        return 1

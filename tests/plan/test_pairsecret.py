@@ -74,6 +74,19 @@ def test_ranks_holding_different_secrets_are_refused_before_any_change(monkeypat
     assert r.uploads == {}
 
 
+def test_a_truncated_secret_on_the_ranks_is_refused_before_any_change(monkeypatch):
+    converge_state()
+    for name in ("spark-a", "spark-b"):
+        fakehosts.inject(name, {fakehosts.PAIR_SECRET: ["0" * 20, "##SPARKRIG-END##"]})
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    assert "is 20 characters, shorter than the 32 its helpers need to start" in r.output
+    assert "pair_token_rotate = True" in r.output
+    assert "0" * 20 not in r.output
+    assert not [c for cmds in r.commands.values() for c in cmds if ACTION.search(c)]
+    assert r.uploads == {}
+
+
 def test_rotation_with_a_rank_outside_the_run_is_refused(monkeypatch):
     converge_state()
     r = apply(monkeypatch, "--limit", "worker", "--data", "pair_token_rotate=True")
@@ -86,17 +99,24 @@ def made() -> str:
     return "new"
 
 
+C, P, Q = "c" * 32, "p" * 32, "q" * 48  # secrets the helpers start with (32 or more)
+
+
 @pytest.mark.parametrize(
     ("control", "held", "missing", "rotate", "token", "problem"),
     [
         ("", {"a": "", "b": ""}, [], False, "new", ""),  # first deploy, fresh clone
-        ("c", {"a": "", "b": ""}, [], False, "c", ""),  # first deploy, seeded
-        ("", {"a": "p", "b": ""}, [], False, "p", ""),  # a rank lacks it: the pair's
-        ("c", {"a": "p", "b": "p"}, [], False, "p", ""),  # stale control copy: the pair's kept
+        (C, {"a": "", "b": ""}, [], False, C, ""),  # first deploy, seeded
+        ("", {"a": P, "b": ""}, [], False, P, ""),  # a rank lacks it: the pair's
+        (C, {"a": P, "b": P}, [], False, P, ""),  # stale control copy: the pair's kept
         ("", {"b": ""}, ["a"], False, "", "no rank in this run holds"),  # never a lone new one
-        ("", {"a": "p", "b": "q"}, [], False, "", "different pair secrets"),
-        ("", {"a": "p", "b": "q"}, [], True, "new", ""),  # rotation settles a disagreement
-        ("", {"b": "p"}, ["a"], True, "", "needs every rank"),
+        ("", {"a": P, "b": Q}, [], False, "", "different pair secrets"),
+        ("", {"a": P, "b": Q}, [], True, "new", ""),  # rotation settles a disagreement
+        ("", {"b": P}, ["a"], True, "", "needs every rank"),
+        # a truncated secret: the helpers would not start with it
+        ("c" * 31, {"a": "", "b": ""}, [], False, "", "31 characters, shorter than the 32"),
+        (C, {"a": "p" * 8, "b": ""}, [], False, "", "(a) is 8 characters"),
+        ("", {"a": "p" * 8, "b": "p" * 8}, [], True, "new", ""),  # rotation replaces it
     ],
 )
 def test_which_secret_the_run_installs(control, held, missing, rotate, token, problem):

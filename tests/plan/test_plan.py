@@ -939,6 +939,8 @@ HELPER_RESTART = re.compile(
     [
         ("pair.py", True),  # the pair job itself
         ("tokenfile.py", True),  # imported by the pair job (the agents' secret)
+        ("pairmac.py", True),  # imported by the pair job (the signed helper calls)
+        ("helperhttp.py", True),  # imported by the pair job (the helpers' servers)
         ("wedge.py", True),  # imported by the pair job (the watchdog's probe)
         ("__main__.py", True),  # every job starts through it
         ("gid.py", False),  # the start gate's: read again at the next start, restarts nothing

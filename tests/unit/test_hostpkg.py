@@ -97,7 +97,7 @@ def test_an_unknown_job_is_refused_with_the_list(installed):
 def test_one_secret_reader_for_every_secret(tmp_path, capsys):
     """The hosts' readers (Hub token, pair secret, API key) and the control side's read through
     sparkhost.tokenfile: surrounding whitespace dropped, never printed."""
-    from sparkhost import gate, pair
+    from sparkhost import gate
     from sparkhost.tokenfile import read_secret
 
     from sparkrig import pairsecret
@@ -112,10 +112,10 @@ def test_one_secret_reader_for_every_secret(tmp_path, capsys):
     f.chmod(0o600)
     read_secret(str(f), warn_shared=True)
     assert capsys.readouterr().err == ""
-    assert gate.read_api_key(str(f)) == pair.read_token(str(f)) == "s3cret"
+    assert gate.read_api_key(str(f)) == "s3cret"
     assert pairsecret.control_token(str(f)) == "s3cret"  # the pair secret and the API key
     empty = tmp_path / "empty"
     empty.write_text("\n")
-    assert read_secret(str(empty)) is None and pair.read_token(str(empty)) == ""
+    assert read_secret(str(empty)) is None
     with pytest.raises(ValueError, match="is empty"):
         gate.read_api_key(str(empty))

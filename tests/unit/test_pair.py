@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import resource
 import signal
 import socket
 import subprocess
@@ -13,10 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
-from sparkhost import pair
+from sparkhost import pair, pairmac
+from sparkhost.helperhttp import GuardedServer
 from sparkhost.units import parse_unit_state
 
 from sparkrig.hostpkg import SOURCE
+
+SECRET = "0123456789abcdef" * 3  # 48 hex digits, as sparkrig makes them
+KEY = pairmac.derive(SECRET)
 
 
 def test_a_peer_that_was_up_and_misses_three_probes_stops_the_rank():
@@ -208,16 +214,17 @@ def fake_systemctl(tmp_path):
 
 
 def start_agent(tmp_path: Path, bin_dir: Path, **env: str) -> tuple[subprocess.Popen, int]:
-    """The worker agent on loopback (token s3cret, run dir tmp_path/run), once it listens."""
+    """The worker agent on loopback (the pair secret SECRET, run dir tmp_path/run), once it
+    listens."""
     token = tmp_path / "token"
-    token.write_text("s3cret\n")
+    token.write_text(SECRET + "\n")
     path = f"{bin_dir}:{os.environ['PATH']}"
     env = {**os.environ, "PATH": path, "SPARKRIG_RUN_DIR": str(tmp_path / "run"), **env}
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, str(SOURCE), "pair", "agent", "--listen", f"127.0.0.1:{port}",
          "--unit", "sparkrig-worker.service", "--token-file", str(token)],
-        env=env,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 30
     while True:
@@ -231,20 +238,22 @@ def start_agent(tmp_path: Path, bin_dir: Path, **env: str) -> tuple[subprocess.P
             time.sleep(0.1)
 
 
-def test_agent_starts_the_unit_only_for_the_right_token(tmp_path, fake_systemctl):
+def test_agent_starts_the_unit_only_for_a_request_signed_with_the_pair_secret(
+    tmp_path, fake_systemctl
+):
     bin_dir, log = fake_systemctl
     run = tmp_path / "run"
     proc, port = start_agent(tmp_path, bin_dir)
     try:
-        assert pair.ask("127.0.0.1", port, "wrong", "start") is False
-        assert pair.ask("127.0.0.1", port, "s3cret", "reboot") is False
+        assert pair.ask("127.0.0.1", port, pairmac.derive("x" * 48), "start") is False
+        assert pair.ask("127.0.0.1", port, KEY, "reboot") is False
         assert not log.exists()
         assert pair.agent_ready("127.0.0.1", port) == (True, "ready")
-        assert pair.ask("127.0.0.1", port, "s3cret", "stop") is True
+        assert pair.ask("127.0.0.1", port, KEY, "stop") is True
         # the head's stop: marked as sparkrig's own, so the rank's ExecStop does not call it an
         # operator's
         assert "ordered restart requested by 127.0.0.1" in (run / "pair-down").read_text()
-        assert pair.ask("127.0.0.1", port, "s3cret", "start") is True
+        assert pair.ask("127.0.0.1", port, KEY, "start") is True
         assert log.read_text().splitlines() == [
             "stop sparkrig-worker.service",
             "--no-block start sparkrig-worker.service",
@@ -255,6 +264,64 @@ def test_agent_starts_the_unit_only_for_the_right_token(tmp_path, fake_systemctl
     finally:
         proc.terminate()
         proc.wait(5)
+
+
+def post_status(req) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_a_captured_stop_replayed_to_the_agent_is_refused(tmp_path, fake_systemctl):
+    """What a stranger on the fabric could capture is a signed /stop: sent again, to this agent
+    (409) or with the secret itself as the old static header (401), it stops nothing."""
+    import urllib.request
+
+    bin_dir, log = fake_systemctl
+    proc, port = start_agent(tmp_path, bin_dir)
+    try:
+        captured = pair.signed_post("127.0.0.1", port, "/stop", KEY)
+        assert post_status(captured)[0] == 202
+        assert post_status(captured) == (409, "replayed: this request was already answered\n")
+        bearer = urllib.request.Request(
+            f"http://127.0.0.1:{port}/stop", method="POST", headers={"X-Sparkrig-Token": SECRET}
+        )
+        assert post_status(bearer)[0] == 401
+        old = pairmac.sign(KEY, "POST", "/stop", f"127.0.0.1:{port}", now=time.time() - 3600)
+        stale = urllib.request.Request(f"http://127.0.0.1:{port}/stop", method="POST", headers=old)
+        status, why = post_status(stale)
+        assert status == 401 and re.match(r"stale: signed -360[01] s from this rank's clock", why)
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=5)[0]
+    assert log.read_text().splitlines() == ["stop sparkrig-worker.service"]  # once
+    assert "POST /stop from 127.0.0.1 refused: replayed" in out  # the journal says so
+    assert re.search(r"POST /stop from 127\.0\.0\.1 refused: stale: signed -360[01] s", out)
+
+
+@pytest.mark.parametrize("text", ["", "s3cret", SECRET[:31]])
+@pytest.mark.parametrize("mode", ["agent", "supervise"])
+def test_a_helper_refuses_to_start_on_an_empty_or_short_secret(tmp_path, mode, text):
+    token = tmp_path / "pair-token"
+    token.write_text(text + "\n")
+    argv = [sys.executable, str(SOURCE), "pair", mode, "--listen", f"127.0.0.1:{free_port()}",
+            "--token-file", str(token)]  # fmt: skip
+    if mode == "agent":
+        argv += ["--unit", "sparkrig-worker.service"]
+    else:
+        argv += ["--head-unit", "sparkrig-head.service", "--workers", "127.0.0.2", "--port", "1",
+                 "--agent-port", "1"]  # fmt: skip
+    env = {**os.environ, "SPARKRIG_RUN_DIR": str(tmp_path / "run")}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert f"the pair secret {token} is" in done.stdout
+    assert "re-run the deploy (pyinfra inventory.py deploy.py)" in done.stdout
+    assert not text or text not in done.stdout
 
 
 class Beacon:
@@ -334,10 +401,9 @@ def test_unit_state_reads_keys_not_positions(show, expected):
 
 
 def serve(handler) -> tuple[object, int]:
-    import http.server
     import threading
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = GuardedServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, server.server_address[1]
 
@@ -355,9 +421,13 @@ def test_the_heads_start_gate_asks_a_missing_workers_agent_to_start_its_rank(tmp
         def log_message(self, *a):
             pass
 
+    verifier = pairmac.Verifier(KEY)
+
     class Agent(http.server.BaseHTTPRequestHandler):
         def do_POST(self):
-            ok = self.path == "/start" and self.headers["X-Sparkrig-Token"] == "s3cret"
+            fields = {name: self.headers.get(name, "") for name in pairmac.FIELDS}
+            receiver = "{}:{}".format(*self.connection.getsockname()[:2])
+            ok = verifier.check(fields, "POST", "/start", receiver) == (0, "")
             if ok:
                 started.append(self.path)
             self.send_response(202 if ok else 403)
@@ -368,7 +438,7 @@ def test_the_heads_start_gate_asks_a_missing_workers_agent_to_start_its_rank(tmp
 
     (beacon, bport), (agent, aport) = serve(Beacon), serve(Agent)
     token = tmp_path / "token"
-    token.write_text("s3cret\n")
+    token.write_text(SECRET + "\n")
     try:
         argv = ["wait", "--peers", "127.0.0.1", "--port", str(bport), "--timeout", "3"]
         assert pair.main(argv) == 1  # without the agent it only waits
@@ -382,17 +452,19 @@ def test_the_heads_start_gate_asks_a_missing_workers_agent_to_start_its_rank(tmp
 
 
 class HeadWithSupervisor:
-    """The head on loopback: its supervisor (token s3cret; an ordered restart only recorded) and
-    its beacon, answering 200 while ``up()`` says so (default: once a restart was asked)."""
+    """The head on loopback: its supervisor (the pair secret SECRET; an ordered restart only
+    recorded; a budget of ``max_restarts`` an hour) and its beacon, answering 200 while ``up()``
+    says so (default: once a restart was asked)."""
 
-    def __init__(self, tmp_path: Path, monkeypatch, up=None) -> None:
+    def __init__(self, tmp_path: Path, monkeypatch, up=None, max_restarts: int = 3) -> None:
         import argparse
         import http.server
 
         self.restarts: list[object] = []
         self.token = tmp_path / "token"
-        self.token.write_text("s3cret\n")
+        self.token.write_text(SECRET + "\n")
         monkeypatch.setattr(pair, "RESTART_LOCK", str(tmp_path / "restart.lock"))
+        monkeypatch.setattr(pair, "RUN", str(tmp_path / "run"))  # the budget file
         monkeypatch.setattr(pair, "_restart_pair", lambda args: self.restarts.append(args) or 0)
         head = self
         self.up = up or (lambda: bool(head.restarts))
@@ -406,7 +478,8 @@ class HeadWithSupervisor:
                 pass
 
         pair.Supervisor.args = argparse.Namespace(timeout=5, head_unit="sparkrig-head.service")
-        pair.Supervisor.token = "s3cret"
+        pair.Supervisor.policy = pair.SupervisorPolicy(max_restarts, 3600, settle=5)
+        monkeypatch.setattr(pair.Supervisor, "verifier", pairmac.Verifier(KEY))
         (self.sup, self.sport), (self.beacon, self.bport) = (
             serve(pair.Supervisor),
             serve(HeadBeacon),
@@ -431,6 +504,24 @@ def test_a_worker_without_its_head_in_the_run_asks_the_heads_supervisor(tmp_path
         assert head.restarts == []
         assert pair.main([*argv, str(head.token)]) == 0
         assert len(head.restarts) == 1
+    finally:
+        head.close()
+
+
+def test_a_workers_request_past_the_supervisors_budget_is_refused_with_why(
+    tmp_path, monkeypatch, capsys
+):
+    head = HeadWithSupervisor(tmp_path, monkeypatch, max_restarts=1)
+    try:
+        argv = [*head.argv("request"), "--timeout", "5", "--token-file", str(head.token)]
+        assert pair.main(argv) == 0
+        assert pair.main(argv) == 1
+        assert len(head.restarts) == 1  # the second one was not run
+        out = capsys.readouterr().out
+        assert "the supervisor's budget of 1 restarts in 3600 s is spent" in out
+        assert re.search(r"the next is allowed in 3[56]\d\d s", out), out
+        status, why = post_status(pair.signed_post("127.0.0.1", head.sport, "/restart-pair", KEY))
+        assert status == 429 and "budget" in why
     finally:
         head.close()
 
@@ -545,10 +636,13 @@ def test_a_worker_never_starts_while_the_heads_rank_runs(tmp_path, monkeypatch):
         head.close()
 
 
-def start_watch(tmp_path: Path, package: Path) -> tuple[subprocess.Popen, int, Path]:
+def start_watch(
+    tmp_path: Path, package: Path, nofile: int = 0
+) -> tuple[subprocess.Popen, int, Path]:
     """The stop-together watch run from ``package`` (a copy of the host package) on loopback,
     watching its own beacon, with a docker that says its container runs and a systemctl that
-    logs what it is asked; once its beacon answers."""
+    logs what it is asked (``nofile``: its descriptor limit, as a unit's LimitNOFILE); once its
+    beacon answers."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     # what `docker inspect --format {{.State.Running}} NAME` prints for a running container, the
@@ -566,6 +660,8 @@ def start_watch(tmp_path: Path, package: Path) -> tuple[subprocess.Popen, int, P
          "--container", "rank0", "--listen", f"127.0.0.1:{port}", "--peers", "127.0.0.1",
          "--port", str(port), "--interval", "0.2", "--fails", "1"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
+        if nofile else None,
     )  # fmt: skip
     deadline = time.monotonic() + 30
     while not pair.beacon_up("127.0.0.1", port, timeout=1):
@@ -630,3 +726,26 @@ def urlopen_text(url: str) -> str:
             return str(r.read().decode())
     except OSError:
         return ""
+
+
+def test_a_flood_of_idle_connections_to_the_beacon_never_stops_the_pair(tmp_path):
+    """Issue 35: about a thousand idle connections exhausted the beacon (one thread and one
+    descriptor each, systemd's default soft limit of 1024), its peers' probes failed and the pair
+    stopped itself. The watch here probes its own beacon and stops its rank at the first miss."""
+    proc, port, log = start_watch(tmp_path, SOURCE, nofile=1024)
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(1200):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+        answered: list[bool] = []
+        end = time.monotonic() + 3  # the watch probes its beacon 15 times meanwhile
+        while time.monotonic() < end or len(answered) < 10:
+            answered.append(pair.beacon_up("127.0.0.1", port))
+        assert proc.poll() is None
+    finally:
+        for s in idle:
+            s.close()
+        proc.terminate()
+        out = proc.communicate(timeout=10)[0]
+    assert all(answered), out
+    assert not log.exists(), out  # the watch never stopped its rank

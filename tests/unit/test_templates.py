@@ -99,3 +99,21 @@ def test_the_head_gives_vllm_its_key_by_env_file_and_the_watchdog_reads_it_from_
         assert ("--api-key-file /etc/sparkrig/api-key'" in watchdog) is auth
         assert api_key_file(head) == ("/etc/sparkrig/api-key" if auth else None)
         assert api_key_file(worker) is None
+
+
+def test_every_helper_unit_bounds_its_descriptors_and_tasks():
+    """A stranger's connections end at the servers' cap (sparkhost.helperhttp); the units bound
+    what is left (LimitNOFILE, TasksMax)."""
+    from sparkrig.serving import agent_unit_context, supervisor_unit_context, watchdog_unit_context
+
+    settings = build(cluster(2, watchdog=True))
+    head, worker = settings["spark-0"], settings["spark-1"]
+    units = {
+        "pair": owned_files(head)["sparkrig-pair.service"],
+        "agent": render("sparkrig-agent.service.j2", **agent_unit_context(worker)),
+        "supervisor": render("sparkrig-supervisor.service.j2", **supervisor_unit_context(head)),
+        "watchdog": render("sparkrig-watchdog.service.j2", **watchdog_unit_context(head)),
+    }
+    for name, text in units.items():
+        service = text.split("[Service]", 1)[1].split("\n[", 1)[0]
+        assert "\nLimitNOFILE=4096\n" in service and "\nTasksMax=256\n" in service, name

@@ -197,7 +197,7 @@ def test_a_wedged_engine_is_restarted_in_order_and_the_journal_names_rule_and_co
         f'echo "$@" >> {log}\n'
     )
     (bindir / "systemctl").chmod(0o755)
-    (tmp_path / "token").write_text("s3cret\n")
+    (tmp_path / "token").write_text("0123456789abcdef" * 3 + "\n")  # 48, as deploys make
     metrics.body = text(running=1, kv=0.3, prompt=4096, gen=17)
     env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "SPARKRIG_RUN_DIR": str(run)}
     health = metrics.url.replace("/metrics", "/health")
