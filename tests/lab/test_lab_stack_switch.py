@@ -89,14 +89,21 @@ def test_switch_back_to_the_default_stack(lab: Lab):
     assert_serves(lab, "vllm-nvfp4", "vllm-0.33")
 
 
+FLAVOUR = {"vllm-nvfp4": "vllm-0.33", SWITCH_TO: "entrpi-fork"}
+
+
 def test_a_stack_whose_engine_never_becomes_ready_is_rolled_back(lab: Lab):
+    """From whichever stack serves now (CI's set skips the switch back), a release of
+    ``entrpi-exl3`` whose engine never answers /health fails the run, and the stack that served
+    before serves again and passes its gates."""
+    before = {v: k for k, v in FLAVOUR.items()}[flavour(lab.head)]
     never = lab_state()["image_never_ready"]
     r = pyinfra(
         "-y", INV, "deploy.py", "--data", f"stack={SWITCH_TO}", "--data", f"base_image={never}"
     )
     assert r.rc != 0
     assert "previous release serves again" in r.output, r.output[-6000:]
-    assert_serves(lab, "vllm-nvfp4", "vllm-0.33")
+    assert_serves(lab, before, FLAVOUR[before])
 
 
 def test_compare_two_stacks_with_seed_004s_protocol(lab: Lab, tmp_path):
