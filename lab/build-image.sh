@@ -8,7 +8,8 @@ MIRROR=http://deb.debian.org/debian
 ROOT=$OUT/rootfs
 PACKAGES="systemd systemd-sysv udev dbus kmod netplan.io network-manager openssh-server sudo
   docker.io docker-cli rdma-core ibverbs-utils perftest python3 python3-requests busybox-static
-  iproute2 iputils-ping curl ca-certificates procps linux-image-amd64 initramfs-tools"
+  iproute2 iputils-ping curl ca-certificates procps linux-image-amd64 initramfs-tools
+  nginx nftables"
 umask 022
 
 rm -rf "$ROOT"
@@ -162,6 +163,9 @@ printf '[main]\nno-auto-default=*\n' >"$ROOT/etc/NetworkManager/conf.d/90-lab-no
 chroot "$ROOT" systemctl enable lab-firstboot.service lab-rxe.service NetworkManager.service \
   ssh.service docker.service
 chroot "$ROOT" systemctl disable systemd-networkd.service systemd-networkd.socket 2>/dev/null || true
+# nginx (the API front) and nftables (sparkrig's firewall) are in the image only because the guests
+# have no internet to install them from; as on a fresh DGX OS, neither runs until the deploy says so
+chroot "$ROOT" systemctl disable nginx.service nftables.service 2>/dev/null || true
 chroot "$ROOT" systemctl mask systemd-networkd-wait-online.service apt-daily.timer \
   apt-daily-upgrade.timer e2scrub_reap.service
 echo 'root:lab' | chroot "$ROOT" chpasswd   # console login only (serial log)
