@@ -246,6 +246,7 @@ def stopping(args: argparse.Namespace) -> int:
 # for seconds, read by every peer as this rank going down (issue 31).
 BEACON_FD = "SPARKRIG_BEACON_FD"  # the inherited listening socket's descriptor
 SEEN_UP = "SPARKRIG_PEERS_SEEN"  # peers the previous program saw up (comma-separated)
+RUNNING = "SPARKRIG_CONTAINER_RUNNING"  # the container's state as the previous program knew it
 
 
 def beacon_socket(listen: str) -> socket.socket:
@@ -272,7 +273,12 @@ def reexec(sock: socket.socket, seen: list[str]) -> None:
     """Exec this program again (its files may be new), keeping ``sock`` open across the exec.
     Returns only when the exec failed (the old program goes on)."""
     os.set_inheritable(sock.fileno(), True)
-    env = {**os.environ, BEACON_FD: str(sock.fileno()), SEEN_UP: ",".join(seen)}
+    env = {
+        **os.environ,
+        BEACON_FD: str(sock.fileno()),
+        SEEN_UP: ",".join(seen),
+        RUNNING: "1" if Beacon.running else "0",
+    }
     log("reload: handing the beacon's socket to the new program")
     handler = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # ignored until the new one listens
     try:
@@ -283,6 +289,11 @@ def reexec(sock: socket.socket, seen: list[str]) -> None:
 
 
 def first_container_state(name: str) -> bool:
+    """Known before the first answer: after a reload, what the previous program knew (a docker
+    that is slow to answer must not hold up the beacon while the peers' probes wait on it)."""
+    inherited = os.environ.pop(RUNNING, "")
+    if inherited:
+        return inherited == "1"
     try:
         return container_running(name)
     except subprocess.TimeoutExpired:
@@ -293,7 +304,7 @@ def watch(args: argparse.Namespace) -> int:
     reload = threading.Event()
     signal.signal(signal.SIGHUP, lambda *_: reload.set())
     Beacon.container = args.container
-    Beacon.running = first_container_state(args.container)  # known before the first answer
+    Beacon.running = first_container_state(args.container)
     threading.Thread(target=refresh_container_state, args=(args.container,), daemon=True).start()
     sock = beacon_socket(args.listen)
     server = beacon_server(sock)

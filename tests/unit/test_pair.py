@@ -749,3 +749,38 @@ def test_a_flood_of_idle_connections_to_the_beacon_never_stops_the_pair(tmp_path
         out = proc.communicate(timeout=10)[0]
     assert all(answered), out
     assert not log.exists(), out  # the watch never stopped its rank
+
+
+def test_a_reloaded_watch_answers_before_a_slow_docker_does(tmp_path):
+    """After the exec the new program answers with the container state the old one knew: it never
+    waits on `docker inspect` first (on a loaded host docker takes seconds, longer than a peer's
+    probe waits, and three such probes read as this rank going down)."""
+    import shutil
+    import threading
+
+    package = tmp_path / "lib" / "sparkhost"
+    shutil.copytree(SOURCE, package)
+    proc, port, log = start_watch(tmp_path, package)
+    (tmp_path / "bin" / "docker").write_text("#!/bin/sh\nsleep 8\necho true\n")
+    misses, stop = [], threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            if not pair.beacon_up("127.0.0.1", port, timeout=3):
+                misses.append(time.monotonic())
+            time.sleep(0.05)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(6)  # the new program is up, its first docker call still sleeping
+    finally:
+        stop.set()
+        prober.join()
+        proc.terminate()
+        out = proc.communicate(timeout=20)[0]
+    assert "reload: handing the beacon's socket to the new program" in out
+    assert misses == [], out
+    assert not log.exists(), out
