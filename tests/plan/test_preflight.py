@@ -20,7 +20,7 @@ from tests.plan.test_plan import HEAD, WORKER, apply, converge_state, refused_be
 
 GIB = 1024**3
 LOCKS = Path("tests/plan/locks")
-MODEL_LOCK = "GLM-5.3-Flash-NVFP4.lock.json"
+MODEL_LOCK = "LibertAIDAI--GLM-5.3-Flash-NVFP4.lock.json"
 
 
 def big_locks(tmp: Path, model_gib: float) -> str:
@@ -202,6 +202,7 @@ def test_a_stack_switch_needs_the_new_stacks_lockfiles_beside_the_serving_stacks
     locks = big_locks(tmp_path, 181)  # the serving stack's, and the new stack's below
     other = json.loads((tmp_path / MODEL_LOCK).read_text())
     other.update(repo="example/other-model", commit="1" * 40, revision="1" * 40)
+    # the name lockfiles had before stacks (Name.lock.json): still read when it is this repo's
     (tmp_path / "other-model.lock.json").write_text(json.dumps(other))
     teststacks.register(monkeypatch, "test-other", drafter=None)
     converge_state()
