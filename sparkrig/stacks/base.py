@@ -23,6 +23,8 @@ Family = Literal["vllm", "tensorfold"]
 # available: MemAvailable must reach the floor (MiaAI's / TensorFold's budget).
 MemoryMeasure = Literal["memfree", "used", "available"]
 ApiAuth = Literal["vllm-api-key", "none"]
+# How the pair's ranks stop (tasks/pair_stop.py): every rank in one step, or one side first.
+StopOrder = Literal["together", "head-first", "workers-first"]
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class Stack:
     # container path -> what it caches; each is mounted from the persistent cache_dir, per image
     # (one cache: <cache_dir>/<image>; several: <cache_dir>/<image>/<path made a name>)
     caches: Mapping[str, str] = field(default_factory=dict)
-    stop_order: Literal["head-first", "workers-first"] = "head-first"
+    stop_order: StopOrder = "together"  # the recipe's own, with its source
     figures: tuple[Figure, ...] = ()
     sources: tuple[str, ...] = ()  # where the declaration's facts were read
     default_profile: str = ""  # what `profile = None` serves; "": the first declared profile

@@ -171,7 +171,8 @@ STACK = Stack(
         "/root/.cache/vllm": "vLLM torch.compile and CUDA graph caches",
         "/cache": "HF_HOME=/cache/huggingface (trust-remote-code modules)",
     },
-    # install.sh and README: "always head down first, worker up first"
+    # install.sh and README: "always head down first, worker up first" (a new worker that
+    # rendezvouses with the old head dies: docs/stacks-facts.md §E, stop)
     stop_order="head-first",
     figures=(
         # README v2.3: single request, median of five 400-token runs, greedy

@@ -155,8 +155,9 @@ STACK = Stack(
         "/jit-cache": "FlashInfer, vLLM (torch.compile, DeepGEMM), Triton, TileLang JIT caches",
         "/cache": "HF_HOME=/cache/huggingface (trust-remote-code modules)",
     },
-    # run.sh starts rank 1 first (sleep 25 s), then rank 0; stop.sh@a4b7e29f removes the head's
-    # container first, then the worker's over ssh
+    # run.sh starts rank 1 first (sleep 25 s), then rank 0;
+    # stop.sh@a4b7e29f60eb3bfdc54db67c8af85fa83796e247 runs `docker rm -f` on the head first
+    # (stop_local), then on the worker over ssh
     stop_order="head-first",
     figures=(
         # seed 003: ruler v2, 8 short prose prompts, 512 forced tokens, greedy, thinking off,

@@ -100,7 +100,9 @@ STACK = Stack(
         "the floor vLLM's start check implies (utilization x MemTotal) + memfree_margin_gib",
     ),
     caches={"/root/.cache": "triton, flashinfer and vllm JIT caches (docs/sources.md 'Image')"},
-    stop_order="head-first",
+    # sparkrig's own since v1: the head's helpers first, then every rank in one step (the seeds
+    # stop by hand; nothing orders the ranks' stops)
+    stop_order="together",
     figures=(
         Figure("single_stream_tok_s", 30.84, "tok/s", "seed000", SEED_000, "single"),
         Figure("prefill_tok_s", 1391.0, "tok/s", "seed000", SEED_000, "single"),
