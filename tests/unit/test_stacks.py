@@ -75,8 +75,5 @@ def test_each_stack_stops_in_its_recipes_order() -> None:
     (stop.sh: the head's container, then the worker's) stop the head first."""
     from sparkrig.stacks import STACKS
 
-    assert {n: s.stop_order for n, s in STACKS.items()} == {
-        "vllm-nvfp4": "together",
-        "entrpi-exl3": "head-first",
-        "sfxnz-v13": "head-first",
-    }
+    orders = {"vllm-nvfp4": "together", "entrpi-exl3": "head-first", "sfxnz-v13": "head-first"}
+    assert {n: STACKS[n].stop_order for n in orders} == orders
