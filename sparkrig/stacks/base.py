@@ -68,6 +68,28 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class StackFile:
+    """A file the stack's recipe provides beside its image (e.g. sfxnz's chat template): one
+    file of a GitHub repository at one commit, fetched by the head (sparkrig/stackfiles.py) and
+    mounted read-only into the ranks that use it."""
+
+    name: str  # the file's name on the host (under the stack files directory)
+    repo: str  # GitHub owner/name
+    commit: str  # 40-hex commit: the raw URL at a commit serves that commit's bytes only
+    path: str  # the file's path in the repository
+    container_path: str  # where the rank's container sees it (read-only)
+    # sha256 of the bytes, checked after the download; None: not known from a checked source
+    # (the commit URL pins it; the head logs the digest it fetched)
+    sha256: str | None = None
+    head_only: bool = True  # only rank 0 mounts it (a chat template: the API is rank 0's)
+    why: str = ""  # what the recipe uses it for, with its source
+
+    @property
+    def url(self) -> str:
+        return f"https://raw.githubusercontent.com/{self.repo}/{self.commit}/{self.path}"
+
+
+@dataclass(frozen=True)
 class MemoryGate:
     measure: MemoryMeasure
     floor_gib: float | None  # None: derived as today (gpu_memory_utilization x MemTotal + margin)
@@ -110,6 +132,8 @@ class Stack:
     # (one cache: <cache_dir>/<image>; several: <cache_dir>/<image>/<path made a name>)
     caches: Mapping[str, str] = field(default_factory=dict)
     stop_order: StopOrder = "together"  # the recipe's own, with its source
+    # files the recipe provides beside its image (sparkrig/stackfiles.py fetches and mounts them)
+    files: tuple[StackFile, ...] = ()
     figures: tuple[Figure, ...] = ()
     sources: tuple[str, ...] = ()  # where the declaration's facts were read
     default_profile: str = ""  # what `profile = None` serves; "": the first declared profile

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from sparkhost.wedge import GENERATION_TOKENS, PROMPT_TOKENS, RUNNING
 
-from sparkrig.stacks.base import Figure, MemoryGate, Pin, Profile, Stack
+from sparkrig.stacks.base import Figure, MemoryGate, Pin, Profile, Stack, StackFile
 
 REPO = "sfxnz/GLM-5.3-Flash-NVFP4-vLLM-2x-DGX-Spark"
 RUN_SH = f"{REPO} run.sh, nvidia defaults (stored copy id 70870169816)"
@@ -37,10 +37,22 @@ V8 = f"{REPO} docker/Dockerfile.sm121-v8@a4b7e29f60eb3bfdc54db67c8af85fa83796e24
 SEED_003 = "seed 003 (shared/seeds/003_b876b9038c2c4cb2.txt)"
 
 # The template rank 0 serves with (run.sh mounts it on rank 0 only: the stock template leaks
-# chain-of-thought). sparkrig does not carry a copy; how the head gets the file is the lead's
-# call (docs/stacks.md "sfxnz-v13").
-CHAT_TEMPLATE_SOURCE = f"{REPO}: chat_template.jinja@f59cb7cc41c3ee32146782900d87133f538b5d30"
+# chain-of-thought). sparkrig carries no copy: the head fetches it at this commit
+# (sparkrig/stackfiles.py) and only rank 0 mounts it. Its sha256 is not in a checked source:
+# the commit URL pins the bytes, and the head logs the digest it fetched (docs/stacks.md).
+CHAT_TEMPLATE_COMMIT = "f59cb7cc41c3ee32146782900d87133f538b5d30"
+CHAT_TEMPLATE_SOURCE = f"{REPO}: chat_template.jinja@{CHAT_TEMPLATE_COMMIT}"
 CHAT_TEMPLATE_PATH = "/chat_template.jinja"  # in the container, as run.sh mounts it
+CHAT_TEMPLATE = StackFile(
+    name="chat_template.jinja",
+    repo=REPO,
+    commit=CHAT_TEMPLATE_COMMIT,
+    path="chat_template.jinja",
+    container_path=CHAT_TEMPLATE_PATH,
+    sha256=None,  # unverified against GitHub: no checked source gives it
+    head_only=True,
+    why=f"run.sh mounts it on rank 0 for --chat-template ({RUN_SH})",
+)
 
 # The chain and why sparkrig cannot build it (the message settings give without an image).
 IMAGE_CHAIN = (
@@ -159,6 +171,7 @@ STACK = Stack(
     # stop.sh@a4b7e29f60eb3bfdc54db67c8af85fa83796e247 runs `docker rm -f` on the head first
     # (stop_local), then on the worker over ssh
     stop_order="head-first",
+    files=(CHAT_TEMPLATE,),
     figures=(
         # seed 003: ruler v2, 8 short prose prompts, 512 forced tokens, greedy, thinking off,
         # mean of 3 boots
