@@ -57,14 +57,34 @@ class Profile:
 
 @dataclass(frozen=True)
 class Figure:
-    """A published figure the stack is expected to reach, with where it was published."""
+    """A published figure the stack is expected to reach, with where it was published: the one
+    source of published figures (sparkrig/bench/published.py judges bench results by them, the
+    README's stacks table shows them). A figure of a bench protocol (``seed000``, ``seed004``) is
+    named as the bench's result names it (sparkrig/bench/expected.py ``lookup``)."""
 
-    name: str  # e.g. "decode_tok_s_prose", "prefill_tok_s"
-    value: float
-    unit: str  # "tok/s"
-    protocol: str  # the bench protocol it was measured with ("seed000", "seed004")
+    name: str  # e.g. "single_stream_tok_s", "decode_tok_s.8", "prose_decode_tok_s"
+    value: float  # the figure, or the low end of a published range
+    unit: str  # "tok/s", "s", "U+FFFD/10k chars", "tokens"
+    protocol: str  # the protocol it was measured with ("seed000", "seed004", the publisher's)
     source: str  # seed file or URL
     profile: str = ""  # the profile it was measured with ("" when the stack serves one)
+    upper: float | None = None  # the high end of a published range (None: a single figure)
+    condition: str = ""  # what was measured, as the source says it
+    lower_is_better: bool = False  # a latency or a defect rate
+    causes: str = ""  # the likely causes when a run falls short (the recipe's own experience)
+
+    # the shape sparkrig/bench/expected.py judges (its Figure protocol)
+    @property
+    def figure(self) -> str:
+        return self.name
+
+    @property
+    def low(self) -> float:
+        return self.value
+
+    @property
+    def high(self) -> float:
+        return self.value if self.upper is None else self.upper
 
 
 @dataclass(frozen=True)
