@@ -157,6 +157,19 @@ def readme_rows() -> dict[str, str]:
     return dict(re.findall(r"^\| `([a-z0-9-]+)` \|(.*)$", text, re.MULTILINE))
 
 
+def test_the_readme_stacks_table_has_its_columns_and_a_row_per_declared_stack() -> None:
+    from sparkrig.stacks import STACKS as ALL
+
+    text = (REPO / "README.md").read_text().split("\n## Stacks\n", 1)[1].split("\n## ", 1)[0]
+    header = (
+        "| stack | engine | recipe / source (image; weights; drafter) "
+        "| published figures (source) |"
+    )
+    assert header in text
+    for name in ALL:
+        assert re.search(rf"^\| `{re.escape(name)}`", text, re.MULTILINE), name
+
+
 @pytest.mark.parametrize("stack", STACKS, ids=IDS)
 def test_the_readme_stacks_table_shows_the_declaration(stack: Stack) -> None:
     """The README's row names the stack's image digest (or says there is none), its pins and
