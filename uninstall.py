@@ -6,12 +6,14 @@ sparkrig owns goes: its units, env and secret files, lockfiles, the sysctl.d fil
 drop-in (then update-grub; the baseline's package holds stay), the fabric netplan file (then the
 fabric profiles are generated and reloaded the way tasks/fabric.py applies them, so NetworkManager
 drops sparkrig's connection and the NIC is unconfigured again), the helper programs under
-install_dir, the JIT caches and the image transfer directory, every image of image_repo and the
-base image the head pulled. The weights stay unless `--data purge_weights=True`. Files that
-fabric_takeover moved aside stay where they are (/var/lib/sparkrig/displaced), for the operator to
-move back. Live sysctl values stay until the next boot. A deploy afterwards converges again."""
+install_dir, the JIT caches and the image transfer directory, every image of image_repo and every
+base image the head pulled (its pulled-images record: each stack's, not only the current one).
+The weights stay unless `--data purge_weights=True`. Files that fabric_takeover moved aside stay
+where they are (/var/lib/sparkrig/displaced), for the operator to move back. Live sysctl values
+stay until the next boot. A deploy afterwards converges again."""
 
 from pyinfra import host, logger
+from pyinfra.facts.files import FileContents
 from pyinfra.operations import files, server, systemd
 
 from sparkrig.baseline import GRUB_DROPIN
@@ -89,14 +91,18 @@ server.shell(
 old_images_pruned(
     name="Remove every image of the sparkrig image repository", image_repo=knobs.image_repo, keep=[]
 )
-# The head pulled the base by its digest: that reference keeps it after its local tag is gone.
+# The head pulled each base by its digest: that reference keeps it after its local tag is gone.
+# Every one it pulled is in its pulled-images record (each stack's, every release's), and the
+# current one also when it was pulled before the record existed.
 base = settings.image_ref
 tag = serving_tag(settings)
 pulled = host.get_fact(ImageState, image_repo=knobs.image_repo, base_image=base, tag=tag).ref
+recorded = host.get_fact(FileContents, path=host_paths["pulled_images"]) or []
+bases = sorted({ref.strip() for ref in recorded if ref.strip()} | ({base} if pulled else set()))
 server.shell(
-    name="Remove the base image pulled by its digest",
-    commands=prune_commands([base], keep=[]),
-    _if=lambda: pulled is not None,
+    name="Remove every base image pulled by its digest",
+    commands=prune_commands(bases, keep=[]),
+    _if=lambda: bool(bases),
 )
 
 gone = [

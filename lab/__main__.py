@@ -120,12 +120,14 @@ def repos_to_lock(state: dict[str, Any]) -> list[tuple[str, str]]:
 def make_lockfiles(state: dict[str, Any]) -> str:
     """Lock the stand-in's repos (every stack's) the way an operator locks the real ones: the
     real huggingface_hub client against the Hub stand-in (from inside the lab namespace)."""
+    from sparkrig.lockfile import lock_name
+
     locks = STATE_DIR / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     inet = state["internet_address"]
     _wait_port(inet, HUB_PORT, timeout=30)
     for repo, revision in repos_to_lock(state):
-        out = locks / (repo.split("/")[-1] + ".lock.json")
+        out = locks / lock_name(repo)
         subprocess.run(
             ["ip", "netns", "exec", net.NS, sys.executable, "-m", "sparkrig.lockfile", "refresh",
              "--repo", repo, "--revision", revision, "--endpoint", state["hub_endpoint"],

@@ -56,8 +56,8 @@ LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 MODEL_REPO = "sparkrig-test/tiny-model"
 DRAFTER_REPO = "sparkrig-test/tiny-drafter"
 # The lab's small stand-ins for each stack's target and drafter (lab/__main__.py puts them in the
-# inventory's stack_pins): vllm-nvfp4 keeps the standard pair; distinct last names, so each gets
-# its own lockfile in one lockfile_dir (sparkrig.lockfile.lock_name).
+# inventory's stack_pins): vllm-nvfp4 keeps the standard pair; each repo gets its own lockfile
+# in one lockfile_dir (sparkrig.lockfile.lock_name: owner--Name.lock.json).
 STACK_REPOS = {
     "vllm-nvfp4": (MODEL_REPO, DRAFTER_REPO),
     "entrpi-exl3": ("sparkrig-test/tiny-exl3", "sparkrig-test/tiny-drafter-mxfp8"),

@@ -334,11 +334,22 @@ def _layers_of(ref: str) -> str:
     return f"docker image inspect --format '{fmt}' {shlex.quote(ref)}"
 
 
-def pull_command(base_image: str, local: str, have_ref: bool) -> str:
+def pulled_record_line(base_image: str, record: str) -> str:
+    """Add ``base_image`` to the head's pulled-images record (one reference a line, each once):
+    what uninstall.py removes, every stack's base the head ever pulled, not only the current."""
+    ref, path = shlex.quote(base_image), shlex.quote(record)
+    return (
+        f"mkdir -p {shlex.quote(str(Path(record).parent))} && "
+        f"{{ grep -qxF {ref} {path} 2>/dev/null || echo {ref} >> {path}; }}"
+    )
+
+
+def pull_command(base_image: str, local: str, have_ref: bool, record: str = "") -> str:
+    """Pull by digest (unless the reference is here) and name it the local base; with
+    ``record``, note the reference in the pulled-images record."""
     tag = f"docker tag {shlex.quote(base_image)} {shlex.quote(local)}"
-    if have_ref:
-        return tag
-    return f"docker pull --quiet {shlex.quote(base_image)} && {tag}"
+    cmd = tag if have_ref else f"docker pull --quiet {shlex.quote(base_image)} && {tag}"
+    return f"{cmd} && {pulled_record_line(base_image, record)}" if record else cmd
 
 
 def save_command(local: str, transfer: str, directory: str, stem: str) -> str:
@@ -501,7 +512,9 @@ def repo_tags(values: Values, image_repo: str) -> list[str]:
 
 
 @operation()
-def base_image_pulled(image_repo: str, base_image: str, tag: str) -> Generator[Any, None, None]:
+def base_image_pulled(
+    image_repo: str, base_image: str, tag: str, record: str = ""
+) -> Generator[Any, None, None]:
     """
     Pull the base image by its pinned digest from its registry and name it the local base (the
     head's job: ``on_head``; the workers copy it from the head).
@@ -509,6 +522,7 @@ def base_image_pulled(image_repo: str, base_image: str, tag: str) -> Generator[A
     + image_repo: local repository of sparkrig images
     + base_image: ``repo@sha256:<digest>``
     + tag: the patched tag this run wants (read by the same fact)
+    + record: the pulled-images record the reference is added to (uninstall.py reads it)
     """
     report = image_of(read_here("image"), image_repo=image_repo, base_image=base_image, tag=tag)
     local = local_base(image_repo, base_image)
@@ -520,7 +534,7 @@ def base_image_pulled(image_repo: str, base_image: str, tag: str) -> Generator[A
         _log(f"base image: will pull {base_image} from its registry")
     else:
         _log(f"base image: {base_image} is here; will name it {local}")
-    yield _sh(pull_command(base_image, local, have_ref=not pull))
+    yield _sh(pull_command(base_image, local, have_ref=not pull, record=record))
 
 
 @operation(is_idempotent=False)

@@ -7,8 +7,8 @@ sorted and stable, so a weights change shows up in review as a diff. The host-si
 (files/sparkhost/lockfile.py); the deploy never needs the Hub API afterwards.
 
     python3 -m sparkrig.lockfile refresh --repo ORG/NAME --revision main \
-        --endpoint https://huggingface.co --out locks/NAME.lock.json
-    python3 -m sparkrig.lockfile show locks/NAME.lock.json
+        --endpoint https://huggingface.co --out locks/ORG--NAME.lock.json
+    python3 -m sparkrig.lockfile show locks/ORG--NAME.lock.json
 
 Only huggingface_hub's metadata calls are used (``model_info`` to resolve the revision and read
 whether the repo is gated, ``list_repo_tree(recursive=True, expand=True)`` for the file list). The
@@ -143,8 +143,30 @@ def diff(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, list[str]
 
 
 def lock_name(repo: str) -> str:
-    """Default lockfile name for a repo: 'org/Name' -> 'Name.lock.json'."""
+    """Default lockfile name for a repo: 'owner/Name' -> 'owner--Name.lock.json' (the Hub's own
+    separator in its cache names). Two stacks may pin repos of one name under different owners
+    (LibertAIDAI/ and nvidia/GLM-5.3-Flash-NVFP4): one lockfile_dir holds both."""
+    return repo.replace("/", "--") + ".lock.json"
+
+
+def legacy_lock_name(repo: str) -> str:
+    """The name lockfiles had before stacks: 'owner/Name' -> 'Name.lock.json' (still read)."""
     return repo.split("/")[-1] + ".lock.json"
+
+
+def lock_path(lockfile_dir: str, repo: str) -> Path:
+    """The lockfile of ``repo`` in ``lockfile_dir``: ``owner--Name.lock.json``, else one of the
+    legacy name ``Name.lock.json`` that is for ``repo`` (another owner's is not taken); the
+    per-repo name when neither exists (where to make it)."""
+    path = Path(lockfile_dir) / lock_name(repo)
+    legacy = Path(lockfile_dir) / legacy_lock_name(repo)
+    if path.exists() or not legacy.exists():
+        return path
+    try:
+        owner = json.loads(legacy.read_text()).get("repo")
+    except (OSError, ValueError, AttributeError):
+        return legacy  # unreadable: checked() says why, naming it
+    return legacy if owner == repo else path
 
 
 def checked(
@@ -153,10 +175,10 @@ def checked(
     """The lockfile of ``repo`` in ``lockfile_dir`` (its text and content), checked against the
     pinned ``revision``; DeployError naming the command that makes it when it is missing, bad or
     for another commit (the deploy stops before any host command)."""
-    path = Path(lockfile_dir) / lock_name(repo)
+    path = lock_path(lockfile_dir, repo)
     refresh = (
         f"python3 -m sparkrig.lockfile refresh --repo {repo} --revision {revision} "
-        f"--endpoint {endpoint} --out {path}"
+        f"--endpoint {endpoint} --out {Path(lockfile_dir) / lock_name(repo)}"
     )
     if not path.exists():
         raise DeployError(f"no lockfile {path} for {repo}; make it with:\n  {refresh}")
@@ -184,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--revision", default="main", help="branch, tag or commit (resolved)")
     r.add_argument("--endpoint", default="https://huggingface.co")
     r.add_argument("--repo-type", default="model", choices=["model", "dataset"])
-    r.add_argument("--out", help="lockfile path (default locks/<name>.lock.json)")
+    r.add_argument("--out", help="lockfile path (default locks/<owner>--<name>.lock.json)")
     sh = sub.add_parser("show", help="summarise a lockfile")
     sh.add_argument("lock")
     args = ap.parse_args(argv)

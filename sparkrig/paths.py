@@ -23,6 +23,8 @@ def paths(s: Settings) -> dict[str, str]:
         "pair_token": f"{k.config_dir}/pair-token",
         "api_key": f"{k.config_dir}/api-key",
         "api_key_env": f"{k.config_dir}/api-key.env",
+        # the head's record of every base image it pulled by digest (uninstall.py removes them)
+        "pulled_images": f"{k.config_dir}/pulled-images",
         "agent_unit": "/etc/systemd/system/sparkrig-agent.service",
         "watchdog_unit": "/etc/systemd/system/sparkrig-watchdog.service",
         "supervisor_unit": "/etc/systemd/system/sparkrig-supervisor.service",

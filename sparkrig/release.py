@@ -316,6 +316,21 @@ def change(s: Settings, report: ReleaseReport) -> str:
     return f"{serving.label()} -> {want.label()}"
 
 
+def bench_to_reach(want: Release, report: ReleaseReport) -> dict[str, Any]:
+    """The short-bench figures a release change is held to (sparkrig/benchgate.py): each stack
+    against its own. Within one stack, the serving release's (today's gate); across a stack
+    switch, the newest kept release of the wanted stack that recorded figures (a switch back
+    is held to what that stack measured here before), else none: the new stack's first figures
+    become its baseline (another engine's speed is no floor for it)."""
+    serving = report.serving
+    if serving is None or serving.identity == want.identity:
+        return {}
+    if serving.stack == want.stack:
+        return dict(serving.bench)
+    mine = [r for r in report.releases if r.stack == want.stack and r.bench]
+    return dict(mine[0].bench) if mine else {}
+
+
 def stamped(s: Settings, report: ReleaseReport, shas: dict[str, str]) -> tuple[Release, ...]:
     """The record once the wanted release passed the gates, its files' digests from ``shas``."""
     return history(wanted(s, shas), report.releases, s.knobs.keep_releases)

@@ -20,7 +20,7 @@ from pyinfra.facts.server import Command
 from sparkhost import rankenv
 from sparkhost.gid import GidNotFound, select_gid
 
-from sparkrig import hostpkg
+from sparkrig import hostpkg, stackfiles
 from sparkrig.fabric import RoceGids
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.failing import fail_host
@@ -117,6 +117,7 @@ def docker_run_args(s: Settings, image: str | None = None, serving: bool = True)
         *api_env,
         "--volume", f"{k.weights_dir}:{k.weights_dir}:ro",
         *cache_volumes(s, image),
+        *(stackfiles.volumes(s) if serving else []),  # the stack's files (e.g. a chat template)
         *k.container_gpu_args,
         "--entrypoint", "vllm",
     ]  # fmt: skip

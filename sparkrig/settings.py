@@ -743,10 +743,11 @@ def api_url(s: Settings) -> str:
 def api_target(inventory: Any) -> dict[str, Any]:
     """What `python3 -m sparkrig.bench --inventory` measures: the head's API as the control
     machine reaches it (``api_url``), the served model, the profile and the control side's API
-    key file (None when api_auth is off)."""
+    key file (None when api_auth is off) and the stack it serves (its published figures)."""
     s = next(v for v in build(view_of(inventory)).values() if v.me.is_head)
     k = s.knobs
     return {
+        "stack": k.stack,
         "url": api_url(s),
         "model": k.served_model_name,
         "profile": k.profile,

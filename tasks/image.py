@@ -21,6 +21,7 @@ from sparkrig.image import (
     serving_tag,
 )
 from sparkrig.ordering import on_head, on_workers
+from sparkrig.paths import paths
 from sparkrig.settings import current, for_inventory
 
 settings = current()
@@ -59,6 +60,7 @@ on_head(
     image_repo=knobs.image_repo,
     base_image=base,
     tag=tag,
+    record=paths(settings)["pulled_images"],
 )
 served = on_head(
     is_head,

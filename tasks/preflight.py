@@ -4,7 +4,7 @@ anything on it changes."""
 
 from pyinfra import host, inventory, logger, state
 
-from sparkrig import baseline, hoststate
+from sparkrig import baseline, hoststate, stackfiles
 from sparkrig.failing import problems_absent
 from sparkrig.image import serving_tag
 from sparkrig.pairsecret import api_key, pair_secret
@@ -72,6 +72,7 @@ if settings.me.is_head and settings.knobs.reach_check:
         weights_missing=sum(fetch_bytes.values()) > 0,
         image_missing=held_image.needs_registry(base),
     )
+    wanted.update(stackfiles.wanted_urls(settings))  # the stack's files the head still lacks
     if wanted:
         reached = host.get_fact(Reach, urls=tuple(wanted), _ignore_errors=True)
         found += reach_problems(wanted, reached)

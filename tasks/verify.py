@@ -19,6 +19,7 @@ from sparkrig.image import images_to_keep, old_images_pruned
 from sparkrig.ordering import on_head
 from sparkrig.pairrestart import pair_restart
 from sparkrig.release import (
+    bench_to_reach,
     change,
     history,
     images_kept,
@@ -82,6 +83,7 @@ rolls_back.watch(
 head_in_run = inventory.get_host(settings.head.name) in state.activated_hosts
 # A release that changes (or the first one) must reach 1 - bench_tolerance of the previous
 # release's short-bench figures (sparkrig/benchgate.py); the first one's become the baseline.
+# Each stack is held to its own: a stack switch to that stack's last kept figures, or none.
 # The bench runs from the control machine; a shortfall decides the rollback like a failed gate.
 serving = record.serving
 gate_wanted = knobs.bench_gate and head_in_run and (bool(release_change) or serving is None)
@@ -98,7 +100,7 @@ rolls_back.watch(
             key_file=knobs.api_key_file if knobs.api_auth else None,
             profile=knobs.profile,
         ),
-        previous=dict(serving.bench) if release_change and serving is not None else {},
+        previous=bench_to_reach(wanted(settings), record),
         tolerance=knobs.bench_tolerance,
         timeout_s=knobs.bench_timeout_s,
         record=lambda figures: setattr(benched, "measured", figures),

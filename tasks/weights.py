@@ -9,13 +9,14 @@ from pyinfra import host, inventory, state
 from pyinfra.operations import server
 from sparkhost.lockfile import installed_path
 
-from sparkrig import hostpkg, hoststate
+from sparkrig import hostpkg, hoststate, stackfiles
 from sparkrig.ordering import on_head, on_workers
 from sparkrig.owned import directory_owned, file_present, secret_installed
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
 from sparkrig.release import LEGACY_DIRS, weights_adopted
 from sparkrig.settings import current, for_inventory
+from sparkrig.stackfiles import stack_file_present
 from sparkrig.weights import (
     artifacts,
     token_text,
@@ -153,3 +154,15 @@ on_head(
     commands=["systemctl stop sparkrig-weights-serve"],
     _if=serving.did_change,
 )
+
+# The stack's own files (sparkrig/stackfiles.py: e.g. sfxnz-v13's chat template), fetched by the
+# head at their pinned commits; head-only, so no worker gets them. None for most stacks: then no
+# operation at all (the stack is the same on every host, so is this sequence).
+for stack_file in host.loop(list(settings.stack.files)):
+    on_head(
+        is_head,
+        stack_file_present,
+        name="Fetch the stack's file on the head at its pinned commit",
+        f=stack_file,
+        dest=stackfiles.host_path(settings, stack_file),
+    )

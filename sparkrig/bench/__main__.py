@@ -18,6 +18,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from sparkhost.gate import read_api_key
 
@@ -53,8 +54,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--protocol", choices=PROTOCOLS, default="seed000",
                    help="seed000: seeds 000/003's (default); seed004: seed 004's")  # fmt: skip
     p.add_argument("--stack", help="the stack measured, recorded in the result (compare judges "
-                   f"it against that stack's published figures; default {published.DEFAULT_STACK} "
-                   "with --inventory)")  # fmt: skip
+                   "it against that stack's published figures; with --inventory, default: the "
+                   "stack the inventory deploys)")  # fmt: skip
     p.add_argument("--json", type=Path, help="write the run's JSON here (figure beside it)")
     p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--short", action="store_true", help="the release gate's short bench")
@@ -81,6 +82,12 @@ def protocol_of(args: argparse.Namespace) -> Protocol:
     return p
 
 
+def measured_stack(given: str | None, inventory_target: dict[str, Any]) -> str:
+    """The stack an --inventory run measures: ``--stack`` when given, else the one the inventory
+    and its group data deploy (``stack`` knob), else the default stack."""
+    return given or inventory_target.get("stack") or published.DEFAULT_STACK
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["compare"]:
@@ -95,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         t = target.read(args.inventory, Path.cwd())
         url, model, profile = t["url"], args.model or t["model"], args.profile or t["profile"]
         key_file = args.api_key_file or t["api_key_file"]
-        # the deployed stack; sparkrig.stacks (issue 33) will name it from the inventory
-        stack = args.stack or published.DEFAULT_STACK
+        stack = measured_stack(args.stack, t)
     else:
         if not args.model:
             parser().error("--url needs --model (the served model name)")

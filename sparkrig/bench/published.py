@@ -6,11 +6,12 @@ Its published figures come from, first to last:
 1. a published-figures file (``compare --published FILE``), JSON of the form
    ``{"<stack>": {"<protocol>": [{"figure": ..., "value": 27.4 or [low, high], "source": ...,
    "condition": ..., "lower_is_better": false}]}}``; a stack the file names takes only the file's
-   figures. This is the seam for the stack declarations (sparkrig.stacks, issue 33 item 1): each
-   stack's expected figures, with their sources, written in this form;
-2. the figures below: seed 004's for the two stacks it measured (seed 004 protocol), and for
-   today's recipe (``vllm-nvfp4``, or a result with no stack) the running profile's figures of
-   seeds 000 and 003 (sparkrig/bench/expected.py, seed 000 protocol).
+   figures (figures not yet in a declaration, or another source's);
+2. the stack's declaration (``Stack.figures``, sparkrig/stacks/): the one source of published
+   figures, each with its source. A result with no stack is today's recipe's (vllm-nvfp4);
+   figures of one profile apply to a run of that profile only;
+3. for a stack not declared here (TensorFold, issue 34, until its declaration lands), seed 004's
+   figures of it (``UNDECLARED``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkrig.stacks import DEFAULT_STACK, STACKS
+
 from . import expected
 
-DEFAULT_STACK = "vllm-nvfp4"  # today's recipe (seeds 000-002): the stack knob's default
 SEED_004 = "seed 004 (004_d4f0c35b177c450a.txt, one operator, 2x DGX Spark, two stacks)"
 SEED_004_CONDITION = (
     "one streamed call, temperature 0.2, 384 tokens, prompt around 3.7k tokens (seed 004 line 1)"
@@ -40,43 +42,36 @@ class Published:
     lower_is_better: bool = False
 
 
-def _seed004(prose: float, low: float, high: float, pre_prose: float, pre_code: float,
-             cap: int, who: str) -> tuple[Published, ...]:  # fmt: skip
-    """Seed 004 line 7, in its order: prose decode, code at reasoning low, code at reasoning max,
-    prefill on the prose prompt, prefill on the code prompt, the context cap (the result's
-    max_model_len, from /v1/models)."""
-    c = f"{who}; {SEED_004_CONDITION}"
-    return (
-        Published("prose_decode_tok_s", prose, prose, SEED_004, c),
-        Published("code_low_decode_tok_s", low, low, SEED_004, c),
-        Published("code_max_decode_tok_s", high, high, SEED_004, c),
-        Published("prose_prefill_tok_s", pre_prose, pre_prose, SEED_004, c),
-        Published("code_prefill_tok_s", pre_code, pre_code, SEED_004, c),
-        Published("max_model_len", cap, cap, SEED_004, c),
-    )
-
-
-# Seed 004 line 7: "Prose decode was 27.4 tok/s on Entrpi and 35.8 on TensorFold. Code at reasoning
-# low was 53.6 and 36.3. Code at reasoning max was 62.7 and 44.6. Prefill on the prose prompt was
-# 1,369 tok/s and 1,342. On the code prompt, 1,306 and 1,364. Context cap is 524,288 on Entrpi and
-# 1,048,576 on TensorFold." The TensorFold figures are the seed author's own TensorFold stack on
-# neko-legends' EXL3 (line 5), not another recipe's (docs/stacks-facts.md section 0.2).
-SEED004_FIGURES: dict[str, tuple[Published, ...]] = {
-    "entrpi-exl3": _seed004(27.4, 53.6, 62.7, 1369.0, 1306.0, 524288,
-                            "Entrpi's kit, brandonmusic's 4bpw EXL3, MXFP8 DFlash2 drafter"),
-    "tensorfold": _seed004(35.8, 36.3, 44.6, 1342.0, 1364.0, 1048576,
-                           "TensorFold, neko-legends' EXL3, incoai's DFlash2"),
+# Seed 004 line 7's TensorFold figures: "Prose decode was ... 35.8 on TensorFold. Code at reasoning
+# low was ... 36.3. Code at reasoning max was ... 44.6. Prefill on the prose prompt was ... 1,342.
+# On the code prompt, ... 1,364. Context cap is ... 1,048,576 on TensorFold." The seed author's
+# own TensorFold stack on neko-legends' EXL3 (line 5; docs/stacks-facts.md section 0.2). Moves
+# into the TensorFold stack's declaration when it is declared (a declared stack wins).
+_TF = f"TensorFold, neko-legends' EXL3, incoai's DFlash2; {SEED_004_CONDITION}"
+UNDECLARED: dict[str, dict[str, tuple[Published, ...]]] = {
+    "tensorfold": {"seed004": (
+        Published("prose_decode_tok_s", 35.8, 35.8, SEED_004, _TF),
+        Published("code_low_decode_tok_s", 36.3, 36.3, SEED_004, _TF),
+        Published("code_max_decode_tok_s", 44.6, 44.6, SEED_004, _TF),
+        Published("prose_prefill_tok_s", 1342.0, 1342.0, SEED_004, _TF),
+        Published("code_prefill_tok_s", 1364.0, 1364.0, SEED_004, _TF),
+        Published("max_model_len", 1048576, 1048576, SEED_004, _TF),
+    )},
 }  # fmt: skip
 
 Table = Mapping[str, Mapping[str, Sequence[Published]]]  # stack -> protocol -> figures
 
 
 def builtin(stack: str | None, protocol: str, profile: str | None) -> list[expected.Figure]:
-    if protocol == "seed004":
-        return list(SEED004_FIGURES.get(stack or "", ()))
-    if stack in (None, DEFAULT_STACK):
-        return [e for e in expected.EXPECTED if e.profile == profile]
-    return []
+    """The declared figures of ``stack`` (None: the default stack) for ``protocol``: those of
+    no profile, and those of ``profile``."""
+    name = stack or DEFAULT_STACK
+    if name not in STACKS:
+        return list(UNDECLARED.get(name, {}).get(protocol, ()))
+    declared = STACKS[name]
+    one = len(declared.profiles) == 1  # a stack serving one profile: its figures are its own
+    return [f for f in declared.figures
+            if f.protocol == protocol and (one or f.profile in ("", profile))]  # fmt: skip
 
 
 def figures_for(result: dict[str, Any], table: Table | None = None) -> list[expected.Figure]:

@@ -23,6 +23,8 @@ Family = Literal["vllm", "tensorfold"]
 # available: MemAvailable must reach the floor (MiaAI's / TensorFold's budget).
 MemoryMeasure = Literal["memfree", "used", "available"]
 ApiAuth = Literal["vllm-api-key", "none"]
+# How the pair's ranks stop (tasks/pair_stop.py): every rank in one step, or one side first.
+StopOrder = Literal["together", "head-first", "workers-first"]
 
 
 @dataclass(frozen=True)
@@ -55,14 +57,56 @@ class Profile:
 
 @dataclass(frozen=True)
 class Figure:
-    """A published figure the stack is expected to reach, with where it was published."""
+    """A published figure the stack is expected to reach, with where it was published: the one
+    source of published figures (sparkrig/bench/published.py judges bench results by them, the
+    README's stacks table shows them). A figure of a bench protocol (``seed000``, ``seed004``) is
+    named as the bench's result names it (sparkrig/bench/expected.py ``lookup``)."""
 
-    name: str  # e.g. "decode_tok_s_prose", "prefill_tok_s"
-    value: float
-    unit: str  # "tok/s"
-    protocol: str  # the bench protocol it was measured with ("seed000", "seed004")
+    name: str  # e.g. "single_stream_tok_s", "decode_tok_s.8", "prose_decode_tok_s"
+    value: float  # the figure, or the low end of a published range
+    unit: str  # "tok/s", "s", "U+FFFD/10k chars", "tokens"
+    protocol: str  # the protocol it was measured with ("seed000", "seed004", the publisher's)
     source: str  # seed file or URL
     profile: str = ""  # the profile it was measured with ("" when the stack serves one)
+    upper: float | None = None  # the high end of a published range (None: a single figure)
+    condition: str = ""  # what was measured, as the source says it
+    lower_is_better: bool = False  # a latency or a defect rate
+    causes: str = ""  # the likely causes when a run falls short (the recipe's own experience)
+
+    # the shape sparkrig/bench/expected.py judges (its Figure protocol)
+    @property
+    def figure(self) -> str:
+        return self.name
+
+    @property
+    def low(self) -> float:
+        return self.value
+
+    @property
+    def high(self) -> float:
+        return self.value if self.upper is None else self.upper
+
+
+@dataclass(frozen=True)
+class StackFile:
+    """A file the stack's recipe provides beside its image (e.g. sfxnz's chat template): one
+    file of a GitHub repository at one commit, fetched by the head (sparkrig/stackfiles.py) and
+    mounted read-only into the ranks that use it."""
+
+    name: str  # the file's name on the host (under the stack files directory)
+    repo: str  # GitHub owner/name
+    commit: str  # 40-hex commit: the raw URL at a commit serves that commit's bytes only
+    path: str  # the file's path in the repository
+    container_path: str  # where the rank's container sees it (read-only)
+    # sha256 of the bytes, checked after the download; None: not known from a checked source
+    # (the commit URL pins it; the head logs the digest it fetched)
+    sha256: str | None = None
+    head_only: bool = True  # only rank 0 mounts it (a chat template: the API is rank 0's)
+    why: str = ""  # what the recipe uses it for, with its source
+
+    @property
+    def url(self) -> str:
+        return f"https://raw.githubusercontent.com/{self.repo}/{self.commit}/{self.path}"
 
 
 @dataclass(frozen=True)
@@ -107,7 +151,9 @@ class Stack:
     # container path -> what it caches; each is mounted from the persistent cache_dir, per image
     # (one cache: <cache_dir>/<image>; several: <cache_dir>/<image>/<path made a name>)
     caches: Mapping[str, str] = field(default_factory=dict)
-    stop_order: Literal["head-first", "workers-first"] = "head-first"
+    stop_order: StopOrder = "together"  # the recipe's own, with its source
+    # files the recipe provides beside its image (sparkrig/stackfiles.py fetches and mounts them)
+    files: tuple[StackFile, ...] = ()
     figures: tuple[Figure, ...] = ()
     sources: tuple[str, ...] = ()  # where the declaration's facts were read
     default_profile: str = ""  # what `profile = None` serves; "": the first declared profile

@@ -38,6 +38,10 @@ INSTALL = "Entrpi install.sh v2.3 (stored copy id 57442114892)"
 LAUNCHER = "Entrpi scripts/launch-glm53-vllm-tp2.sh at kit 63f254f (frozen copy id 68383410109)"
 README = "Entrpi README v2.3 (stored copy id 57479311866)"
 SEED_004 = "seed 004 (shared/seeds/004_d4f0c35b177c450a.txt)"
+SEED_004_RUN = (
+    "Entrpi's kit, brandonmusic's 4bpw EXL3, MXFP8 DFlash2 drafter; one streamed call, "
+    "temperature 0.2, 384 tokens, prompt around 3.7k tokens (seed 004 line 1)"
+)
 
 # The fork's own pieces (facts §E.6): vLLM 0.33.0's parser refuses the three --mixed-prefill-*
 # flags ("unrecognized arguments"); it parses the two values, which its engine config refuses
@@ -171,7 +175,8 @@ STACK = Stack(
         "/root/.cache/vllm": "vLLM torch.compile and CUDA graph caches",
         "/cache": "HF_HOME=/cache/huggingface (trust-remote-code modules)",
     },
-    # install.sh and README: "always head down first, worker up first"
+    # install.sh and README: "always head down first, worker up first" (a new worker that
+    # rendezvouses with the old head dies: docs/stacks-facts.md §E, stop)
     stop_order="head-first",
     figures=(
         # README v2.3: single request, median of five 400-token runs, greedy
@@ -184,12 +189,14 @@ STACK = Stack(
         # README v2.3, MiaAI's protocol (scripts/bench_decode_miaai.py)
         Figure("decode_tok_s_prose", 31.1, "tok/s", "miaai", README),
         Figure("decode_tok_s_structured", 74.7, "tok/s", "miaai", README),
-        # seed 004: an operator's run of this kit on Brandon's K4 with the MXFP8 drafter
-        Figure("decode_tok_s_prose", 27.4, "tok/s", "seed004", SEED_004),
-        Figure("decode_tok_s_code_reasoning_low", 53.6, "tok/s", "seed004", SEED_004),
-        Figure("decode_tok_s_code_reasoning_max", 62.7, "tok/s", "seed004", SEED_004),
-        Figure("prefill_tok_s_prose", 1369.0, "tok/s", "seed004", SEED_004),
-        Figure("prefill_tok_s_code", 1306.0, "tok/s", "seed004", SEED_004),
-    ),
+        # seed 004 line 7: an operator's run of this kit on Brandon's K4 with the MXFP8 drafter,
+        # in the bench's seed004 names (sparkrig/bench/seed004.py)
+        Figure("prose_decode_tok_s", 27.4, "tok/s", "seed004", SEED_004, condition=SEED_004_RUN),
+        Figure("code_low_decode_tok_s", 53.6, "tok/s", "seed004", SEED_004, condition=SEED_004_RUN),
+        Figure("code_max_decode_tok_s", 62.7, "tok/s", "seed004", SEED_004, condition=SEED_004_RUN),
+        Figure("prose_prefill_tok_s", 1369.0, "tok/s", "seed004", SEED_004, condition=SEED_004_RUN),
+        Figure("code_prefill_tok_s", 1306.0, "tok/s", "seed004", SEED_004, condition=SEED_004_RUN),
+        Figure("max_model_len", 524288, "tokens", "seed004", SEED_004, condition=SEED_004_RUN),
+    ),  # fmt: skip
     sources=(BUILD, INSTALL, LAUNCHER, README, SEED_004, "docs/stacks-facts.md §E"),
 )

@@ -52,7 +52,7 @@ def test_two_stacks_side_by_side_each_against_its_own_published_figures(
         ["1290", "1306", "WITHIN"],
         ["1360", "1364", "WITHIN"],
     ]
-    assert out.count("seed 004 (004_d4f0c35b177c450a.txt") == 2  # each stack's source, once
+    assert out.count("004_d4f0c35b177c450a.txt") == 2  # each stack's source, once
     assert re.search(r"entrpi-exl3: seed 004 .*Entrpi's kit", out)
     assert "SVG: " + str(tmp_path / "cmp.svg") in out
 
@@ -106,7 +106,7 @@ def test_a_bad_published_file_is_refused_naming_what_is_wrong(tmp_path: Path, ca
 def test_two_results_of_one_stack_get_two_columns() -> None:
     cols = compare.columns([TENSORFOLD, TENSORFOLD], None)
     assert [c.name for c in cols] == ["tensorfold", "tensorfold (2)"]
-    assert cols[1].published == list(published.SEED004_FIGURES["tensorfold"])
+    assert cols[1].published == list(published.UNDECLARED["tensorfold"]["seed004"])
 
 
 def test_the_same_results_redraw_the_same_files(tmp_path: Path) -> None:
@@ -129,3 +129,21 @@ def test_a_run_is_judged_by_its_own_stacks_figures_only() -> None:
     slow = json.loads(TENSORFOLD.read_text())
     rows = expected.verdicts_of(published.figures_for(slow), slow, 0.1)
     assert [r["status"] for r in rows][:1] == ["short"] and rows[0]["causes"] == ""
+
+
+def test_the_stack_declarations_are_the_one_source_of_published_figures(monkeypatch) -> None:
+    """A result is judged by its stack's declared figures (Stack.figures): change the
+    declaration and the verdict follows; no declared stack has a table of its own here."""
+    from dataclasses import replace
+
+    from sparkrig.stacks import STACKS
+    from sparkrig.stacks.base import Figure
+
+    run = {"stack": "entrpi-exl3", "protocol_name": "seed004"}
+    assert published.figures_for(run) == [
+        f for f in STACKS["entrpi-exl3"].figures if f.protocol == "seed004"
+    ]
+    mine = Figure("prose_decode_tok_s", 99.0, "tok/s", "seed004", "a test")
+    monkeypatch.setitem(STACKS, "entrpi-exl3", replace(STACKS["entrpi-exl3"], figures=(mine,)))
+    assert published.figures_for(run) == [mine]
+    assert not set(published.UNDECLARED) & set(STACKS)  # undeclared stacks only

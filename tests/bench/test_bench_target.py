@@ -13,8 +13,9 @@ from sparkrig.bench import target
 
 def test_the_inventory_gives_the_heads_url_model_profile_and_key_file() -> None:
     t = target.read("inventory.py", REPO)
-    assert t == {"url": "http://spark-a.local:8000", "model": "glm-5.3-flash",
-                 "profile": "shared", "api_key_file": ".sparkrig/api-key"}  # fmt: skip
+    assert t == {"stack": "vllm-nvfp4", "url": "http://spark-a.local:8000",
+                 "model": "glm-5.3-flash", "profile": "shared",
+                 "api_key_file": ".sparkrig/api-key"}  # fmt: skip
     assert "gevent" not in sys.modules or not __import__("gevent.monkey").monkey.is_module_patched(
         "socket"
     )  # this process stays unpatched
@@ -23,3 +24,26 @@ def test_the_inventory_gives_the_heads_url_model_profile_and_key_file() -> None:
 def test_a_bad_inventory_is_named() -> None:
     with pytest.raises(SystemExit, match="cannot read the inventory nope.py"):
         target.read("nope.py", REPO)
+
+
+def test_the_inventory_names_the_stack_it_deploys(tmp_path) -> None:
+    """An inventory whose hosts serve entrpi-exl3 (over group_data's default): the bench records
+    that stack, so its result is judged against entrpi-exl3's figures; --stack still wins."""
+    from sparkrig.bench.__main__ import measured_stack
+
+    text = (
+        (REPO / "inventory.py")
+        .read_text()
+        .replace(
+            '"fabric_interface": "enp1s0f1np1",',
+            '"stack": "entrpi-exl3", "drafter_license_accepted": True, '
+            '"fabric_interface": "enp1s0f1np1",',
+        )
+    )
+    assert text.count('"stack": "entrpi-exl3"') == 2  # both hosts
+    (tmp_path / "inv.py").write_text(text)
+    t = target.read(str(tmp_path / "inv.py"), REPO)
+    assert t["stack"] == "entrpi-exl3" and t["profile"] == "single"
+    assert measured_stack(None, t) == "entrpi-exl3"
+    assert measured_stack("sfxnz-v13", t) == "sfxnz-v13"
+    assert measured_stack(None, {}) == "vllm-nvfp4"

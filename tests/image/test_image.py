@@ -179,3 +179,20 @@ def test_prune_keeps_what_it_is_told():
     assert image.prune_commands(tags, tags) == []
     cmds = image.prune_commands(tags, [f"{REPO}:h2", f"{REPO}:base-x"])
     assert len(cmds) == 1 and cmds[0].startswith(f"docker image rm {REPO}:h1 ")
+
+
+def test_the_head_records_each_base_it_pulls_once(tmp_path: Path) -> None:
+    """The pull (or naming) of a base adds its reference to the pulled-images record, once per
+    reference, whatever stack it is for: uninstall.py removes every one of them."""
+    import subprocess
+
+    record = tmp_path / "etc" / "pulled-images"
+    other = "registry.example/other@sha256:" + "cd" * 32
+    for ref in (BASE, BASE, other):
+        line = image.pulled_record_line(ref, str(record))
+        assert subprocess.run(["sh", "-c", line], check=False).returncode == 0
+    assert record.read_text().splitlines() == [BASE, other]
+    local = image.local_base(REPO, BASE)
+    cmd = image.pull_command(BASE, local, have_ref=False, record=str(record))
+    assert cmd.startswith(f"docker pull --quiet {BASE} && docker tag ")
+    assert cmd.endswith(image.pulled_record_line(BASE, str(record)))

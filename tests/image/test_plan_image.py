@@ -64,6 +64,9 @@ def test_bare_nodes_head_pulls_worker_copies_over_the_fabric_both_build(monkeypa
 
     head = image_commands(r, HEAD)
     assert any(f"docker pull --quiet {BASE}" in c for c in head)
+    # the head records what it pulled (uninstall.py removes every recorded base)
+    pull = next(c for c in head if f"docker pull --quiet {BASE}" in c)
+    assert f"echo {BASE} >> /etc/sparkrig/pulled-images" in pull
     assert any("docker save" in c and "/var/lib/sparkrig/images/base-" in c for c in head)
     assert any(
         "systemd-run" in c

@@ -285,6 +285,10 @@ APT_MARK = re.compile(r"^apt-mark (hold|unhold)( [a-z0-9][a-z0-9.+-]*)+$")  # sp
 UPDATE_GRUB = re.compile(r"^update-grub$")
 
 
+STACK_FILE_FETCH = re.compile(r"^/usr/bin/python3 -c '\nimport hashlib, os, sys, urllib")
+PULLED_IMAGES = "/etc/sparkrig/pulled-images"  # the head's record of the bases it pulled
+
+
 def stat_of(path: str) -> re.Pattern[str]:
     """pyinfra's File/Directory fact (uninstall.py uses the built-in files operations)."""
     return re.compile(rf"^! \(test -e {re.escape(path)} \|\| test -L ")
@@ -367,6 +371,7 @@ def bare(ip: str) -> dict[Any, Any]:
         PING_CHECK: "rc=1",
         WEIGHTS_STATE: '{"ok": false, "error": "fetcher or lockfile not installed"}',
         IMAGE_FACT: image_state(IMAGE, pulled=False, base=False, patched=False),
+        contents_of(PULLED_IMAGES): [f"__pyinfra_missing_{PULLED_IMAGES}"],  # none pulled yet
         GATES: HEALTHY_GATES,
         re.compile(r'^if \[ -n "\$TMPDIR" \]'): "/tmp",  # pyinfra's temp dir, for uploads
     }
@@ -390,6 +395,7 @@ def bare(ip: str) -> dict[Any, Any]:
         SYSCTL, NETPLAN_GENERATE, NM_RELOAD, NM_UP, DISPLACE, PING,
         FETCH, WEIGHTS_SERVE, REHASH,
         r"^sh -c 'docker (pull --quiet|tag) ",  # the head's pull
+        STACK_FILE_FETCH,  # the head fetches a stack's file (sparkrig/stackfiles.py)
         r"^sh -c 'set -e\nmkdir -p -m 700 /var/lib/sparkrig/images\n",  # save / load
         r"^sh -c 'systemctl stop sparkrig-image-serve 2>/dev/null; ",  # serve / unserve
         r"^rm -rf /opt/sparkrig/image-build && mkdir -p -m 700 /opt/sparkrig/image-build$",

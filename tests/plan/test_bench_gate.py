@@ -130,3 +130,21 @@ def test_dry_and_an_unchanged_release_never_run_the_bench(monkeypatch):
     r = apply(monkeypatch)
     assert r.exit_code == 0, r.output[-3000:]
     assert fakebench.CALLS == []
+
+
+def test_a_stack_switch_goes_through_the_bench_gate_against_its_own_stacks_figures(monkeypatch):
+    """Switching to another stack runs the short bench after the gates; the serving stack's
+    figures are no floor for another engine: a slower first run of the new stack is promoted
+    and its figures become that stack's baseline (sparkrig/release.py bench_to_reach)."""
+    from tests.plan.test_release import another_stack
+
+    converge_with_figures()
+    fakebench.answer(fakebench.result(single=12.0, four=30.0))  # far below vllm-nvfp4's
+    r = apply(monkeypatch, *another_stack(monkeypatch))
+    assert r.exit_code == 0, r.output[-3000:]
+    assert len(fakebench.CALLS) == 1  # the bench gate ran in the switch
+    assert "no figures recorded for the previous release: these are the baseline" in r.output
+    for name in (HEAD, WORKER):
+        record = uploaded_record(r, name)
+        assert [x.stack for x in record] == ["test-other", "vllm-nvfp4"]
+        assert bench_of(record[0])["single_stream_tok_s"] == 12.0

@@ -247,7 +247,7 @@ def refused_before_any_change(r: Run, message: str) -> None:
 @pytest.mark.parametrize(
     ("lock", "message"),
     [
-        (None, "no lockfile {dir}/GLM-5.3-Flash-NVFP4.lock.json"),
+        (None, "no lockfile {dir}/LibertAIDAI--GLM-5.3-Flash-NVFP4.lock.json"),
         ("0" * 40, "is for LibertAIDAI/GLM-5.3-Flash-NVFP4@" + "0" * 40 + ", not"),
     ],
     ids=["missing", "other-commit"],
@@ -256,10 +256,9 @@ def test_a_missing_or_stale_lockfile_stops_the_run_before_any_host_command(
     monkeypatch, tmp_path, lock, message
 ):
     if lock is not None:
-        data = json.loads(open("tests/plan/locks/GLM-5.3-Flash-NVFP4.lock.json").read())
-        (tmp_path / "GLM-5.3-Flash-NVFP4.lock.json").write_text(
-            json.dumps({**data, "commit": lock})
-        )
+        name = "LibertAIDAI--GLM-5.3-Flash-NVFP4.lock.json"
+        data = json.loads(open(f"tests/plan/locks/{name}").read())
+        (tmp_path / name).write_text(json.dumps({**data, "commit": lock}))
     r = apply(monkeypatch, "--data", f"lockfile_dir={tmp_path}")
     assert r.exit_code != 0
     assert message.format(dir=tmp_path) in str(r.exception) + r.output

@@ -20,7 +20,7 @@ from tests.plan.test_plan import HEAD, WORKER, apply, converge_state, refused_be
 
 GIB = 1024**3
 LOCKS = Path("tests/plan/locks")
-MODEL_LOCK = "GLM-5.3-Flash-NVFP4.lock.json"
+MODEL_LOCK = "LibertAIDAI--GLM-5.3-Flash-NVFP4.lock.json"
 
 
 def big_locks(tmp: Path, model_gib: float) -> str:
@@ -202,6 +202,7 @@ def test_a_stack_switch_needs_the_new_stacks_lockfiles_beside_the_serving_stacks
     locks = big_locks(tmp_path, 181)  # the serving stack's, and the new stack's below
     other = json.loads((tmp_path / MODEL_LOCK).read_text())
     other.update(repo="example/other-model", commit="1" * 40, revision="1" * 40)
+    # the name lockfiles had before stacks (Name.lock.json): still read when it is this repo's
     (tmp_path / "other-model.lock.json").write_text(json.dumps(other))
     teststacks.register(monkeypatch, "test-other", drafter=None)
     converge_state()
@@ -217,3 +218,52 @@ def test_a_stack_switch_needs_the_new_stacks_lockfiles_beside_the_serving_stacks
         "the serving release (stack vllm-nvfp4, image ",
     )
     assert "keeps its weights there until the new one passes its gates" in r.output
+
+
+def stack_with_a_file(monkeypatch) -> tuple[str, ...]:
+    """A test-only stack (vllm-nvfp4's pins, so the plan tests' lockfiles fit) that declares
+    sfxnz-v13's head-only chat template; the ``--data`` selecting it."""
+    from sparkrig.stacks.sfxnz_v13 import CHAT_TEMPLATE
+    from sparkrig.stacks.vllm_nvfp4 import STACK as NVFP4
+    from tests import teststacks
+
+    flags = ("--chat-template", CHAT_TEMPLATE.container_path)
+    teststacks.register(monkeypatch, "test-files", model=NVFP4.model, drafter=NVFP4.drafter,
+                        files=(CHAT_TEMPLATE,), head_flags=flags)  # fmt: skip
+    return ("--data", "stack=test-files")
+
+
+def test_the_head_fetches_the_stacks_file_after_reaching_it_and_no_worker_does(monkeypatch):
+    from sparkrig.stacks.sfxnz_v13 import CHAT_TEMPLATE
+
+    url = CHAT_TEMPLATE.url
+    fakehosts.inject(
+        "spark-a", {fakehosts.REACH: [*fakehosts.reached()[:-1], f"ok {url} 200", END]}
+    )
+    r = apply(monkeypatch, *stack_with_a_file(monkeypatch))
+    assert r.exit_code == 0, r.output[-3000:]
+    (asked,) = reach_commands(r)
+    assert url in asked  # preflight asked the head's reach of the file's URL
+    dest = f"/opt/sparkrig/stack-files/{CHAT_TEMPLATE.commit}/chat_template.jinja"
+    fetched = [c for c in r.commands[HEAD] if url in c and "urllib" in c and dest in c]
+    assert len(fetched) == 1
+    assert not [c for c in r.commands[WORKER] if url in c or dest in c]  # no other rank gets it
+    unit = r.uploads[HEAD]["/etc/systemd/system/sparkrig-head.service"].decode()
+    assert f"{dest}:/chat_template.jinja:ro" in unit and "--chat-template" in unit
+    worker_unit = r.uploads[WORKER]["/etc/systemd/system/sparkrig-worker.service"].decode()
+    assert "chat_template" not in worker_unit
+
+
+def test_a_head_that_cannot_reach_the_stacks_file_is_refused_before_any_change(monkeypatch):
+    from sparkrig.stacks.sfxnz_v13 import CHAT_TEMPLATE
+
+    url = CHAT_TEMPLATE.url
+    fakehosts.inject("spark-a", {fakehosts.REACH: [*fakehosts.reached()[:-1], f"fail {url} {DNS}",
+                                                   END]})  # fmt: skip
+    r = apply(monkeypatch, *stack_with_a_file(monkeypatch))
+    refused_before_any_change(
+        r, f"the head does not reach {url} ({DNS}) and must download the stack"
+    )  # fmt: skip
+    assert "file chat_template.jinja (sfxnz/GLM-5.3-Flash-NVFP4-vLLM-2x-DGX-Spark@f59cb7cc" in (
+        r.output
+    )

@@ -249,10 +249,10 @@ def test_an_upgrade_keeps_the_old_layout_programs_a_rollback_may_start_again(mon
 STACK_ENV = "SPARKRIG_TEST_STACK"
 
 
-def another_stack(monkeypatch) -> tuple[str, ...]:
+def another_stack(monkeypatch, **fields) -> tuple[str, ...]:
     """A test-only stack beside vllm-nvfp4 (tests/teststacks.py): the same weights pins (the
     lockfiles in tests/plan allow them), its own flag and env; the inventory pins the image. The
-    ``--data`` that selects it."""
+    ``--data`` that selects it. ``fields`` override the declaration."""
     from sparkrig.stacks.vllm_nvfp4 import STACK as NVFP4
     from tests import teststacks
 
@@ -263,6 +263,7 @@ def another_stack(monkeypatch) -> tuple[str, ...]:
         drafter=NVFP4.drafter,
         env={**NVFP4.env, STACK_ENV: "other"},
         serve_flags=(*NVFP4.serve_flags, "--test-other-flag"),
+        **fields,
     )
     return ("--data", "stack=test-other")
 
@@ -318,3 +319,39 @@ def test_dry_diff_of_a_stack_change_shows_every_file_that_changes(monkeypatch):
     written = {path for uploads in applied.uploads.values() for path in uploads if path != record}
     assert written and written <= shown, sorted(written - shown)
     assert {"/etc/sparkrig/rank.env", "/etc/systemd/system/sparkrig-head.service"} <= shown
+
+
+RESTART_STOP = "Stop every rank for an ordered pair restart"
+
+
+@pytest.mark.parametrize("order", ["head-first", "workers-first"])
+def test_a_stack_switch_stops_the_ranks_in_the_stacks_stop_order(monkeypatch, order):
+    """A stack that stops one side first (Entrpi: "always head down first"; sfxnz's stop.sh):
+    the ordered restart stops that side's rank, and only after it returned the other side's, in
+    two operations every host has. vllm-nvfp4 (together) keeps its one operation."""
+    converge_state()
+    r = apply(monkeypatch, *another_stack(monkeypatch, stop_order=order))
+    assert r.exit_code == 0, r.output
+    first, then = ("the head", "the workers")[:: 1 if order == "head-first" else -1]
+    one, two = (
+        position(r, f"{RESTART_STOP}: {first} first"),
+        position(r, f"{RESTART_STOP}: then {then}"),
+    )
+    assert one < two < position(r, "Start the worker rank")
+    assert not [op for op in r.op_order if op.endswith(RESTART_STOP)]
+    stops = {name: f"systemctl stop {s.unit_name}.service" for name, s in settings().items()}
+    for name, stop in stops.items():
+        assert stop in r.commands[name], name
+    # the first side's stop is that side's only: the other side's stop comes in the second one
+    acted = {n: [op for op in r.changed_ops.get(n, []) if RESTART_STOP in op] for n in stops}
+    head_side, worker_side = (one, two) if order == "head-first" else (two, one)
+    assert acted[HEAD] and all(op.endswith(r.op_order[head_side]) for op in acted[HEAD])
+    assert acted[WORKER] and all(op.endswith(r.op_order[worker_side]) for op in acted[WORKER])
+
+
+def test_the_default_stack_stops_every_rank_together_in_one_operation(monkeypatch):
+    converge_state()
+    r = apply(monkeypatch, *UPGRADE)
+    assert r.exit_code == 0, r.output
+    assert position(r, RESTART_STOP) < position(r, "Start the worker rank")
+    assert not [op for op in r.op_order if "first" in op and RESTART_STOP in op]

@@ -105,3 +105,20 @@ def test_uninstall_removes_the_grub_drop_in_and_regenerates_the_menu(monkeypatch
     removed = [i for i, c in enumerate(worker) if c.startswith("rm -f") and GRUB_DROPIN in c]
     assert removed and worker.index("update-grub") > removed[0]
     assert "update-grub" not in r.commands[HEAD]  # it had no drop-in
+
+
+def test_uninstall_removes_every_base_the_head_pulled_not_only_the_current(monkeypatch):
+    """A pair that served another stack before: its base, pulled by the head and listed in the
+    head's pulled-images record, goes too (a digest reference keeps an image after its tags)."""
+    converge_state()
+    old = "ghcr.io/example/old-stack@sha256:" + "ab" * 32
+    fakehosts.inject(
+        "spark-a", {fakehosts.contents_of(fakehosts.PULLED_IMAGES): [fakehosts.IMAGE, old]}
+    )
+    r = uninstall(monkeypatch, "-y")
+    assert r.exit_code == 0, r.output
+    head, worker = r.commands[HEAD], r.commands[WORKER]
+    for ref in (fakehosts.IMAGE, old):
+        removals = [c for c in head if c.startswith(f"docker image rm {ref} >/dev/null")]
+        assert len(removals) == 1, ref
+    assert not any(c.startswith(f"docker image rm {old}") for c in worker)

@@ -30,7 +30,7 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 OPERATING = ROOT / "docs" / "operating.md"  # the README's details (issue 32)
-LOCK = "tests/plan/locks/GLM-5.3-Flash-NVFP4.lock.json"
+LOCK = "tests/plan/locks/LibertAIDAI--GLM-5.3-Flash-NVFP4.lock.json"
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -25,6 +25,7 @@ DOMAINS = {
     "owned",  # files, secrets, programs, directories and units sparkrig owns
     "release",  # release record, keep/restore, rollback
     "benchgate",  # the release's bench gate: the short bench against the previous figures
+    "stackfiles",  # the stack's own files (a chat template): fetched by the head, mounted
     "pairsecret",  # the agents' secret and the API key on a rank
     "status",  # status.py's one read per rank
     "baseline",  # kernel, driver, NIC firmware, BIOS, packages: read, compared, held, kho=off

@@ -247,3 +247,24 @@ def test_adopt_leaves_a_symlink_alone(tmp_path):
     (config / "model.lock.json").write_text(json.dumps({"commit": C1}))
     assert sh(adopt_command(str(weights), "model", str(config / "model.lock.json"))).returncode == 0
     assert (weights / "model").is_symlink() and not (weights / f"model-{C1}").exists()
+
+
+def test_the_bench_gate_holds_each_stack_to_its_own_figures():
+    """Within a stack the serving release's figures; across a switch the wanted stack's newest
+    kept figures (a switch back), else none (its first figures become its baseline): Entrpi's
+    engine is never held to vllm-nvfp4's speed, nor the reverse."""
+    from dataclasses import replace
+
+    from sparkrig.release import ReleaseReport, bench_to_reach
+
+    nvfp4 = replace(rel(1), bench=(("single_stream_tok_s", 25.0),))
+    entrpi = replace(rel(2), stack="entrpi-exl3", profile="single",
+                     bench=(("single_stream_tok_s", 40.0),))  # fmt: skip
+    upgrade = replace(rel(3), bench=())
+    state = ReleaseReport(releases=(nvfp4,))
+    assert bench_to_reach(nvfp4, state) == {}  # no change: nothing to hold
+    assert bench_to_reach(upgrade, state) == {"single_stream_tok_s": 25.0}  # same stack
+    assert bench_to_reach(replace(entrpi, bench=()), state) == {}  # first entrpi: its baseline
+    back = ReleaseReport(releases=(entrpi, nvfp4))  # entrpi serves; switching back to nvfp4
+    assert bench_to_reach(upgrade, back) == {"single_stream_tok_s": 25.0}
+    assert bench_to_reach(replace(upgrade, stack="sfxnz-v13"), back) == {}

@@ -68,3 +68,12 @@ def test_a_profile_that_declares_only_its_speculation_adds_no_numbers():
 def test_the_vllm_adapter_refuses_another_family():
     with pytest.raises(ValueError, match="tensorfold family, not vllm"):
         vllm.serve_args(replace(NVFP4, family="tensorfold"), "shared", rank=0, **RANK)
+
+
+def test_each_stack_stops_in_its_recipes_order() -> None:
+    """vllm-nvfp4 keeps sparkrig's one-step stop; Entrpi ("always head down first") and sfxnz
+    (stop.sh: the head's container, then the worker's) stop the head first."""
+    from sparkrig.stacks import STACKS
+
+    orders = {"vllm-nvfp4": "together", "entrpi-exl3": "head-first", "sfxnz-v13": "head-first"}
+    assert {n: STACKS[n].stop_order for n in orders} == orders

@@ -169,3 +169,22 @@ def test_a_gated_repo_without_a_token_is_refused_naming_the_repo(
     assert ok.returncode == 0, ok.stderr
     assert lockfile.load(str(locked))["gated"] == "manual"  # the deploy reads it (settings.py)
     assert public.returncode == 0, public.stderr  # not gated: no token needed
+
+
+def test_lockfiles_are_named_per_repo_and_the_legacy_name_is_still_read(tmp_path: Path) -> None:
+    """Two stacks pin repos of one name under different owners (LibertAIDAI/ and nvidia/
+    GLM-5.3-Flash-NVFP4): each gets owner--Name.lock.json; a lockfile of the name used before
+    stacks (Name.lock.json) is read when it is this repo's, never another owner's."""
+    from sparkrig.lockfile import lock_name, lock_path
+
+    libertai, nvidia = "LibertAIDAI/GLM-5.3-Flash-NVFP4", "nvidia/GLM-5.3-Flash-NVFP4"
+    assert lock_name(libertai) == "LibertAIDAI--GLM-5.3-Flash-NVFP4.lock.json"
+    assert lock_name(libertai) != lock_name(nvidia)
+    d = str(tmp_path)
+    assert lock_path(d, nvidia) == tmp_path / lock_name(nvidia)  # neither: where to make it
+    legacy = tmp_path / "GLM-5.3-Flash-NVFP4.lock.json"
+    legacy.write_text(json.dumps({"repo": libertai, "commit": "a" * 40}))
+    assert lock_path(d, libertai) == legacy  # the legacy name, this repo's: read
+    assert lock_path(d, nvidia) == tmp_path / lock_name(nvidia)  # another owner's: not taken
+    (tmp_path / lock_name(libertai)).write_text("{}")
+    assert lock_path(d, libertai) == tmp_path / lock_name(libertai)  # the per-repo name first
