@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from sparkhost import wedge
+
 from tests.unit.test_wedge import FakeMetrics, canary_says  # the vLLM tests' loopback endpoint
 
 
@@ -53,7 +54,8 @@ def endpoint():
 
 @pytest.mark.parametrize("compact", [False, True])
 def test_the_parser_reads_tensorfolds_own_counters(compact: bool) -> None:
-    s = wedge.parse_tensorfold_health(health(running=2, prompt=5000, completion=77, compact=compact))
+    body = health(running=2, prompt=5000, completion=77, compact=compact)
+    s = wedge.parse_tensorfold_health(body)
     assert s == wedge.Sample(running=2, waiting=0, prompt_tokens=5000, generation_tokens=77)
     assert s.in_flight
     assert not wedge.parse_tensorfold_health(health()).in_flight
