@@ -216,3 +216,17 @@ def test_the_watchdog_reads_tensorfolds_health_on_the_engines_loopback_port() ->
         "sparkrig-watchdog.service.j2", **watchdog_unit_context(build(cluster(2))["spark-0"])
     )
     assert "--progress-parser" not in vllm_unit  # the default stack's unit is unchanged
+
+
+def test_preflight_memory_refusal_says_the_figures_and_spares_what_fits() -> None:
+    from sparkrig.node import NodeReport
+    from sparkrig.preflight import memory_problem
+
+    s = build(tf_cluster(profile="single"))["spark-1"]
+    small, spark = NodeReport(memtotal_kb=100 * 1024**2), NodeReport(memtotal_kb=119 * 1024**2)
+    said = memory_problem(s, small)
+    assert said is not None and "MemAvailable >= 110 GiB" in said and "100.0 GiB" in said
+    assert memory_problem(s, spark) is None  # a DGX Spark's 128 GB holds it
+    assert memory_problem(s, NodeReport()) is None  # MemTotal not read: nothing to say
+    # the default stack's floor is derived from MemTotal: it always fits
+    assert memory_problem(build(cluster(2))["spark-1"], small) is None
