@@ -748,13 +748,15 @@ def api_url(s: Settings) -> str:
 
 def api_target(inventory: Any) -> dict[str, Any]:
     """What `python3 -m sparkrig.bench --inventory` measures: the head's API as the control
-    machine reaches it (``api_url``), the served model, the profile and the control side's API
-    key file (None when api_auth is off)."""
+    machine reaches it (``api_url``), the served model, the profile, the stack (whose published
+    figures the result is shown beside) and the control side's API key file (None when api_auth
+    is off)."""
     s = next(v for v in build(view_of(inventory)).values() if v.me.is_head)
     k = s.knobs
     return {
         "url": api_url(s),
         "model": k.served_model_name,
         "profile": k.profile,
+        "stack": k.stack,
         "api_key_file": k.api_key_file if k.api_auth else None,
     }

@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         t = target.read(args.inventory, Path.cwd())
         url, model, profile = t["url"], args.model or t["model"], args.profile or t["profile"]
         key_file = args.api_key_file or t["api_key_file"]
-        # the deployed stack; sparkrig.stacks (issue 33) will name it from the inventory
-        stack = args.stack or published.DEFAULT_STACK
+        # the deployed stack, as the inventory names it (its published figures: published.py)
+        stack = args.stack or t.get("stack") or published.DEFAULT_STACK
     else:
         if not args.model:
             parser().error("--url needs --model (the served model name)")

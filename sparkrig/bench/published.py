@@ -10,7 +10,9 @@ Its published figures come from, first to last:
    stack's expected figures, with their sources, written in this form;
 2. the figures below: seed 004's for the two stacks it measured (seed 004 protocol), and for
    today's recipe (``vllm-nvfp4``, or a result with no stack) the running profile's figures of
-   seeds 000 and 003 (sparkrig/bench/expected.py, seed 000 protocol).
+   seeds 000 and 003 (sparkrig/bench/expected.py, seed 000 protocol); for another declared
+   stack, its declaration's own figures that a seed 000 result measures (``declared``: e.g.
+   tensorfold's MiaAI figures, 60.4 tok/s alone, 108.8 at 4, prefill 1,952).
 """
 
 from __future__ import annotations
@@ -71,12 +73,37 @@ SEED004_FIGURES: dict[str, tuple[Published, ...]] = {
 Table = Mapping[str, Mapping[str, Sequence[Published]]]  # stack -> protocol -> figures
 
 
+def _readable(name: str) -> bool:
+    """Whether ``expected.lookup`` reads a figure of this name from a seed 000 result."""
+    plain = ("single_stream_tok_s", "prefill_tok_s", "ttft_p50_s", "fffd_per_10k_chars")
+    return name in plain or name.startswith("decode_tok_s.")
+
+
+def declared(stack: str, profile: str | None) -> list[expected.Figure]:
+    """A declared stack's own figures (``Stack.figures``, sparkrig/stacks/) beside a seed 000
+    result: the publisher's, measured under its own protocol (e.g. MiaAI's sparkDash), so a
+    rough guide; only figures a seed 000 result measures, of the result's profile."""
+    from sparkrig.stacks import STACKS  # the declarations know no bench: this is one-way
+
+    found = STACKS.get(stack)
+    if found is None:
+        return []
+    return [
+        Published(f.name, f.value, f.value, f.source,
+                  f"{f.protocol} protocol (the publisher's own, a rough guide); profile "
+                  f"{f.profile or 'any'}")
+        for f in found.figures
+        if f.protocol != "seed004" and _readable(f.name)
+        and (not f.profile or profile in (None, f.profile))
+    ]  # fmt: skip
+
+
 def builtin(stack: str | None, protocol: str, profile: str | None) -> list[expected.Figure]:
     if protocol == "seed004":
         return list(SEED004_FIGURES.get(stack or "", ()))
     if stack in (None, DEFAULT_STACK):
         return [e for e in expected.EXPECTED if e.profile == profile]
-    return []
+    return declared(stack, profile) if stack else []
 
 
 def figures_for(result: dict[str, Any], table: Table | None = None) -> list[expected.Figure]:

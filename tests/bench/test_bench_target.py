@@ -11,10 +11,11 @@ from bench_helpers import REPO
 from sparkrig.bench import target
 
 
-def test_the_inventory_gives_the_heads_url_model_profile_and_key_file() -> None:
+def test_the_inventory_gives_the_heads_url_model_profile_stack_and_key_file() -> None:
     t = target.read("inventory.py", REPO)
     assert t == {"url": "http://spark-a.local:8000", "model": "glm-5.3-flash",
-                 "profile": "shared", "api_key_file": ".sparkrig/api-key"}  # fmt: skip
+                 "profile": "shared", "stack": "vllm-nvfp4",
+                 "api_key_file": ".sparkrig/api-key"}  # fmt: skip
     assert "gevent" not in sys.modules or not __import__("gevent.monkey").monkey.is_module_patched(
         "socket"
     )  # this process stays unpatched
