@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sparkrig.fabric import DISPLACED_DIR
 from sparkrig.node import NodeReport
+from sparkrig.serving import memory_floor_gib  # the start gate's own rule
 from sparkrig.settings import Settings
 
 GIB = 1024**3
@@ -84,8 +85,6 @@ def memory_problem(s: Settings, node: NodeReport) -> str | None:
     knob memfree_min_gib) that this node's MemTotal cannot hold: every start would wait and
     refuse, so the run is refused before any change. A derived floor (utilization x MemTotal)
     always fits, and a ceiling on used memory is no floor."""
-    from sparkrig.serving import memory_floor_gib  # the start gate's own rule
-
     gate = s.stack.memory
     floor = memory_floor_gib(s)
     if gate.measure == "used" or floor is None or not node.memtotal_kb:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkrig.stacks import STACKS  # the declarations know no bench: one way
+
 from . import expected
 
 DEFAULT_STACK = "vllm-nvfp4"  # today's recipe (seeds 000-002): the stack knob's default
@@ -83,8 +85,6 @@ def declared(stack: str, profile: str | None) -> list[expected.Figure]:
     """A declared stack's own figures (``Stack.figures``, sparkrig/stacks/) beside a seed 000
     result: the publisher's, measured under its own protocol (e.g. MiaAI's sparkDash), so a
     rough guide; only figures a seed 000 result measures, of the result's profile."""
-    from sparkrig.stacks import STACKS  # the declarations know no bench: this is one-way
-
     found = STACKS.get(stack)
     if found is None:
         return []
