@@ -62,6 +62,8 @@ STACK_REPOS = {
     "vllm-nvfp4": (MODEL_REPO, DRAFTER_REPO),
     "entrpi-exl3": ("sparkrig-test/tiny-exl3", "sparkrig-test/tiny-drafter-mxfp8"),
     "sfxnz-v13": ("sparkrig-test/tiny-nvfp4-v13", "sparkrig-test/tiny-dflash2-v13"),
+    # the tensorfold stack's EXL3 target and DFlash2 drafter pins
+    "tensorfold": ("sparkrig-test/tiny-exl3-tensorfold", "sparkrig-test/tiny-dflash2-tensorfold"),
 }
 CHUNK = 64 * 1024
 COMMIT_DATE = "2025-01-01T00:00:00.000Z"

@@ -24,6 +24,8 @@ STANDIN_SRC = LAB_DIR / "standin_vllm.py"
 STANDIN_FILES = [
     LAB_DIR / "standin_engine.py",
     LAB_DIR / "standin_flavour.py",
+    LAB_DIR / "standin_tensorfold.py",
+    LAB_DIR / "tensorfold-flags.txt",
     LAB_DIR / "vllm-flags.txt",
     LAB_DIR / "vllm-values.txt",
     *sorted((LAB_DIR / "flavours").glob("*.txt")),
@@ -39,9 +41,14 @@ SLOW_ENV = "STANDIN_SPEED=0.7"
 # (tag "flavour-<name>"), the same layer with only the flavour set.
 FLAVOUR_ENV = "SPARKRIG_STANDIN_ENGINE"
 STOCK_FLAVOUR = "vllm-0.33"
-FLAVOURS = ("vllm-0.33", "entrpi-fork", "sfxnz-v13", "never-ready")
+FLAVOURS = ("vllm-0.33", "entrpi-fork", "sfxnz-v13", "never-ready", "tensorfold-0.6")
 # the engine each stack runs (docs/stacks-facts.md): its stand-in image in the lab's stack_pins
-STACK_FLAVOURS = {"vllm-nvfp4": "vllm-0.33", "entrpi-exl3": "entrpi-fork", "sfxnz-v13": "sfxnz-v13"}
+STACK_FLAVOURS = {
+    "vllm-nvfp4": "vllm-0.33",
+    "entrpi-exl3": "entrpi-fork",
+    "sfxnz-v13": "sfxnz-v13",
+    "tensorfold": "tensorfold-0.6",
+}
 # every variant prefills at a real pair's long-prompt rate: "Prefill is flat at 1,391-1,510 tok/s
 # all the way to 200K ... a 200K token prompt, the first character takes 139.2 seconds" (seed 000,
 # Classmethod's two-Spark GLM-5.3-Flash measurements). A 200K-token prompt then holds the head
@@ -273,6 +280,9 @@ def _build_layer(rootfs: Path, files: dict[str, bytes], cache: Path) -> None:
             _add_bytes(tar, name, data, 0o644)
         wrapper = b'#!/bin/sh\nexec python3 /opt/standin/standin_vllm.py "$@"\n'
         _add_bytes(tar, "usr/local/bin/vllm", wrapper, 0o755)
+        # the tensorfold stack's engine (answers only in its flavour's image)
+        tf = b'#!/bin/sh\nexec python3 /opt/standin/standin_tensorfold.py "$@"\n'
+        _add_bytes(tar, "usr/local/bin/tensorfold", tf, 0o755)
     layer_tar = raw.getvalue()
     diff_id = "sha256:" + hashlib.sha256(layer_tar).hexdigest()
     gz = io.BytesIO()

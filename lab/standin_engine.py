@@ -273,12 +273,17 @@ class Engine:
         self.active: dict[int, Progress] = {}
         self.wedged = threading.Event()
         self.frozen: str | None = None
+        self.frozen_counts: dict[str, int] | None = None  # counts() as the wedge froze them
 
     # the wedge
+    def _freeze_locked(self) -> None:
+        self.frozen = self._metrics_locked()
+        self.frozen_counts = self._counts_locked()
+
     def wedge(self) -> None:
         with self.lock:
             if self.frozen is None:
-                self.frozen = self._metrics_locked()
+                self._freeze_locked()
             self.wedged.set()
 
     def _hang_if_wedged(self) -> None:
@@ -308,7 +313,7 @@ class Engine:
             self.running += 1
             if self.knobs.mode == "wedged" and self.served >= self.knobs.wedge_after:
                 if self.frozen is None:  # the engine's last report, this request in it
-                    self.frozen = self._metrics_locked()
+                    self._freeze_locked()
                 self.wedged.set()
             self.served += 1
         try:
@@ -383,6 +388,21 @@ class Engine:
     def metrics(self) -> str:
         with self.lock:
             return self.frozen if self.frozen is not None else self._metrics_locked()
+
+    def _counts_locked(self) -> dict[str, int]:
+        return {"running": self.running, "waiting": self.waiting, "served": self.served,
+                "prompt": self.prompt_total, "generation": self.generation_total}  # fmt: skip
+
+    def counts(self) -> dict[str, int]:
+        """The counters an engine of another family reports (lab/standin_tensorfold.py): the
+        request counts live (its HTTP side still takes requests), the token counters frozen by
+        the wedge (no token moves again)."""
+        with self.lock:
+            counts = self._counts_locked()
+            if self.frozen_counts is not None:
+                counts.update(prompt=self.frozen_counts["prompt"],
+                              generation=self.frozen_counts["generation"])  # fmt: skip
+            return counts
 
 
 def go_float(d: float) -> str:

@@ -12,6 +12,8 @@ Each flavour is test data with its source:
 - ``entrpi-fork``: Entrpi's fork (the entrpi-exl3 stack): 0.33 plus lab/flavours/entrpi-fork.txt.
 - ``sfxnz-v13``: the vLLM in sfxnz's v13 image (the sfxnz-v13 stack): its version is not known,
   so 0.33 plus lab/flavours/sfxnz-v13.txt (which says why it adds nothing).
+- ``tensorfold-0.6``: no vLLM at all: the `tensorfold` stack's image, whose engine is
+  lab/standin_tensorfold.py (TensorFold 0.6.0's CLI, lab/tensorfold-flags.txt).
 - ``never-ready``: an engine that boots and never serves (a stack whose engine never becomes
   ready: the lab's rollback test). It takes any argv the others take (their union), so it can
   stand in under any stack's name.
@@ -36,6 +38,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ENV = "SPARKRIG_STANDIN_ENGINE"
 STOCK = "vllm-0.33"
 NEVER_READY = "never-ready"
+# the tensorfold stack's image: no vLLM in it (lab/standin_tensorfold.py answers as TensorFold)
+TENSORFOLD = "tensorfold-0.6"
 FORK_FLAVOURS = ("entrpi-fork", "sfxnz-v13")  # each: 0.33 plus flavours/<name>.txt
 FLAVOURS = (STOCK, *FORK_FLAVOURS, NEVER_READY)
 CHECKED = ("quantization", "attention-backend")  # config-stage values, in vLLM's order
@@ -91,6 +95,8 @@ def load(name: str | None = None, base: str = HERE, environ: Mapping[str, str] =
          ) -> Flavour:  # fmt: skip
     """The flavour ``name``, else the image's (``$SPARKRIG_STANDIN_ENGINE``), else stock 0.33."""
     name = name or environ.get(ENV) or STOCK
+    if name == TENSORFOLD:
+        raise SystemExit("sh: 1: vllm: not found (this image's engine is TensorFold)")
     if name not in FLAVOURS:
         raise SystemExit(
             f"vllm serve (stand-in): {ENV}={name!r} is not a flavour: one of {', '.join(FLAVOURS)}"

@@ -25,7 +25,9 @@ d={weights}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 # time and a sysctl file read at an offset past 0 returns nothing ("60" would read as "6")
 set -- $(cat /proc/sys/vm/swappiness /proc/sys/vm/min_free_kbytes)
 echo "swappiness=$1"; echo "min_free_kbytes=$2"
-while read -r k v _; do [ "$k" = MemFree: ] && echo "memfree_kb=$v" && break; done < /proc/meminfo
+while read -r k v _; do
+  case $k in MemTotal:) echo "memtotal_kb=$v" ;; MemFree:) echo "memfree_kb=$v"; break ;; esac
+done < /proc/meminfo
 set -- $(uname -mr); echo "arch=$2"; echo "kernel=$1"
 if command -v nvidia-smi >/dev/null 2>&1; then
   q=name,compute_cap,driver_version
@@ -78,6 +80,7 @@ class NodeReport:
     docker: str = ""
     disk_free: int = 0
     memfree_kb: int = 0
+    memtotal_kb: int = 0  # 0: not read
     swappiness: int = -1
     min_free_kbytes: int = -1
     link_present: bool = False
@@ -102,7 +105,7 @@ class NodeReport:
 
 def parse_node_report(lines: list[str]) -> NodeReport:
     raw = parse_key_values(lines, "node report")
-    ints = ("disk_free", "memfree_kb", "swappiness", "min_free_kbytes", "mtu")
+    ints = ("disk_free", "memfree_kb", "memtotal_kb", "swappiness", "min_free_kbytes", "mtu")
     values: dict[str, Any] = {}
     try:
         for key in ints:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sparkrig.fabric import DISPLACED_DIR
 from sparkrig.node import NodeReport
+from sparkrig.serving import memory_floor_gib  # the start gate's own rule
 from sparkrig.settings import Settings
 
 GIB = 1024**3
@@ -79,6 +80,27 @@ def disk_problem(
     )
 
 
+def memory_problem(s: Settings, node: NodeReport) -> str | None:
+    """A stack whose start gate wants a pinned amount of free memory (``Stack.memory``, or the
+    knob memfree_min_gib) that this node's MemTotal cannot hold: every start would wait and
+    refuse, so the run is refused before any change. A derived floor (utilization x MemTotal)
+    always fits, and a ceiling on used memory is no floor."""
+    gate = s.stack.memory
+    floor = memory_floor_gib(s)
+    if gate.measure == "used" or floor is None or not node.memtotal_kb:
+        return None
+    total_gib = node.memtotal_kb / 1024**2
+    if total_gib >= floor:
+        return None
+    said = {"memfree": "MemFree", "available": "MemAvailable"}[gate.measure]
+    source = f" ({gate.source})" if gate.source and floor == gate.floor_gib else ""
+    return (
+        f"memory: stack {s.stack.name} starts only with {said} >= {floor:g} GiB on every "
+        f"node{source}; MemTotal here is {total_gib:.1f} GiB, so no start could pass its "
+        "gate: choose another stack (knob stack), or another node"
+    )
+
+
 def problems(
     s: Settings,
     node: NodeReport,
@@ -94,6 +116,8 @@ def problems(
         out.append("docker is not installed (DGX OS ships it; install docker.io)")
     disk = disk_problem(s, node, weights_to_fetch, kept)
     out += [disk] if disk else []
+    memory = memory_problem(s, node)
+    out += [memory] if memory else []
     iface = s.me.fabric_interface
     if not node.link_present:
         have = ", ".join(f"{name} ({state or '?'})" for name, state in node.netdevs) or "none"

@@ -29,7 +29,7 @@ from sparkrig.owned import file_present, unit_state_set
 from sparkrig.paths import paths
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
-from sparkrig.stacks.families import vllm
+from sparkrig.stacks.families import tensorfold, vllm
 from sparkrig.stateread import Part, Values, read_here
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
@@ -96,12 +96,28 @@ def api_key_env(key: str) -> str:
     return f"VLLM_API_KEY={key}\n"
 
 
+def engine_port(s: Settings) -> int:
+    """Where a fronted engine (``api_auth = "front"``) listens on the head's loopback: the
+    knob engine_port (the API front's), 8001 where this checkout has no such knob."""
+    return int(getattr(s.knobs, "engine_port", 8001))
+
+
+def rendezvous_port(s: Settings) -> int:
+    """The engine's rendezvous port on the head's fabric address: the stack's own (TensorFold's
+    29551), else the knob master_port."""
+    return s.stack.master_port or s.knobs.master_port
+
+
 def docker_run_args(s: Settings, image: str | None = None, serving: bool = True) -> list[str]:
     """``docker run`` options of a rank (docs/sources.md, "Container"), before the image name.
-    ``serving``: the vLLM container itself (the head's gets the API key env file), not the
-    smoke test."""
+    ``serving``: the engine's container itself (the head's vLLM gets the API key env file), not
+    the smoke test. The entrypoint is the stack's family's; a stack's ``run_flags`` come last."""
     k, p = s.knobs, paths(s)
-    api_env = ["--env-file", p["api_key_env"]] if serving and api_key_file(s) else []
+    keyed = s.stack.api_auth == "vllm-api-key"
+    api_env = ["--env-file", p["api_key_env"]] if serving and keyed and api_key_file(s) else []
+    entry = ["--entrypoint", "vllm"]
+    if s.stack.family == "tensorfold":
+        entry = tensorfold.run_flags(s.stack)
     args = [
         "--network", "host",
         "--ipc", "host",
@@ -119,7 +135,7 @@ def docker_run_args(s: Settings, image: str | None = None, serving: bool = True)
         *cache_volumes(s, image),
         *(stackfiles.volumes(s) if serving else []),  # the stack's files (e.g. a chat template)
         *k.container_gpu_args,
-        "--entrypoint", "vllm",
+        *entry,
     ]  # fmt: skip
     return args
 
@@ -151,6 +167,21 @@ def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
 def rank_serve_args(s: Settings) -> list[str]:
     """The rank's engine argv after the image's entrypoint, from the stack's family adapter."""
     k, p = s.knobs, paths(s)
+    if s.stack.family == "tensorfold":
+        return tensorfold.serve_args(
+            s.stack,
+            k.profile,
+            rank=s.me.rank,
+            nnodes=s.nnodes,
+            master_addr=s.head.ip,
+            master_port=rendezvous_port(s),
+            model_dir=p["model_dir"],
+            engine_port=engine_port(s),
+            served_name=k.served_model_name,
+            drafter_dir=p["drafter_dir"] if s.needs_drafter else None,
+            extra_args=k.extra_serve_args,
+            thinking=k.thinking_default,
+        )[1:]  # the entrypoint is `tensorfold`
     argv = vllm.serve_args(
         s.stack,
         k.profile,
@@ -263,6 +294,13 @@ def agent_unit_context(s: Settings) -> dict[str, Any]:
     }
 
 
+def progress_url(s: Settings) -> str:
+    """What the watchdog reads for progress (``Stack.progress_path``): on the API port, or for a
+    fronted engine on its own loopback port (TensorFold's /health needs no key)."""
+    port = engine_port(s) if s.stack.api_auth == "front" else s.knobs.api_port
+    return f"http://127.0.0.1:{port}{s.stack.progress_path}"
+
+
 def watchdog_unit_context(s: Settings) -> dict[str, Any]:
     k = s.knobs
     return {
@@ -272,7 +310,8 @@ def watchdog_unit_context(s: Settings) -> dict[str, Any]:
             probe_command(k.install_dir, k.api_port, k.served_model_name, key_file=api_key_file(s))
         ),
         "health_url": f"http://127.0.0.1:{k.api_port}/health",
-        "metrics_url": f"http://127.0.0.1:{k.api_port}/metrics",
+        "metrics_url": progress_url(s),
+        "progress_parser": s.stack.progress_parser,
         "stall": k.watchdog_stall_s,
         "interval": k.watchdog_interval_s,
         "fails": k.watchdog_fails,

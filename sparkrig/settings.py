@@ -619,6 +619,12 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                         f"{getattr(first, key)!r}; it must be equal on every host"
                     )
             problems.extend(_stack_problems(name, k))
+            declared = get(k.stack).nodes
+            if declared and ranks and len(ranks) not in declared:
+                problems.append(
+                    f"{name}: stack: {k.stack!r} serves on {' or '.join(map(str, declared))} "
+                    f"Sparks; the inventory has {len(ranks)}"
+                )
             ports = (k.api_port, k.master_port, k.master_port + 1, k.pair_port, k.copy_port)
             if len({*ports, k.agent_port, k.image_copy_port}) != 7:
                 problems.append(
@@ -751,5 +757,6 @@ def api_target(inventory: Any) -> dict[str, Any]:
         "url": api_url(s),
         "model": k.served_model_name,
         "profile": k.profile,
+        "stack": k.stack,
         "api_key_file": k.api_key_file if k.api_auth else None,
     }

@@ -599,7 +599,10 @@ def watchdog(args: argparse.Namespace) -> int:
             if not policy.healthy:
                 health_ok = http_ok(args.health_url)
             if policy.healthy or health_ok:
-                seen = wedge.probe(args.metrics_url, clock, now, lambda: canary(args.probe))
+                seen = wedge.probe(
+                    args.metrics_url, clock, now, lambda: canary(args.probe),
+                    read=lambda url: wedge.read_metrics(url, parser=args.progress_parser),
+                )  # fmt: skip
                 wedge.write_probe(wedge.probe_file(RUN), seen)
         else:
             clock.reset()
@@ -900,6 +903,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="probing starts after this answers 200 once since the start")  # fmt: skip
     d.add_argument("--metrics-url", default="http://127.0.0.1:8000/metrics",
                    help="vLLM's Prometheus metrics on the head")  # fmt: skip
+    d.add_argument("--progress-parser", choices=sorted(wedge.PARSERS), default="vllm-metrics",
+                   help="how --metrics-url is read (the engine family's counters)")  # fmt: skip
     d.add_argument("--stall", type=float, default=300,
                    help="seconds requests in flight may move nothing in /metrics")  # fmt: skip
     d.add_argument("--interval", type=float, default=60)

@@ -1,4 +1,5 @@
-"""The watchdog's probe: a long prefill told from a wedged engine, by vLLM's own /metrics.
+"""The watchdog's probe: a long prefill told from a wedged engine, by the engine's own counters
+(vLLM's /metrics; TensorFold's /health JSON: ``PARSERS``, one per engine family).
 
 While requests are in flight (vLLM's running + waiting gauges), the engine is stalled only when
 none of the values below moved for ``stall_s``; a real completion then would only queue behind the
@@ -78,10 +79,54 @@ def parse_metrics(text: str) -> Sample:
     return Sample(sums[RUNNING], sums[WAITING], sums[PROMPT_TOKENS], sums[GENERATION_TOKENS], kv)
 
 
-def read_metrics(url: str, timeout: float = 10.0) -> Sample:
-    """GET the head's /metrics (vLLM serves it without the API key); OSError or ValueError."""
+# TensorFold's /health JSON (src/tensorfold/cuda/health.py@01ecc8dc204d07484f98ded75a51d20d6515c188,
+# Health.snapshot): "requests_running" is the live request count; "prompt_tokens_total" sums the
+# prompts of finished requests; "completion_tokens_total" is finished replies' tokens plus the
+# running replies' tokens so far, so it moves with every decoded token. /health has no waiting
+# count and nothing that moves during a prefill: a prompt longer than stall_s x its prefill rate
+# (about 1,950 tok/s on the pair) looks still, so the watchdog's stall_s must cover it.
+TF_RUNNING = "requests_running"
+TF_PROMPT_TOKENS = "prompt_tokens_total"
+TF_COMPLETION_TOKENS = "completion_tokens_total"
+TF_REQUIRED = (TF_RUNNING, TF_PROMPT_TOKENS, TF_COMPLETION_TOKENS)
+
+
+def parse_tensorfold_health(text: str) -> Sample:
+    """A Sample from TensorFold's /health JSON; ValueError when it is not that JSON or lacks a
+    counter (a process that answers ``ok`` alone says nothing about progress)."""
+    try:
+        body = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"/health is not JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise ValueError("/health is not a JSON object")
+    missing = [n for n in TF_REQUIRED if n not in body]
+    if missing:
+        raise ValueError(f"/health lacks {', '.join(missing)}")
+    values: list[float] = []
+    for name in TF_REQUIRED:
+        v = body[name]
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"/health: {name} is not a number: {v!r}")
+        values.append(float(v))
+    running, prompt, completion = values
+    return Sample(running, 0.0, prompt, completion)
+
+
+# How the watchdog reads an engine's progress, by the stack's ``progress_parser``
+# (sparkrig/stacks/base.py): the rule (StallClock, probe) is the same for every engine.
+PARSERS: dict[str, Callable[[str], Sample]] = {
+    "vllm-metrics": parse_metrics,
+    "tensorfold-health": parse_tensorfold_health,
+}
+
+
+def read_metrics(url: str, timeout: float = 10.0, parser: str = "vllm-metrics") -> Sample:
+    """GET the engine's progress page on the head (vLLM's /metrics, TensorFold's /health: both
+    without a key) and parse it with ``PARSERS[parser]``; OSError or ValueError."""
+    parse = PARSERS[parser]
     with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return parse_metrics(resp.read().decode("utf-8", errors="replace"))
+        return parse(resp.read().decode("utf-8", errors="replace"))
 
 
 class StallClock:

@@ -10,8 +10,9 @@ Its published figures come from, first to last:
 2. the stack's declaration (``Stack.figures``, sparkrig/stacks/): the one source of published
    figures, each with its source. A result with no stack is today's recipe's (vllm-nvfp4);
    figures of one profile apply to a run of that profile only;
-3. for a stack not declared here (TensorFold, issue 34, until its declaration lands), seed 004's
-   figures of it (``UNDECLARED``).
+3. beside a seed 000 run of a stack declared with no seed 000 figures, its publisher's own
+   (``declared``: e.g. tensorfold's MiaAI figures, 60.4 tok/s alone, 108.8 at 4, prefill 1,952);
+4. for a stack not declared here, ``UNDECLARED`` (empty today).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkrig.stacks import DEFAULT_STACK, STACKS
+from sparkrig.stacks import DEFAULT_STACK, STACKS  # the declarations know no bench
 
 from . import expected
 
@@ -42,36 +43,50 @@ class Published:
     lower_is_better: bool = False
 
 
-# Seed 004 line 7's TensorFold figures: "Prose decode was ... 35.8 on TensorFold. Code at reasoning
-# low was ... 36.3. Code at reasoning max was ... 44.6. Prefill on the prose prompt was ... 1,342.
-# On the code prompt, ... 1,364. Context cap is ... 1,048,576 on TensorFold." The seed author's
-# own TensorFold stack on neko-legends' EXL3 (line 5; docs/stacks-facts.md section 0.2). Moves
-# into the TensorFold stack's declaration when it is declared (a declared stack wins).
-_TF = f"TensorFold, neko-legends' EXL3, incoai's DFlash2; {SEED_004_CONDITION}"
-UNDECLARED: dict[str, dict[str, tuple[Published, ...]]] = {
-    "tensorfold": {"seed004": (
-        Published("prose_decode_tok_s", 35.8, 35.8, SEED_004, _TF),
-        Published("code_low_decode_tok_s", 36.3, 36.3, SEED_004, _TF),
-        Published("code_max_decode_tok_s", 44.6, 44.6, SEED_004, _TF),
-        Published("prose_prefill_tok_s", 1342.0, 1342.0, SEED_004, _TF),
-        Published("code_prefill_tok_s", 1364.0, 1364.0, SEED_004, _TF),
-        Published("max_model_len", 1048576, 1048576, SEED_004, _TF),
-    )},
-}  # fmt: skip
+# Stacks not declared in sparkrig/stacks/ whose published figures the bench still shows (none
+# today: TensorFold's seed 004 figures moved into its declaration, issue 34).
+UNDECLARED: dict[str, dict[str, tuple[Published, ...]]] = {}
 
 Table = Mapping[str, Mapping[str, Sequence[Published]]]  # stack -> protocol -> figures
 
 
+def _readable(name: str) -> bool:
+    """Whether ``expected.lookup`` reads a figure of this name from a seed 000 result."""
+    plain = ("single_stream_tok_s", "prefill_tok_s", "ttft_p50_s", "fffd_per_10k_chars")
+    return name in plain or name.startswith("decode_tok_s.")
+
+
+def declared(stack: str, profile: str | None) -> list[expected.Figure]:
+    """A declared stack's own figures (``Stack.figures``, sparkrig/stacks/) beside a seed 000
+    result: the publisher's, measured under its own protocol (e.g. MiaAI's sparkDash), so a
+    rough guide; only figures a seed 000 result measures, of the result's profile."""
+    found = STACKS.get(stack)
+    if found is None:
+        return []
+    return [
+        Published(f.name, f.value, f.value, f.source,
+                  f"{f.protocol} protocol (the publisher's own, a rough guide); profile "
+                  f"{f.profile or 'any'}")
+        for f in found.figures
+        if f.protocol != "seed004" and _readable(f.name)
+        and (not f.profile or profile in (None, f.profile))
+    ]  # fmt: skip
+
+
 def builtin(stack: str | None, protocol: str, profile: str | None) -> list[expected.Figure]:
     """The declared figures of ``stack`` (None: the default stack) for ``protocol``: those of
-    no profile, and those of ``profile``."""
+    no profile, and those of ``profile``; beside a seed 000 run of a stack declared with none of
+    that protocol, the publisher's own (``declared``)."""
     name = stack or DEFAULT_STACK
     if name not in STACKS:
         return list(UNDECLARED.get(name, {}).get(protocol, ()))
-    declared = STACKS[name]
-    one = len(declared.profiles) == 1  # a stack serving one profile: its figures are its own
-    return [f for f in declared.figures
-            if f.protocol == protocol and (one or f.profile in ("", profile))]  # fmt: skip
+    found = STACKS[name]
+    one = len(found.profiles) == 1  # a stack serving one profile: its figures are its own
+    own = [f for f in found.figures
+           if f.protocol == protocol and (one or f.profile in ("", profile))]  # fmt: skip
+    if protocol == "seed000" and not own:
+        return declared(name, profile)
+    return own
 
 
 def figures_for(result: dict[str, Any], table: Table | None = None) -> list[expected.Figure]:

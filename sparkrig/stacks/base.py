@@ -22,7 +22,13 @@ Family = Literal["vllm", "tensorfold"]
 # used: free(1)'s "used" column must stay below the floor (Entrpi's 6 GB preflight);
 # available: MemAvailable must reach the floor (MiaAI's / TensorFold's budget).
 MemoryMeasure = Literal["memfree", "used", "available"]
-ApiAuth = Literal["vllm-api-key", "none"]
+# vllm-api-key: the engine checks the key itself (VLLM_API_KEY); front: the engine has no key,
+# binds 127.0.0.1:<engine_port> on the head and the authenticating front serves api_port; none:
+# nothing checks a key
+ApiAuth = Literal["vllm-api-key", "front", "none"]
+# How the watchdog reads an engine's progress (files/sparkhost/wedge.py PARSERS): vLLM's
+# Prometheus /metrics, or TensorFold's /health JSON counters
+ProgressParser = Literal["vllm-metrics", "tensorfold-health"]
 # How the pair's ranks stop (tasks/pair_stop.py): every rank in one step, or one side first.
 StopOrder = Literal["together", "head-first", "workers-first"]
 
@@ -147,6 +153,16 @@ class Stack:
     api_auth: ApiAuth = "vllm-api-key"
     readiness_path: str = "/health"
     progress_metrics: tuple[str, ...] = ()  # /metrics names whose movement the watchdog reads
+    # the watchdog's progress reader (wedge.PARSERS) and the engine path it reads
+    progress_parser: ProgressParser = "vllm-metrics"
+    progress_path: str = "/metrics"
+    # the torch/TCPStore rendezvous port the stack's engine uses on the head's fabric address;
+    # None: the master_port knob (vLLM's)
+    master_port: int | None = None
+    # how many Sparks the stack serves on (() : any the inventory has)
+    nodes: tuple[int, ...] = ()
+    # docker run options the recipe gives every rank beyond sparkrig's own (e.g. --shm-size)
+    run_flags: tuple[str, ...] = ()
     memory: MemoryGate = MemoryGate("memfree", None)
     # container path -> what it caches; each is mounted from the persistent cache_dir, per image
     # (one cache: <cache_dir>/<image>; several: <cache_dir>/<image>/<path made a name>)

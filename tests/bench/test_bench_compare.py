@@ -147,3 +147,25 @@ def test_the_stack_declarations_are_the_one_source_of_published_figures(monkeypa
     monkeypatch.setitem(STACKS, "entrpi-exl3", replace(STACKS["entrpi-exl3"], figures=(mine,)))
     assert published.figures_for(run) == [mine]
     assert not set(published.UNDECLARED) & set(STACKS)  # undeclared stacks only
+def test_a_seed000_run_of_tensorfold_is_shown_beside_miaais_own_figures() -> None:
+    """The tensorfold declaration's figures (MiaAI README: 60.4 tok/s alone, 108.8 total at 4,
+    prefill 1,952) are the published column of a seed-000 run on that stack, marked as the
+    publisher's protocol; its seed-004 figures stay seed 004's (35.8 prose, 1,342 prefill)."""
+    run = {"protocol_name": "seed000", "profile": "shared", "stack": "tensorfold",
+           "single_stream_tok_s": 58.0, "decode_tok_s": {"4": 90.0},
+           "prefill": [{"prefill_tok_s": 1900.0}]}  # fmt: skip
+    figures = {f.figure: f for f in published.figures_for(run)}
+    assert {k: f.low for k, f in figures.items()} == {
+        "single_stream_tok_s": 60.4,
+        "decode_tok_s.4": 108.8,
+        "prefill_tok_s": 1952.0,
+    }
+    assert all("miaai protocol" in f.condition for f in figures.values())
+    rows = {
+        r["figure"]: r["status"] for r in expected.verdicts_of(list(figures.values()), run, 0.1)
+    }
+    assert rows == {"single_stream_tok_s": "within", "decode_tok_s.4": "short",
+                    "prefill_tok_s": "within"}  # fmt: skip
+    assert published.figures_for(run | {"profile": "single"}) == []  # measured on shared only
+    seed4 = {f.figure: f.low for f in published.figures_for(run | {"protocol_name": "seed004"})}
+    assert seed4["prose_decode_tok_s"] == 35.8 and seed4["prose_prefill_tok_s"] == 1342.0

@@ -11,7 +11,7 @@ from bench_helpers import REPO
 from sparkrig.bench import target
 
 
-def test_the_inventory_gives_the_heads_url_model_profile_and_key_file() -> None:
+def test_the_inventory_gives_the_heads_url_model_profile_stack_and_key_file() -> None:
     t = target.read("inventory.py", REPO)
     assert t == {"stack": "vllm-nvfp4", "url": "http://spark-a.local:8000",
                  "model": "glm-5.3-flash", "profile": "shared",

@@ -51,6 +51,7 @@ def node_report(
     admin_up: bool = True,
     claims: tuple[str, ...] = (),
     netdevs: str | None = None,
+    memtotal_kb: int = 119 * 1024**2,  # a DGX Spark's 128 GB
 ) -> list[str]:
     """``netdevs``: the fabric NIC is missing and the host has these (``name:operstate,...``)."""
     link = [
@@ -67,6 +68,7 @@ def node_report(
         "gpu=NVIDIA GB10, 12.1, 580.95.05",
         f"docker={docker}",
         f"disk_free={disk_free}",
+        f"memtotal_kb={memtotal_kb}",
         f"memfree_kb={100 * 1024**2}",
         f"swappiness={swappiness}",
         f"min_free_kbytes={min_free_kbytes}",

@@ -19,7 +19,7 @@ from lab import fakehub, image
 from lab.__main__ import PIN_KEYS, repos_to_lock, stack_pins
 
 REPO = Path(__file__).resolve().parents[2]
-STACKS = ("vllm-nvfp4", "entrpi-exl3", "sfxnz-v13")
+STACKS = ("vllm-nvfp4", "entrpi-exl3", "sfxnz-v13", "tensorfold")
 
 
 def fake_base(tmp: Path) -> Path:
@@ -57,7 +57,8 @@ def test_each_stack_runs_its_engines_flavour_baked_into_its_image(
 ) -> None:
     root, refs = registry
     assert set(refs["stack_images"]) == set(STACKS)
-    want = {"vllm-nvfp4": "vllm-0.33", "entrpi-exl3": "entrpi-fork", "sfxnz-v13": "sfxnz-v13"}
+    want = {"vllm-nvfp4": "vllm-0.33", "entrpi-exl3": "entrpi-fork", "sfxnz-v13": "sfxnz-v13",
+            "tensorfold": "tensorfold-0.6"}  # fmt: skip
     for stack, ref in refs["stack_images"].items():
         config, files = image_of(root, ref)
         assert f"SPARKRIG_STANDIN_ENGINE={want[stack]}" in config["config"]["Env"], stack
@@ -68,6 +69,8 @@ def test_each_stack_runs_its_engines_flavour_baked_into_its_image(
             "vllm-values.txt",
             "flavours/entrpi-fork.txt",
             "flavours/sfxnz-v13.txt",
+            "standin_tensorfold.py",
+            "tensorfold-flags.txt",
         ):
             assert f"opt/standin/{shipped}" in files, (stack, shipped)  # fmt: skip
     # the default stack's stand-in is the lab's image of old, and every flavour is its own image
@@ -98,8 +101,8 @@ def test_the_fake_hub_has_a_model_and_drafter_per_stack(tmp_path: Path) -> None:
         "drafter_repo": fakehub.DRAFTER_REPO, "drafter_revision": standard[fakehub.DRAFTER_REPO],
     }  # fmt: skip
     repos = [p[k] for p in pins.values() for k in ("model_repo", "drafter_repo")]
-    assert len({r.split("/")[-1] for r in repos}) == 6  # one lockfile name each
-    assert len({p[k] for p in pins.values() for k in ("model_revision", "drafter_revision")}) == 6
+    assert len({r.split("/")[-1] for r in repos}) == 8  # one lockfile name each
+    assert len({p[k] for p in pins.values() for k in ("model_revision", "drafter_revision")}) == 8
     served = fakehub.load_repos(str(tmp_path / "a"))
     for p in pins.values():
         assert served[p["model_repo"]].commit == p["model_revision"]
@@ -107,8 +110,10 @@ def test_the_fake_hub_has_a_model_and_drafter_per_stack(tmp_path: Path) -> None:
     assert fakehub.generate_stack_repos(str(tmp_path / "c")) == pins
 
 
+DIGEST_CHARS = "abce"
 IMAGES = {
-    s: f"203.0.113.1:5000/glm53-standin@sha256:{c * 64}" for s, c in zip(STACKS, "abc", strict=True)
+    s: f"203.0.113.1:5000/glm53-standin@sha256:{c * 64}"
+    for s, c in zip(STACKS, DIGEST_CHARS, strict=True)
 }
 
 
@@ -116,7 +121,7 @@ def repos() -> dict[str, dict[str, str]]:
     return {
         s: {"model_repo": f"t/m-{s}", "model_revision": c * 40, "drafter_repo": f"t/d-{s}",
             "drafter_revision": d * 40}
-        for s, c, d in zip(STACKS, "123", "456", strict=True)
+        for s, c, d in zip(STACKS, "1237", "4568", strict=True)
     }  # fmt: skip
 
 
@@ -139,7 +144,7 @@ def test_every_stacks_repos_are_locked_once() -> None:
                        "drafter_repo": "t/d-vllm-nvfp4", "drafter_revision": "4" * 40},
              "stack_pins": stack_pins(IMAGES, repos(), {})}  # fmt: skip
     locked = repos_to_lock(state)
-    assert len(locked) == 6 and ("t/m-entrpi-exl3", "2" * 40) in locked
+    assert len(locked) == 8 and ("t/m-entrpi-exl3", "2" * 40) in locked
     assert repos_to_lock({"knobs": state["knobs"]}) == sorted(
         [("t/m-vllm-nvfp4", "1" * 40), ("t/d-vllm-nvfp4", "4" * 40)]
     )  # a lab from before the stacks

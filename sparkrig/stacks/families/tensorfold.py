@@ -1,0 +1,136 @@
+"""The TensorFold family: the `tensorfold serve` command line of every rank, as a pure function of
+a stack's declaration and typed inputs (the vLLM family's shape: ``families/vllm.py``).
+
+Every rank runs the same command (TensorFold's CLI: "run the same command on each") with its own
+``--rank``: ``tensorfold serve <snapshot> --tp N --rank i --master <head fabric address>
+--master-port <stack's port>``, then the stack's flags, the profile's drafter, window and
+concurrency, the thinking default, the HTTP flags on rank 0 alone (rank >= 1 never opens HTTP),
+and the operator's ``extra_serve_args`` last (argparse keeps the last value of a flag). The
+container gets ``argv[1:]`` after ``--entrypoint tensorfold`` (the image has no entrypoint of
+its own).
+
+Rank 0 binds loopback: TensorFold 0.6.0 has no API key, so the head's API port is the
+authenticating front's, which forwards to ``127.0.0.1:<engine_port>``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+
+from sparkrig.stacks.base import Stack
+
+ENTRYPOINT = "tensorfold"
+ENGINE_HOST = "127.0.0.1"  # the engine has no key: only the front on the head reaches it
+# Flags the family puts on every rank (tests check each argv carries them).
+DISTRIBUTED_FLAGS: tuple[str, ...] = ("--tp", "--rank", "--master", "--master-port")
+HTTP_FLAGS: tuple[str, ...] = ("--name", "--host", "--port")  # rank 0 alone
+
+
+def _check_port(name: str, port: int) -> None:
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise ValueError(f"{name} must be a TCP port (1..65535), got {port!r}")
+
+
+def serve_args(
+    stack: Stack,
+    profile: str,
+    *,
+    rank: int,
+    nnodes: int,
+    master_addr: str,
+    master_port: int | None = None,
+    model_dir: str,
+    engine_port: int = 8001,
+    served_name: str = "glm-5.3-flash",
+    drafter_dir: str | None = None,
+    extra_args: Sequence[str] = (),
+    host: str = ENGINE_HOST,
+    thinking: bool | None = False,
+) -> list[str]:
+    """argv of one rank: ``["tensorfold", "serve", SNAPSHOT, flags...]``.
+
+    ``master_port`` None takes the stack's (``Stack.master_port``: TensorFold's 29551).
+    ``drafter_dir`` is the DFlash2 snapshot a ``dflash`` profile needs; any other profile passes
+    ``--drafter none`` (the checkpoint's MTP head). ``thinking`` None leaves the engine's default
+    (thinking on). ``host`` is where rank 0 listens: loopback, behind the front.
+    """
+    if stack.family != "tensorfold":
+        raise ValueError(f"stack {stack.name!r} is of the {stack.family} family, not tensorfold")
+    p = stack.profile(profile)
+    if not isinstance(nnodes, int) or nnodes < 2:
+        raise ValueError(f"nnodes must be >= 2 (TensorFold splits over the pair), got {nnodes!r}")
+    if not isinstance(rank, int) or not 0 <= rank < nnodes:
+        raise ValueError(f"rank must be in 0..{nnodes - 1}, got {rank!r}")
+    try:
+        ipaddress.IPv4Address(master_addr)
+    except ValueError:
+        raise ValueError(f"master_addr must be an IPv4 address, got {master_addr!r}") from None
+    port = stack.master_port if master_port is None else master_port
+    if port is None:
+        raise ValueError(f"stack {stack.name!r} declares no master_port and none was given")
+    _check_port("master_port", port)
+    _check_port("engine_port", engine_port)
+    if not model_dir:
+        raise ValueError("model_dir is required")
+    if isinstance(extra_args, str):
+        raise TypeError("extra_args must be a list of tokens, not a string")
+    if p.speculative == "dflash" and not drafter_dir:
+        raise ValueError(f"profile {p.name!r} needs the drafter directory")
+
+    args = [ENTRYPOINT, "serve", model_dir]
+    args += [
+        "--tp", str(nnodes),
+        "--rank", str(rank),
+        "--master", master_addr,
+        "--master-port", str(port),
+    ]  # fmt: skip
+    args += stack.serve_flags
+    args += ["--drafter", drafter_dir if p.speculative == "dflash" and drafter_dir else "none"]
+    if p.max_model_len is not None:
+        args += ["--context", str(p.max_model_len)]
+    if p.max_num_seqs is not None:
+        args += ["--parallel", str(p.max_num_seqs)]
+    if thinking is not None:
+        args += ["--thinking" if thinking else "--no-thinking"]
+    if rank == 0:
+        args += stack.head_flags
+        args += ["--name", served_name, "--host", host, "--port", str(engine_port)]
+    args += [str(a) for a in extra_args]
+    return args
+
+
+def run_flags(stack: Stack) -> list[str]:
+    """``docker run`` options the recipe gives every rank beyond sparkrig's own, and the
+    entrypoint (the image declares none: START runs ``tensorfold serve`` as the command)."""
+    return [*stack.run_flags, "--entrypoint", ENTRYPOINT]
+
+
+def unknown_flags(argv: Sequence[str], known: dict[str, int]) -> list[str]:
+    """The options of a ``tensorfold serve`` argv (after ``serve``) that ``known`` (option ->
+    nargs: 0 a switch, 1 a value) does not name, as argparse would refuse them; the positional
+    snapshot and the options' values are skipped. A value that looks like an option counts as
+    one (argparse refuses it too)."""
+    words = list(argv)
+    if words[:2] == [ENTRYPOINT, "serve"]:
+        words = words[2:]
+    elif words[:1] == ["serve"]:
+        words = words[1:]
+    out: list[str] = []
+    positional_seen = False
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w.startswith("-"):
+            name = w.split("=", 1)[0]
+            if name not in known:
+                out.append(name)
+                i += 1
+                continue
+            i += 1 + (known[name] if "=" not in w else 0)
+            continue
+        if positional_seen:
+            out.append(w)  # a second positional: argparse's "unrecognized arguments"
+        positional_seen = True
+        i += 1
+    return out
