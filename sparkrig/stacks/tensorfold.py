@@ -151,9 +151,14 @@ STACK = Stack(
         Figure("single_stream_tok_s", 60.4, "tok/s", "miaai", README, "shared"),
         Figure("decode_tok_s.4", 108.8, "tok/s", "miaai", README, "shared"),
         Figure("prefill_tok_s", 1952.0, "tok/s", "miaai", README, "shared"),
-        # seed 004: the seed author's own TensorFold stack (neko-legends' EXL3), not this one
-        Figure("prose_decode_tok_s", 35.8, "tok/s", "seed004", SEED_004, "shared"),
-        Figure("prose_prefill_tok_s", 1342.0, "tok/s", "seed004", SEED_004, "shared"),
+        # seed 004 line 7: the seed author's own TensorFold stack (neko-legends' EXL3, incoai's
+        # DFlash2), not this one; one streamed call, temperature 0.2, 384 tokens, ~3.7k prompt
+        Figure("prose_decode_tok_s", 35.8, "tok/s", "seed004", SEED_004),
+        Figure("code_low_decode_tok_s", 36.3, "tok/s", "seed004", SEED_004),
+        Figure("code_max_decode_tok_s", 44.6, "tok/s", "seed004", SEED_004),
+        Figure("prose_prefill_tok_s", 1342.0, "tok/s", "seed004", SEED_004),
+        Figure("code_prefill_tok_s", 1364.0, "tok/s", "seed004", SEED_004),
+        Figure("max_model_len", 1048576, "tokens", "seed004", SEED_004),
     ),
     sources=(CONFIG, START, README, CLI, HEALTH, SEED_004),
 )

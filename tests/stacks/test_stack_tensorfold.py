@@ -155,6 +155,10 @@ def test_the_rank_env_health_memory_stop_and_figures() -> None:
         ("prefill_tok_s", "miaai"): 1952.0,
         ("prose_decode_tok_s", "seed004"): 35.8,
         ("prose_prefill_tok_s", "seed004"): 1342.0,
+        ("code_low_decode_tok_s", "seed004"): 36.3,
+        ("code_max_decode_tok_s", "seed004"): 44.6,
+        ("code_prefill_tok_s", "seed004"): 1364.0,
+        ("max_model_len", "seed004"): 1048576,
     }
     assert all(f.source in STACK.sources for f in STACK.figures)
 
