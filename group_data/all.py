@@ -83,7 +83,7 @@ api_key_rotate = False  # True for one run: a new API key on the head, its servi
 # The API front (docs/front.md): nginx on the head serves api_port and checks the key; the engine
 # listens on 127.0.0.1:engine_port only
 engine_port = 8001  # the engine's own port, loopback only on the head; differs from api_port
-api_cors_origins = []  # browser origins allowed cross-origin (exact "https://host[:port]"); []: no CORS
+api_cors_origins = []  # browser origins let in cross-origin ("https://host[:port]"); []: no CORS
 api_conn_per_ip = 64  # in-flight requests one client address may hold at the front (429 beyond)
 tls_cert = None  # control-side path of a PEM certificate chain: the front serves HTTPS; None: HTTP
 tls_key = None  # control-side path of its PEM private key (0600); set with tls_cert or not at all

@@ -158,7 +158,7 @@ def rank_serve_args(s: Settings) -> list[str]:
         master_addr=s.head.ip,
         master_port=k.master_port,
         model_dir=p["model_dir"],
-        api_port=k.api_port,
+        api_port=k.engine_port,  # the engine on the head's loopback; the front serves api_port
         served_name=k.served_model_name,
         drafter_dir=p["drafter_dir"] if s.needs_drafter else None,
         extra_args=k.extra_serve_args,
@@ -267,11 +267,15 @@ def watchdog_unit_context(s: Settings) -> dict[str, Any]:
     return {
         **base_context(s),
         "restart_args": restart_args(s),
+        # the watchdog judges the engine itself, on its loopback port (not through the API
+        # front: a front down is not a wedged engine, and restarting the pair would not fix it)
         "probe": " ".join(
-            probe_command(k.install_dir, k.api_port, k.served_model_name, key_file=api_key_file(s))
+            probe_command(
+                k.install_dir, k.engine_port, k.served_model_name, key_file=api_key_file(s)
+            )
         ),
-        "health_url": f"http://127.0.0.1:{k.api_port}/health",
-        "metrics_url": f"http://127.0.0.1:{k.api_port}/metrics",
+        "health_url": f"http://127.0.0.1:{k.engine_port}/health",
+        "metrics_url": f"http://127.0.0.1:{k.engine_port}/metrics",
         "stall": k.watchdog_stall_s,
         "interval": k.watchdog_interval_s,
         "fails": k.watchdog_fails,

@@ -79,7 +79,8 @@ def parse_metrics(text: str) -> Sample:
 
 
 def read_metrics(url: str, timeout: float = 10.0) -> Sample:
-    """GET the head's /metrics (vLLM serves it without the API key); OSError or ValueError."""
+    """GET the engine's /metrics on the head's loopback (engine_port: vLLM serves it without the
+    API key; the API front keeps it from the LAN); OSError or ValueError."""
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return parse_metrics(resp.read().decode("utf-8", errors="replace"))
 

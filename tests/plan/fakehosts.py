@@ -34,7 +34,7 @@ HCA = "rocep1s0f1"
 
 HEALTHY_GATES = [
     json.dumps({"gate": g, "ok": True, "detail": "ok", "ms": 5})
-    for g in ("health", "models", "math", "tool")
+    for g in ("health", "models", "math", "tool", "locked")
 ]
 FAILED = {"success": False, "stderr": "failed"}
 

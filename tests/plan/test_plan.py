@@ -323,7 +323,7 @@ def test_a_failing_gate_fails_the_deploy_and_nothing_is_pruned(monkeypatch):
     fakehosts.inject(
         "spark-a",
         {
-            fakehosts.GATES: [*fakehosts.HEALTHY_GATES[:2], bad_gate, fakehosts.HEALTHY_GATES[3]],
+            fakehosts.GATES: [*fakehosts.HEALTHY_GATES[:2], bad_gate, *fakehosts.HEALTHY_GATES[3:]],
             fakehosts.IMAGE_FACT: fakehosts.image_state(fakehosts.IMAGE, extra_tags=(old,)),
         },
     )
