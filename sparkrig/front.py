@@ -167,6 +167,23 @@ def front_package_installed() -> Generator[Any, None, None]:
     yield StringCommand("sh", "-c", QuoteString(script))
 
 
+def aside_for_older_release(rank_unit: str) -> str:
+    """The rollback's shell command on the head: when the restored rank unit is from before the
+    front (its engine not on the loopback: it binds api_port itself), the front's site goes and
+    nginx reloads, so the previous release's engine gets its port back (the next deploy puts the
+    site back). A unit of a release with the front leaves everything as it is."""
+    unit, site = shlex.quote(rank_unit), shlex.quote(SITE)
+    return (
+        f"grep -qF -- '--host 127.0.0.1' {unit} || "
+        f"{{ rm -f {site} && nginx -t -q && systemctl reload {SERVICE}; }}"
+    )
+
+
+# The gates a rollback runs: the previous release may be from before the front, whose engine
+# answers /invocations bare (no locked gate then); the next deploy runs all five again
+ROLLBACK_GATES = ("health", "models", "math", "tool")
+
+
 def check_and_reload() -> str:
     """The shell command that validates the whole nginx config, then reloads a running nginx or
     starts a stopped one: a config that fails ``nginx -t`` never reaches the running front."""

@@ -174,6 +174,8 @@ REACH = re.compile(r"^/usr/bin/python3 -c '\nimport ssl, sys, urllib")  # sparkr
 FRONT = re.compile(r"^if dpkg-query -W -f='\$\{Status\}' nginx ")  # sparkrig/front.py
 FRONT_INSTALL = re.compile(r"^sh -c 'set -e; DEBIAN_FRONTEND=noninteractive apt-get install ")
 FRONT_CHECK = re.compile(r"^nginx -t -q$")
+FRONT_ASIDE = re.compile(r"^grep -qF -- '--host 127\.0\.0\.1' ")
+FRONT_OFF = re.compile(r"^if \[ -e /var/lib/sparkrig/nginx-installed-by-sparkrig \]; then ")
 FRONT_UNIT = re.compile(r"^systemctl (start|stop|enable|disable|reload|restart) nginx\.service")
 PORTS = re.compile(
     r"^sh -c '\ncommand -v ss "
@@ -406,7 +408,7 @@ def bare(ip: str) -> dict[Any, Any]:
         PAIR_WAIT, PAIR_REQUEST, BOOT_WAIT, PRUNE,
         KEEP, RESTORE, ADOPT, PRUNE_WEIGHTS,
         APT_MARK, UPDATE_GRUB,
-        FRONT_INSTALL, FRONT_CHECK, FRONT_UNIT,
+        FRONT_INSTALL, FRONT_CHECK, FRONT_UNIT, FRONT_OFF, FRONT_ASIDE,
     ]  # fmt: skip
     for action in actions:
         matcher = action if isinstance(action, re.Pattern) else re.compile(action)

@@ -343,7 +343,7 @@ def test_a_failing_gate_fails_the_deploy_and_nothing_is_pruned(monkeypatch):
     ok = apply(monkeypatch)
     assert ok.exit_code == 0, ok.output
     assert any(c.startswith(f"docker image rm {old} ") for c in ok.commands[HEAD])
-    assert position(ok, "Pass the four serving gates") < position(
+    assert position(ok, "Pass the five serving gates") < position(
         ok, "Prune old sparkrig images once the pair is healthy"
     )
 
