@@ -1,6 +1,6 @@
 """Serving: the rank units and what goes into them (container run arguments, vllm serve flags,
 template contexts), the stop-together and restart helpers, and the operations that start the
-pair in order and prove it serves (beacon wait, boot wait, the four gates).
+pair in order and prove it serves (beacon wait, boot wait, the five gates).
 
 The gate logic is files/sparkhost/gate.py (its command lines: sparkrig/gates.py); the serve flags
 are the selected stack's (sparkrig/stacks/, built by its family's adapter: stacks/families/)."""
