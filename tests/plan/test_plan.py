@@ -333,7 +333,7 @@ def test_a_failing_gate_fails_the_deploy_and_nothing_is_pruned(monkeypatch):
     assert len(failed) == 1
     assert (
         "serving gates failed: health ok (ok); models ok (ok); math FAILED (answered 392); tool "
-        "ok (ok); "
+        "ok (ok); locked ok (ok); "
         "read why on @fake/spark-a: `sudo journalctl -u sparkrig-head -n 200` (the serving unit) "
         "and `sudo docker logs --tail 200 sparkrig-rank0` (vLLM)"
     ) in failed[0]
