@@ -17,4 +17,5 @@ local.include("tasks/fabric.py")
 local.include("tasks/weights.py")
 local.include("tasks/image.py")
 local.include("tasks/service.py")
+local.include("tasks/front.py")  # nginx before the gates: they go through it
 local.include("tasks/verify.py")

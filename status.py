@@ -3,7 +3,7 @@
 Per rank, ONE remote command (sparkrig.status.RankStatus) reads the unit's state and since when,
 the image the rank runs against the one the deploy would run, the GID index (env file, live table,
 and what the start gate handed over), the fabric MTU, the weights' commit and when the stamp DB was
-last written, and MemFree. The head adds the four serving gates (the gate script; a completion
+last written, and MemFree. The head adds the five serving gates (the gate script; a completion
 changes nothing). A rank with anything off fails alone with a message naming it, so the run exits
 non-zero; `--limit worker` reads the workers alone. Nothing on a host changes, ever: the only
 command that is not a read is `printf ... >&2; exit 1`. The head adds the restarts its supervisor

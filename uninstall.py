@@ -8,9 +8,11 @@ fabric profiles are generated and reloaded the way tasks/fabric.py applies them,
 drops sparkrig's connection and the NIC is unconfigured again), the helper programs under
 install_dir, the JIT caches and the image transfer directory, every image of image_repo and every
 base image the head pulled (its pulled-images record: each stack's, not only the current one).
-The weights stay unless `--data purge_weights=True`. Files that fabric_takeover moved aside stay
-where they are (/var/lib/sparkrig/displaced), for the operator to move back. Live sysctl values
-stay until the next boot. A deploy afterwards converges again."""
+The head's API front goes: its nginx site (nginx reloads, or stops when sparkrig installed it;
+the package stays), the key include and TLS pair with config_dir. The weights stay unless
+`--data purge_weights=True`. Files that fabric_takeover moved aside stay where they are
+(/var/lib/sparkrig/displaced), for the operator to move back. Live sysctl values stay until the
+next boot. A deploy afterwards converges again."""
 
 from pyinfra import host, logger
 from pyinfra.facts.files import FileContents
@@ -18,6 +20,7 @@ from pyinfra.operations import files, server, systemd
 
 from sparkrig.baseline import GRUB_DROPIN
 from sparkrig.fabric import DISPLACED_DIR
+from sparkrig.front import INSTALLED_MARK, SITE
 from sparkrig.image import ImageState, old_images_pruned, prune_commands, serving_tag
 from sparkrig.node import SYSCTL_FILE
 from sparkrig.paths import paths
@@ -86,6 +89,20 @@ server.shell(
     name="Let NetworkManager drop the fabric connection",
     commands=["netplan generate", "nmcli connection reload"],
     _if=netplan.did_change,
+)
+
+# The API front (sparkrig/front.py): the site goes, then nginx reloads without it, or stops and is
+# disabled when sparkrig installed it (its mark); the package itself stays. The key include and the
+# TLS pair live in config_dir, removed below.
+site = files.file(name="Remove the API front's nginx site", path=SITE, present=False)
+server.shell(
+    name="Reload or stop nginx without the API front",
+    commands=[
+        f"if [ -e {INSTALLED_MARK} ]; then systemctl disable --now nginx.service; "
+        f"rm -f {INSTALLED_MARK}; elif systemctl is-active --quiet nginx.service; then "
+        "nginx -t -q && systemctl reload nginx.service; fi"
+    ],
+    _if=site.did_change,
 )
 
 old_images_pruned(

@@ -80,6 +80,13 @@ api_port = 8000  # OpenAI-compatible API on the head
 api_auth = True  # /v1 needs a Bearer key (api_key_file); False: an open API, for a trusted LAN
 api_key_file = ".sparkrig/api-key"  # control side: copy of the head's API key (used if it has none)
 api_key_rotate = False  # True for one run: a new API key on the head, its serving restarted
+# The API front (docs/front.md): nginx on the head serves api_port and checks the key; the engine
+# listens on 127.0.0.1:engine_port only
+engine_port = 8001  # the engine's own port, loopback only on the head; differs from api_port
+api_cors_origins = []  # browser origins let in cross-origin ("https://host[:port]"); []: no CORS
+api_conn_per_ip = 64  # in-flight requests one client address may hold at the front (429 beyond)
+tls_cert = None  # control-side path of a PEM certificate chain: the front serves HTTPS; None: HTTP
+tls_key = None  # control-side path of its PEM private key (0600); set with tls_cert or not at all
 master_port = 29521  # torch distributed rendezvous port on the head's fabric address
 pair_port = 29600  # rank liveness beacon on each fabric address (stop-together)
 pair_grace_s = 1800  # a rank's wait for its peers at start (the head's start gate; stop-together)

@@ -33,7 +33,10 @@ be proven on the lab VMs:
   the keys of --api-key, else $VLLM_API_KEY; with one, every request whose path starts with /v1,
   /v2, /inference or /cohere (any method but OPTIONS, routed or not) needs `Authorization: Bearer
   <key>` (scheme case-insensitive) or gets 401 {"error": "Unauthorized"}; /health, /version etc.
-  stay open.
+  stay open, and so does POST /invocations (SageMaker's dispatch: a chat request answered as
+  /v1/chat/completions, vLLM 0.33 serve/sagemaker/api_router.py), which the API front must close.
+- FastAPI's docs routes (/docs, /redoc, /openapi.json) answer 200 unless --disable-fastapi-docs
+  (vLLM 0.33 launchers/app.py), which the deploy passes.
 
 - Answers are timed by lab/standin_engine.py: an exact prefill and decode rate, max_tokens,
   min_tokens, ignore_eos and stream_options as vLLM 0.33 honours them, real streaming (SSE over
@@ -510,6 +513,8 @@ def fail(msg: str, code: int = 1) -> None:
 # --- HTTP ---------------------------------------------------------------------------------------
 # vLLM 0.33 entrypoints/serve/middleware/authenticate.py: the paths its middleware guards.
 GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+# FastAPI's default docs routes, gone with --disable-fastapi-docs (vLLM 0.33 launchers/app.py)
+DOCS_ROUTES = ("/docs", "/redoc", "/openapi.json")
 
 
 def api_tokens(opts: Options, environ: Any = os.environ) -> list[str]:
@@ -592,6 +597,8 @@ class Handler(BaseHTTPRequestHandler):
                 "max_model_len": opts.num("--max-model-len", 262144),
             }
             self._send(200, {"object": "list", "data": [model]})
+        elif path in DOCS_ROUTES and "--disable-fastapi-docs" not in opts.switches:
+            self._send(200, {"openapi": "3.1.0", "info": {"title": "vLLM stand-in"}})
         elif path == "/version":
             self._send(200, {"version": VERSION})
         elif path == "/metrics":  # outside /v1: vLLM's key does not guard it
@@ -618,6 +625,8 @@ class Handler(BaseHTTPRequestHandler):
         if path == "/tokenize":  # outside /v1: vLLM's key does not guard it
             self._tokenize(req)
             return
+        if path == "/invocations":  # outside /v1: vLLM's key does not guard it
+            path = "/v1/chat/completions" if "messages" in req else "/v1/completions"
         if path not in ("/v1/chat/completions", "/v1/completions"):
             self._error(404, f"no route {path}", "NotFoundError")
             return

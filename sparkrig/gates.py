@@ -64,6 +64,10 @@ def parse_tool(status: int, body: str, name: str = TOOL_NAME) -> Any:
     return _impl.parse_tool(status, body, name)
 
 
+def parse_locked(answers: Sequence[tuple[str, int, str]]) -> Any:
+    return _impl.parse_locked(answers)
+
+
 # --- the script on the head -----------------------------------------------------------------------
 def local_url(api_port: int) -> str:
     return f"http://127.0.0.1:{api_port}"
@@ -197,14 +201,19 @@ def parse_curl_output(stdout: str) -> tuple[int, str]:
 def curl_gate_commands(
     api_port: int, served_name: str, key_file: str | None = None
 ) -> dict[str, list[str]]:
-    """One curl argv per gate, against the head's loopback (/health needs no key, as in vLLM)."""
+    """One curl argv per gate, against the head's loopback (/health needs no key, as in vLLM).
+    With a key, the locked gate asks /invocations without it (401 expected); an open API
+    (no ``key_file``) has no locked gate to run."""
     base, chat = local_url(api_port), local_url(api_port) + "/v1/chat/completions"
-    return {
+    commands = {
         "health": curl_command(base + "/health", timeout=10),
         "models": curl_command(base + "/v1/models", timeout=10, key_file=key_file),
         "math": curl_command(chat, math_payload(served_name), 120, key_file),
         "tool": curl_command(chat, tool_payload(served_name), 120, key_file),
     }
+    if key_file:
+        commands["locked"] = curl_command(base + "/invocations", math_payload(served_name), 10)
+    return commands
 
 
 def parse_curl_gate(gate: str, stdout: str, served_name: str) -> Any:
@@ -217,4 +226,6 @@ def parse_curl_gate(gate: str, stdout: str, served_name: str) -> Any:
         return parse_math(status, body)
     if gate == "tool":
         return parse_tool(status, body)
+    if gate == "locked":
+        return parse_locked([("/invocations", status, body)])
     raise ValueError(f"unknown gate {gate!r}")

@@ -17,6 +17,8 @@ from sparkhost.gid import GidEntry
 from sparkrig import hostpkg, stateread
 from sparkrig.baseline import GRUB_DROPIN, BaselineReport, baseline_of, baseline_part
 from sparkrig.fabric import RoceGids, gids_part
+from sparkrig.front import SERVICE as FRONT_SERVICE
+from sparkrig.front import front_files, front_part
 from sparkrig.image import ImageReport, ImageState, image_of, image_part, repo_tags
 from sparkrig.node import SYSCTL_FILE, Node, NodeReport, node_part
 from sparkrig.owned import OwnedReport, PathState, owned_of, paths_part, units_part
@@ -50,6 +52,7 @@ def owned_files(s: Settings) -> list[str]:
     if s.me.is_head:
         files += [p["restart_script"], p["supervisor_unit"], p["watchdog_unit"]]
         files += [p["api_key"], p["api_key_env"]]  # removed again while api_auth is off
+        files += front_files(s)  # the API front's site, key include and TLS pair
     else:
         files.append(p["agent_unit"])
     return files
@@ -74,7 +77,7 @@ def units(s: Settings) -> list[str]:
     """Every unit an operation of any host looks at (each host runs the same operations)."""
     names = [s.unit_name, "sparkrig-pair", "sparkrig-agent", "sparkrig-supervisor"]
     own = [f"{n}.service" for n in [*names, "sparkrig-watchdog", "sparkrig-gpu-clock"]]
-    return own + list(DOCKER_UNITS)
+    return own + list(DOCKER_UNITS) + [FRONT_SERVICE]
 
 
 def parts_of(s: Settings) -> tuple[Part, ...]:
@@ -89,6 +92,7 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
     parts.append(units_part(units(s)))
     parts.append(rank_part(s))
     parts.append(ports_part(s))
+    parts.append(front_part())
     return tuple(parts)
 
 

@@ -16,6 +16,7 @@ from sparkrig.settings import Settings
 from sparkrig.stateread import Part, Values
 
 OURS = "sparkrig-"  # every unit and container sparkrig runs is named so
+FRONT_UNIT = "nginx.service"  # the API front holds api_port on the head (sparkrig/front.py)
 
 # One ``ss`` for every port; each holder's cgroup from /proc by the shell's own read, and a
 # container's name from its config (docker writes it on one line), so a read costs one process.
@@ -138,6 +139,7 @@ def needed_ports(s: Settings) -> dict[int, str]:
     if s.me.is_head:
         ports |= {
             k.api_port: "api_port",
+            k.engine_port: "engine_port",
             k.master_port: "master_port",
             k.master_port + 1: "master_port (+1, the NCCL smoke test's rendezvous)",
             k.copy_port: "copy_port",
@@ -164,6 +166,8 @@ def port_problems(s: Settings, report: PortsReport) -> list[str]:
         knob = needed.get(listener.port)
         if knob is None or listener.sparkrigs or listener.port in out:
             continue
+        if listener.port == s.knobs.api_port and listener.unit == FRONT_UNIT:
+            continue  # the API front (nginx, sparkrig/front.py) serves api_port
         base = knob.partition(" ")[0]
         out[listener.port] = (
             f"port {listener.port} ({knob}) is held by {listener.holder()} on "

@@ -1,6 +1,6 @@
 """Serving: the rank units and what goes into them (container run arguments, vllm serve flags,
 template contexts), the stop-together and restart helpers, and the operations that start the
-pair in order and prove it serves (beacon wait, boot wait, the four gates).
+pair in order and prove it serves (beacon wait, boot wait, the five gates).
 
 The gate logic is files/sparkhost/gate.py (its command lines: sparkrig/gates.py); the serve flags
 are the selected stack's (sparkrig/stacks/, built by its family's adapter: stacks/families/)."""
@@ -96,12 +96,6 @@ def api_key_env(key: str) -> str:
     return f"VLLM_API_KEY={key}\n"
 
 
-def engine_port(s: Settings) -> int:
-    """Where a fronted engine (``api_auth = "front"``) listens on the head's loopback: the
-    knob engine_port (the API front's), 8001 where this checkout has no such knob."""
-    return int(getattr(s.knobs, "engine_port", 8001))
-
-
 def rendezvous_port(s: Settings) -> int:
     """The engine's rendezvous port on the head's fabric address: the stack's own (TensorFold's
     29551), else the knob master_port."""
@@ -176,7 +170,7 @@ def rank_serve_args(s: Settings) -> list[str]:
             master_addr=s.head.ip,
             master_port=rendezvous_port(s),
             model_dir=p["model_dir"],
-            engine_port=engine_port(s),
+            engine_port=s.knobs.engine_port,
             served_name=k.served_model_name,
             drafter_dir=p["drafter_dir"] if s.needs_drafter else None,
             extra_args=k.extra_serve_args,
@@ -190,7 +184,7 @@ def rank_serve_args(s: Settings) -> list[str]:
         master_addr=s.head.ip,
         master_port=k.master_port,
         model_dir=p["model_dir"],
-        api_port=k.api_port,
+        api_port=k.engine_port,  # the engine on the head's loopback; the front serves api_port
         served_name=k.served_model_name,
         drafter_dir=p["drafter_dir"] if s.needs_drafter else None,
         extra_args=k.extra_serve_args,
@@ -295,10 +289,9 @@ def agent_unit_context(s: Settings) -> dict[str, Any]:
 
 
 def progress_url(s: Settings) -> str:
-    """What the watchdog reads for progress (``Stack.progress_path``): on the API port, or for a
-    fronted engine on its own loopback port (TensorFold's /health needs no key)."""
-    port = engine_port(s) if s.stack.api_auth == "front" else s.knobs.api_port
-    return f"http://127.0.0.1:{port}{s.stack.progress_path}"
+    """What the watchdog reads for progress (``Stack.progress_path``): the engine on its own
+    loopback port, behind the API front (vLLM's /metrics and TensorFold's /health need no key)."""
+    return f"http://127.0.0.1:{s.knobs.engine_port}{s.stack.progress_path}"
 
 
 def watchdog_unit_context(s: Settings) -> dict[str, Any]:
@@ -306,10 +299,14 @@ def watchdog_unit_context(s: Settings) -> dict[str, Any]:
     return {
         **base_context(s),
         "restart_args": restart_args(s),
+        # the watchdog judges the engine itself, on its loopback port (not through the API
+        # front: a front down is not a wedged engine, and restarting the pair would not fix it)
         "probe": " ".join(
-            probe_command(k.install_dir, k.api_port, k.served_model_name, key_file=api_key_file(s))
+            probe_command(
+                k.install_dir, k.engine_port, k.served_model_name, key_file=api_key_file(s)
+            )
         ),
-        "health_url": f"http://127.0.0.1:{k.api_port}/health",
+        "health_url": f"http://127.0.0.1:{k.engine_port}/health",
         "metrics_url": progress_url(s),
         "progress_parser": s.stack.progress_parser,
         "stall": k.watchdog_stall_s,

@@ -60,6 +60,9 @@ RETIRED_KEYS = {
 
 # The knobs a stack pins (its declaration's image, model and drafter): each defaults to None, "the
 # selected stack's pin"; stack_pins[<stack>] overrides them per stack, with these keys.
+# A browser origin as the Origin header carries it: scheme, host (name, IPv4, [IPv6]), port
+ORIGIN_RE = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
+
 PIN_KEYS = ("base_image", "model_repo", "model_revision", "drafter_repo", "drafter_revision")
 
 # Marks a knob that must hold one value across every rank (the pair runs one model with one
@@ -176,6 +179,11 @@ class Knobs(BaseModel):
     api_auth: bool
     api_key_file: str = Field(min_length=1)
     api_key_rotate: bool
+    engine_port: int = _cluster(ge=1, le=65535)
+    api_cors_origins: list[str] = _cluster()
+    api_conn_per_ip: int = Field(ge=1, le=65535)
+    tls_cert: str | None = Field(min_length=1)
+    tls_key: str | None = Field(min_length=1)
     master_port: int = _cluster(ge=1, le=65535)
     pair_port: int = _cluster(ge=1, le=65535)
     copy_port: int = _cluster(ge=1, le=65535)
@@ -286,6 +294,27 @@ class Knobs(BaseModel):
         if any(not token for token in value):
             raise ValueError("empty argument")
         return value
+
+    @field_validator("api_cors_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        for origin in value:
+            if not ORIGIN_RE.fullmatch(origin):
+                raise ValueError(
+                    f"{origin!r} is not an origin: scheme://host[:port], no path, no wildcard "
+                    "(the front compares the browser's Origin header with it exactly)"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Knobs:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            given = "tls_cert" if self.tls_cert is not None else "tls_key"
+            raise ValueError(
+                f"{given} is set alone: the front serves HTTPS with tls_cert and tls_key together, "
+                "HTTP with neither"
+            )
+        return self
 
     @field_validator("nccl_env")
     @classmethod
@@ -626,10 +655,10 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                     f"Sparks; the inventory has {len(ranks)}"
                 )
             ports = (k.api_port, k.master_port, k.master_port + 1, k.pair_port, k.copy_port)
-            if len({*ports, k.agent_port, k.image_copy_port}) != 7:
+            if len({*ports, k.agent_port, k.image_copy_port, k.engine_port}) != 8:
                 problems.append(
-                    f"{name}: api_port, master_port (+1 for the smoke test), pair_port, "
-                    "copy_port, agent_port and image_copy_port must differ"
+                    f"{name}: api_port, engine_port, master_port (+1 for the smoke test), "
+                    "pair_port, copy_port, agent_port and image_copy_port must differ"
                 )
             if k.api_key_rotate and not k.api_auth:
                 problems.append(
@@ -757,6 +786,5 @@ def api_target(inventory: Any) -> dict[str, Any]:
         "url": api_url(s),
         "model": k.served_model_name,
         "profile": k.profile,
-        "stack": k.stack,
         "api_key_file": k.api_key_file if k.api_auth else None,
     }

@@ -2,12 +2,16 @@
 (pyinfra's ``@deploy``) that tasks/verify.py adds on every host; each acts only once
 ``rollback()`` decided it (sparkrig/release.py): the previous release's files back on every rank,
 then the pair restarted in order (workers, then the head, as tasks/service.py starts it), the
-four gates, and the run failed naming what failed and what serves now."""
+four gates (not the front's locked gate: the previous release may be from before the front,
+whose site is then stood aside), and the run failed naming what failed and what serves now."""
 
 from pyinfra.api import deploy
+from pyinfra.operations import server
 
+from sparkrig.front import ROLLBACK_GATES, aside_for_older_release
 from sparkrig.ordering import on_head
 from sparkrig.owned import unit_state_set
+from sparkrig.paths import paths
 from sparkrig.release import (
     ReleaseReport,
     previous_gates_passed,
@@ -42,6 +46,13 @@ def roll_back(
         files=files,
         _if=lambda: bool(release_change) and rolls_back(),
     )
+    on_head(
+        is_head,
+        server.shell,
+        name="Stand the API front aside for a previous release from before it",
+        commands=[aside_for_older_release(paths(s)["rank_unit"])],
+        _if=lambda: bool(release_change) and rolls_back(),
+    )
     pause = "Pause the head's supervisor and watchdog during the rollback"
     pair_stopped_in_order(
         s,
@@ -68,7 +79,7 @@ def roll_back(
         is_head,
         previous_gates_passed,
         name="Pass the four serving gates on the previous release",
-        command=gates,
+        command=[*gates, "--only", ",".join(ROLLBACK_GATES)],  # argparse: the last --only wins
         _if=rolls_back,
     )
     on_head(

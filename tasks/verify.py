@@ -1,8 +1,9 @@
 """Phase 7, verify: the deploy ends by checking itself. After a (re)start the head's boot is
-followed stage by stage; then four gates must pass: /health, /v1/models lists the served name,
-"17*23" answers 391, and a forced tool call parses. /health alone lies when a worker is dead, so
-the stop-together beacons (service phase) keep both ranks' liveness tied together. Old images are
-pruned only after the gates passed.
+followed stage by stage; then five gates must pass, through the API front: /health, /v1/models
+lists the served name, "17*23" answers 391, a forced tool call parses, and /invocations and
+/tokenize answer 401 without the key (locked: the front checks it, docs/front.md). /health alone
+lies when a worker is dead, so the stop-together beacons (service phase) keep both ranks' liveness
+tied together. Old images are pruned only after the gates passed.
 
 Every operation exists on every host (acting only where its condition holds), so all hosts share
 one sequence and the per-operation barrier keeps the prune behind the gates."""
@@ -72,7 +73,7 @@ rolls_back.watch(
     on_head(
         is_head,
         serving_gates_passed,
-        name="Pass the four serving gates",
+        name="Pass the five serving gates",
         command=gates,
         logs=logs_to_read(settings),
         _if=lambda: not rolls_back(),

@@ -1,11 +1,14 @@
 """``sparkhost gate``: serving gates and boot-stage reader, run on the head.
 
-    sparkhost gate gates [--url URL] [--model NAME] [--only health,models,math,tool]
+    sparkhost gate gates [--url URL] [--model NAME] [--only health,models,math,tool,locked]
                            [--api-key-file FILE]
         One JSON line per gate: {"gate": "math", "ok": true, "detail": "...", "ms": 123}.
         Exit 0 when every gate passed, 1 otherwise. Gates (docs/sources.md): /health 200;
         /v1/models lists NAME; "17*23" answers 391; a tool call with tool_choice=required whose
-        tool_calls[0].function.arguments is a JSON object.
+        tool_calls[0].function.arguments is a JSON object; locked: /invocations and /tokenize
+        (routes vLLM's own key does not guard) answer 401 to a request without the key, i.e.
+        the API front checks it (docs/front.md). Without --api-key-file (api_auth off) the
+        locked gate passes, saying the API is open.
     sparkhost gate wait [--url URL] [--container NAME] [--timeout S] [--interval S]
         Poll /health until 200, printing a JSON progress line whenever the boot stage read from
         `docker logs --tail` of the container changes. Exit 0 ready, 1 container gone or an
@@ -39,7 +42,10 @@ from sparkhost import tokenfile
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_MODEL = "glm-5.3-flash"
-GATES = ("health", "models", "math", "tool")
+GATES = ("health", "models", "math", "tool", "locked")
+# Routes outside vLLM's guarded prefixes (/v1 /v2 /inference /cohere) that a request without the
+# key must not reach: /invocations is full inference (docs/attack-surface-facts.md 1.1)
+LOCKED_ROUTES = ("/invocations", "/tokenize")
 MATH_PROMPT = "What is 17*23? Reply with the number only."
 MATH_ANSWER = "391"
 TOOL_NAME = "get_weather"
@@ -210,6 +216,16 @@ def parse_tool(status: int, body: str, name: str = TOOL_NAME) -> GateResult:
     return GateResult("tool", True, f"{name}({json.dumps(args, ensure_ascii=False)})")
 
 
+def parse_locked(answers: Sequence[tuple[str, int, str]]) -> GateResult:
+    """The locked gate from (route, status, body) of requests sent without the key: every route
+    must answer 401 (the front's refusal); anything else means the engine is reachable bare."""
+    open_routes = [f"{route} {status or 'unreachable'}" for route, status, _ in answers
+                   if status != 401]  # fmt: skip
+    if open_routes:
+        return GateResult("locked", False, "without the key: " + ", ".join(open_routes))
+    return GateResult("locked", True, " ".join(r for r, _, _ in answers) + " 401 without the key")
+
+
 # --- HTTP -----------------------------------------------------------------------------------------
 def http(
     url: str, payload: dict[str, Any] | None = None, timeout: float = 60.0, api_key: str = ""
@@ -250,8 +266,15 @@ def authed_http(api_key: str) -> Fetch:
 
 
 def run_gate(
-    gate: str, url: str, model: str, fetch: Fetch = http, timeout: float = 120.0
+    gate: str,
+    url: str,
+    model: str,
+    fetch: Fetch = http,
+    timeout: float = 120.0,
+    keyed: bool = True,
 ) -> GateResult:
+    """One gate. ``keyed``: the API has a key (the locked gate then asks, without it, that the
+    routes vLLM leaves open answer 401; an open API passes it)."""
     t0 = time.monotonic()
     base = url.rstrip("/")
     if gate == "health":
@@ -262,6 +285,11 @@ def run_gate(
         res = parse_math(*fetch(base + "/v1/chat/completions", math_payload(model), timeout))
     elif gate == "tool":
         res = parse_tool(*fetch(base + "/v1/chat/completions", tool_payload(model), timeout))
+    elif gate == "locked" and not keyed:
+        res = GateResult("locked", True, "api_auth off: the API is open, no key to check")
+    elif gate == "locked":  # plain http: never the key, whatever fetch sends
+        res = parse_locked([(route, *http(base + route, math_payload(model), 10.0))
+                            for route in LOCKED_ROUTES])  # fmt: skip
     else:
         raise ValueError(f"unknown gate {gate!r}")
     res.ms = int((time.monotonic() - t0) * 1000)
@@ -269,7 +297,12 @@ def run_gate(
 
 
 def run_gates(
-    url: str, model: str, gates: Sequence[str] = GATES, fetch: Fetch = http, timeout: float = 120.0
+    url: str,
+    model: str,
+    gates: Sequence[str] = GATES,
+    fetch: Fetch = http,
+    timeout: float = 120.0,
+    keyed: bool = True,
 ) -> list[GateResult]:
     """Run the gates in order; after a failed /health the others are not attempted."""
     out: list[GateResult] = []
@@ -277,7 +310,7 @@ def run_gates(
         if out and out[0].gate == "health" and not out[0].ok:
             out.append(GateResult(g, False, "skipped: /health failed"))
             continue
-        out.append(run_gate(g, url, model, fetch, timeout))
+        out.append(run_gate(g, url, model, fetch, timeout, keyed))
     return out
 
 
@@ -379,7 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             fetch = authed_http(read_api_key(a.api_key_file))
         except (OSError, ValueError) as err:
             ap.error(f"cannot read the API key: {err}")
-    results = run_gates(a.url, a.model, gates, fetch=fetch, timeout=a.timeout)
+    keyed = bool(a.api_key_file)
+    results = run_gates(a.url, a.model, gates, fetch=fetch, timeout=a.timeout, keyed=keyed)
     for r in results:
         print(r.to_json(), flush=True)
     return 0 if all(r.ok for r in results) else 1

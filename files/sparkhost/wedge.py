@@ -122,8 +122,9 @@ PARSERS: dict[str, Callable[[str], Sample]] = {
 
 
 def read_metrics(url: str, timeout: float = 10.0, parser: str = "vllm-metrics") -> Sample:
-    """GET the engine's progress page on the head (vLLM's /metrics, TensorFold's /health: both
-    without a key) and parse it with ``PARSERS[parser]``; OSError or ValueError."""
+    """GET the engine's progress page on the head's loopback engine_port (vLLM's /metrics,
+    TensorFold's /health: both without a key; the API front keeps them from the LAN) and parse
+    it with ``PARSERS[parser]``; OSError or ValueError."""
     parse = PARSERS[parser]
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         return parse(resp.read().decode("utf-8", errors="replace"))

@@ -82,7 +82,7 @@ def builtin(stack: str | None, protocol: str, profile: str | None) -> list[expec
         return list(UNDECLARED.get(name, {}).get(protocol, ()))
     found = STACKS[name]
     one = len(found.profiles) == 1  # a stack serving one profile: its figures are its own
-    own = [f for f in found.figures
+    own: list[expected.Figure] = [f for f in found.figures
            if f.protocol == protocol and (one or f.profile in ("", profile))]  # fmt: skip
     if protocol == "seed000" and not own:
         return declared(name, profile)

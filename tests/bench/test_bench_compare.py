@@ -147,6 +147,8 @@ def test_the_stack_declarations_are_the_one_source_of_published_figures(monkeypa
     monkeypatch.setitem(STACKS, "entrpi-exl3", replace(STACKS["entrpi-exl3"], figures=(mine,)))
     assert published.figures_for(run) == [mine]
     assert not set(published.UNDECLARED) & set(STACKS)  # undeclared stacks only
+
+
 def test_a_seed000_run_of_tensorfold_is_shown_beside_miaais_own_figures() -> None:
     """The tensorfold declaration's figures (MiaAI README: 60.4 tok/s alone, 108.8 total at 4,
     prefill 1,952) are the published column of a seed-000 run on that stack, marked as the

@@ -189,7 +189,7 @@ def test_weights_came_once_over_both_uplinks_then_over_the_fabric(lab: Lab):
     assert clients == head_uplinks, f"hub saw {clients}, head uplinks are {head_uplinks}"
 
 
-def test_the_four_gates_pass_and_the_head_started_right_after_the_workers(lab: Lab):
+def test_the_five_gates_pass_and_the_head_started_right_after_the_workers(lab: Lab):
     out = lab.head.sh(
         f"{SPARKHOST} gate gates --url http://127.0.0.1:8000 "
         f"--model glm-5.3-flash --api-key-file {API_KEY}"
@@ -201,6 +201,7 @@ def test_the_four_gates_pass_and_the_head_started_right_after_the_workers(lab: L
         ("models", True),
         ("math", True),
         ("tool", True),
+        ("locked", True),  # through the API front: /invocations and /tokenize 401 without the key
     ]
     worker_ready = float(
         lab.workers[0].sh(
@@ -246,7 +247,7 @@ def test_the_api_needs_the_key_and_the_key_is_in_no_unit_argv_or_ps(lab: Lab):
         f"--model glm-5.3-flash --api-key-file {API_KEY}"
     )
     gates = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert len(gates) == 4 and all(g["ok"] for g in gates), gates
+    assert len(gates) == 5 and all(g["ok"] for g in gates), gates
     # the key reaches the container's environment and nothing an unprivileged user can read
     assert head.sh("docker exec sparkrig-rank0 printenv VLLM_API_KEY").strip() == key
     visible = head.sh(

@@ -45,7 +45,7 @@ def gates_pass(lab: Lab) -> list[dict]:
         f"--api-key-file {API_KEY}"
     )
     gates = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert len(gates) == 4 and all(g["ok"] for g in gates), gates
+    assert len(gates) == 5 and all(g["ok"] for g in gates), gates
     return gates
 
 
@@ -56,7 +56,7 @@ def model_dirs(guest) -> list[str]:
 
 def assert_serves(lab: Lab, stack: str) -> None:
     """Every rank runs ``stack``'s stand-in (its engine flavour; for a stack without sparkrig's
-    patch layer, the local tag of that stand-in's digest) and the four gates pass."""
+    patch layer, the local tag of that stand-in's digest) and the five gates pass."""
     digest = lab_state()["stack_images"][stack].rpartition("sha256:")[2]
     for g in lab.guests:
         image = running_image(g)

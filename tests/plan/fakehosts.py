@@ -34,7 +34,7 @@ HCA = "rocep1s0f1"
 
 HEALTHY_GATES = [
     json.dumps({"gate": g, "ok": True, "detail": "ok", "ms": 5})
-    for g in ("health", "models", "math", "tool")
+    for g in ("health", "models", "math", "tool", "locked")
 ]
 FAILED = {"success": False, "stderr": "failed"}
 
@@ -173,6 +173,12 @@ API_KEY = re.compile(r"^cat /etc/sparkrig/api-key 2>/dev/null; echo ")  # the he
 RELEASE = re.compile(re.escape(LISTING))  # the release record and weights_dir's entries
 BASELINE = re.compile(r"^sh -c 'k=; read -r k < /proc/sys/kernel/osrelease")  # sparkrig/baseline
 REACH = re.compile(r"^/usr/bin/python3 -c '\nimport ssl, sys, urllib")  # sparkrig/reach.py
+FRONT = re.compile(r"^if dpkg-query -W -f='\$\{Status\}' nginx ")  # sparkrig/front.py
+FRONT_INSTALL = re.compile(r"^sh -c 'set -e; DEBIAN_FRONTEND=noninteractive apt-get install ")
+FRONT_CHECK = re.compile(r"^nginx -t -q$")
+FRONT_ASIDE = re.compile(r"^grep -qF -- '--host 127\.0\.0\.1' ")
+FRONT_OFF = re.compile(r"^if \[ -e /var/lib/sparkrig/nginx-installed-by-sparkrig \]; then ")
+FRONT_UNIT = re.compile(r"^systemctl (start|stop|enable|disable|reload|restart) nginx\.service")
 PORTS = re.compile(
     r"^sh -c '\ncommand -v ss "
 )  # sparkrig/ports.py: who listens on sparkrig's ports
@@ -210,7 +216,9 @@ def converged_listeners(s: Settings) -> list[str]:
     helper = "sparkrig-supervisor.service" if s.me.is_head else "sparkrig-agent.service"
     out.append(listening(k.agent_port, "python3", 2102, unit=helper, address=s.me.ip))
     if s.me.is_head:
-        out.append(listening(k.api_port, "vllm", 3100, container=s.container_name))
+        out.append(listening(k.api_port, "nginx", 3000, unit="nginx.service", address="0.0.0.0"))
+        out.append(listening(k.engine_port, "vllm", 3100, container=s.container_name,
+                             address="127.0.0.1"))  # fmt: skip
         out.append(listening(k.master_port, "vllm", 3100, container=s.container_name))
     return [*out, END]
 
@@ -366,6 +374,7 @@ def bare(ip: str) -> dict[Any, Any]:
         BASELINE: baseline_report(),  # DGX OS as shipped: nothing held, no KHO in the kernel
         GIDS: gid_table(HCA, "enp1s0f1np1", ip),  # the GID appears once the address is applied
         PORTS: [END],  # nothing listens on sparkrig's ports
+        FRONT: ["nginx=missing", END],  # DGX OS ships no nginx
         REACH: reached(),  # the head reaches the Hub and the registry
         RANK_RUNTIME: rank_runtime(),  # no container, no start gate yet
         re.compile(rf"^p={OURS}; if \[ -L "): "",  # nothing sparkrig owns exists yet
@@ -377,7 +386,7 @@ def bare(ip: str) -> dict[Any, Any]:
         GATES: HEALTHY_GATES,
         re.compile(r'^if \[ -n "\$TMPDIR" \]'): "/tmp",  # pyinfra's temp dir, for uploads
     }
-    for unit in UNITS_KNOWN:
+    for unit in [*UNITS_KNOWN, "nginx"]:
         table[unit_fact(unit, "SubState")] = [f"Id={unit}.service", "SubState=dead"]
         table[unit_fact(unit, "UnitFileState")] = [f"Id={unit}.service", "UnitFileState="]
     table.update(docker_units(running=True))  # DGX OS runs docker from the first boot
@@ -407,6 +416,7 @@ def bare(ip: str) -> dict[Any, Any]:
         PAIR_WAIT, PAIR_REQUEST, BOOT_WAIT, PRUNE,
         KEEP, RESTORE, ADOPT, PRUNE_WEIGHTS,
         APT_MARK, UPDATE_GRUB,
+        FRONT_INSTALL, FRONT_CHECK, FRONT_UNIT, FRONT_OFF, FRONT_ASIDE,
     ]  # fmt: skip
     for action in actions:
         matcher = action if isinstance(action, re.Pattern) else re.compile(action)
@@ -469,6 +479,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     """path -> (content, mode) of every file the deploy owns on this rank, made by the same
     functions the tasks call (render + the context builders, the programs, the lockfiles)."""
     from sparkrig.fabric import env_context
+    from sparkrig.front import front_paths, key_include_text, site_text
     from sparkrig.image import serving_image
     from sparkrig.pairsecret import control_token
     from sparkrig.paths import paths
@@ -523,6 +534,10 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
         text[p["api_key"]] = (control_token(k.api_key_file) + "\n", "600")
         text[p["api_key_env"]] = (api_key_env(control_token(k.api_key_file)), "600")
     if s.me.is_head:
+        front = front_paths(s)
+        text[front["site"]] = (site_text(s), "644")
+        if k.api_auth:
+            text[front["key_include"]] = (key_include_text(control_token(k.api_key_file)), "600")
         text[p["restart_script"]] = (
             render("sparkrig-restart-pair.j2", **base_context(s), restart_args=restart_args(s)),
             "755",
@@ -563,6 +578,7 @@ def running_units(s: Settings) -> list[str]:
         units.append("sparkrig-supervisor")
         if s.knobs.watchdog:
             units.append("sparkrig-watchdog")
+        units.append("nginx")  # the API front
     return units
 
 
@@ -646,6 +662,7 @@ def converged(
     canned.update(converged_image_state(IMAGE, pulled=s.me.is_head))
     canned[BASELINE] = baseline_report(held=True)
     canned[PORTS] = converged_listeners(s)
+    canned[FRONT] = ["nginx=installed" if s.me.is_head else "nginx=missing", END]
     canned[RELEASE] = converged_release(s, owned)
     canned[RANK_STATUS] = rank_status(
         unit_ActiveState="active",

@@ -88,6 +88,9 @@ def test_dry_diff_shows_every_file_the_run_would_write(monkeypatch):
     assert bare.exit_code == 0, bare.output
     everyone = fakehosts.settings_of(INVENTORIES[2])
     secrets = {f"/etc/sparkrig/{n}" for n in ("pair-token", "hf-token", "api-key", "api-key.env")}
+    secrets.add("/etc/sparkrig/api-front-key.conf")  # the API front's key include
+    # the front's TLS pair: owned (removed) while it serves HTTP (tls_cert None)
+    secrets |= {"/etc/sparkrig/api-front.crt", "/etc/sparkrig/api-front.key"}
     for s in everyone.values():
         watchdog = paths(s)["watchdog_unit"]  # owned (removed) while the watchdog is off
         clock = paths(s)["gpu_clock_unit"]  # owned (removed) while gpu_clock_max_mhz is None
@@ -96,6 +99,8 @@ def test_dry_diff_shows_every_file_the_run_would_write(monkeypatch):
         for path in set(owned_files(s)) - secrets - {watchdog, clock, grub} - legacy:
             assert f"Will create {path}" in bare.output, path
     assert "Will write /etc/sparkrig/pair-token (secret: content not shown)" in bare.output
+    assert "Will write /etc/sparkrig/api-front-key.conf (secret: content not shown)" in bare.output
+    assert "Will create /etc/nginx/conf.d/sparkrig-api.conf" in bare.output
 
     worker = "@fake/spark-b"
     unit = paths(everyone[worker])["rank_unit"]

@@ -64,6 +64,7 @@ def test_each_helper_has_operations_of_its_own(monkeypatch):
 
 # the rollback's operations that act on one role alone, and where they act
 ROLLBACK_ROLE_OPS = {
+    "Stand the API front aside for a previous release from before it": "head",
     "Pause the head's supervisor and watchdog during the rollback": "head",
     "Start the worker rank of the previous release": "worker",
     "Wait until every worker of the previous release runs": "head",

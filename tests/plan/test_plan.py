@@ -322,7 +322,7 @@ def test_a_failing_gate_fails_the_deploy_and_nothing_is_pruned(monkeypatch):
     fakehosts.inject(
         "spark-a",
         {
-            fakehosts.GATES: [*fakehosts.HEALTHY_GATES[:2], bad_gate, fakehosts.HEALTHY_GATES[3]],
+            fakehosts.GATES: [*fakehosts.HEALTHY_GATES[:2], bad_gate, *fakehosts.HEALTHY_GATES[3:]],
             fakehosts.IMAGE_FACT: fakehosts.image_state(fakehosts.IMAGE, extra_tags=(old,)),
         },
     )
@@ -332,7 +332,7 @@ def test_a_failing_gate_fails_the_deploy_and_nothing_is_pruned(monkeypatch):
     assert len(failed) == 1
     assert (
         "serving gates failed: health ok (ok); models ok (ok); math FAILED (answered 392); tool "
-        "ok (ok); "
+        "ok (ok); locked ok (ok); "
         "read why on @fake/spark-a: `sudo journalctl -u sparkrig-head -n 200` (the serving unit) "
         "and `sudo docker logs --tail 200 sparkrig-rank0` (vLLM)"
     ) in failed[0]
@@ -342,7 +342,7 @@ def test_a_failing_gate_fails_the_deploy_and_nothing_is_pruned(monkeypatch):
     ok = apply(monkeypatch)
     assert ok.exit_code == 0, ok.output
     assert any(c.startswith(f"docker image rm {old} ") for c in ok.commands[HEAD])
-    assert position(ok, "Pass the four serving gates") < position(
+    assert position(ok, "Pass the five serving gates") < position(
         ok, "Prune old sparkrig images once the pair is healthy"
     )
 

@@ -126,7 +126,7 @@ def test_failed_gates_without_a_release_change_fail_as_before_with_no_rollback(m
     failing_gates()
     r = apply(monkeypatch)
     assert r.exit_code != 0
-    assert r.changed_ops[HEAD][-1].endswith("Pass the four serving gates")  # it stopped there
+    assert r.changed_ops[HEAD][-1].endswith("Pass the five serving gates")  # it stopped there
     assert "Rolled back" not in r.output and "upgrade failed" not in r.output
     for cmds in r.commands.values():
         assert not any(fakehosts.RESTORE.search(c) for c in cmds)

@@ -43,6 +43,10 @@ def test_uninstall_stops_the_head_first_and_removes_what_sparkrig_owns(monkeypat
     for path in OWNED:
         assert f"rm -f {path}" in head, path
     assert "rm -f /etc/systemd/system/sparkrig-agent.service" in worker
+    # the API front: its site goes, then nginx reloads without it (or stops, if sparkrig put it)
+    site = head.index("rm -f /etc/nginx/conf.d/sparkrig-api.conf")
+    assert site < next(i for i, c in enumerate(head) if fakehosts.FRONT_OFF.match(c))
+    assert not any(fakehosts.FRONT_OFF.match(c) for c in worker)
     for cmds in (head, worker):  # a rank that exited non-zero on stop is not left "failed"
         assert cmds.index("systemctl daemon-reload") < cmds.index(
             "systemctl reset-failed 'sparkrig-*'"

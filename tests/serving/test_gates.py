@@ -125,7 +125,7 @@ def test_boot_errors_are_engine_fatal_lines_not_tracebacks() -> None:
 def test_commands_are_argv_and_shell() -> None:
     argv = gates.gate_command("/opt/sparkrig", 8000, "glm-5.3-flash")
     assert argv[:4] == ["/usr/bin/python3", "/opt/sparkrig/lib/sparkhost", "gate", "gates"]
-    assert "http://127.0.0.1:8000" in argv and "health,models,math,tool" in argv
+    assert "http://127.0.0.1:8000" in argv and "health,models,math,tool,locked" in argv
     assert gates.shell(["a b", "c"]) == "'a b' c"
     with pytest.raises(ValueError):
         gates.gate_command("/opt/sparkrig", 8000, "m", gates=["nope"])
@@ -239,7 +239,17 @@ def test_run_gates_skips_after_failed_health() -> None:
         return 0, "refused"
 
     res = script.run_gates("http://h", "m", fetch=fetch)
-    assert [r.ok for r in res] == [False] * 4 and "skipped" in res[1].detail
+    assert [r.ok for r in res] == [False] * 5 and "skipped" in res[1].detail
+
+
+def test_locked_passes_only_when_every_open_route_answers_401() -> None:
+    ok = gates.parse_locked([("/invocations", 401, ""), ("/tokenize", 401, "")])
+    assert ok.ok and ok.gate == "locked" and "/invocations /tokenize 401" in ok.detail
+    bare = gates.parse_locked([("/invocations", 200, "{}"), ("/tokenize", 401, "")])
+    assert not bare.ok and "/invocations 200" in bare.detail and "/tokenize" not in bare.detail
+    down = gates.parse_locked([("/invocations", 0, "refused"), ("/tokenize", 0, "refused")])
+    assert not down.ok and "/invocations unreachable" in down.detail
+    assert not gates.parse_locked([("/invocations", 403, "")]).ok  # only the front's 401
 
 
 def test_cli_stage(tmp_path: Any) -> None:
@@ -264,11 +274,16 @@ class Recorder:
 
         seen = self.seen = []  # type: list[tuple[str, str | None]]
 
+        front = self.front = [True]  # answer 401 on the locked routes without a key (the front)
+
         class Handler(http.server.BaseHTTPRequestHandler):
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
                 seen.append((self.path, self.headers.get("Authorization")))
+                code = 200
+                if self.path in script.LOCKED_ROUTES and front[0]:
+                    code = 200 if self.headers.get("Authorization") else 401
                 if self.path == "/v1/models":
                     out = json.dumps({"data": [{"id": "m"}]})
                 elif self.path == "/v1/chat/completions" and body.get("tools"):
@@ -278,7 +293,7 @@ class Recorder:
                 else:
                     out = ""
                 data = out.encode()
-                self.send_response(200)
+                self.send_response(code)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -321,8 +336,22 @@ def test_the_gates_and_the_watchdog_probe_send_the_key_read_from_its_file(
     out = run_cli(argv)
     assert out.returncode == 0, out.stdout + out.stderr
     assert [p for p, _ in recorder.seen] == ["/health", "/v1/models", "/v1/chat/completions",
-                                            "/v1/chat/completions"]  # fmt: skip
-    assert {h for p, h in recorder.seen} == {f"Bearer {key}"}
+                                            "/v1/chat/completions", "/invocations",
+                                            "/tokenize"]  # fmt: skip
+    assert {h for p, h in recorder.seen[:4]} == {f"Bearer {key}"}
+    assert {h for p, h in recorder.seen[4:]} == {None}  # the locked gate never sends the key
+    recorder.seen.clear()
+    # an engine answering without the key (no front before it) fails the locked gate
+    recorder.front[0] = False
+    out = run_cli(argv)
+    assert out.returncode == 1
+    locked = {r.gate: r for r in gates.parse_gate_lines(out.stdout)}["locked"]
+    assert not locked.ok and "/invocations 200, /tokenize 200" in locked.detail
+    recorder.front[0] = True
+    # an open API (api_auth off, no key file) passes it without asking
+    recorder.seen.clear()
+    out = run_cli(gates.gate_command("/opt/sparkrig", recorder.port, "m"))
+    assert out.returncode == 0 and "/invocations" not in [p for p, _ in recorder.seen]
     recorder.seen.clear()
     # the watchdog's probe, as its unit runs it (the pair job runs --probe through a shell)
     probe = gates.probe_command("/opt/sparkrig", recorder.port, "m", key_file=str(key_file))

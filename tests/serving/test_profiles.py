@@ -52,12 +52,13 @@ def test_mandatory_flags_every_profile_and_rank(profile: str, rank: int, nnodes:
     assert flag_value(a, "--max-model-len") == "262144"
     if rank == 0:
         assert "--headless" not in a
-        assert flag_value(a, "--host") == "0.0.0.0"
+        assert flag_value(a, "--host") == "127.0.0.1"  # the front serves the LAN (docs/front.md)
         assert flag_value(a, "--port") == "8000"
+        assert "--disable-fastapi-docs" in a
         assert flag_value(a, "--served-model-name") == "glm-5.3-flash"
     else:
         assert "--headless" in a
-        for api in ("--host", "--port", "--served-model-name"):
+        for api in ("--host", "--port", "--served-model-name", "--disable-fastapi-docs"):
             assert api not in a
 
 

@@ -227,8 +227,8 @@ def test_pair_boot_gates_and_worker_loss(model_dir: Path, procs: list[Proc]) -> 
     assert not any("Starting vLLM API server" in ln for ln in worker.lines)  # no API on workers
 
     base = f"http://127.0.0.1:{aport}"
-    results = gate_script.run_gates(base, "glm-5.3-flash")
-    assert [r.gate for r in results] == ["health", "models", "math", "tool"]
+    results = gate_script.run_gates(base, "glm-5.3-flash", keyed=False)  # no key: an open API
+    assert [r.gate for r in results] == ["health", "models", "math", "tool", "locked"]
     assert all(r.ok for r in results), results
 
     # the gate script as the head would run it
@@ -236,7 +236,7 @@ def test_pair_boot_gates_and_worker_loss(model_dir: Path, procs: list[Proc]) -> 
     out = subprocess.run(local_argv(argv), capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     parsed = gates.parse_gate_lines(out.stdout)
-    assert gates.gates_passed(parsed) and len(parsed) == 4
+    assert gates.gates_passed(parsed) and len(parsed) == 5
 
     # curl variant parsed the same way
     if subprocess.run(["which", "curl"], capture_output=True).returncode == 0:
@@ -341,9 +341,10 @@ def test_the_failing_variant_fails_the_math_gate_alone(model_dir: Path, procs: l
     procs.append(head)
     head.wait_for("Application startup complete")
     results = {
-        r.gate: r.ok for r in gate_script.run_gates(f"http://127.0.0.1:{aport}", "glm-5.3-flash")
+        r.gate: r.ok
+        for r in gate_script.run_gates(f"http://127.0.0.1:{aport}", "glm-5.3-flash", keyed=False)
     }
-    assert results == {"health": True, "models": True, "math": False, "tool": True}
+    assert results == {"health": True, "models": True, "math": False, "tool": True, "locked": True}
 
 
 # --- the API key, as vLLM enforces it -------------------------------------------------------------
@@ -467,8 +468,15 @@ def test_the_standin_answers_401_without_the_key_and_the_gates_pass_with_its_fil
     assert refused["health"].ok and "401" in refused["models"].detail
     argv = gates.gate_command("/opt/sparkrig", aport, "glm-5.3-flash", key_file=str(key_file))
     out = subprocess.run(local_argv(argv), capture_output=True, text=True)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert gates.gates_passed(gates.parse_gate_lines(out.stdout))
+    # the bare engine serves /invocations and /tokenize without the key, as vLLM does: only the
+    # locked gate fails; through the front it passes (tests/serving/test_front_nginx.py)
+    assert out.returncode == 1, out.stdout + out.stderr
+    results = gates.parse_gate_lines(out.stdout)
+    assert gates.gates_passed(results, ("health", "models", "math", "tool"))
+    locked = {r.gate: r for r in results}["locked"]
+    assert not locked.ok and "/invocations 200, /tokenize 200" in locked.detail
+    assert authed(base + "/invocations", None, math) == 200  # vLLM's key does not guard it
+    assert authed(base + "/docs", None) == 404  # --disable-fastapi-docs, as the deploy passes
     probe = gates.probe_command("/opt/sparkrig", aport, "glm-5.3-flash", key_file=str(key_file))
     bare = gates.probe_command("/opt/sparkrig", aport, "glm-5.3-flash")
     assert subprocess.run(local_argv(probe), capture_output=True).returncode == 0
@@ -477,7 +485,8 @@ def test_the_standin_answers_401_without_the_key_and_the_gates_pass_with_its_fil
     if subprocess.run(["which", "curl"], capture_output=True).returncode == 0:
         for gate, cmd in curl.items():
             res = subprocess.run(cmd, capture_output=True, text=True)
-            assert gates.parse_curl_gate(gate, res.stdout, "glm-5.3-flash").ok, (gate, res)
+            verdict = gates.parse_curl_gate(gate, res.stdout, "glm-5.3-flash")
+            assert verdict.ok == (gate != "locked"), (gate, res)  # the bare engine: not locked
         res = subprocess.run(gates.curl_gate_commands(aport, "glm-5.3-flash")["models"],
                              capture_output=True, text=True)  # fmt: skip
         assert gates.parse_curl_output(res.stdout)[0] == 401

@@ -81,9 +81,9 @@ def test_the_bench_runs_as_a_child_with_the_key_as_an_absolute_file_name(tmp_pat
 
 def test_the_heads_api_url_defaults_to_its_ssh_hostname_or_name_and_can_be_set() -> None:
     assert api_url(build(cluster(2))["spark-1"]) == "http://spark-0:8000"
-    view = edit(cluster(2), "head", 0, ssh_hostname="10.0.0.5", api_port=8001)
-    view = edit(view, "worker", 0, api_port=8001)
-    assert api_url(build(view)["spark-1"]) == "http://10.0.0.5:8001"
+    view = edit(cluster(2), "head", 0, ssh_hostname="10.0.0.5", api_port=8080)
+    view = edit(view, "worker", 0, api_port=8080)
+    assert api_url(build(view)["spark-1"]) == "http://10.0.0.5:8080"
     view = edit(cluster(2), "head", 0, api_url="http://127.0.0.1:28000/")
     assert api_url(build(view)["spark-1"]) == "http://127.0.0.1:28000"
 

@@ -21,7 +21,8 @@ DOMAINS = {
     "fabric",  # RoCE GID table, fabric configs, rank env file
     "weights",  # weights state, fetch/copy/re-hash/serve
     "image",  # image state, base pull/save/serve/load, patched build, prune
-    "serving",  # boot and beacon waits, the four gates
+    "serving",  # boot and beacon waits, the five gates
+    "front",  # the API front: nginx installed, its site and key include (docs/front.md)
     "owned",  # files, secrets, programs, directories and units sparkrig owns
     "release",  # release record, keep/restore, rollback
     "benchgate",  # the release's bench gate: the short bench against the previous figures

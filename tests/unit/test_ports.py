@@ -58,3 +58,23 @@ def test_the_report_parses_what_the_script_prints():
     (held,) = parse_listeners(lines).listeners
     assert (held.port, held.address, held.container) == (8000, "[::1]", "sparkrig-rank0")
     assert not parse_listeners(["ss=missing", END]).checked
+
+
+def test_nginx_holds_api_port_as_the_front_and_nothing_else_on_the_head():
+    from conftest import cluster
+
+    from sparkrig.ports import PortsReport, needed_ports, port_problems
+    from sparkrig.settings import build
+
+    head = build(cluster(2))["spark-0"]
+    assert needed_ports(head)[8001] == "engine_port"
+    nginx = "/system.slice/nginx.service"
+    report = PortsReport(True, (Listener(8000, "0.0.0.0", 10, "nginx", nginx),))
+    assert port_problems(head, report) == []  # the API front (sparkrig/front.py)
+    report = PortsReport(True, (Listener(8001, "0.0.0.0", 10, "nginx", nginx),))
+    assert (
+        "port 8001 (engine_port) is held by nginx (pid 10, nginx.service)"
+        in port_problems(head, report)[0]
+    )
+    other = PortsReport(True, (Listener(8000, "0.0.0.0", 11, "python3", "/user.slice/x.scope"),))
+    assert "port 8000 (api_port)" in port_problems(head, other)[0]

@@ -140,6 +140,32 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
             lambda v: edit(v, "head", 0, container_gpu_args=["--gpus all"]),
             "spark-0: container_gpu_args: one argument per element",
         ),
+        (
+            lambda v: [edit(v, g, 0, engine_port=8000) for g in ("head", "worker")],
+            "spark-0: api_port, engine_port, master_port (+1 for the smoke test), pair_port",
+        ),
+        (
+            lambda v: edit(v, "head", 0, tls_cert="certs/api.pem"),
+            "tls_cert is set alone: the front serves HTTPS with tls_cert and tls_key together",
+        ),
+        (
+            lambda v: edit(v, "head", 0, tls_key="certs/api.key"),
+            "tls_key is set alone",
+        ),
+        (
+            lambda v: [
+                edit(v, g, 0, api_cors_origins=["https://*.example.org"])
+                for g in ("head", "worker")
+            ],
+            "is not an origin: scheme://host[:port], no path, no wildcard",
+        ),
+        (
+            lambda v: [
+                edit(v, g, 0, api_cors_origins=["https://app.example.org/"])
+                for g in ("head", "worker")
+            ],
+            "is not an origin",
+        ),
     ],
 )
 def test_bad_input_is_named_by_host_and_key(change, message):
@@ -429,3 +455,12 @@ def test_a_stacks_caches_env_and_flags_reach_the_rank(monkeypatch):
     assert "--linear-backend" in rank_serve_args(worker)
     assert "--chat-template" in rank_serve_args(head)
     assert "--chat-template" not in rank_serve_args(worker)  # head_flags: rank 0 alone
+
+
+def test_front_knobs_accept_origins_and_a_tls_pair():
+    view = cluster(2)
+    for g in ("head", "worker"):
+        edit(view, g, 0, api_cors_origins=["https://app.example.org", "http://[::1]:3000"])
+    edit(view, "head", 0, tls_cert="certs/api.pem", tls_key="certs/api.key")
+    settings = build(view)
+    assert settings["spark-0"].knobs.tls_key == "certs/api.key"

@@ -5,8 +5,9 @@ The family adds what every vLLM stack on the pair needs: tensor parallel over th
 mp executor and ``--nnodes/--node-rank/--master-addr/--master-port`` (no Ray); then the stack's
 own flags (``Stack.serve_flags``, every rank), the profile's numbers, its speculation and logits
 processors, the chat template's thinking default and the stack's ``head_flags`` on rank 0, the API
-flags (``--host/--port/--served-model-name``) on rank 0 and ``--headless`` on the workers, and the
-operator's ``extra_serve_args`` last (argparse keeps the last value of a flag)."""
+flags (``--host 127.0.0.1 --port <engine_port> --served-model-name``, docs off) on rank 0 and
+``--headless`` on the workers, and the operator's ``extra_serve_args`` last (argparse keeps the
+last value of a flag)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,12 @@ from sparkrig.stacks.base import Profile, Stack
 # The fallback when a stack's argv sets no --gpu-memory-utilization (the memory gate derives its
 # floor from it): the value most recipes pass (docs/sources.md, "vLLM serve flags and profiles").
 GPU_MEMORY_UTILIZATION = "0.85"
-DEFAULT_HOST = "0.0.0.0"  # the API is the product: reachable from the LAN (operator firewalls)
+# The engine listens on the head's loopback only: the API front (nginx, docs/front.md) serves the
+# public api_port and checks the key on every route; vLLM's own key guards only /v1 /v2 /inference
+# /cohere (docs/attack-surface-facts.md 1.1a), so the engine is never reachable from the LAN
+DEFAULT_HOST = "127.0.0.1"
+# FastAPI's /docs, /redoc and /openapi.json off (vLLM 0.33 launchers/app.py): nothing to browse
+DOCS_OFF_FLAG = "--disable-fastapi-docs"
 
 # Flags the family puts on every rank of every vLLM stack (tests check each argv carries them).
 DISTRIBUTED_FLAGS: tuple[str, ...] = (
@@ -86,6 +92,8 @@ def serve_args(
     request turns it on with ``chat_template_kwargs: {"enable_thinking": true}``; None leaves the
     template's own default). ``master_addr`` is the head's fabric IPv4 without prefix length.
     ``extra_args`` are appended last, so they override earlier flags (argparse keeps the last).
+    ``api_port`` is the port the engine itself listens on, on ``host`` (the deploy passes the
+    engine_port knob: the API front serves the public api_port, docs/front.md).
     """
     if stack.family != "vllm":
         raise ValueError(f"stack {stack.name!r} is of the {stack.family} family, not vllm")
@@ -127,6 +135,7 @@ def serve_args(
     if rank == 0:
         args += stack.head_flags
         args += ["--host", host, "--port", str(api_port), "--served-model-name", served_name]
+        args += [DOCS_OFF_FLAG]
     else:
         args += ["--headless"]
     args += [str(a) for a in extra_args]

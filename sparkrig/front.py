@@ -1,0 +1,190 @@
+"""The API front (docs/front.md): nginx on the head serves ``api_port`` and checks the key on every
+route but a plain ``/health``; the engine listens on ``127.0.0.1:engine_port`` only.
+
+Why a front at all: vLLM's key guards only ``/v1 /v2 /inference /cohere``; ``/invocations`` (full
+inference), ``/tokenize``, ``/metrics`` and the docs answer anyone (docs/attack-surface-facts.md
+1.1). Why nginx: the Debian/Ubuntu distribution package the field runs, security-supported in
+Ubuntu's main, with a per-address connection cap, ``nginx -t`` before a reload, and a config
+that is static text (docs/front.md, "Why nginx").
+
+What lives here: the paths, the builders of the site file and of the key include (pure), the
+state read's part saying whether nginx is installed, and the operation that installs it."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host
+from pyinfra.api import FactBase, QuoteString, StringCommand, operation
+from pyinfra.api.exceptions import FactProcessError
+
+from sparkrig.factlines import END
+from sparkrig.render import base_context, render
+from sparkrig.settings import Settings
+from sparkrig.stateread import Part, Values, read_here
+
+PACKAGE = "nginx"  # Debian's and Ubuntu's nginx (nginx-common, the binary at /usr/sbin/nginx)
+SERVICE = "nginx.service"
+SITE = "/etc/nginx/conf.d/sparkrig-api.conf"  # conf.d: Debian's default site stays untouched
+# set when the deploy installed nginx (uninstall then stops it; an operator's nginx keeps running)
+INSTALLED_MARK = "/var/lib/sparkrig/nginx-installed-by-sparkrig"
+# RFC 6750's b64token: the characters a Bearer credential may hold (the key include's regex
+# escapes the two of them that mean something in PCRE)
+TOKEN68 = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+
+
+def front_paths(s: Settings) -> dict[str, str]:
+    """The front's files on the head: the site, the key include and the TLS pair."""
+    d = s.knobs.config_dir
+    return {
+        "site": SITE,
+        "key_include": f"{d}/api-front-key.conf",
+        "tls_cert": f"{d}/api-front.crt",
+        "tls_key": f"{d}/api-front.key",
+    }
+
+
+def front_files(s: Settings) -> list[str]:
+    """The files the front phase owns on this host (the head's; none on a worker)."""
+    if not s.me.is_head:
+        return []
+    return list(front_paths(s).values())
+
+
+def site_context(s: Settings) -> dict[str, Any]:
+    """The site template's context (templates/sparkrig-api.conf.j2)."""
+    k, p = s.knobs, front_paths(s)
+    tls = k.tls_cert is not None
+    return {
+        **base_context(s),
+        "api_port": k.api_port,
+        "engine_port": k.engine_port,
+        "auth": k.api_auth,
+        "key_include": p["key_include"],
+        "cors_origins": list(k.api_cors_origins),
+        "conn_per_ip": k.api_conn_per_ip,
+        "tls": tls,
+        "tls_cert": p["tls_cert"] if tls else "",
+        "tls_key": p["tls_key"] if tls else "",
+    }
+
+
+def site_text(s: Settings) -> str:
+    """The nginx site file of the head's front."""
+    return render("sparkrig-api.conf.j2", **site_context(s))
+
+
+def key_include_text(key: str) -> str:
+    """The 0600 include that holds the key: a map of the Authorization header to
+    ``$sparkrig_api_key_ok`` (1 only for ``Bearer <key>``; the scheme in any case as RFC 6750 and
+    vLLM take it, the key case-sensitive and whole). nginx's master reads it as root at start and
+    reload, so the key is in no argv, environment or ``ps``. ValueError for a key that is not a
+    Bearer token (RFC 6750 b64token) or is empty."""
+    if not key or not TOKEN68.fullmatch(key):
+        raise ValueError(
+            "the API key must be a Bearer token (RFC 6750: letters, digits and -._~+/, "
+            "then = padding); write a new one to api_key_file or set api_key_rotate = True"
+        )
+    pattern = re.sub(r"([.+])", r"\\\1", key)
+    return (
+        "# sparkrig's API key for the front (0600 root: nginx's master reads it; never in argv)\n"
+        "map $http_authorization $sparkrig_api_key_ok {\n"
+        "    default 0;\n"
+        f'    "~^(?i:bearer) {pattern}$" 1;\n'
+        "}\n"
+    )
+
+
+def tls_text(path: str, what: str) -> str:
+    """A TLS file from the control side (``tls_cert``/``tls_key``, relative to the deploy's
+    directory, as api_key_file is); ValueError naming the knob when it cannot be read or holds
+    no PEM block."""
+    try:
+        text = Path(path).expanduser().read_text()
+    except OSError as err:
+        raise ValueError(f"{what}: cannot read {path}: {err.strerror or err}") from None
+    if "-----BEGIN " not in text:
+        raise ValueError(f"{what}: {path} holds no PEM block")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# The fact: is nginx installed here (the state read's part), and the operation installing it
+# ---------------------------------------------------------------------------------------------
+
+
+class FrontPackage(FactBase[bool]):
+    """
+    Whether the distribution's nginx is installed (dpkg says ``install ok installed`` and the
+    binary is there). Returns True or False.
+    """
+
+    default = bool
+
+    def command(self) -> str:
+        return (
+            f"if dpkg-query -W -f='${{Status}}' {PACKAGE} 2>/dev/null "
+            "| grep -q 'ok installed' && [ -x /usr/sbin/nginx ]; "
+            f"then echo nginx=installed; else echo nginx=missing; fi; echo '{END}'"
+        )
+
+    def process(self, output: list[str]) -> bool:
+        if END not in output:
+            raise FactProcessError("front: ended early (no end marker)")
+        return "nginx=installed" in output
+
+
+def front_part() -> Part:
+    """The state read's part saying whether nginx is installed."""
+    return Part("front", FrontPackage)
+
+
+def installed(values: Values) -> bool:
+    return bool(values.get("front", FrontPackage))
+
+
+INSTALL = f"DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {PACKAGE}"
+
+
+@operation()
+def front_package_installed() -> Generator[Any, None, None]:
+    """
+    Install the distribution's nginx when it is missing, and mark that sparkrig installed it
+    (uninstall then stops it). Debian's package enables its own default site on port 80; when
+    sparkrig installed the package, that link goes (nothing of the operator's was there).
+    """
+    if installed(read_here("front")):
+        host.noop("nginx is installed")
+        return
+    script = (
+        f"set -e; {INSTALL}; mkdir -p {shlex.quote(str(Path(INSTALLED_MARK).parent))}; "
+        f"touch {shlex.quote(INSTALLED_MARK)}; rm -f /etc/nginx/sites-enabled/default"
+    )
+    yield StringCommand("sh", "-c", QuoteString(script))
+
+
+def aside_for_older_release(rank_unit: str) -> str:
+    """The rollback's shell command on the head: when the restored rank unit is from before the
+    front (its engine not on the loopback: it binds api_port itself), the front's site goes and
+    nginx reloads, so the previous release's engine gets its port back (the next deploy puts the
+    site back). A unit of a release with the front leaves everything as it is."""
+    unit, site = shlex.quote(rank_unit), shlex.quote(SITE)
+    return (
+        f"grep -qF -- '--host 127.0.0.1' {unit} || "
+        f"{{ rm -f {site} && nginx -t -q && systemctl reload {SERVICE}; }}"
+    )
+
+
+# The gates a rollback runs: the previous release may be from before the front, whose engine
+# answers /invocations bare (no locked gate then); the next deploy runs all five again
+ROLLBACK_GATES = ("health", "models", "math", "tool")
+
+
+def check_and_reload() -> str:
+    """The shell command that validates the whole nginx config, then reloads a running nginx or
+    starts a stopped one: a config that fails ``nginx -t`` never reaches the running front."""
+    return "nginx -t -q && { systemctl reload nginx.service || systemctl restart nginx.service; }"

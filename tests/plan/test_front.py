@@ -1,0 +1,69 @@
+"""The API front in the plan (tasks/front.py, docs/front.md): a bare head gets nginx, the site and
+the key include, the config checked before a reload; a converged head does nothing; a rotated key
+reaches the include and reloads nginx; no --dry --diff output carries the key."""
+
+from __future__ import annotations
+
+from tests.plan import fakehosts
+from tests.plan.harness import run
+from tests.plan.test_plan import HEAD, WORKER, apply, converge_state
+
+SITE = "/etc/nginx/conf.d/sparkrig-api.conf"
+INCLUDE = "/etc/sparkrig/api-front-key.conf"
+HELD = open("tests/plan/api-key").read().strip()
+CHECK, RELOAD = "nginx -t -q", "systemctl reload nginx.service"
+
+
+def test_a_bare_head_gets_nginx_and_the_front_and_the_key_never_shows(monkeypatch):
+    r = run(["--dry", "--diff", "tests/plan/inventory_state.py", "deploy.py"], monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert f"Will create {SITE}" in r.output
+    assert "+     server 127.0.0.1:8001;" in r.output  # the site diffed in full
+    assert f"Will write {INCLUDE} (secret: content not shown)" in r.output
+    assert HELD not in r.output
+    front = [op for op in r.changed_ops[HEAD] if op.startswith("tasks/front.py")]
+    assert front == [
+        "tasks/front.py | Install nginx for the API front",
+        "tasks/front.py | Install the API front's key include",
+        "tasks/front.py | Install the API front's nginx site",
+        "tasks/front.py | Check the whole nginx config before the front reloads",
+        "tasks/front.py | Run the API front",
+    ], front
+    assert not [op for op in r.changed_ops.get(WORKER, []) if op.startswith("tasks/front.py")]
+
+
+def test_a_converged_front_does_nothing(monkeypatch):
+    converge_state()
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert not [op for ops in r.changed_ops.values() for op in ops if "front" in op]
+    assert CHECK not in r.commands[HEAD] and RELOAD not in r.commands[HEAD]
+
+
+def test_a_changed_site_is_checked_then_reloaded_never_restarting_the_pair(monkeypatch):
+    converge_state()
+    fakehosts.inject(
+        "spark-a",
+        {fakehosts.owned_of(SITE): "file 644 root root " + "0" * 64},
+    )
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    head = r.commands[HEAD]
+    assert r.uploads[HEAD][SITE].startswith(b"# sparkrig's API front on @fake/spark-a")
+    assert head.index(CHECK) < head.index(RELOAD)
+    assert "systemctl stop sparkrig-head.service" not in head
+
+
+def test_a_rotated_key_reaches_the_front_and_no_output(monkeypatch, tmp_path):
+    converge_state()
+    path = tmp_path / "api-key"
+    path.write_text(HELD + "\n")
+    r = apply(monkeypatch, "--data", f"api_key_file={path}", "--data", "api_key_rotate=True")
+    assert r.exit_code == 0, r.output
+    new = path.read_text().strip()
+    assert new != HELD
+    include = r.uploads[HEAD][INCLUDE].decode()
+    assert f'"~^(?i:bearer) {new}$" 1;' in include
+    head = r.commands[HEAD]
+    assert head.index(CHECK) < head.index(RELOAD)
+    assert new not in r.output and not [c for c in head if new in c]

@@ -1,0 +1,59 @@
+"""The API front's site file per settings (sparkrig/front.py, templates/sparkrig-api.conf.j2):
+what the real-nginx tests (tests/serving/test_front_nginx.py) cannot tell apart by behaviour."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import cluster
+
+from sparkrig import front
+from sparkrig.settings import build
+
+
+def site(**knobs: object) -> str:
+    return front.site_text(build(cluster(2, **knobs))["spark-0"])
+
+
+def directives(text: str) -> list[str]:
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+
+
+def test_the_site_proxies_to_the_loopback_engine_with_streaming_intact() -> None:
+    lines = directives(site())
+    assert "listen 8000 default_server;" in lines
+    assert "server 127.0.0.1:8001;" in lines
+    for d in ("proxy_buffering off;", "proxy_request_buffering off;", "proxy_http_version 1.1;",
+              'proxy_set_header Connection "";', "proxy_read_timeout 3600s;",
+              "limit_conn sparkrig_api_perip 64;", "limit_conn_status 429;",
+              "include /etc/sparkrig/api-front-key.conf;", "server_tokens off;"):  # fmt: skip
+        assert d in lines, d
+    assert not any(ln.startswith(("ssl_", "map $http_origin")) for ln in lines)
+    assert not any("Access-Control-Allow-Origin $" in ln for ln in lines)  # no CORS
+
+
+def test_knobs_reach_the_site() -> None:
+    text = site(api_port=9000, engine_port=9001, api_conn_per_ip=8,
+                api_cors_origins=["https://a.example", "http://b.example:3000"],
+                tls_cert="c.pem", tls_key="k.pem")  # fmt: skip
+    lines = directives(text)
+    assert "listen 9000 ssl default_server;" in lines and "server 127.0.0.1:9001;" in lines
+    assert "ssl_certificate /etc/sparkrig/api-front.crt;" in lines
+    assert "ssl_certificate_key /etc/sparkrig/api-front.key;" in lines
+    assert "limit_conn sparkrig_api_perip 8;" in lines
+    assert '"https://a.example" "https://a.example";' in lines
+    assert '"http://b.example:3000" "http://b.example:3000";' in lines
+    assert "c.pem" not in text  # the control side's path never reaches the head's config
+
+
+def test_api_auth_off_renders_no_key_check() -> None:
+    text = site(api_auth=False)
+    assert "api-front-key.conf" not in text and "$sparkrig_api_key_ok" not in text
+    assert "proxy_pass http://sparkrig_engine;" in text
+
+
+def test_the_key_include_is_a_case_sensitive_whole_match() -> None:
+    text = front.key_include_text("ab" * 24)
+    rule = re.search(r'"~\^\(\?i:bearer\) (\S+)\$" 1;', text)
+    assert rule and rule.group(1) == "ab" * 24
+    assert "default 0;" in text and "~*" not in text  # ~* would make the key case-insensitive
