@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkrig import firewall
 from sparkrig.baseline import grub_text
 from sparkrig.fabric import env_context
 from sparkrig.render import base_context, render
@@ -37,6 +38,8 @@ def owned_files(s: Settings) -> dict[str, str]:
         ),
         "sparkrig-pair.service": render("sparkrig-pair.service.j2", **pair_unit_context(s)),
         "90-sparkrig-kho.cfg": grub_text(),  # written where the kernel has KHO (kho_off)
+        "firewall.nft": firewall.ruleset(s),
+        "sparkrig-firewall.service": firewall.unit(s),
     }
 
 
