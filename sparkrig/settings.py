@@ -289,6 +289,14 @@ class Knobs(BaseModel):
             raise ValueError("empty argument")
         return value
 
+    @field_validator("api_allow", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """``--data api_allow=10.1.0.0/16,fd00::/8`` arrives as one string: a comma list."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
     @field_validator("api_allow")
     @classmethod
     def _cidrs(cls, value: list[str]) -> list[str]:

@@ -92,6 +92,13 @@ def test_api_allow_refuses_what_is_not_a_network(value: list[str], message: str)
     assert "api_allow" in str(err.value) and message in str(err.value)
 
 
+def test_api_allow_from_the_command_line_is_a_comma_list() -> None:
+    assert ranks(api_allow="10.1.0.0/16, fd00::/8")[0].knobs.api_allow == [
+        "10.1.0.0/16",
+        "fd00::/8",
+    ]
+
+
 def test_api_allow_is_made_canonical() -> None:
     assert ranks(api_allow=["10.1.0.0/16", "FD00::/8", "192.0.2.7"])[0].knobs.api_allow == [
         "10.1.0.0/16",
