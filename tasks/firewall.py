@@ -5,6 +5,7 @@ before it is loaded; the load (the unit's reload) is one nft transaction, so the
 until the new ones are in. Nothing else of the host's ruleset is touched. Switched off, the
 unit is stopped (its stop deletes the table) and both files go."""
 
+from pyinfra import host
 from pyinfra.operations import server
 
 from sparkrig import firewall, hoststate
@@ -16,6 +17,8 @@ knobs = settings.knobs
 state = hoststate.read(settings).firewall
 rules_path = firewall.ruleset_path(settings)
 
+if knobs.firewall and settings.me.is_head and not knobs.api_allow:
+    host.log(f"api_allow is empty: api_port {knobs.api_port} answers loopback only")
 if knobs.firewall:
     server.shell(
         name="Install nft (the nftables package; nftables.service stays off)",
