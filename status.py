@@ -9,7 +9,8 @@ non-zero; `--limit worker` reads the workers alone. Nothing on a host changes, e
 command that is not a read is `printf ... >&2; exit 1`. The head adds the restarts its supervisor
 and watchdog used in their windows (they write their budget to /run/sparkrig) and the watchdog's
 last probe (sparkhost.wedge), and MemFree is judged against the start gate's floor when a rank is
-down."""
+down. Each rank adds its firewall's drop counters (a second read: ``nft list table``); the table
+missing while the knob firewall is on is off."""
 
 import shlex
 import time
@@ -18,6 +19,7 @@ from pyinfra import host, logger
 from pyinfra.facts.server import Command
 
 from sparkrig.failing import problems_absent
+from sparkrig.firewall import FirewallCounters, counter_problems, counters_line
 from sparkrig.gates import gate_command, gates_passed, parse_gate_lines
 from sparkrig.image import serving_image
 from sparkrig.paths import paths
@@ -48,6 +50,12 @@ off = problems(settings, state, serving_image(settings))
 logger.info(f"{host.print_prefix}{line(settings, state, verified)}")
 logger.info(f"{host.print_prefix}rank{settings.me.rank} {baseline_line(state)}")
 off += baseline_problems(state)
+# the firewall's drop rules, each with what it dropped since the table was loaded
+counters = host.get_fact(FirewallCounters)
+logger.info(
+    f"{host.print_prefix}rank{settings.me.rank} {counters_line(settings.knobs.firewall, counters)}"
+)
+off += counter_problems(settings.knobs.firewall, counters)
 
 if settings.me.is_head:
     knobs = settings.knobs

@@ -3,7 +3,8 @@
 The pair stops in order, as the deploy's ordered restart stops it (tasks/pair_stop.py): the head's
 supervisor and watchdog first, so nothing starts a rank again, then every rank. Then everything
 sparkrig owns goes: its units, env and secret files, lockfiles, the sysctl.d file, the kho=off GRUB
-drop-in (then update-grub; the baseline's package holds stay), the fabric netplan file (then the
+drop-in (then update-grub; the baseline's package holds stay), the firewall's table inet sparkrig
+(its unit stopped; the ruleset file goes with config_dir), the fabric netplan file (then the
 fabric profiles are generated and reloaded the way tasks/fabric.py applies them, so NetworkManager
 drops sparkrig's connection and the NIC is unconfigured again), the helper programs under
 install_dir, the JIT caches and the image transfer directory, every image of image_repo and every
@@ -18,6 +19,7 @@ from pyinfra import host, logger
 from pyinfra.facts.files import FileContents
 from pyinfra.operations import files, server, systemd
 
+from sparkrig import firewall
 from sparkrig.baseline import GRUB_DROPIN
 from sparkrig.fabric import DISPLACED_DIR
 from sparkrig.front import INSTALLED_MARK, SITE
@@ -50,12 +52,26 @@ for helper in host.loop(["sparkrig-pair", "sparkrig-agent"]):
 
 systemd.service(name="Stop the GPU clock lock (its stop resets the clocks)",
                 service="sparkrig-gpu-clock", running=False, enabled=False)  # fmt: skip
+# The firewall last of the units: its stop deletes the table inet sparkrig; a table left without
+# its unit (loaded by hand) goes too. Docker's tables and the rest of the ruleset stay.
+systemd.service(name="Stop the sparkrig firewall (its stop deletes its table)",
+                service=firewall.UNIT, running=False, enabled=False)  # fmt: skip
+table_loaded = host.get_fact(firewall.FirewallState).loaded
+server.shell(
+    name="Delete the table inet sparkrig if it is still loaded",
+    commands=[
+        f"if nft list table {firewall.TABLE} >/dev/null 2>&1; "
+        f"then nft delete table {firewall.TABLE}; fi"
+    ],
+    _if=lambda: table_loaded,
+)
 
 units = [
     host_paths[u]
     for u in ("rank_unit", "pair_unit", "agent_unit", "supervisor_unit", "watchdog_unit")
 ]
 units.append(host_paths["gpu_clock_unit"])
+units.append(firewall.UNIT_FILE)
 units.append(host_paths["rank_unit"] + PREV)  # the previous release's unit, kept by an upgrade
 removed = [
     files.file(name="Remove the sparkrig units", path=unit, present=False)

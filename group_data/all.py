@@ -121,6 +121,15 @@ agent_port = 29601  # worker agent on the fabric: starts the worker rank when th
 pair_token_file = ".sparkrig/pair-token"  # control side: agents' secret used when no rank holds one
 pair_token_rotate = False  # True for one run: a new agents' secret on every rank, helpers restarted
 
+# --- firewall (sparkrig/firewall.py, docs/firewall.md) ----------------------------------------
+firewall = True  # table inet sparkrig: pair ports only from the fabric peers; False removes it
+# Who may reach api_port on the head, as CIDRs (loopback always may). The private ranges by
+# default: the pair serves the LAN it sits on, never the internet through a forwarded port; a
+# client on a public address must be named. [] closes the API to all but loopback.
+api_allow = [  # CIDRs api_port accepts (docs/firewall.md); the rest is dropped and counted
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8", "::1/128", "fc00::/7",
+]  # fmt: skip
+
 # --- host baseline (sparkrig/baseline.py, docs/baseline.md) ----------------------------------
 hold_baseline = True  # apt-mark hold the running kernel and NVIDIA driver packages
 accept_baseline = False  # True for one run: release that hold for a planned kernel/driver upgrade

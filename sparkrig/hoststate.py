@@ -17,6 +17,9 @@ from sparkhost.gid import GidEntry
 from sparkrig import hostpkg, stateread
 from sparkrig.baseline import GRUB_DROPIN, BaselineReport, baseline_of, baseline_part
 from sparkrig.fabric import RoceGids, gids_part
+from sparkrig.firewall import UNIT as FIREWALL_UNIT
+from sparkrig.firewall import UNIT_FILE as FIREWALL_UNIT_FILE
+from sparkrig.firewall import FirewallReport, firewall_of, firewall_part, ruleset_path
 from sparkrig.front import SERVICE as FRONT_SERVICE
 from sparkrig.front import front_files, front_part
 from sparkrig.image import ImageReport, ImageState, image_of, image_part, repo_tags
@@ -48,6 +51,8 @@ def owned_files(s: Settings) -> list[str]:
         p["gpu_clock_unit"],  # removed again while gpu_clock_max_mhz is None
         *hostpkg.legacy_files(k.install_dir),  # removed once the units use the package
         GRUB_DROPIN,  # kho=off at the next boot (sparkrig/baseline.py), removed when unwanted
+        ruleset_path(s),  # the firewall (sparkrig/firewall.py), removed while firewall is off
+        FIREWALL_UNIT_FILE,
     ]
     if s.me.is_head:
         files += [p["restart_script"], p["supervisor_unit"], p["watchdog_unit"]]
@@ -76,7 +81,9 @@ DOCKER_UNITS = ("docker.socket", "docker.service")  # docker.io and docker-ce na
 def units(s: Settings) -> list[str]:
     """Every unit an operation of any host looks at (each host runs the same operations)."""
     names = [s.unit_name, "sparkrig-pair", "sparkrig-agent", "sparkrig-supervisor"]
-    own = [f"{n}.service" for n in [*names, "sparkrig-watchdog", "sparkrig-gpu-clock"]]
+    own = [
+        f"{n}.service" for n in [*names, "sparkrig-watchdog", "sparkrig-gpu-clock", FIREWALL_UNIT]
+    ]
     return own + list(DOCKER_UNITS) + [FRONT_SERVICE]
 
 
@@ -93,6 +100,7 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
     parts.append(rank_part(s))
     parts.append(ports_part(s))
     parts.append(front_part())
+    parts.append(firewall_part())
     return tuple(parts)
 
 
@@ -119,6 +127,11 @@ class HostReport:
     def ports(self) -> PortsReport:
         """Who listens on the ports this rank needs (sparkrig/ports.py)."""
         return ports_of(self.values)
+
+    @property
+    def firewall(self) -> FirewallReport:
+        """nft installed, the table inet sparkrig loaded (sparkrig/firewall.py)."""
+        return firewall_of(self.values)
 
     @property
     def image(self) -> ImageReport:

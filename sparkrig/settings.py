@@ -211,6 +211,8 @@ class Knobs(BaseModel):
     agent_port: int = _cluster(ge=1, le=65535)
     pair_token_file: str = _cluster()
     pair_token_rotate: bool = _cluster()
+    firewall: bool = _cluster()
+    api_allow: list[str]
     purge_weights: bool = _cluster()
     keep_releases: int = _cluster(ge=1, le=10)
     hold_baseline: bool
@@ -315,6 +317,28 @@ class Knobs(BaseModel):
                 "HTTP with neither"
             )
         return self
+
+    @field_validator("api_allow", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """``--data api_allow=10.1.0.0/16,fd00::/8`` arrives as one string: a comma list."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("api_allow")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        """Each entry a network (``10.0.0.0/8``, ``fd00::/8``, or one address); returned in
+        canonical form. Host bits set (``10.1.2.3/8``) are refused: a typo, not a network."""
+        out = []
+        for entry in value:
+            try:
+                net = ipaddress.ip_network(str(entry), strict=True)
+            except ValueError as err:
+                raise ValueError(f"not a CIDR network: {entry!r} ({err})") from None
+            out.append(str(net))
+        return out
 
     @field_validator("nccl_env")
     @classmethod

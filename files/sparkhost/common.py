@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
 import time
+import urllib.request
 from typing import Any
 
 VERSION = "1"
@@ -24,6 +26,46 @@ def read_text(path: str) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def bind_device(sock: socket.socket, device: str) -> None:
+    """SO_BINDTODEVICE ``sock`` to the netdev ``device``: it sends and receives on that
+    interface only, so a listener bound to the fabric address is not answered through another
+    interface (the weak host model) and a client's packets never leave by another route. The
+    first bind of a fresh socket needs no privilege (Linux 5.7+); a re-bind needs CAP_NET_RAW."""
+    sock.setsockopt(socket.SOL_SOCKET, SO_BINDTODEVICE, device.encode() + b"\0")
+
+
+class _DeviceConnection(http.client.HTTPConnection):
+    device = ""
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            bind_device(sock, self.device)
+            if self.timeout is not socket._GLOBAL_DEFAULT_TIMEOUT:  # type: ignore[attr-defined]
+                sock.settimeout(self.timeout)
+            sock.connect((self.host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def device_opener(device: str) -> urllib.request.OpenerDirector:
+    """A urllib opener whose plain-HTTP connections are bound to ``device`` before they
+    connect (``bind_device``); ``urllib.request.install_opener`` makes it urlopen's."""
+
+    def connection(host: str, /, **kwargs: Any) -> http.client.HTTPConnection:
+        conn = _DeviceConnection(host, **kwargs)
+        conn.device = device
+        return conn
+
+    class DeviceHandler(urllib.request.HTTPHandler):
+        def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(connection, req)
+
+    return urllib.request.build_opener(DeviceHandler)
 
 
 def log(msg: str) -> None:

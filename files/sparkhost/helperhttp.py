@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from sparkhost import pairmac
+from sparkhost.common import bind_device
 
 TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 64
@@ -32,6 +33,12 @@ class GuardedServer(http.server.ThreadingHTTPServer):
 
     max_connections = MAX_CONNECTIONS
     request_queue_size = 128
+    device = ""  # the netdev the listening socket is bound to (SO_BINDTODEVICE); "": none
+
+    def server_bind(self) -> None:
+        if self.device:
+            bind_device(self.socket, self.device)
+        super().server_bind()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.guard = threading.Lock()

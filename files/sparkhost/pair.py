@@ -61,6 +61,7 @@ import urllib.error
 import urllib.request
 
 from sparkhost import pairmac, wedge
+from sparkhost.common import bind_device, device_opener
 from sparkhost.common import read_text as read_flag
 from sparkhost.helperhttp import GuardedServer, Handler
 from sparkhost.units import unit_state
@@ -249,14 +250,17 @@ SEEN_UP = "SPARKRIG_PEERS_SEEN"  # peers the previous program saw up (comma-sepa
 RUNNING = "SPARKRIG_CONTAINER_RUNNING"  # the container's state as the previous program knew it
 
 
-def beacon_socket(listen: str) -> socket.socket:
-    """The beacon's listening socket: the one a reload handed over, else a new one."""
+def beacon_socket(listen: str, device: str = "") -> socket.socket:
+    """The beacon's listening socket: the one a reload handed over, else a new one (bound to
+    ``device`` when given)."""
     fd = os.environ.pop(BEACON_FD, "")
     if fd:
         return socket.socket(fileno=int(fd))
     host, _, port = listen.rpartition(":")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if device:
+        bind_device(sock, device)
     sock.bind((host, int(port)))
     sock.listen(128)
     return sock
@@ -306,7 +310,7 @@ def watch(args: argparse.Namespace) -> int:
     Beacon.container = args.container
     Beacon.running = first_container_state(args.container)
     threading.Thread(target=refresh_container_state, args=(args.container,), daemon=True).start()
-    sock = beacon_socket(args.listen)
+    sock = beacon_socket(args.listen, args.bind_device)
     server = beacon_server(sock)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     peers = [p for p in args.peers.split(",") if p]
@@ -857,6 +861,13 @@ def request(args: argparse.Namespace) -> int:
     return 0
 
 
+def use_device(device: str) -> None:
+    """Bind every listener (GuardedServer) and every urlopen of this process to ``device``."""
+    if device:
+        GuardedServer.device = device
+        urllib.request.install_opener(device_opener(device))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="mode", required=True)
@@ -918,7 +929,12 @@ def main(argv: list[str] | None = None) -> int:
     for sp in (a, su):
         sp.add_argument("--mac-window", type=float, default=pairmac.WINDOW_S,
                         help="seconds a signed request's time may be off")  # fmt: skip
+    for sp in (w, wt, rq, al, a, su):  # the jobs that talk over the fabric alone
+        sp.add_argument("--bind-device", default="",
+                        help="the fabric netdev: listening and client sockets bound to it "
+                        "(SO_BINDTODEVICE), so nothing is answered or sent on another")  # fmt: skip
     args = p.parse_args(argv)
+    use_device(getattr(args, "bind_device", ""))
     modes = {
         "watch": watch,
         "wait": wait,

@@ -161,7 +161,7 @@ def gid_table(device: str, netdev: str, ip: str | None, index: int = 3) -> list[
 OURS = r"/\S*sparkrig\S*"  # every path sparkrig owns has "sparkrig" in it
 UNITS_KNOWN = [
     "sparkrig-head", "sparkrig-worker", "sparkrig-pair", "sparkrig-agent", "sparkrig-watchdog",
-    "sparkrig-supervisor", "sparkrig-gpu-clock",
+    "sparkrig-supervisor", "sparkrig-gpu-clock", "sparkrig-firewall",
 ]  # fmt: skip
 
 NODE = re.compile(r"^sh -c '\nd=\S+; while \[ ! -d \"\$d\" \]")
@@ -182,6 +182,28 @@ FRONT_UNIT = re.compile(r"^systemctl (start|stop|enable|disable|reload|restart) 
 PORTS = re.compile(
     r"^sh -c '\ncommand -v ss "
 )  # sparkrig/ports.py: who listens on sparkrig's ports
+FIREWALL = re.compile(r"^sh -c '\nif command -v nft ")  # sparkrig/firewall.py: nft, the table
+FIREWALL_COUNTERS = re.compile(r"^sh -c 'nft list table inet sparkrig ")  # status.py's counters
+
+
+def firewall_state(nft: bool = True, loaded: bool = False) -> list[str]:
+    """sparkrig.firewall.FirewallState's output."""
+    if not nft:
+        return ["nft=missing", END]
+    return ["nft=yes", f"table={'loaded' if loaded else 'absent'}", END]
+
+
+def firewall_listing(s: Settings, dropped: int = 0) -> list[str]:
+    """``nft list table inet sparkrig`` of the rank's loaded ruleset, each drop counting
+    ``dropped`` packets (what status.py reads)."""
+    from sparkrig.firewall import ruleset
+
+    out = []
+    for line in ruleset(s).splitlines():
+        if line.lstrip().startswith("#") or line.startswith(("table inet sparkrig {}", "delete")):
+            continue
+        out.append(line.replace("counter drop", f"counter packets {dropped} bytes 0 drop"))
+    return out
 
 
 HUB_API = "https://huggingface.co/api/models/LibertAIDAI/GLM-5.3-Flash-NVFP4"
@@ -375,6 +397,8 @@ def bare(ip: str) -> dict[Any, Any]:
         GIDS: gid_table(HCA, "enp1s0f1np1", ip),  # the GID appears once the address is applied
         PORTS: [END],  # nothing listens on sparkrig's ports
         FRONT: ["nginx=missing", END],  # DGX OS ships no nginx
+        FIREWALL: firewall_state(),  # nft installed (DGX OS, the lab), no sparkrig table
+        FIREWALL_COUNTERS: ["table=absent"],
         REACH: reached(),  # the head reaches the Hub and the registry
         RANK_RUNTIME: rank_runtime(),  # no container, no start gate yet
         re.compile(rf"^p={OURS}; if \[ -L "): "",  # nothing sparkrig owns exists yet
@@ -417,6 +441,10 @@ def bare(ip: str) -> dict[Any, Any]:
         KEEP, RESTORE, ADOPT, PRUNE_WEIGHTS,
         APT_MARK, UPDATE_GRUB,
         FRONT_INSTALL, FRONT_CHECK, FRONT_UNIT, FRONT_OFF, FRONT_ASIDE,
+        r"^/usr/sbin/nft -c -f /etc/sparkrig/firewall\.nft$",  # checked before it is loaded
+        r"^if /usr/sbin/nft list table inet sparkrig ",  # the table deleted (firewall off)
+        r"^if nft list table inet sparkrig ",  # uninstall.py: a table left without its unit
+        r"^DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nftables$",
     ]  # fmt: skip
     for action in actions:
         matcher = action if isinstance(action, re.Pattern) else re.compile(action)
@@ -556,6 +584,11 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
             render("sparkrig-agent.service.j2", **agent_unit_context(s)),
             "644",
         )
+    if k.firewall:
+        from sparkrig import firewall
+
+        text[firewall.ruleset_path(s)] = (firewall.ruleset(s), "644")
+        text[firewall.UNIT_FILE] = (firewall.unit(s), "644")
     if k.gpu_clock_max_mhz is not None:
         text[p["gpu_clock_unit"]] = (
             render("sparkrig-gpu-clock.service.j2", unit=s.unit_name, mhz=k.gpu_clock_max_mhz),
@@ -572,6 +605,8 @@ def running_units(s: Settings) -> list[str]:
     units = [s.unit_name, "sparkrig-pair"]
     if s.knobs.gpu_clock_max_mhz is not None:
         units.append("sparkrig-gpu-clock")
+    if s.knobs.firewall:
+        units.append("sparkrig-firewall")
     if not s.me.is_head:
         units.append("sparkrig-agent")
     else:
@@ -627,7 +662,8 @@ def converged(
             f"user=root group=root mode=drwxr-xr-x atime=0 mtime=0 ctime=0 size=4096 '{path}'"
         )
     for unit in running_units(s):
-        sub = "exited" if unit == "sparkrig-gpu-clock" else "running"  # a oneshot that stays
+        oneshot = unit in ("sparkrig-gpu-clock", "sparkrig-firewall")
+        sub = "exited" if oneshot else "running"  # a oneshot that stays
         sub = "dead" if rank_down and unit == s.unit_name else sub
         canned[unit_fact(unit, "SubState")] = [f"Id={unit}.service", f"SubState={sub}"]
         canned[unit_fact(unit, "UnitFileState")] = [f"Id={unit}.service", "UnitFileState=enabled"]
@@ -663,6 +699,8 @@ def converged(
     canned[BASELINE] = baseline_report(held=True)
     canned[PORTS] = converged_listeners(s)
     canned[FRONT] = ["nginx=installed" if s.me.is_head else "nginx=missing", END]
+    canned[FIREWALL] = firewall_state(loaded=s.knobs.firewall)
+    canned[FIREWALL_COUNTERS] = firewall_listing(s) if s.knobs.firewall else ["table=absent"]
     canned[RELEASE] = converged_release(s, owned)
     canned[RANK_STATUS] = rank_status(
         unit_ActiveState="active",

@@ -32,6 +32,7 @@ DOMAINS = {
     "baseline",  # kernel, driver, NIC firmware, BIOS, packages: read, compared, held, kho=off
     "ports",  # who listens on the ports a rank needs
     "reach",  # the head's reach of the Hub and the image registry it must download from
+    "firewall",  # the table inet sparkrig: ruleset, unit, its state and drop counters
 }
 # cross-cutting modules and the one fact or operation each exists for
 CROSS_CUTTING = {

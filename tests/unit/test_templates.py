@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkrig import front
+from sparkrig import firewall, front
 from sparkrig.baseline import grub_text
 from sparkrig.fabric import env_context
 from sparkrig.render import base_context, render
@@ -40,6 +40,8 @@ def owned_files(s: Settings) -> dict[str, str]:
         "90-sparkrig-kho.cfg": grub_text(),  # written where the kernel has KHO (kho_off)
         # the head's API front (sparkrig/front.py); workers have none
         **({"sparkrig-api.conf": front.site_text(s)} if s.me.is_head else {}),
+        "firewall.nft": firewall.ruleset(s),
+        "sparkrig-firewall.service": firewall.unit(s),
     }
 
 

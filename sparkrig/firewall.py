@@ -1,0 +1,195 @@
+"""The firewall the deploy owns (knob ``firewall``, docs/firewall.md): one nftables table of its
+own, ``inet sparkrig``, rendered per rank into ``<config_dir>/firewall.nft`` and loaded by
+``sparkrig-firewall.service`` at every boot, beside docker's chains and touching nothing else.
+
+On every rank the fabric netdev accepts only the other ranks' fabric addresses; the rank's fabric
+address reached through any other interface is dropped (the weak host model would answer it), and
+so are the pair's ports (the rendezvous, the beacon, agent, supervisor and copy servers) on every
+other interface, since torch's TCPStore listens on the wildcard. On the head, ``api_port`` is
+accepted only from ``api_allow`` and loopback, and the engine behind the API front only from
+loopback. Every drop rule counts (``status.py`` shows the counters).
+
+This module renders the ruleset and the unit, reads the table's state (a part of the state read)
+and its counters (status); the operations are in tasks/firewall.py."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from sparkrig.factlines import END, parse_key_values
+from sparkrig.render import base_context, render
+from sparkrig.settings import Settings
+from sparkrig.stateread import Part, Values
+
+TABLE = "inet sparkrig"
+UNIT = "sparkrig-firewall"
+UNIT_FILE = f"/etc/systemd/system/{UNIT}.service"
+NFT = "/usr/sbin/nft"
+# The nft binary only: nftables.service stays disabled (its stop and its default
+# /etc/nftables.conf flush the whole ruleset, docker's rules included: docs/firewall.md).
+INSTALL = "DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nftables"
+
+
+def ruleset_path(s: Settings) -> str:
+    """Where the rendered ruleset lives on a rank (owned whole)."""
+    return f"{s.knobs.config_dir}/firewall.nft"
+
+
+def fabric_ports(s: Settings) -> dict[int, str]:
+    """port -> what listens there, for every port of the pair's (any rank's: one ruleset shape):
+    the rendezvous and the smoke test's, the beacon, the agent (the head's supervisor), the
+    weights and image copy servers. NCCL's, gloo's and vLLM's ZMQ listeners take ephemeral ports
+    on the fabric address: the fabric-address rule covers them."""
+    k = s.knobs
+    return {
+        k.master_port: "master_port (torch rendezvous)",
+        k.master_port + 1: "master_port + 1 (the NCCL smoke test's rendezvous)",
+        k.pair_port: "pair_port (beacon)",
+        k.agent_port: "agent_port (worker agent, head supervisor)",
+        k.copy_port: "copy_port (weights copy server)",
+        k.image_copy_port: "image_copy_port (image copy server)",
+        **(
+            {s.stack.master_port: "the stack's own rendezvous (e.g. TensorFold's 29551)"}
+            if s.stack.master_port
+            else {}
+        ),
+    }
+
+
+def engine_port(s: Settings) -> int | None:
+    """The engine's port behind the API front (knob ``engine_port``): loopback only."""
+    return s.knobs.engine_port
+
+
+def api_networks(s: Settings) -> tuple[list[str], list[str]]:
+    """``api_allow`` split into its IPv4 and IPv6 networks (settings made each canonical)."""
+    nets = [ipaddress.ip_network(n) for n in s.knobs.api_allow]
+    return (
+        [str(n) for n in nets if n.version == 4],
+        [str(n) for n in nets if n.version == 6],
+    )
+
+
+def ruleset_context(s: Settings) -> dict[str, Any]:
+    v4, v6 = api_networks(s)
+    return {
+        **base_context(s),
+        "peers": [r.ip for r in s.others],
+        "fabric_ports": sorted(fabric_ports(s)),
+        "api_port": s.knobs.api_port if s.me.is_head else None,
+        "engine_port": engine_port(s),
+        "api_allow4": v4,
+        "api_allow6": v6,
+    }
+
+
+def ruleset(s: Settings) -> str:
+    """The rank's ruleset, the file ``nft -f`` loads (templates/sparkrig-firewall.nft.j2)."""
+    return render("sparkrig-firewall.nft.j2", **ruleset_context(s))
+
+
+def unit(s: Settings) -> str:
+    """The oneshot unit that loads the ruleset (templates/sparkrig-firewall.service.j2)."""
+    return render("sparkrig-firewall.service.j2", nft=NFT, rules=ruleset_path(s))
+
+
+# ---------------------------------------------------------------------------------------------
+# The table's state (a part of the state read) and its counters (status)
+# ---------------------------------------------------------------------------------------------
+
+_STATE_SCRIPT = f"""
+if command -v nft >/dev/null 2>&1; then
+  echo nft=yes
+  if nft list table {TABLE} >/dev/null 2>&1; then echo table=loaded; else echo table=absent; fi
+else
+  echo nft=missing
+fi
+echo '{END}'
+"""
+
+
+@dataclass(frozen=True)
+class FirewallReport:
+    nft: bool = False  # the nft binary is installed
+    loaded: bool = False  # the table inet sparkrig is in the live ruleset
+
+
+class FirewallState(FactBase[FirewallReport]):
+    """
+    Whether ``nft`` is installed and the table ``inet sparkrig`` is loaded now.
+    """
+
+    default = FirewallReport
+
+    def command(self) -> StringCommand:
+        return StringCommand("sh", "-c", QuoteString(_STATE_SCRIPT))
+
+    def process(self, output: list[str]) -> FirewallReport:
+        raw = parse_key_values(output, "firewall")
+        return FirewallReport(nft=raw.get("nft") == "yes", loaded=raw.get("table") == "loaded")
+
+
+def firewall_part() -> Part:
+    """The state read's part of the firewall table."""
+    return Part("firewall", FirewallState)
+
+
+def firewall_of(values: Values) -> FirewallReport:
+    return values.get("firewall", FirewallState)
+
+
+_COUNTER = re.compile(r'counter packets (\d+) bytes (\d+) .*comment "([^"]*)"')
+
+
+@dataclass(frozen=True)
+class DropCounter:
+    rule: str  # the rule's comment
+    packets: int
+    bytes: int
+
+
+def parse_counters(lines: list[str]) -> list[DropCounter] | None:
+    """The drop rules' counters in ``nft list table inet sparkrig``; None: no table loaded."""
+    if "table=absent" in lines:
+        return None
+    return [
+        DropCounter(m.group(3), int(m.group(1)), int(m.group(2)))
+        for m in (_COUNTER.search(line) for line in lines)
+        if m
+    ]
+
+
+class FirewallCounters(FactBase[list[DropCounter] | None]):
+    """
+    The drop rules' counters of the table ``inet sparkrig`` (None when it is not loaded).
+    """
+
+    def command(self) -> StringCommand:
+        return StringCommand(
+            "sh", "-c", QuoteString(f"nft list table {TABLE} 2>/dev/null || echo table=absent")
+        )
+
+    def process(self, output: list[str]) -> list[DropCounter] | None:
+        return parse_counters(output)
+
+
+def counters_line(enabled: bool, counters: list[DropCounter] | None) -> str:
+    """status.py's line: what each drop rule dropped since the table was loaded."""
+    if counters is None:
+        return "firewall: table inet sparkrig NOT loaded" if enabled else "firewall: off"
+    dropped = ", ".join(f"{c.rule} {c.packets}" for c in counters)
+    return f"firewall: loaded; dropped packets: {dropped or 'no counters'}"
+
+
+def counter_problems(enabled: bool, counters: list[DropCounter] | None) -> list[str]:
+    if enabled and counters is None:
+        return [
+            "firewall: the table inet sparkrig is not loaded (sudo systemctl start "
+            "sparkrig-firewall, or re-run the deploy)"
+        ]
+    return []
