@@ -46,7 +46,8 @@ def converge_state(**overrides) -> None:
 ACTION = re.compile(
     r"^(systemctl (start|stop|restart|enable|daemon-reload)|netplan (apply|generate)|nmcli|"
     r"install -d|ip (link|addr) |"
-    r"docker (run|rm|pull|build)|sysctl -p|install -m|chmod|chown|mkdir|\(systemctl is-active)"
+    r"docker (run|rm|pull|build)|sysctl -p|install -m|chmod|chown|mkdir|\(systemctl is-active)|"
+    r"sh -c 'umask 077"
 )
 
 
