@@ -724,16 +724,22 @@ def test_the_login_files_token_reaches_the_head_when_hf_token_is_unset(monkeypat
     login = tmp_path / "token"
     login.write_text("hf_" + "login" * 6 + "\n")
     no_hub_token(monkeypatch, str(login))
-    r = apply(monkeypatch)
+    r = apply(monkeypatch, *gated_locks(tmp_path))
     assert r.exit_code == 0, r.output
     assert r.uploads[HEAD]["/etc/sparkrig/hf-token"] == ("hf_" + "login" * 6 + "\n").encode()
 
 
-def test_a_gated_repo_without_a_hub_token_is_refused_before_any_command(monkeypatch, tmp_path):
+def gated_locks(tmp_path) -> list[str]:
+    """--data pointing the deploy at the test lockfiles with the model marked gated on the Hub."""
     for lock in Path("tests/plan/locks").glob("*.lock.json"):
         data = json.loads(lock.read_text())
         gated = "manual" if data["repo"] == "LibertAIDAI/GLM-5.3-Flash-NVFP4" else False
         (tmp_path / lock.name).write_text(json.dumps({**data, "gated": gated}))
+    return ["--data", f"lockfile_dir={tmp_path}"]
+
+
+def test_a_gated_repo_without_a_hub_token_is_refused_before_any_command(monkeypatch, tmp_path):
+    gated_locks(tmp_path)
     no_hub_token(monkeypatch, str(tmp_path / "never-logged-in"))
     r = run(["--data", f"lockfile_dir={tmp_path}", "-y", INVENTORY, "deploy.py"], monkeypatch)
     text = str(r.exception) + r.output
