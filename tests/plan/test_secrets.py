@@ -80,9 +80,7 @@ def test_the_state_read_carries_digests_never_a_secret(monkeypatch):
     assert not [c for cmds in r.commands.values() for c in cmds if fakehosts.SECRET_READ.match(c)]
 
 
-def test_a_rank_lacking_the_pairs_secret_gets_a_copy_at_apply_time_unprinted(
-    monkeypatch, tmp_path
-):
+def test_a_rank_lacking_the_pairs_secret_gets_a_copy_at_apply_time_unprinted(monkeypatch, tmp_path):
     converge_state()
     fakehosts.inject("spark-b", {fakehosts.PAIR_SECRET: fakehosts.held("")})
     fakehosts.inject("spark-b", {fakehosts.owned_of(PAIR_TOKEN): ""})
