@@ -145,6 +145,8 @@ serving = on_head(
         "--listen", f"{settings.me.ip}:{knobs.copy_port}",
         "--bind-device", settings.me.fabric_interface,
         "--max-seconds", "86400",
+        # only the pinned revisions' lockfile files, nothing else of weights_dir
+        *[f"--lock-in={art.subdir}={art.remote_lock}" for art in wanted],
     ],
     _if=lambda: workers_lack() if full else lacking,
 )  # fmt: skip
