@@ -277,6 +277,7 @@ PACKAGE = r"/usr/bin/python3 \S+/lib/sparkhost"  # every host program (sparkrig/
 REHASH = re.compile(rf"^{PACKAGE} verify --mode full --lock ")  # weights_verify = full
 WEIGHTS_SERVE = re.compile(r"^systemctl stop sparkrig-weights-serve 2>/dev/null; systemd-run ")
 IMAGE_FACT = re.compile(re.escape(MARKER))
+SAVED_TAR = re.compile(r"^cat /var/lib/sparkrig/images/base-\w+\.digest ")  # read over SSH
 SMOKE_CLEAN = re.compile(r"^docker rm --force sparkrig-nccl-smoke >/dev/null 2>&1 \|\| true$")
 SMOKE_WORKER = re.compile(r"^docker run --detach --name sparkrig-nccl-smoke ")
 SMOKE_HEAD = re.compile(r"^docker run --rm --name sparkrig-nccl-smoke ")
@@ -382,6 +383,7 @@ def bare(ip: str) -> dict[Any, Any]:
         PING_CHECK: "rc=1",
         WEIGHTS_STATE: '{"ok": false, "error": "fetcher or lockfile not installed"}',
         IMAGE_FACT: image_state(IMAGE, pulled=False, base=False, patched=False),
+        SAVED_TAR: [f"{'c' * 64} 123456", "sha256:" + "1" * 64 + ","],  # the head's saved tar
         GATES: HEALTHY_GATES,
         re.compile(r'^if \[ -n "\$TMPDIR" \]'): "/tmp",  # pyinfra's temp dir, for uploads
     }
