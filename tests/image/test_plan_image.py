@@ -27,7 +27,8 @@ OPS = [
     "Build the patched serving image",
 ]
 IMAGE_VERBS = re.compile(
-    r"docker (pull|save|load|tag|build|buildx build|image rm)\b|curl |sparkrig-image-serve| imageload "
+    r"docker (pull|save|load|tag|build|buildx build|image rm)\b|curl |sparkrig-image-serve|"
+    r" imageload "
 )
 
 
