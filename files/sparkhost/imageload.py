@@ -103,8 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         a = build_parser().parse_args(argv)
-    except SystemExit:
-        return EXIT_USAGE
+    except SystemExit as done:  # --help: 0; a usage error: 2
+        return EXIT_OK if done.code == 0 else EXIT_USAGE
     if len(a.sha256) != 64 or any(c not in "0123456789abcdef" for c in a.sha256):
         print("sparkhost imageload: --sha256 wants 64 lowercase hex digits", file=sys.stderr)
         return EXIT_USAGE

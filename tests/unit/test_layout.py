@@ -26,6 +26,7 @@ DOMAINS = {
     "release",  # release record, keep/restore, rollback
     "benchgate",  # the release's bench gate: the short bench against the previous figures
     "pairsecret",  # the agents' secret and the API key on a rank
+    "secretio",  # secrets written through stdin, judged by digest, relayed at apply time
     "status",  # status.py's one read per rank
     "baseline",  # kernel, driver, NIC firmware, BIOS, packages: read, compared, held, kho=off
     "ports",  # who listens on the ports a rank needs
