@@ -13,7 +13,20 @@ functions, each with its own RDMA device). `ibdev2netdev` on a Spark cabled at p
 Use the first, on PCIe domain 0: `enp1s0f1np1` (`enp1s0f0np0` when the cable is in port 0), the
 same function on every Spark. sparkrig addresses it, runs NCCL over its RDMA device and leaves
 the other netdev alone (one function: about 12 GB/s all-reduce, docs/fabric.md "Bandwidth floor").
+
+Host keys are pinned (as lab/inventory.py does): pyinfra connects only to a host whose key is in
+.sparkrig/known_hosts, never accepting a new one on first use. Fill it once, checking each
+fingerprint at the Spark's console (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` there):
+
+    mkdir -p .sparkrig
+    ssh-keyscan -t ed25519 spark-a.local spark-b.local >> .sparkrig/known_hosts
+    ssh-keygen -lf .sparkrig/known_hosts
 """
+
+KNOWN_HOSTS = {  # strict host-key checking against a known_hosts file of this checkout's own
+    "ssh_known_hosts_file": ".sparkrig/known_hosts",
+    "ssh_strict_host_key_checking": "yes",
+}
 
 head = [
     (
@@ -29,6 +42,7 @@ head = [
             # absent: one lane over the default route. Wi-Fi (wlP9s9) only once it is configured.
             # "uplink_interfaces": ["enP7s7", "wlP9s9"],
             # "api_url": "http://spark-a.local:8000",  # how the bench reaches the API (default)
+            **KNOWN_HOSTS,
         },
     ),
 ]
@@ -42,6 +56,7 @@ worker = [
             # "ssh_key": "~/.ssh/id_ed25519",
             "fabric_interface": "enp1s0f1np1",  # REQUIRED
             "fabric_address": "192.168.100.11/24",  # REQUIRED: the head's subnet
+            **KNOWN_HOSTS,
         },
     ),
 ]

@@ -69,6 +69,7 @@ container_gpu_args = ["--gpus", "all"]  # how the container gets the GPU; one to
 container_memory = (
     "112g"  # --memory and --memory-swap cap: an OOM kills the container, not the host
 )
+container_pids_limit = 4096  # --pids-limit of a rank (threads count): bounds a fork/thread runaway
 image_skip_patches = []  # patch names the build skips on purpose (the lab's stand-in has no vLLM)
 image_copy_port = 29701  # the head serves the saved base image to workers here (fabric address)
 image_transfer_dir = "/var/lib/sparkrig/images"  # where the base image tar is saved and received

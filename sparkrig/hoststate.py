@@ -25,10 +25,11 @@ from sparkrig.front import front_files, front_part
 from sparkrig.image import ImageReport, ImageState, image_of, image_part, repo_tags
 from sparkrig.node import SYSCTL_FILE, Node, NodeReport, node_part
 from sparkrig.owned import OwnedReport, PathState, owned_of, paths_part, units_part
-from sparkrig.pairsecret import PairSecretFile, secret_parts
+from sparkrig.pairsecret import secret_parts
 from sparkrig.paths import paths
 from sparkrig.ports import PortsReport, ports_of, ports_part
 from sparkrig.release import ReleaseReport, release_part, report_of
+from sparkrig.secretio import Held, SecretDigest
 from sparkrig.serving import rank_part
 from sparkrig.settings import Settings
 from sparkrig.stateread import CHECK, Part, StateReadFailed, Values, values_of
@@ -147,14 +148,14 @@ class HostReport:
         return baseline_of(self.values)
 
     @property
-    def pair_secret(self) -> str:
-        """The agents' secret installed here (sparkrig/pairsecret.py); "" when none is."""
-        return self.values.get("pair_secret", PairSecretFile)
+    def pair_secret(self) -> Held:
+        """The digest of the agents' secret installed here (sparkrig/pairsecret.py)."""
+        return self.values.get("pair_secret", SecretDigest)
 
     @property
-    def api_key(self) -> str:
-        """The head: the API key installed here ("" when none is)."""
-        return self.values.get("api_key", PairSecretFile)
+    def api_key(self) -> Held:
+        """The head: the digest of the API key installed here (``Held()`` when none is)."""
+        return self.values.get("api_key", SecretDigest)
 
     @property
     def owned(self) -> OwnedReport:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, QuoteString, StringCommand, operation
+from pyinfra.api import FactBase, FunctionCommand, QuoteString, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError, OperationValueError
 from sparkhost.units import transient_command
@@ -356,12 +356,12 @@ def save_command(local: str, transfer: str, directory: str, stem: str) -> str:
     """Save the local base (one platform when the CLI can: a multi-arch save can miss a blob)
     plus its layer list into ``directory``; ``.part`` names until complete (never served)."""
     d, q = shlex.quote(directory), shlex.quote
-    tar, lay = f"{d}/{stem}.tar", f"{d}/{stem}.layers"
+    tar, lay, dig = f"{d}/{stem}.tar", f"{d}/{stem}.layers", f"{d}/{stem}.digest"
     return "\n".join(
         [
             "set -e",
             f"mkdir -p -m 700 {d}",
-            f"rm -f {d}/*.part {d}/base-*.tar {d}/base-*.layers",
+            f"rm -f {d}/*.part {d}/base-*.tar {d}/base-*.layers {d}/base-*.digest",
             f"docker tag {q(local)} {q(transfer)}",
             f"p=$(docker image inspect --format '{{{{.Os}}}}/{{{{.Architecture}}}}' {q(local)})",
             "if docker save --help 2>&1 | grep -q -e '--platform'; then"
@@ -369,10 +369,39 @@ def save_command(local: str, transfer: str, directory: str, stem: str) -> str:
             f" else docker save -o {tar}.part {q(transfer)}; fi",
             f"docker image rm {q(transfer)} >/dev/null",
             f"{_layers_of(local)} > {lay}.part",
+            f'set -- $(sha256sum {tar}.part); echo "$1 $(stat -c %s {tar}.part)" > {dig}.part',
             f"mv {tar}.part {tar}",
             f"mv {lay}.part {lay}",
+            f"mv {dig}.part {dig}",
         ]
     )
+
+
+@dataclass(frozen=True)
+class SavedTar:
+    """What the head saved, read over SSH (never over the fabric's HTTP): the tar's sha256 and
+    size and the image's layers, handed to the worker's ``sparkhost imageload``."""
+
+    sha256: str
+    size: int
+    layers: str  # RootFS.Layers, comma-terminated as ``_layers_of`` prints them
+
+    @classmethod
+    def parse(cls, lines: list[str]) -> SavedTar | None:
+        """From ``saved_tar_command``'s output; None when it is not a complete record."""
+        words = [line.strip() for line in lines if line.strip()]
+        if len(words) != 2:
+            return None
+        digest, _, size = words[0].partition(" ")
+        if len(digest) != 64 or not size.isdigit() or not words[1].startswith("sha256:"):
+            return None
+        return cls(digest, int(size), words[1])
+
+
+def saved_tar_command(directory: str, stem: str) -> str:
+    """Read the head's record of its saved tar (digest and size, then the layer list)."""
+    d = shlex.quote(directory)
+    return f"cat {d}/{stem}.digest {d}/{stem}.layers"
 
 
 def serve_command(
@@ -389,34 +418,40 @@ def serve_command(
     return transient_command(unit, argv)
 
 
-def load_command(url: str, directory: str, stem: str, transfer: str, local: str) -> str:
-    """Download the head's tar over the fabric, load it, compare its layers with the head's list,
-    and only then give it the local base name. Nothing touches a registry."""
+def load_command(
+    url: str,
+    directory: str,
+    stem: str,
+    transfer: str,
+    local: str,
+    saved: SavedTar,
+    fetcher: list[str],
+) -> str:
+    """Download the head's tar over the fabric (never more than its size), then let the host
+    package's ``imageload`` check its size and sha256 against ``saved`` (read from the head over
+    SSH) BEFORE ``docker load``, compare the loaded layers with the head's and only then give it
+    the local base name. Nothing touches a registry."""
     d, q = shlex.quote(directory), shlex.quote
-    tar, lay = f"{d}/{stem}.tar.part", f"{d}/{stem}.layers"
+    tar = f"{d}/{stem}.tar.part"
     src = f"{url.rstrip('/')}/{stem}"
     curl = "curl -fsS --retry 10 --retry-connrefused --retry-delay 1"
     no_head = (
         f"echo 'cannot fetch the base image from the head at {url}: the head serves it only "
         "while the whole deploy runs (not under --limit worker)' >&2; exit 1"
     )
+    check = [
+        *fetcher, "imageload", "--tar", f"{directory}/{stem}.tar.part", "--sha256", saved.sha256,
+        "--size", str(saved.size), "--layers", saved.layers, "--transfer", transfer,
+        "--local", local,
+    ]  # fmt: skip
     return "\n".join(
         [
             "set -e",
             f"mkdir -p -m 700 {d}",
-            f"rm -f {tar} {lay}",
-            f"{curl} -o {lay} {q(src + '.layers')} || {{ {no_head}; }}",
-            f"{curl} -o {tar} {q(src + '.tar')}",
-            f"docker load --quiet -i {tar}",
             f"rm -f {tar}",
-            f"have=$({_layers_of(transfer)}); want=$(cat {lay}); rm -f {lay}",
-            'if [ -z "$want" ] || [ "$have" != "$want" ]; then',
-            f"  docker image rm {q(transfer)} >/dev/null 2>&1 || true",
-            '  echo "base image layers after load ($have) differ from the head\'s ($want)" >&2',
-            "  exit 1",
-            "fi",
-            f"docker tag {q(transfer)} {q(local)}",
-            f"docker image rm {q(transfer)} >/dev/null",
+            f"{curl} --max-filesize {saved.size} -o {tar} {q(src + '.tar')} || "
+            f"{{ rm -f {tar}; {no_head}; }}",
+            " ".join(q(a) for a in check),
         ]
     )
 
@@ -425,7 +460,7 @@ def unserve_command(directory: str, unit: str = SERVE_UNIT) -> str:
     d = shlex.quote(directory)
     return (
         f"systemctl stop {shlex.quote(unit)} 2>/dev/null; "
-        f"rm -f {d}/base-*.tar {d}/base-*.layers {d}/*.part"
+        f"rm -f {d}/base-*.tar {d}/base-*.layers {d}/base-*.digest {d}/*.part"
     )
 
 
@@ -590,17 +625,22 @@ def base_image_loaded(
     tag: str,
     directory: str,
     source: str,
+    head: str,
+    fetcher: list[str],
     source_absent: str = "",
 ) -> Generator[Any, None, None]:
     """
-    Copy the base image from the head over the fabric, verified by its layers, unless present
-    (the workers' job: ``on_workers``).
+    Copy the base image from the head over the fabric, unless present (the workers' job:
+    ``on_workers``): the tar's sha256 and size and the image's layers are read from the head over
+    SSH at apply time and checked by ``sparkhost imageload`` before and after ``docker load``.
 
     + image_repo: local repository of sparkrig images
     + base_image: ``repo@sha256:<digest>``
     + tag: the patched tag this run wants (read by the same fact)
     + directory: transfer directory for the download
     + source: ``http://<head fabric IP>:<port>`` the head serves on
+    + head: the head's inventory name (its saved tar's record is read there over SSH)
+    + fetcher: argv of the host package on this node (its ``imageload`` job)
     + source_absent: non-empty when the head is not in this run: fail with it as the reason
     """
     report = image_of(read_here("image"), image_repo=image_repo, base_image=base_image, tag=tag)
@@ -614,7 +654,30 @@ def base_image_loaded(
         return
     _log(f"base image: will copy it from the head over the fabric ({source})")
     stem, transfer = transfer_name(base_image), transfer_tag(image_repo, base_image)
-    yield _sh(load_command(source, directory, stem, transfer, local))
+
+    def copy(state: Any, host: Any) -> bool:  # at apply time: the head saved it in this run
+        source_host = state.inventory.get_host(head)
+        ok, out = source_host.connector.run_shell_command(
+            StringCommand(saved_tar_command(directory, stem)),
+            print_output=False, print_input=state.print_input, _sudo=True,
+        )  # fmt: skip
+        saved = SavedTar.parse(out.stdout_lines) if ok else None
+        if saved is None:
+            logger.error(
+                f"{host.print_prefix}the head ({head}) has no complete record of its saved base "
+                f"image in {directory}: run the whole deploy again"
+            )
+            return False
+        ok, out = host.connector.run_shell_command(
+            _sh(load_command(source, directory, stem, transfer, local, saved, fetcher)),
+            print_output=state.print_output, print_input=state.print_input, _sudo=True,
+        )  # fmt: skip
+        if not ok:
+            for line in out.stderr_lines:
+                logger.error(f"{host.print_prefix}{line}")
+        return bool(ok)
+
+    yield FunctionCommand(copy, (), {})
 
 
 @operation()

@@ -25,6 +25,7 @@ from pyinfra.operations.util import files as file_utils
 from pyinfra.operations.util.files import generate_color_diff
 
 from sparkrig.failing import fail_host
+from sparkrig.secretio import install_command
 from sparkrig.stateread import NotDeclared, Part, Values, read_here
 
 # ---------------------------------------------------------------------------------------------
@@ -296,12 +297,10 @@ def owned_put(
         return
     if secret:
         logger.info(f"{host.print_prefix}Will write {dest} (secret: content not shown)")
-        # Written beside dest, 0600 before a byte lands in it, then renamed over dest in one
-        # step: a failed upload leaves the old secret (or none), never an empty or partial one.
-        tmp = secret_temp(dest)
-        yield StringCommand("install -m 600 -o root -g root /dev/null", QuoteString(tmp))
-        yield FileUploadCommand(BytesIO(data), tmp)
-        yield StringCommand("mv -f", QuoteString(tmp), QuoteString(dest))
+        # One command fed on stdin (sparkrig/secretio.py): written beside dest under umask 077,
+        # its digest checked, renamed over dest; no temp file as the SSH user, none left behind,
+        # the secret in no argv. A failure leaves the old secret (or none), never a partial one.
+        yield install_command(data.decode(), dest)
         return
     if diff:
         current: list[str] = []
@@ -451,7 +450,8 @@ def secret_installed(text: str, dest: str) -> Generator[Any, None, None]:
 
 
 def secret_temp(dest: str) -> str:
-    """Where ``secret_installed`` writes a secret before renaming it over ``dest`` (same dir)."""
+    """Where ``secret_installed`` writes a secret before renaming it over ``dest`` (same dir:
+    sparkrig/secretio.py's install script)."""
     return f"{dest}.sparkrig-new"
 
 

@@ -13,58 +13,44 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
-from pyinfra.api.exceptions import FactProcessError
 from sparkhost.pairmac import MIN_SECRET
 from sparkhost.tokenfile import read_secret
 
-from sparkrig.factlines import END
 from sparkrig.paths import paths
 from sparkrig.runscope import once_per_run
+from sparkrig.secretio import Held, SecretDigest, digest, read_secret_now
 from sparkrig.settings import Settings, for_inventory
 from sparkrig.stateread import Part, Values
 
 
-class PairSecretFile(FactBase[str]):
-    """
-    A one-line secret installed on this rank (stripped), "" when there is none: the agents'
-    shared secret, the head's API key. Read so a secret lives with the pair: a control machine
-    without it takes the pair's (sparkrig/pairsecret.py).
-    """
-
-    default = str
-
-    def command(self, path: str) -> StringCommand:
-        return StringCommand("cat", QuoteString(path), "2>/dev/null;", "echo", QuoteString(END))
-
-    def process(self, output: list[str]) -> str:
-        if END not in output:
-            raise FactProcessError("secret read ended early (no end marker)")
-        lines = [line for line in output[: output.index(END)] if line.strip()]
-        if len(lines) > 1:
-            raise FactProcessError("the installed secret is not a single line")
-        return lines[0].strip() if lines else ""
-
-
 def secret_parts(s: Settings) -> list[Part]:
-    """The state read's parts of the secrets installed on ``s``'s host: the agents' secret, and
-    on the head the API key (it lives with the head)."""
+    """The state read's parts of the secrets installed on ``s``'s host, by digest only
+    (sparkrig/secretio.py): the agents' secret, and on the head the API key (it lives with the
+    head)."""
     p = paths(s)
-    parts = [Part("pair_secret", PairSecretFile, (("path", p["pair_token"]),))]
+    parts = [Part("pair_secret", SecretDigest, (("path", p["pair_token"]),))]
     if s.me.is_head:
-        parts.append(Part("api_key", PairSecretFile, (("path", p["api_key"]),)))
+        parts.append(Part("api_key", SecretDigest, (("path", p["api_key"]),)))
+        parts.append(Part("api_key_env", SecretDigest, (("path", p["api_key_env"]),)))
     return parts
 
 
 @dataclass(frozen=True)
 class Secret:
-    token: str  # what every rank of the run must hold; "" when refused
+    token: str  # what every rank of the run must hold; "" when refused or held but not known here
     source: str  # said in the run's log
     problem: str = ""  # non-empty: refuse before any change
     warning: str = ""
+    sha256: str = ""  # the installed file's digest every holder must have (token + newline)
+    holder: str = ""  # when the token is not known here: a rank holding it (relayed at apply)
+
+    @property
+    def known(self) -> bool:
+        """The value is on the control side (made, rotated, or its copy matches the pair's)."""
+        return bool(self.token)
 
 
 @dataclass(frozen=True)
@@ -115,7 +101,7 @@ def new_token() -> str:
 
 def decide(
     control: str,
-    held: dict[str, str],
+    held: dict[str, Held],
     missing_ranks: list[str],
     rotate: bool,
     control_file: str,
@@ -124,10 +110,16 @@ def decide(
 ) -> Secret:
     """Which secret the run installs.
 
-    control: the control side's copy ("" none); held: rank name -> installed secret ("" none) of
-    every holder in the run; missing_ranks: holders not in the run; rotate: the rotation knob;
-    kind: what the messages call it (``PAIR``, ``API_KEY``)."""
+    control: the control side's copy ("" none); held: rank name -> the digest of its installed
+    secret (``Held()`` none) of every holder in the run; missing_ranks: holders not in the run;
+    rotate: the rotation knob; kind: what the messages call it (``PAIR``, ``API_KEY``). The
+    ranks' secrets are known by digest only: one the control side has no copy of is kept by
+    digest (``token`` "", ``holder`` a rank that has it)."""
     how = kind.rotate_how
+
+    def made(token: str, source: str, warning: str = "") -> Secret:
+        return Secret(token, source, warning=warning, sha256=digest(token + "\n"))
+
     if rotate:
         if missing_ranks:
             return Secret(
@@ -136,12 +128,12 @@ def decide(
                 problem=f"{kind.knob} needs {kind.scope} in the run; "
                 f"{', '.join(missing_ranks)} not in it (run without --limit)",
             )
-        return Secret(make(), f"rotated on request ({kind.knob})")
-    found = {name: token for name, token in held.items() if token}
-    distinct = sorted(set(found.values()))
+        return made(make(), f"rotated on request ({kind.knob})")
+    found = {name: h for name, h in held.items() if h}
+    distinct = sorted({h.sha256 for h in found.values()})
     if len(distinct) > 1:
         groups = sorted(
-            "/".join(sorted(n for n, t in found.items() if t == token)) for token in distinct
+            "/".join(sorted(n for n, h in found.items() if h.sha256 == sha)) for sha in distinct
         )
         return Secret(
             "",
@@ -151,22 +143,32 @@ def decide(
         )
     if distinct:
         holders = ", ".join(sorted(found))
-        if len(distinct[0]) < kind.min_length:
+        first = sorted(found)[0]
+        chars = found[first].chars
+        if chars < kind.min_length:
             return Secret(
                 "",
                 "",
                 problem=f"the {kind.name} {kind.holders} holds ({holders}) is "
-                f"{len(distinct[0])} characters, shorter than the {kind.min_length} its helpers "
+                f"{chars} characters, shorter than the {kind.min_length} its helpers "
                 f"need to start (a truncated file?); {how}",
             )
         warning = ""
-        if control and control != distinct[0]:
+        if control and Held.of(control).sha256 == distinct[0]:
+            return made(control, f"the one {kind.holders} holds ({holders})")
+        if control:
             stale = kind.stale_control.format(how=how)
             warning = (
                 f"{control_file} differs from the {kind.name} {kind.holders} holds ({holders}); "
                 f"{kind.holders}'s is kept and {control_file} {stale}"
             )
-        return Secret(distinct[0], f"the one {kind.holders} holds ({holders})", warning=warning)
+        return Secret(
+            "",
+            f"the one {kind.holders} holds ({holders})",
+            warning=warning,
+            sha256=distinct[0],
+            holder=first,
+        )
     if control:
         if len(control) < kind.min_length:
             return Secret(
@@ -176,7 +178,7 @@ def decide(
                 f"shorter than the {kind.min_length} its helpers need to start: delete it (a "
                 f"new one is made) or write one of {kind.min_length} or more",
             )
-        return Secret(control, f"{kind.none_held}: {control_file} installed")
+        return made(control, f"{kind.none_held}: {control_file} installed")
     if missing_ranks:
         return Secret(
             "",
@@ -185,7 +187,7 @@ def decide(
             f"and {', '.join(missing_ranks)} not in the run: a new one made now would "
             "differ from theirs; run the deploy with every rank",
         )
-    return Secret(make(), f"{kind.none_held}: a new one made")
+    return made(make(), f"{kind.none_held}: a new one made")
 
 
 def pair_secret(s: Settings, read: Callable[[Settings], Values]) -> Secret:
@@ -199,12 +201,12 @@ def pair_secret(s: Settings, read: Callable[[Settings], Values]) -> Secret:
     def make_decision() -> Secret:
         inventory = host.inventory
         everyone = for_inventory(inventory)
-        held: dict[str, str] = {}
+        held: dict[str, Held] = {}
         missing: list[str] = []
         for rank in s.ranks:
             other = inventory.get_host(rank.name)
             if state.is_host_in_limit(other):
-                held[rank.name] = read(everyone[rank.name]).get("pair_secret", PairSecretFile)
+                held[rank.name] = read(everyone[rank.name]).get("pair_secret", SecretDigest)
             else:
                 missing.append(rank.name)
         k = s.knobs
@@ -235,10 +237,25 @@ def api_key(s: Settings, read: Callable[[Settings], Values]) -> Secret | None:
             if k.api_key_rotate:  # refused, never silently skipped
                 return decide(control, {}, [s.head.name], True, k.api_key_file, kind=API_KEY)
             return None
-        held = {s.head.name: read(head).get("api_key", PairSecretFile)}
-        return decide(control, held, [], k.api_key_rotate, k.api_key_file, kind=API_KEY)
+        values = read(head)
+        held = {s.head.name: values.get("api_key", SecretDigest)}
+        got = decide(control, held, [], k.api_key_rotate, k.api_key_file, kind=API_KEY)
+        if got.sha256 and not got.known and not values.get("api_key_env", SecretDigest):
+            return replace(got, problem=lost_env(paths(head), k.api_key_file))
+        return got
 
     return once_per_run("api key", state, make_decision)
+
+
+def lost_env(p: dict[str, str], control_file: str) -> str:
+    """Why a run refuses a head that holds an API key but lost vLLM's env file, while the control
+    side has no copy of that key: the deploy never reads a secret back to rebuild a file."""
+    return (
+        f"the head holds an API key ({p['api_key']}) but its env file for vLLM "
+        f"({p['api_key_env']}) is gone, and {control_file} holds no copy of that key: copy the "
+        f"head's key to {control_file} (on the head: sudo cat {p['api_key']}) and run again, or "
+        f"{API_ROTATE_HOW}"
+    )
 
 
 def write_control_copy(path: str, token: str) -> None:
@@ -253,14 +270,28 @@ def write_control_copy(path: str, token: str) -> None:
     os.replace(tmp, file)
 
 
-def write_control_copy_later(path: str, token: str) -> Callable[[], None]:
+def write_control_copy_later(
+    path: str, token: str, holder: str = "", remote: str = "", sha256: str = ""
+) -> Callable[[], None]:
     """``write_control_copy`` for ``python.call``: runs when the run executes (never in --dry),
-    says so in the log; the token stays in the closure (no operation argument shows it)."""
+    says so in the log; the token stays in the closure (no operation argument shows it). With no
+    ``token`` (the head holds one the control side lacks) it is read from ``holder``'s ``remote``
+    path at that moment, unprinted, and must have ``sha256`` (sparkrig/secretio.py)."""
 
     def write() -> None:
         from pyinfra import host, logger
+        from pyinfra.context import ctx_state
 
-        write_control_copy(path, token)
+        value = token
+        if not value:
+            source = ctx_state.get().inventory.get_host(holder)
+            value = read_secret_now(source, remote)
+            if not value or digest(value + "\n") != sha256:
+                raise RuntimeError(
+                    f"could not copy the API key from {holder} ({remote}): it changed or is "
+                    "unreadable there; run the deploy again"
+                )
+        write_control_copy(path, value)
         logger.info(f"{host.print_prefix}the head's API key written to {path} (0600) for clients")
 
     return write

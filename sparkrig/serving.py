@@ -25,6 +25,7 @@ from sparkrig.fabric import RoceGids
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.failing import fail_host
 from sparkrig.gates import gates_passed, parse_gate_lines, probe_command
+from sparkrig.hardening import container_args, unit_hardening
 from sparkrig.owned import file_present, unit_state_set
 from sparkrig.paths import paths
 from sparkrig.render import base_context, render
@@ -118,7 +119,7 @@ def docker_run_args(s: Settings, image: str | None = None, serving: bool = True)
         "--device", "/dev/infiniband:/dev/infiniband",
         "--ulimit", "memlock=-1:-1",
         "--ulimit", "stack=67108864",
-        "--cap-add", "IPC_LOCK",
+        *container_args(s),  # --cap-drop ALL --cap-add IPC_LOCK, no-new-privileges, pids
         # no --shm-size: with --ipc host the container uses the host's /dev/shm and Docker does
         # not mount a sized one (podman's docs call the two options conflicting)
         "--memory", k.container_memory,
@@ -254,6 +255,7 @@ def rank_unit_context(s: Settings, image: str, weights_id: str) -> dict[str, Any
         "agent_port": k.agent_port,
         # the start gate may wait memfree_wait_s twice: a dead engine's memory, then the floor
         "start_timeout_s": k.fabric_wait_s + k.pair_grace_s + 2 * k.memfree_wait_s + 120,
+        "hardening": unit_hardening(s, "rank"),
     }
 
 
@@ -264,6 +266,7 @@ def pair_unit_context(s: Settings) -> dict[str, Any]:
         "peers": ",".join(r.ip for r in s.peers),
         "pair_port": k.pair_port,
         "pair_grace_s": k.pair_grace_s,
+        "hardening": unit_hardening(s, "pair"),
     }
 
 
@@ -285,6 +288,7 @@ def agent_unit_context(s: Settings) -> dict[str, Any]:
         **base_context(s),
         "agent_port": s.knobs.agent_port,
         "token_file": paths(s)["pair_token"],
+        "hardening": unit_hardening(s, "agent"),
     }
 
 
@@ -315,6 +319,7 @@ def watchdog_unit_context(s: Settings) -> dict[str, Any]:
         "grace": k.watchdog_grace_s,
         "max_restarts": k.watchdog_max_restarts,
         "window": k.watchdog_window_s,
+        "hardening": unit_hardening(s, "watchdog"),
     }
 
 
@@ -326,6 +331,7 @@ def supervisor_unit_context(s: Settings) -> dict[str, Any]:
         "agent_port": k.agent_port,
         "max_restarts": k.supervisor_max_restarts,
         "window": k.supervisor_window_s,
+        "hardening": unit_hardening(s, "supervisor"),
     }
 
 

@@ -169,6 +169,7 @@ class Knobs(BaseModel):
     image_repo: str = _cluster(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
     container_gpu_args: list[str]
     container_memory: str = Field(pattern=r"^[0-9]+[bkmg]?$")
+    container_pids_limit: int = Field(ge=256, le=4194304)
     image_skip_patches: list[str] = _cluster()
     image_copy_port: int = _cluster(ge=1, le=65535)
     image_transfer_dir: str = _cluster(pattern=r"^/")

@@ -36,6 +36,7 @@ class Artifact:
     commit: str
     total_files: int
     total_bytes: int
+    gated: object = False  # the Hub's ``gated`` as the lockfile records it: a token fetches it
 
 
 def artifacts(s: Settings) -> list[Artifact]:
@@ -55,6 +56,7 @@ def artifacts(s: Settings) -> list[Artifact]:
                 commit=revision,
                 total_files=totals["files"],
                 total_bytes=totals["bytes"],
+                gated=lock.get("gated", False),
             )
         )
     return out

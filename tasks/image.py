@@ -84,6 +84,8 @@ on_workers(
     tag=tag,
     directory=knobs.image_transfer_dir,
     source=f"http://{settings.head.ip}:{knobs.image_copy_port}",
+    head=settings.head.name,
+    fetcher=hostpkg.invocation(knobs.install_dir),
     source_absent=""
     if state.is_host_in_limit(inventory.get_host(settings.head.name))
     else f"the head ({settings.head.name}) serves it to the workers and is not in this run: run "

@@ -19,6 +19,7 @@ from sparkrig.pairsecret import api_key, control_token, pair_secret, write_contr
 from sparkrig.paths import paths
 from sparkrig.release import change, rollback
 from sparkrig.render import base_context, render
+from sparkrig.secretio import secret_relayed
 from sparkrig.serving import (
     SMOKE_CONTAINER,
     agent_unit_context,
@@ -61,28 +62,34 @@ is_head = settings.me.is_head
 everyone = for_inventory(inventory)
 head_knobs = everyone[settings.head.name].knobs  # head-only knobs, the same everywhere
 api = api_key(settings, hoststate.values)
-if head_knobs.api_auth and api is not None and api.token:
-    on_head(
-        is_head,
-        secret_installed,
-        name="Install the API key",
-        text=api.token + "\n",
-        dest=host_paths["api_key"],
-    )
-    key_env = on_head(
-        is_head,
-        secret_installed,
-        name="Install the API key env file for vLLM",
-        text=api_key_env(api.token),
-        dest=host_paths["api_key_env"],
-    )
-    pair_restart().trigger("api_key", key_env)
-    if control_token(head_knobs.api_key_file) != api.token:
+if head_knobs.api_auth and api is not None and api.sha256:
+    # A key the control side lacks is the head's own, judged by digest (its files stay as they
+    # are; a lost env file was refused at preflight): never read back, except once at apply
+    # time for the clients' copy below (sparkrig/secretio.py).
+    if api.known:
+        on_head(
+            is_head,
+            secret_installed,
+            name="Install the API key",
+            text=api.token + "\n",
+            dest=host_paths["api_key"],
+        )
+        key_env = on_head(
+            is_head,
+            secret_installed,
+            name="Install the API key env file for vLLM",
+            text=api_key_env(api.token),
+            dest=host_paths["api_key_env"],
+        )
+        pair_restart().trigger("api_key", key_env)
+    if not api.known or control_token(head_knobs.api_key_file) != api.token:
         on_head(
             is_head,
             python.call,
             name="Keep a copy of the head's API key on the control machine",
-            function=write_control_copy_later(head_knobs.api_key_file, api.token),
+            function=write_control_copy_later(
+                head_knobs.api_key_file, api.token, api.holder, host_paths["api_key"], api.sha256
+            ),
         )
 elif not head_knobs.api_auth:
     for path in host.loop([host_paths["api_key"], host_paths["api_key_env"]]):
@@ -116,11 +123,23 @@ systemd.daemon_reload(
 # ranks holding different ones); the head gets `sparkrig-restart-pair` and, when the watchdog knob
 # is on, the watchdog that uses it. The helpers read the secret once at start: a changed secret
 # restarts them.
-secret = secret_installed(
-    name="Install the agents' shared secret",
-    text=pair_secret(settings, hoststate.values).token + "\n",
-    dest=host_paths["pair_token"],
-)
+agents_secret = pair_secret(settings, hoststate.values)
+if agents_secret.known:
+    secret = secret_installed(
+        name="Install the agents' shared secret",
+        text=agents_secret.token + "\n",
+        dest=host_paths["pair_token"],
+    )
+else:  # the pair's, known by digest only: a rank lacking it gets a holder's copy at apply time
+    lacks = hoststate.read(settings).pair_secret.sha256 != agents_secret.sha256
+    secret = secret_relayed(
+        name="Install the agents' shared secret",
+        source=agents_secret.holder,
+        source_path=host_paths["pair_token"],
+        dest=host_paths["pair_token"],
+        sha256=agents_secret.sha256,
+        _if=lambda: lacks,
+    )
 agent_unit = role_template(
     on_workers,
     is_head,

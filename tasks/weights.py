@@ -48,19 +48,34 @@ for art in host.loop(wanted):
     file_present(name="Install the weights lockfiles", text=art.lock_text, dest=art.remote_lock)
 
 is_head = settings.me.is_head
-# The Hub token is the control machine's (HF_TOKEN, else `hf auth login`'s file): the same for
-# every host, so every host has the operation when there is one; only the head fetches from the Hub.
+full = knobs.weights_verify == "full"
+# The Hub token is the control machine's (HF_TOKEN, else `hf auth login`'s file). The head gets it
+# only while it fetches a gated repo (a public one needs none), written through stdin 0600
+# (sparkrig/secretio.py), and it is removed once the fetch is done: it never rests on the head.
 token = token_text()
-source_token: list[str] = []
-if token is not None:
-    on_head(
-        is_head,
-        secret_installed,
-        name="Install the Hub token",
-        text=token,
-        dest=host_paths["token_file"],
-    )
-    source_token = ["--token-file", host_paths["token_file"]]
+
+
+def fetches_gated() -> bool:
+    """The head fetches a gated artifact in this run: it lacks files of its pinned revision (or
+    re-hashes them all, weights_verify = full)."""
+    here = hoststate.read(settings)
+    for art in wanted:
+        held = here.weights_of(art.remote_lock)
+        if art.gated and (full or not (held.commit == art.commit and held.complete)):
+            return True
+    return False
+
+
+needs_token = token is not None and is_head and fetches_gated()
+token_installed = on_head(
+    is_head,
+    secret_installed,
+    name="Install the Hub token for a gated repo's fetch",
+    text=token or "\n",
+    dest=host_paths["token_file"],
+    _if=lambda: needs_token,
+)
+source_token = ["--token-file", host_paths["token_file"]] if needs_token else []
 
 # Every operation below exists on every host (acting only where its condition holds), so all
 # hosts share one sequence: the head fetches, serves, the workers copy, the head stops serving.
@@ -68,7 +83,6 @@ head_in_run = state.is_host_in_limit(inventory.get_host(settings.head.name))
 
 # weights_verify = "full": every rank re-hashes its files first (preflight refused it beside a
 # serving rank); only files that fail are fetched again below, so a healthy pair is not restarted.
-full = knobs.weights_verify == "full"
 for art in host.loop(wanted):
     weights_rehashed(
         name="Re-hash every weights file (weights_verify = full)",
@@ -98,6 +112,16 @@ for art in host.loop(wanted):
     pair_restart().trigger("weights", fetched)
 
 
+# The fetch is over (or failed the run): the token goes, as does one an earlier deploy left.
+left_over = is_head and hoststate.read(settings).file(host_paths["token_file"]) is not None
+on_head(
+    is_head,
+    server.shell,
+    name="Remove the Hub token after the fetch",
+    commands=[f"rm -f {host_paths['token_file']}"],
+    _if=lambda: token_installed.did_change() or left_over,
+)
+
 # Serve the verified files to the workers only when one of them lacks something (judged again
 # when it runs after a full re-hash, which may have found a worker's file bad).
 everyone = for_inventory(inventory)
@@ -122,6 +146,8 @@ serving = on_head(
         "--listen", f"{settings.me.ip}:{knobs.copy_port}",
         "--bind-device", settings.me.fabric_interface,
         "--max-seconds", "86400",
+        # only the pinned revisions' lockfile files, nothing else of weights_dir
+        *[f"--lock-in={art.subdir}={art.remote_lock}" for art in wanted],
     ],
     _if=lambda: workers_lack() if full else lacking,
 )  # fmt: skip

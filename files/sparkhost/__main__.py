@@ -15,6 +15,7 @@ JOBS = {  # job -> module that runs it (its main(argv) -> exit status)
     "verify": "verify",  # check the files against the lockfile (quick or full)
     "state": "state",  # JSON of what is on disk, for the deploy's state read
     "serve": "serve",  # serve a directory read-only over HTTP (weights, the base image)
+    "imageload": "imageload",  # check the head's base-image tar (size, sha256), then docker load
     "routes": "routes",  # per-uplink policy routing for the fetch lanes
     "follow": "follow",  # print a running fetch's progress until it ends
     "prep": "prep",  # the rank's start gate (fabric, GID, MemFree)

@@ -2,7 +2,9 @@
 
 The head serves its verified weights to the workers over the fabric, and its saved base image;
 the fetcher's working files (``.part``, stamps, status, dot files) are never served, and with
-``--lock`` only the lockfile's paths are. It exits after ``--max-seconds``."""
+``--lock`` only the lockfile's paths are; with ``--lock-in SUBDIR=LOCKFILE`` (repeatable) only each
+lockfile's paths under its SUBDIR of ``--dir`` (the head's weights_dir holds other revisions and
+files no worker needs: nothing else is published). It exits after ``--max-seconds``."""
 
 from __future__ import annotations
 
@@ -95,12 +97,26 @@ class ServeHandler(BaseHTTPRequestHandler):
                 self.close_connection = True
 
 
+def allowed_paths(lock: str | None, lock_in: list[str]) -> set[str] | None:
+    """The paths served (relative to ``--dir``): a lockfile's, or each ``SUBDIR=LOCKFILE``'s
+    under its SUBDIR; None (every file but the fetcher's own) when neither is given."""
+    if not lock and not lock_in:
+        return None
+    allowed: set[str] = set()
+    if lock:
+        allowed |= {e.path for e in load_lock(lock)[1]}
+    for pair in lock_in:
+        subdir, sep, path = pair.partition("=")
+        subdir = subdir.strip("/")
+        if not sep or not subdir or not path or ".." in subdir.split("/"):
+            raise SystemExit(f"sparkhost serve: --lock-in wants SUBDIR=LOCKFILE, not {pair!r}")
+        allowed |= {f"{subdir}/{e.path}" for e in load_lock(path)[1]}
+    return allowed
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     host, _, port = args.listen.rpartition(":")
-    allowed = None
-    if args.lock:
-        _, entries = load_lock(args.lock)
-        allowed = {e.path for e in entries}
+    allowed = allowed_paths(args.lock, args.lock_in or [])
     handler = type("H", (ServeHandler,), {"root": os.path.abspath(args.dir), "allowed": allowed})
 
     class Srv(ThreadingHTTPServer):
@@ -131,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--dir", required=True)
     sv.add_argument("--listen", required=True, help="ADDR:PORT (the fabric address)")
     sv.add_argument("--lock", help="serve only the lockfile's paths")
+    sv.add_argument(
+        "--lock-in",
+        action="append",
+        metavar="SUBDIR=LOCKFILE",
+        help="serve only LOCKFILE's paths under SUBDIR of --dir (repeatable)",
+    )
     sv.add_argument("--bind-device", help="also SO_BINDTODEVICE the listening socket")
     sv.add_argument("--max-seconds", type=float, default=4 * 3600, help="exit after this long")
     return sv

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -116,21 +117,43 @@ def serve(head: Node, port: int) -> subprocess.Popen[bytes]:
     raise AssertionError("sparkhost serve did not come up")
 
 
-def copy_to_worker(head: Node, worker: Node) -> subprocess.CompletedProcess[str]:
-    local = image.local_base(REPO, BASE)
-    stem = image.transfer_name(BASE)
-    transfer = image.transfer_tag(REPO, BASE)
-    saved = head.sh(image.save_command(local, transfer, head.transfer, stem))
-    assert saved.returncode == 0, saved.stderr
+PACKAGE = [sys.executable, str(ROOT / "files" / "sparkhost")]
+
+
+def saved_tar(head: Node, stem: str) -> image.SavedTar:
+    """The head's record of its saved tar, as the deploy reads it over SSH."""
+    out = head.sh(image.saved_tar_command(head.transfer, stem))
+    assert out.returncode == 0, out.stderr
+    saved = image.SavedTar.parse(out.stdout.splitlines())
+    assert saved is not None, out.stdout
+    return saved
+
+
+def load_from(head: Node, worker: Node, saved: image.SavedTar) -> subprocess.CompletedProcess[str]:
+    local, stem = image.local_base(REPO, BASE), image.transfer_name(BASE)
     port = free_port()
     server = serve(head, port)
     try:
         return worker.sh(
-            image.load_command(f"http://127.0.0.1:{port}", worker.transfer, stem, transfer, local)
-        )
+            image.load_command(
+                f"http://127.0.0.1:{port}", worker.transfer, stem, image.transfer_tag(REPO, BASE),
+                local, saved, PACKAGE,
+            )
+        )  # fmt: skip
     finally:
         server.kill()
         server.wait()
+
+
+def save_on(head: Node) -> image.SavedTar:
+    local, stem = image.local_base(REPO, BASE), image.transfer_name(BASE)
+    saved = head.sh(image.save_command(local, image.transfer_tag(REPO, BASE), head.transfer, stem))
+    assert saved.returncode == 0, saved.stderr
+    return saved_tar(head, stem)
+
+
+def copy_to_worker(head: Node, worker: Node) -> subprocess.CompletedProcess[str]:
+    return load_from(head, worker, save_on(head))
 
 
 def test_head_pulls_worker_copies_over_the_fabric_and_both_build(pair):
@@ -187,33 +210,43 @@ def test_a_load_whose_layers_differ_from_the_heads_is_refused(pair):
     head, worker = pair
     local = image.local_base(REPO, BASE)
     assert head.sh(image.pull_command(BASE, local, have_ref=False)).returncode == 0
-    stem = image.transfer_name(BASE)
-    saved = head.sh(image.save_command(local, image.transfer_tag(REPO, BASE), head.transfer, stem))
-    assert saved.returncode == 0, saved.stderr
-    (Path(head.transfer) / f"{stem}.layers").write_text("sha256:" + "99" * 32 + "\n")
-    port = free_port()
-    server = serve(head, port)
-    try:
-        r = worker.sh(
-            image.load_command(
-                f"http://127.0.0.1:{port}", worker.transfer, stem, image.transfer_tag(REPO, BASE),
-                local,
-            )
-        )  # fmt: skip
-    finally:
-        server.kill()
-        server.wait()
+    saved = save_on(head)
+    r = load_from(head, worker, replace(saved, layers="sha256:" + "99" * 32 + ","))
     assert r.returncode == 1
     assert "differ from the head's" in r.stderr
     report = worker.report(image.patched_tag(BASE, SKIP))
     assert report.base is None and report.tags == ()  # neither the base nor the transfer tag
 
 
+def test_a_tar_whose_digest_differs_is_never_loaded(pair):
+    """Tampered on the way (or on the head's disk after the save): refused before docker load."""
+    head, worker = pair
+    local = image.local_base(REPO, BASE)
+    assert head.sh(image.pull_command(BASE, local, have_ref=False)).returncode == 0
+    saved = save_on(head)
+    r = load_from(head, worker, replace(saved, sha256="0" * 64))
+    assert r.returncode == 1 and "sha256" in r.stderr, r.stderr
+    assert not any(c.startswith("load") for c in worker.docker_calls())
+    assert not os.listdir(worker.transfer)  # the refused tar is deleted
+    assert worker.report(image.patched_tag(BASE, SKIP)).base is None
+
+
+def test_a_tar_of_another_size_is_never_loaded(pair):
+    head, worker = pair
+    local = image.local_base(REPO, BASE)
+    assert head.sh(image.pull_command(BASE, local, have_ref=False)).returncode == 0
+    saved = save_on(head)
+    r = load_from(head, worker, replace(saved, size=saved.size - 1))  # curl stops, or refused
+    assert r.returncode != 0
+    assert not any(c.startswith("load") for c in worker.docker_calls())
+
+
 def test_worker_without_the_head_serving_fails_with_a_clear_message(pair):
     _, worker = pair
     local = image.local_base(REPO, BASE)
+    saved = image.SavedTar("0" * 64, 10, "sha256:" + "1" * 64 + ",")
     cmd = image.load_command(
-        f"http://127.0.0.1:{free_port()}", worker.transfer, "x", "r:t", local
+        f"http://127.0.0.1:{free_port()}", worker.transfer, "x", "r:t", local, saved, PACKAGE
     ).replace("--retry 10", "--retry 0")
     r = worker.sh(cmd)
     assert r.returncode == 1

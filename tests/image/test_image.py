@@ -161,7 +161,13 @@ def test_copy_plan_judges_workers_by_layers_not_ids():
 
 def test_commands_never_send_a_worker_to_the_registry():
     local, transfer = image.local_base(REPO, BASE), image.transfer_tag(REPO, BASE)
-    load = image.load_command("http://192.168.100.10:29701", "/d", "base-x", transfer, local)
+    saved = image.SavedTar("a" * 64, 123, "sha256:" + "1" * 64 + ",")
+    load = image.load_command(
+        "http://192.168.100.10:29701", "/d", "base-x", transfer, local, saved, ["sparkhost"]
+    )
+    assert f"--sha256 {'a' * 64} --size 123" in load and "--max-filesize 123" in load
+    assert load.index("imageload") > load.index("curl")  # checked after the download, and
+    assert "docker load" not in load  # loaded only by imageload, after its checks
     assert "docker pull" not in load and "registry.example" not in load
     assert "http://192.168.100.10:29701/base-x.tar" in load
     assert image.pull_command(BASE, local, have_ref=True) == f"docker tag {BASE} {local}"

@@ -27,7 +27,8 @@ OPS = [
     "Build the patched serving image",
 ]
 IMAGE_VERBS = re.compile(
-    r"docker (pull|save|load|tag|build|buildx build|image rm)\b|curl |sparkrig-image-serve"
+    r"docker (pull|save|load|tag|build|buildx build|image rm)\b|curl |sparkrig-image-serve|"
+    r" imageload "
 )
 
 
@@ -81,7 +82,8 @@ def test_bare_nodes_head_pulls_worker_copies_over_the_fabric_both_build(monkeypa
     assert not any("docker pull" in c for c in r.commands[WORKER])  # never the registry
     assert not any("registry.example" in c for c in worker)
     copy = [c for c in worker if "curl " in c]
-    assert copy and "http://192.168.100.10:29701/base-" in copy[0] and "docker load" in copy[0]
+    assert copy and "http://192.168.100.10:29701/base-" in copy[0] and " imageload " in copy[0]
+    assert f"--sha256 {'c' * 64} --size 123456" in copy[0]  # the head's record, read over SSH
 
     for host in (HEAD, WORKER):
         builds = [c for c in image_commands(r, host) if "docker build" in c]
@@ -130,7 +132,7 @@ def test_head_with_the_base_serves_a_worker_without_it_and_does_not_pull(monkeyp
     assert not any("docker pull" in c for c in head) and not any("docker build" in c for c in head)
     assert any("docker save" in c for c in head)
     worker = image_commands(r, WORKER)
-    assert any("docker load" in c for c in worker) and any("docker build" in c for c in worker)
+    assert any(" imageload " in c for c in worker) and any("docker build" in c for c in worker)
 
 
 def test_worker_base_with_other_layers_stops_the_run_with_the_fix(monkeypatch):
@@ -178,7 +180,7 @@ def test_a_stack_without_the_patch_layer_pulls_by_digest_and_builds_nothing(monk
     r = apply(monkeypatch, "--data", "stack=test-bare")
     assert r.exit_code == 0, r.output
     assert any(f"docker pull --quiet {BASE}" in c for c in image_commands(r, HEAD))
-    assert any("curl " in c and "docker load" in c for c in image_commands(r, WORKER))
+    assert any("curl " in c and " imageload " in c for c in image_commands(r, WORKER))
     for host, unit in ((HEAD, "sparkrig-head"), (WORKER, "sparkrig-worker")):
         assert not [c for c in image_commands(r, host) if "docker build" in c]
         assert "/opt/sparkrig/image-build/context.tar" not in r.uploads[host]

@@ -168,8 +168,21 @@ NODE = re.compile(r"^sh -c '\nd=\S+; while \[ ! -d \"\$d\" \]")
 GIDS = re.compile(r"^grep -H \. /sys/class/infiniband/\*/ports/\*/gids/\* ")
 RANK_STATUS = re.compile(r"echo \"gid_env=\$\(sed ")  # status.py's one read per rank
 RANK_RUNTIME = re.compile(r'^echo "container=\$\(timeout 20 docker inspect ')  # serving.RankRuntime
-PAIR_SECRET = re.compile(r"^cat /etc/sparkrig/pair-token 2>/dev/null; echo ")  # installed secret
-API_KEY = re.compile(r"^cat /etc/sparkrig/api-key 2>/dev/null; echo ")  # the head's installed key
+PAIR_SECRET = re.compile(r"^if \[ -s /etc/sparkrig/pair-token \]; then sha256sum ")  # its digest
+API_KEY = re.compile(r"^if \[ -s /etc/sparkrig/api-key \]; then sha256sum ")  # the head's key's
+API_KEY_ENV = re.compile(r"^if \[ -s /etc/sparkrig/api-key.env \]; then sha256sum ")  # vLLM's
+SECRET_WRITE = re.compile(r"^sh -c 'umask 077 && t=")  # a secret written through stdin (secretio)
+SECRET_READ = re.compile(r"^cat /etc/sparkrig/")  # a secret read at apply time, never printed
+
+
+def held(text: str) -> list[str]:
+    """SecretDigest's answer for a host holding ``text`` (stripped; "" none)."""
+    from sparkrig.secretio import Held
+
+    h = Held.of(text)
+    return [h.sha256, str(h.chars), END] if h else [END]
+
+
 RELEASE = re.compile(re.escape(LISTING))  # the release record and weights_dir's entries
 BASELINE = re.compile(r"^sh -c 'k=; read -r k < /proc/sys/kernel/osrelease")  # sparkrig/baseline
 REACH = re.compile(r"^/usr/bin/python3 -c '\nimport ssl, sys, urllib")  # sparkrig/reach.py
@@ -296,6 +309,7 @@ PACKAGE = r"/usr/bin/python3 \S+/lib/sparkhost"  # every host program (sparkrig/
 REHASH = re.compile(rf"^{PACKAGE} verify --mode full --lock ")  # weights_verify = full
 WEIGHTS_SERVE = re.compile(r"^systemctl stop sparkrig-weights-serve 2>/dev/null; systemd-run ")
 IMAGE_FACT = re.compile(re.escape(MARKER))
+SAVED_TAR = re.compile(r"^cat /var/lib/sparkrig/images/base-\w+\.digest ")  # read over SSH
 SMOKE_CLEAN = re.compile(r"^docker rm --force sparkrig-nccl-smoke >/dev/null 2>&1 \|\| true$")
 SMOKE_WORKER = re.compile(r"^docker run --detach --name sparkrig-nccl-smoke ")
 SMOKE_HEAD = re.compile(r"^docker run --rm --name sparkrig-nccl-smoke ")
@@ -390,8 +404,10 @@ def bare(ip: str) -> dict[Any, Any]:
         # facts: nothing of sparkrig there yet; the fabric link is up at MTU 1500, no address
         NODE: node_report(),
         RANK_STATUS: rank_status(unit_ActiveState="inactive", unit_SubState="dead", mtu=1500),
-        PAIR_SECRET: ["##SPARKRIG-END##"],  # no secret installed
-        API_KEY: ["##SPARKRIG-END##"],  # no API key installed
+        PAIR_SECRET: held(""),  # no secret installed
+        API_KEY: held(""),  # no API key installed
+        API_KEY_ENV: [END],
+        SECRET_WRITE: "",
         RELEASE: release_state(),  # no release record, weights_dir empty
         BASELINE: baseline_report(),  # DGX OS as shipped: nothing held, no KHO in the kernel
         GIDS: gid_table(HCA, "enp1s0f1np1", ip),  # the GID appears once the address is applied
@@ -407,6 +423,7 @@ def bare(ip: str) -> dict[Any, Any]:
         WEIGHTS_STATE: '{"ok": false, "error": "fetcher or lockfile not installed"}',
         IMAGE_FACT: image_state(IMAGE, pulled=False, base=False, patched=False),
         contents_of(PULLED_IMAGES): [f"__pyinfra_missing_{PULLED_IMAGES}"],  # none pulled yet
+        SAVED_TAR: [f"{'c' * 64} 123456", "sha256:" + "1" * 64 + ","],  # the head's saved tar
         GATES: HEALTHY_GATES,
         re.compile(r'^if \[ -n "\$TMPDIR" \]'): "/tmp",  # pyinfra's temp dir, for uploads
     }
@@ -523,7 +540,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
         watchdog_unit_context,
         weights_id,
     )
-    from sparkrig.weights import artifacts, token_text
+    from sparkrig.weights import artifacts
 
     k, p = s.knobs, paths(s)
     text: dict[str, tuple[str, str]] = {
@@ -555,9 +572,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     }
     for art in artifacts(s):
         text[art.remote_lock] = (art.lock_text, "644")
-    token = token_text() if s.me.is_head else None
-    if token is not None:
-        text[p["token_file"]] = (token, "600")
+    # no Hub token: the head holds it only while a gated repo is fetched (tasks/weights.py)
     if api_key_file(s):
         text[p["api_key"]] = (control_token(k.api_key_file) + "\n", "600")
         text[p["api_key_env"]] = (api_key_env(control_token(k.api_key_file)), "600")
@@ -672,9 +687,13 @@ def converged(
     handed = gid_index if handed_gid_index is None else handed_gid_index
     canned[RANK_RUNTIME] = rank_runtime(container, handed, device_index, live_device_index)
     secret = owned[paths(s)["pair_token"]][0].decode().strip()
-    canned[PAIR_SECRET] = [secret, "##SPARKRIG-END##"] if secret else ["##SPARKRIG-END##"]
+    canned[PAIR_SECRET] = held(secret)
     key = owned.get(paths(s)["api_key"], (b"", ""))[0].decode().strip()
-    canned[API_KEY] = [key, "##SPARKRIG-END##"] if key else ["##SPARKRIG-END##"]
+    canned[API_KEY] = held(key)
+    env = owned.get(paths(s)["api_key_env"], (b"", ""))[0].decode()
+    canned[API_KEY_ENV] = [hashlib.sha256(env.encode()).hexdigest(), "1", END] if env else [END]
+    canned[re.compile(r"^cat /etc/sparkrig/pair-token$")] = [secret]  # apply-time reads
+    canned[re.compile(r"^cat /etc/sparkrig/api-key$")] = [key]
     canned[NODE] = node_report(
         mtu=mtu,
         ipv4=s.me.fabric_address.with_prefixlen,

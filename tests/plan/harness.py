@@ -92,6 +92,7 @@ class Run:
     output: str
     commands: dict[str, list[str]]
     uploads: dict[str, dict[str, bytes]]
+    stdin: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # (command, its stdin)
     op_order: list[str] = field(default_factory=list)
     # per host: ops that executed commands (apply) or would change (--dry)
     changed_ops: dict[str, list[str]] = field(default_factory=dict)
@@ -123,6 +124,30 @@ def run(
             data = data.encode()
         uploads.setdefault(self.host.name, {})[remote_filename] = data
         return True
+
+    shell = FakeConnector.run_shell_command
+    stdin_seen: dict[str, list[tuple[str, str]]] = {}  # host -> (command, stdin) of each command
+
+    def run_shell_command(self: FakeConnector, command: Any, *a: Any, **k: Any) -> Any:
+        """A secret written through stdin (sparkrig/secretio.py) lands in ``uploads`` at its
+        destination, as an upload would; ``fail_upload`` fails it."""
+        fed = k.get("_stdin")
+        if fed is None and hasattr(command, "connector_arguments"):
+            fed = command.connector_arguments.get("_stdin")
+        if fed is not None:
+            text = command if isinstance(command, str) else command.get_masked_value()
+            stdin_seen.setdefault(self.host.name, []).append((text, fed))
+            words = shlex.split(text)
+            if words[:2] == ["sh", "-c"] and "/dev/stdin" in words[2]:
+                dest = words[4]
+                if fail_upload is not None and fail_upload in dest:
+                    self.executed_commands.append(text)
+                    return False, CommandOutput([OutputLine("stderr", "connection dropped")])
+                got = shell(self, command, *a, **k)
+                if got[0]:
+                    uploads.setdefault(self.host.name, {})[dest] = fed.encode()
+                return got
+        return shell(self, command, *a, **k)
 
     undeclared: list[tuple[str, str]] = []
     lookup = FakeConnector._lookup_response
@@ -182,6 +207,7 @@ def run(
 
     monkeypatch.setattr(FakeConnector, "_lookup_response", strict_lookup)
     monkeypatch.setattr(FakeConnector, "put_file", put_file)
+    monkeypatch.setattr(FakeConnector, "run_shell_command", run_shell_command)
     monkeypatch.setattr(pyinfra, "is_cli", True)
     ctx_state.reset()
     result = CliRunner().invoke(
@@ -217,6 +243,7 @@ def run(
         output=result.output,
         commands=commands,
         uploads=uploads,
+        stdin=stdin_seen,
         op_order=op_order,
         changed_ops=changed,
         host_ops=host_ops,

@@ -45,7 +45,7 @@ def test_every_host_runs_the_same_operation_sequence(monkeypatch, nodes, state):
     assert len(r.host_ops) == nodes
     head = r.host_ops["@fake/spark-a"]
     assert head == r.op_order  # the head has every operation of the run
-    assert any(op.endswith("Install the Hub token") for op in head)
+    assert any(op.endswith("Install the Hub token for a gated repo's fetch") for op in head)
     for name, ops in r.host_ops.items():
         assert ops == head, f"{name}: only there {set(ops) - set(head)}, not {set(head) - set(ops)}"
 

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from sparkrig.pairsecret import decide
+from sparkrig.secretio import Held
 from tests.plan import fakehosts
 from tests.plan.test_plan import ACTION, HEAD, WORKER, apply, assert_no_restart, converge_state
 
@@ -38,7 +39,7 @@ def test_a_rank_without_the_secret_gets_the_pairs_and_only_its_helper_restarts(
     monkeypatch, tmp_path
 ):
     converge_state()
-    fakehosts.inject("spark-b", {fakehosts.PAIR_SECRET: ["##SPARKRIG-END##"]})
+    fakehosts.inject("spark-b", {fakehosts.PAIR_SECRET: fakehosts.held("")})
     fakehosts.inject("spark-b", {fakehosts.owned_of(SECRET): ""})
     r = apply(monkeypatch, *fresh_clone(tmp_path))
     assert r.exit_code == 0, r.output
@@ -58,13 +59,13 @@ def test_rotation_installs_one_new_secret_everywhere_and_restarts_the_helpers(mo
     assert len(new) == 1 and old not in new and re.fullmatch(r"[0-9a-f]{48}", next(iter(new)))
     for name, restart in HELPERS.items():
         cmds = r.commands[name]
-        assert cmds.index(f"mv -f {SECRET}.sparkrig-new {SECRET}") < cmds.index(restart)
+        assert cmds.index(write_of(r, name, SECRET)) < cmds.index(restart)
     assert_no_restart(r)  # the ranks keep serving: only the helpers read the secret
 
 
 def test_ranks_holding_different_secrets_are_refused_before_any_change(monkeypatch):
     converge_state()
-    fakehosts.inject("spark-b", {fakehosts.PAIR_SECRET: ["0" * 48, "##SPARKRIG-END##"]})
+    fakehosts.inject("spark-b", {fakehosts.PAIR_SECRET: fakehosts.held("0" * 48)})
     fakehosts.inject("spark-b", {fakehosts.NODE: fakehosts.node_report()})  # and a drifted MTU
     r = apply(monkeypatch)
     assert r.exit_code != 0
@@ -77,7 +78,7 @@ def test_ranks_holding_different_secrets_are_refused_before_any_change(monkeypat
 def test_a_truncated_secret_on_the_ranks_is_refused_before_any_change(monkeypatch):
     converge_state()
     for name in ("spark-a", "spark-b"):
-        fakehosts.inject(name, {fakehosts.PAIR_SECRET: ["0" * 20, "##SPARKRIG-END##"]})
+        fakehosts.inject(name, {fakehosts.PAIR_SECRET: fakehosts.held("0" * 20)})
     r = apply(monkeypatch)
     assert r.exit_code != 0
     assert "is 20 characters, shorter than the 32 its helpers need to start" in r.output
@@ -93,6 +94,11 @@ def test_rotation_with_a_rank_outside_the_run_is_refused(monkeypatch):
     assert r.exit_code != 0
     assert "pair_token_rotate needs every rank in the run; @fake/spark-a not in it" in r.output
     assert r.uploads == {}
+
+
+def write_of(r, name: str, dest: str) -> str:
+    """The command that wrote ``dest`` on ``name`` through stdin (sparkrig/secretio.py)."""
+    return next(c for c, _ in r.stdin[name] if f" {dest} " in c)
 
 
 def made() -> str:
@@ -120,6 +126,14 @@ C, P, Q = "c" * 32, "p" * 32, "q" * 48  # secrets the helpers start with (32 or 
     ],
 )
 def test_which_secret_the_run_installs(control, held, missing, rotate, token, problem):
-    got = decide(control, held, missing, rotate, ".sparkrig/pair-token", make=made)
-    assert got.token == token
+    """Ranks are known by digest only: a secret the control side has no copy of is kept by digest
+    (no token, a holder to copy it from)."""
+    digests = {name: Held.of(text) for name, text in held.items()}
+    got = decide(control, digests, missing, rotate, ".sparkrig/pair-token", make=made)
+    if token and token in held.values() and token != control:
+        assert got.token == "" and got.sha256 == Held.of(token).sha256
+        assert got.holder and held[got.holder] == token
+    else:
+        assert got.token == token
+        assert got.sha256 == (Held.of(token).sha256 if token else "")
     assert (problem in got.problem) if problem else not got.problem

@@ -46,7 +46,8 @@ def converge_state(**overrides) -> None:
 ACTION = re.compile(
     r"^(systemctl (start|stop|restart|enable|daemon-reload)|netplan (apply|generate)|nmcli|"
     r"install -d|ip (link|addr) |"
-    r"docker (run|rm|pull|build)|sysctl -p|install -m|chmod|chown|mkdir|\(systemctl is-active)"
+    r"docker (run|rm|pull|build)|sysctl -p|install -m|chmod|chown|mkdir|\(systemctl is-active)|"
+    r"sh -c 'umask 077"
 )
 
 
@@ -692,13 +693,14 @@ def test_profile_single_fetches_the_drafter_too_and_copies_it_to_the_workers(mon
     assert "/var/lib/sparkrig/models/drafter" in unit
 
 
-def test_secrets_never_reach_the_output_nor_a_command_line(monkeypatch):
+def test_secrets_never_reach_the_output_nor_a_command_line(monkeypatch, tmp_path):
     hub_token = "hf_" + "s3cret" * 6
     monkeypatch.setenv("HF_TOKEN", hub_token)
     pair_token = open("tests/plan/pair-token").read().strip()
     api_key = open("tests/plan/api-key").read().strip()
+    gated = gated_locks(tmp_path)  # the head gets the token only for a gated repo
     for args in (["--dry", "--diff"], ["-y", "--diff"]):
-        r = run([*args, "-v", INVENTORY, "deploy.py"], monkeypatch)
+        r = run([*args, *gated, "-v", INVENTORY, "deploy.py"], monkeypatch)
         assert r.exit_code == 0, r.output
         for secret in (hub_token, pair_token, api_key):
             assert secret not in r.output
@@ -722,16 +724,22 @@ def test_the_login_files_token_reaches_the_head_when_hf_token_is_unset(monkeypat
     login = tmp_path / "token"
     login.write_text("hf_" + "login" * 6 + "\n")
     no_hub_token(monkeypatch, str(login))
-    r = apply(monkeypatch)
+    r = apply(monkeypatch, *gated_locks(tmp_path))
     assert r.exit_code == 0, r.output
     assert r.uploads[HEAD]["/etc/sparkrig/hf-token"] == ("hf_" + "login" * 6 + "\n").encode()
 
 
-def test_a_gated_repo_without_a_hub_token_is_refused_before_any_command(monkeypatch, tmp_path):
+def gated_locks(tmp_path) -> list[str]:
+    """--data pointing the deploy at the test lockfiles with the model marked gated on the Hub."""
     for lock in Path("tests/plan/locks").glob("*.lock.json"):
         data = json.loads(lock.read_text())
         gated = "manual" if data["repo"] == "LibertAIDAI/GLM-5.3-Flash-NVFP4" else False
         (tmp_path / lock.name).write_text(json.dumps({**data, "gated": gated}))
+    return ["--data", f"lockfile_dir={tmp_path}"]
+
+
+def test_a_gated_repo_without_a_hub_token_is_refused_before_any_command(monkeypatch, tmp_path):
+    gated_locks(tmp_path)
     no_hub_token(monkeypatch, str(tmp_path / "never-logged-in"))
     r = run(["--data", f"lockfile_dir={tmp_path}", "-y", INVENTORY, "deploy.py"], monkeypatch)
     text = str(r.exception) + r.output
@@ -749,19 +757,14 @@ HEAD_UNIT = "/etc/systemd/system/sparkrig-head.service"
 
 
 def test_the_api_key_reaches_vllm_only_through_a_0600_env_file_on_the_head(monkeypatch):
-    from sparkrig.owned import secret_temp
-
     key = open("tests/plan/api-key").read().strip()
     r = apply(monkeypatch)
     assert r.exit_code == 0, r.output
     head = r.commands[HEAD]
     assert r.uploads[HEAD][API_ENV] == f"VLLM_API_KEY={key}\n".encode()
     assert r.uploads[HEAD][API_KEY] == f"{key}\n".encode()
-    for dest in (API_KEY, API_ENV):  # 0600 root before a byte lands, then renamed over
-        tmp = secret_temp(dest)
-        assert head.index(f"install -m 600 -o root -g root /dev/null {tmp}") < head.index(
-            f"mv -f {tmp} {dest}"
-        )
+    for dest in (API_KEY, API_ENV):  # written through stdin under umask 077 (sparkrig/secretio)
+        assert [c for c, _ in r.stdin[HEAD] if f" {dest} " in c and "umask 077" in c]
     unit = r.uploads[HEAD][HEAD_UNIT].decode()
     assert f"--env-file {API_ENV}" in unit and key not in unit
     assert not [c for cmds in r.commands.values() for c in cmds if key in c]  # no argv holds it
@@ -902,20 +905,19 @@ PAIR_TOKEN, HUB_TOKEN = "/etc/sparkrig/pair-token", "/etc/sparkrig/hf-token"
 SECRETS = {HEAD: (HUB_TOKEN, PAIR_TOKEN), WORKER: (PAIR_TOKEN,)}
 
 
-def test_secrets_are_written_to_a_0600_temp_file_then_renamed_over_the_old_one(monkeypatch):
+def test_secrets_are_written_through_stdin_to_a_0600_temp_file_then_renamed(monkeypatch, tmp_path):
     from sparkrig.owned import secret_temp
+    from sparkrig.secretio import INSTALL_SCRIPT
 
     monkeypatch.setenv("HF_TOKEN", "hf_" + "x" * 30)
-    r = apply(monkeypatch)
+    r = apply(monkeypatch, *gated_locks(tmp_path))
     assert r.exit_code == 0, r.output
+    assert 't="$1.sparkrig-new"' in INSTALL_SCRIPT and 'mv -f "$t" "$1"' in INSTALL_SCRIPT
     for name, dests in SECRETS.items():
-        cmds = r.commands[name]
         for dest in dests:
             tmp = secret_temp(dest)
             assert tmp.startswith(dest.rsplit("/", 1)[0] + "/")  # same directory: rename is atomic
-            create = cmds.index(f"install -m 600 -o root -g root /dev/null {tmp}")
-            assert create < cmds.index(f"mv -f {tmp} {dest}")
-            assert f"install -m 600 -o root -g root /dev/null {dest}" not in cmds  # never emptied
+            assert [c for c, fed in r.stdin[name] if f" {dest} " in c and fed not in c]
             assert dest in r.uploads[name] and tmp not in r.uploads[name]
 
 

@@ -28,6 +28,7 @@ DOMAINS = {
     "benchgate",  # the release's bench gate: the short bench against the previous figures
     "stackfiles",  # the stack's own files (a chat template): fetched by the head, mounted
     "pairsecret",  # the agents' secret and the API key on a rank
+    "secretio",  # secrets written through stdin, judged by digest, relayed at apply time
     "status",  # status.py's one read per rank
     "baseline",  # kernel, driver, NIC firmware, BIOS, packages: read, compared, held, kho=off
     "ports",  # who listens on the ports a rank needs

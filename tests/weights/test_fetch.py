@@ -614,3 +614,38 @@ def test_lockfile_size_disagreeing_with_server_fails_that_file_alone(
     assert len(body_requests(hub, entry["sha256"])) == 1  # not retried
     others = [x for x in lock_files(model_lock) if x["path"] != MID]
     assert all((dest / x["path"]).stat().st_size == x["size"] for x in others)
+
+
+def test_serve_lock_in_publishes_only_each_lockfiles_files_under_its_subdir(
+    hub: Hub, model_lock: Path, tmp_path: Path
+) -> None:
+    """The head serves weights_dir with --lock-in <subdir>=<lockfile>: another revision's files,
+    a file beside the lockfile's and anything outside the subdir answer 404 (issue 35 item 6)."""
+    weights = tmp_path / "weights"
+    src = weights / "model-abc"
+    assert run_fetch(*fetch_args(model_lock, src, hub)).returncode == 0
+    (src / "notinlock.txt").write_bytes(b"n")
+    other = weights / "model-old"
+    other.mkdir()
+    (other / "config.json").write_bytes(b"{}")
+    (weights / "secret.txt").write_bytes(b"s")
+    port = 19000 + os.getpid() % 1000
+    srv = subprocess.Popen(
+        [sys.executable, FETCH, "serve", "--dir", str(weights), "--listen", f"127.0.0.1:{port}",
+         f"--lock-in=model-abc={model_lock}", "--max-seconds", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}/"
+        poll(lambda: answers(base + "model-abc/config.json"), "serve --lock-in answering")
+        for bad in ("model-abc/notinlock.txt", "model-old/config.json", "secret.txt",
+                    "config.json", "model-abc/../secret.txt"):  # fmt: skip
+            with pytest.raises(urllib.error.HTTPError) as ei:
+                urllib.request.urlopen(base + bad, timeout=5)
+            assert ei.value.code == 404, bad
+        with urllib.request.urlopen(base + "model-abc/" + BIG, timeout=5) as resp:
+            assert resp.read() == (src / BIG).read_bytes()
+    finally:
+        srv.terminate()
+        srv.wait(timeout=10)

@@ -1,0 +1,137 @@
+"""Least privilege (issue 35 item 6): the rank container's capabilities, no-new-privileges and
+pids limit, and the systemd sandbox of sparkrig's units (checked by systemd-analyze when the
+machine has it)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sparkrig.hardening import container_args, unit_hardening
+from sparkrig.render import render
+from sparkrig.serving import (
+    agent_unit_context,
+    docker_run_args,
+    pair_unit_context,
+    rank_unit_context,
+    smoke_run_args,
+    supervisor_unit_context,
+    watchdog_unit_context,
+    weights_id,
+)
+from sparkrig.settings import Settings, build
+from tests.unit.conftest import cluster
+
+
+def ranks(**knobs: object) -> list[Settings]:
+    built = build(cluster(2, **knobs))
+    return [built["spark-0"], built["spark-1"]]
+
+
+def caps(argv: list[str]) -> tuple[list[str], list[str]]:
+    drop = [argv[i + 1] for i, a in enumerate(argv) if a == "--cap-drop"]
+    add = [argv[i + 1] for i, a in enumerate(argv) if a == "--cap-add"]
+    return drop, add
+
+
+def test_the_rank_drops_every_capability_but_ipc_lock():
+    for s in ranks():
+        for argv in (docker_run_args(s), smoke_run_args(s, "img")):
+            assert caps(argv) == (["ALL"], ["IPC_LOCK"])
+            i = argv.index("--security-opt")
+            assert argv[i + 1] == "no-new-privileges"
+            assert argv[argv.index("--pids-limit") + 1] == "4096"
+
+
+def test_a_privileged_port_adds_net_bind_service_only():
+    s = ranks(api_port=443)[0]
+    assert caps(container_args(s)) == (["ALL"], ["IPC_LOCK", "NET_BIND_SERVICE"])
+
+
+def test_the_pids_limit_is_the_knob():
+    s = ranks(container_pids_limit=8192)[0]
+    assert container_args(s)[-2:] == ["--pids-limit", "8192"]
+
+
+def units(s: Settings) -> dict[str, str]:
+    out = {
+        f"{s.unit_name}.service": render(
+            "sparkrig-rank.service.j2", **rank_unit_context(s, s.image_ref, weights_id(s))
+        ),
+        f"sparkrig-pair-{s.me.rank}.service": render(
+            "sparkrig-pair.service.j2", **pair_unit_context(s)
+        ),
+    }
+    if s.me.is_head:
+        out["sparkrig-watchdog.service"] = render(
+            "sparkrig-watchdog.service.j2", **watchdog_unit_context(s)
+        )
+        out["sparkrig-supervisor.service"] = render(
+            "sparkrig-supervisor.service.j2", **supervisor_unit_context(s)
+        )
+    else:
+        out["sparkrig-agent.service"] = render("sparkrig-agent.service.j2", **agent_unit_context(s))
+    return out
+
+
+def directives(text: str) -> dict[str, list[str]]:
+    got: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            got.setdefault(key, []).append(value)
+    return got
+
+
+def test_every_helper_unit_is_sandboxed_with_an_address_allow_list():
+    head, worker = ranks()
+    for s in (head, worker):
+        for name, text in units(s).items():
+            d = directives(text)
+            assert d["NoNewPrivileges"] == ["yes"] and d["PrivateTmp"] == ["yes"], name
+            assert d["RuntimeDirectory"] == ["sparkrig"], name
+            assert d["RuntimeDirectoryPreserve"] == ["yes"], name
+            assert "TasksMax" in d and "LimitNOFILE" in d, name
+            if name.startswith(s.unit_name):  # the rank: docker CLI, no IP filter
+                assert d["ProtectSystem"] == ["full"] and "IPAddressDeny" not in d
+                continue
+            assert d["ProtectSystem"] == ["strict"], name
+            assert d["IPAddressDeny"] == ["any"], name
+            allowed = d["IPAddressAllow"][0].split()
+            assert {"192.168.100.10/32", "192.168.100.11/32"} <= set(allowed), name
+            assert ("localhost" in allowed) is (name == "sparkrig-watchdog.service"), name
+            assert d["LimitNOFILE"] == ["4096"] and d["TasksMax"] == ["256"], name
+
+
+def test_unknown_unit_kind_is_refused():
+    with pytest.raises(ValueError):
+        unit_hardening(ranks()[0], "nginx")
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze here")
+def test_rendered_units_pass_systemd_analyze_verify(tmp_path: Path):
+    head, worker = ranks()
+    files = []
+    for s in (head, worker):
+        for name, text in units(s).items():
+            (tmp_path / name).write_text(text)
+            files.append(str(tmp_path / name))
+    r = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", "--recursive-errors=no", *files],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"SYSTEMD_LOG_LEVEL": "warning", "PATH": "/usr/bin:/bin"},
+    )
+    # this machine has no docker binary and no real units around: only those complaints pass
+    lines = [
+        line
+        for line in (r.stdout + r.stderr).splitlines()
+        if line.strip()
+        and "/usr/bin/docker is not executable" not in line
+        and "Failed to prepare filename" not in line
+    ]
+    assert lines == [], lines
