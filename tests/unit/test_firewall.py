@@ -44,7 +44,8 @@ def test_head_ruleset_names_the_peer_the_ports_and_api_allow() -> None:
     assert "policy accept;" in text
     # every drop counts (status.py reads the counters by their comments)
     drops = [line for line in text.splitlines() if line.strip().endswith('"') and " drop " in line]
-    assert len(drops) == 4 and all("counter drop comment" in d for d in drops)
+    assert len(drops) == 5 and all("counter drop comment" in d for d in drops)
+    assert 'tcp dport 8001 counter drop comment "engine port off loopback"' in text
 
 
 def test_worker_ruleset_has_no_api_rules_and_its_own_address() -> None:
