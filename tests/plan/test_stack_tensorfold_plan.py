@@ -23,10 +23,10 @@ def tf_locks(tmp: Path) -> str:
     """The plan tests' lockfiles plus one for the stack's target at its pin (made like theirs)."""
     for lock in LOCKS.glob("*.lock.json"):
         shutil.copy(lock, tmp / lock.name)
-    data = json.loads((LOCKS / "GLM-5.3-Flash-NVFP4.lock.json").read_text())
+    data = json.loads((LOCKS / "LibertAIDAI--GLM-5.3-Flash-NVFP4.lock.json").read_text())
     pin = STACK.model
     data.update(repo=pin.repo, commit=pin.revision, revision=pin.revision)
-    (tmp / f"{pin.repo.split('/')[1]}.lock.json").write_text(json.dumps(data))
+    (tmp / f"{pin.repo.replace('/', '--')}.lock.json").write_text(json.dumps(data))
     return str(tmp)
 
 
