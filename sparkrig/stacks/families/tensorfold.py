@@ -15,21 +15,16 @@ authenticating front's, which forwards to ``127.0.0.1:<engine_port>``.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Sequence
 
 from sparkrig.stacks.base import Stack
+from sparkrig.stacks.families.checks import check_port, check_rank
 
 ENTRYPOINT = "tensorfold"
 ENGINE_HOST = "127.0.0.1"  # the engine has no key: only the front on the head reaches it
 # Flags the family puts on every rank (tests check each argv carries them).
 DISTRIBUTED_FLAGS: tuple[str, ...] = ("--tp", "--rank", "--master", "--master-port")
 HTTP_FLAGS: tuple[str, ...] = ("--name", "--host", "--port")  # rank 0 alone
-
-
-def _check_port(name: str, port: int) -> None:
-    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-        raise ValueError(f"{name} must be a TCP port (1..65535), got {port!r}")
 
 
 def serve_args(
@@ -55,22 +50,15 @@ def serve_args(
     ``--drafter none`` (the checkpoint's MTP head). ``thinking`` None leaves the engine's default
     (thinking on). ``host`` is where rank 0 listens: loopback, behind the front.
     """
-    if stack.family != "tensorfold":
-        raise ValueError(f"stack {stack.name!r} is of the {stack.family} family, not tensorfold")
+    check_rank(
+        stack, "tensorfold", rank, nnodes, master_addr, 2, " (TensorFold splits over the pair)"
+    )
     p = stack.profile(profile)
-    if not isinstance(nnodes, int) or nnodes < 2:
-        raise ValueError(f"nnodes must be >= 2 (TensorFold splits over the pair), got {nnodes!r}")
-    if not isinstance(rank, int) or not 0 <= rank < nnodes:
-        raise ValueError(f"rank must be in 0..{nnodes - 1}, got {rank!r}")
-    try:
-        ipaddress.IPv4Address(master_addr)
-    except ValueError:
-        raise ValueError(f"master_addr must be an IPv4 address, got {master_addr!r}") from None
     port = stack.master_port if master_port is None else master_port
     if port is None:
         raise ValueError(f"stack {stack.name!r} declares no master_port and none was given")
-    _check_port("master_port", port)
-    _check_port("engine_port", engine_port)
+    check_port("master_port", port)
+    check_port("engine_port", engine_port)
     if not model_dir:
         raise ValueError("model_dir is required")
     if isinstance(extra_args, str):

@@ -11,11 +11,11 @@ last value of a flag)."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Sequence
 
 from sparkrig.stacks.base import Profile, Stack
+from sparkrig.stacks.families.checks import check_port, check_rank
 
 # The fallback when a stack's argv sets no --gpu-memory-utilization (the memory gate derives its
 # floor from it): the value most recipes pass (docs/sources.md, "vLLM serve flags and profiles").
@@ -50,11 +50,6 @@ def speculative_config(stack: Stack, profile: str, drafter_dir: str | None = Non
         cfg["model"] = drafter_dir
     cfg["num_speculative_tokens"] = p.num_speculative_tokens
     return json.dumps(cfg, separators=(",", ":"))
-
-
-def _check_port(name: str, port: int) -> None:
-    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-        raise ValueError(f"{name} must be a TCP port (1..65535), got {port!r}")
 
 
 def profile_flags(p: Profile) -> list[str]:
@@ -95,19 +90,10 @@ def serve_args(
     ``api_port`` is the port the engine itself listens on, on ``host`` (the deploy passes the
     engine_port knob: the API front serves the public api_port, docs/front.md).
     """
-    if stack.family != "vllm":
-        raise ValueError(f"stack {stack.name!r} is of the {stack.family} family, not vllm")
+    check_rank(stack, "vllm", rank, nnodes, master_addr, 1, "")
     p = stack.profile(profile)
-    if not isinstance(nnodes, int) or nnodes < 1:
-        raise ValueError(f"nnodes must be >= 1, got {nnodes!r}")
-    if not isinstance(rank, int) or not 0 <= rank < nnodes:
-        raise ValueError(f"rank must be in 0..{nnodes - 1}, got {rank!r}")
-    try:
-        ipaddress.IPv4Address(master_addr)
-    except ValueError:
-        raise ValueError(f"master_addr must be an IPv4 address, got {master_addr!r}") from None
-    _check_port("master_port", master_port)
-    _check_port("api_port", api_port)
+    check_port("master_port", master_port)
+    check_port("api_port", api_port)
     if not model_dir:
         raise ValueError("model_dir is required")
     if isinstance(extra_args, str):
