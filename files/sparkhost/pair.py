@@ -71,12 +71,23 @@ def log(msg: str) -> None:
     print(f"sparkrig-pair: {msg}", flush=True)
 
 
-def beacon_up(peer: str, port: int, timeout: float = 5.0) -> bool:
+def beacon_probe(peer: str, port: int, timeout: float = 5.0) -> bool | None:
+    """The peer's beacon: True (200), False (another answer, refused, unreachable), None
+    (connected but no answer within ``timeout``: the peer's watch holds its socket open but is
+    busy, e.g. starting its new program after a reload on a loaded host)."""
     try:
         with urllib.request.urlopen(f"http://{peer}:{port}/", timeout=timeout) as r:
             return bool(r.status == 200)
+    except urllib.error.URLError:  # the connection itself failed (refused, unreachable)
+        return False
+    except TimeoutError:  # connected, the answer did not come: alive, not answering yet
+        return None
     except OSError:
         return False
+
+
+def beacon_up(peer: str, port: int, timeout: float = 5.0) -> bool:
+    return beacon_probe(peer, port, timeout) is True
 
 
 def container_running(name: str) -> bool:
@@ -120,15 +131,25 @@ def refresh_container_state(name: str, interval: float = 1.0) -> None:
 
 
 class PeerWatch:
-    """Decides when a rank must stop because a peer is gone (pure: fed observations)."""
+    """Decides when a rank must stop because a peer is gone (pure: fed observations). A probe
+    that connected but got no answer in time (None) is no miss: the peer's beacon socket is open
+    (a reload keeps it), only its program is busy; ``silent`` seconds of such probes alone are."""
 
-    def __init__(self, peers: list[str], fails: int, grace: float, now: float) -> None:
+    def __init__(
+        self, peers: list[str], fails: int, grace: float, now: float, silent: float = 120.0
+    ) -> None:
         self.fails = fails
+        self.silent = silent
         self.deadline = now + grace
         self.seen = {p: False for p in peers}
         self.misses = {p: 0 for p in peers}
+        self.answered = {p: now for p in peers}  # when the peer last answered at all
 
-    def observe(self, peer: str, up: bool) -> None:
+    def observe(self, peer: str, up: bool | None, now: float | None = None) -> None:
+        if up is None:
+            return
+        if now is not None:
+            self.answered[peer] = now
         if up:
             self.seen[peer] = True
             self.misses[peer] = 0
@@ -139,6 +160,8 @@ class PeerWatch:
         for peer, seen in self.seen.items():
             if seen and self.misses[peer] >= self.fails:
                 return f"peer {peer} went down ({self.misses[peer]} failed probes)"
+            if seen and now - self.answered[peer] >= self.silent:
+                return f"peer {peer} went silent ({now - self.answered[peer]:.0f} s unanswered)"
             if not seen and now >= self.deadline:
                 return f"peer {peer} never came up within the grace period"
         return None
@@ -321,10 +344,10 @@ def watch(args: argparse.Namespace) -> int:
     )
     state = PeerWatch(peers, args.fails, args.grace, time.monotonic())
     for peer in seen:
-        state.observe(peer, True)
+        state.observe(peer, True, time.monotonic())
     while True:
         for peer in peers:
-            state.observe(peer, beacon_up(peer, args.port))
+            state.observe(peer, beacon_probe(peer, args.port), time.monotonic())
         reason = state.verdict(time.monotonic())
         if reason:
             log(f"{reason}: stopping {args.unit} so the pair goes down together")

@@ -784,3 +784,38 @@ def test_a_reloaded_watch_answers_before_a_slow_docker_does(tmp_path):
     assert "reload: handing the beacon's socket to the new program" in out
     assert misses == [], out
     assert not log.exists(), out
+
+
+def test_a_peer_that_connects_but_answers_late_is_no_miss_until_it_stays_silent() -> None:
+    """A probe that connected but timed out (None: the peer's watch holds its beacon socket open
+    while its new program starts after a reload) never counts as a failed probe; only a peer
+    silent for ``silent`` seconds, or refusing, is gone (issue 31: a reload that took 17 s on
+    the loaded lab made the worker stop itself after three 5 s probes)."""
+    w = pair.PeerWatch(["a"], fails=3, grace=100, now=0, silent=60)
+    w.observe("a", True, 0)
+    for t in range(1, 30):
+        w.observe("a", None, t)
+        assert w.verdict(t) is None
+    w.observe("a", True, 30)
+    assert w.verdict(59) is None
+    assert w.verdict(90) == "peer a went silent (60 s unanswered)"
+    w = pair.PeerWatch(["a"], fails=3, grace=100, now=0, silent=60)
+    w.observe("a", True, 0)
+    for t in (1, 2, 3):
+        w.observe("a", False, t)
+    assert w.verdict(3) == "peer a went down (3 failed probes)"
+
+
+def test_a_beacon_that_accepts_but_never_answers_probes_as_unknown_and_a_closed_port_as_down():
+    import socket as socketlib
+
+    listener = socketlib.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # the kernel accepts the connection; nobody answers
+    port = listener.getsockname()[1]
+    try:
+        assert pair.beacon_probe("127.0.0.1", port, timeout=0.5) is None
+        assert pair.beacon_up("127.0.0.1", port, timeout=0.5) is False
+    finally:
+        listener.close()
+    assert pair.beacon_probe("127.0.0.1", port, timeout=0.5) is False
