@@ -12,6 +12,7 @@ Run: python3 -m lab.stranger up | down | try ADDR PORT | http URL [HEADER ...]
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from typing import Any
@@ -33,16 +34,16 @@ except OSError as err:
 """
 
 _HTTP = r"""
-import sys, urllib.error, urllib.request
-url, *headers = sys.argv[1:]
-req = urllib.request.Request(url, headers=dict(h.split(": ", 1) for h in headers))
+import json, sys, urllib.error, urllib.request
+method, url, *headers = sys.argv[1:]
+req = urllib.request.Request(url, method=method, headers=dict(h.split(": ", 1) for h in headers))
 try:
     with urllib.request.urlopen(req, timeout=5) as r:
-        print(r.status)
+        print(json.dumps([r.status, dict(r.headers)]))
 except urllib.error.HTTPError as err:
-    print(err.code)
+    print(json.dumps([err.code, dict(err.headers)]))
 except OSError:
-    print(0)
+    print(json.dumps([0, {}]))
 """
 
 
@@ -90,10 +91,17 @@ def reaches(addr: str, port: int, timeout: float = 3.0) -> bool:
     return out.startswith("open")
 
 
-def http_status(url: str, *headers: str) -> int:
-    """The HTTP status the stranger gets for GET url (0: no answer)."""
-    out = net.sh("ip", "netns", "exec", NS, sys.executable, "-c", _HTTP, url, *headers).stdout
-    return int(out.strip() or 0)
+def http(url: str, *headers: str, method: str = "GET") -> tuple[int, dict[str, str]]:
+    """The HTTP status (0: no answer) and response headers the stranger gets for ``url``."""
+    out = net.sh("ip", "netns", "exec", NS, sys.executable, "-c", _HTTP,
+                 method, url, *headers).stdout  # fmt: skip
+    status, got = json.loads(out or "[0, {}]")
+    return int(status), {str(k).lower(): str(v) for k, v in got.items()}
+
+
+def http_status(url: str, *headers: str, method: str = "GET") -> int:
+    """The HTTP status the stranger gets for ``url`` (0: no answer)."""
+    return http(url, *headers, method=method)[0]
 
 
 def main(argv: list[str]) -> int:
