@@ -38,6 +38,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="report directory (default .lab/chaos/<time>-seed<S>)")
     ap.add_argument("--no-up", action="store_true", help="use the running lab as it is")
     ap.add_argument("--no-converge", action="store_true", help="skip the first converge")
+    ap.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                    help="passed to every pyinfra run, e.g. stack=tensorfold")  # fmt: skip
     ap.add_argument("--settle", type=float, default=600, help="seconds the pair may take to serve")
     args = ap.parse_args(argv)
     args.only = [k for item in args.only for k in item.split(",") if k]
@@ -98,6 +100,7 @@ def main(argv: list[str]) -> int:
     replay = f"python3 -m bench.chaos --seed {seed} --faults {args.faults}" + "".join(
         f" --only {shlex.quote(k)}" for k in args.only
     )
+    replay += "".join(f" --data {shlex.quote(kv)}" for kv in args.data)
     if args.pick:
         replay += f" --pick {','.join(map(str, args.pick))}"
     print(f"seed {seed} (replay: {replay})", flush=True)
@@ -110,7 +113,7 @@ def main(argv: list[str]) -> int:
     result = campaign(
         draws, seed, args.only, out, replay,
         up=not args.no_up, converge=not args.no_converge, settle_s=args.settle,
-        echo=lambda line: print(line, flush=True),
+        echo=lambda line: print(line, flush=True), data=args.data,
     )  # fmt: skip
     print(result.markdown())
     print(f"reports: {out}/report.json, {out}/report.md")

@@ -200,9 +200,11 @@ def weights(guests: Sequence[Guest], dest: str) -> list[str]:
     return problems
 
 
-def planned(timeout: float = 900) -> tuple[list[str], str]:
-    """What the next ``--dry`` would do, one ``host: op`` per planned change; and its output."""
-    run = subprocess.run(DRY, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+def planned(timeout: float = 900, data: Sequence[str] = ()) -> tuple[list[str], str]:
+    """What the next ``--dry`` would do, one ``host: op`` per planned change; and its output.
+    ``data``: the operator's ``--data KEY=VALUE`` arguments, as their runs pass them."""
+    argv = [*DRY, *(arg for kv in data for arg in ("--data", kv))]
+    run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                          env={**os.environ, "PYINFRA_PROGRESS": "off"}, check=False)  # fmt: skip
     if run.returncode != 0:
         return [f"--dry failed (rc {run.returncode}): {run.stderr.strip()[-400:]}"], run.stderr
@@ -226,10 +228,11 @@ def whole(
     everywhere: Sequence[str] = (),
     on_target: Sequence[str] = (),
     target: str = "",
+    data: Sequence[str] = (),
 ) -> Whole:
-    """Every check, in the order above."""
+    """Every check, in the order above (``data``: the runs' ``--data`` arguments)."""
     problems = in_order(guests) + completion(guests[0]) + fabric(guests) + weights(guests, dest)
-    dry, dry_output = planned()
+    dry, dry_output = planned(data=data)
     problems += dry
     problems += restarted(before, units(guests), everywhere, on_target, target)
     return Whole(problems, dry_output)

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,11 +58,15 @@ class Lab:
         return self.head if role == "head" else self.guests[1]
 
 
-def placeholders(state: dict[str, Any] | None) -> tuple[str, dict[str, dict[str, str]]]:
+def placeholders(
+    state: dict[str, Any] | None, stack: str = ""
+) -> tuple[str, dict[str, dict[str, str]]]:
     """The weights directory and, per guest role, every ``{placeholder}`` the catalogue uses.
     Without a lab (``--list``, ``--plan``) the lab's fixed layout fills them, with the two
-    values only a running lab knows left as ``<...>``."""
+    values only a running lab knows left as ``<...>``. ``stack``: the one the runs deploy
+    (``--data stack=``), whose pins the lab keeps in ``stack_pins``."""
     knobs = (state or {}).get("knobs", {})
+    knobs = {**knobs, **(state or {}).get("stack_pins", {}).get(stack, {})}
     weights = f"/var/lib/sparkrig/models/model-{knobs.get('model_revision', '<model_revision>')}"
     hosts = (state or {}).get("hosts") or [
         {"role": "head", "index": 1, "fabric_interface": "enp1s0f1np1",
@@ -103,10 +107,20 @@ def command_of(fault: Fault, values: dict[str, str]) -> str:
 
 
 class Runner:
-    def __init__(self, out: Path, settle_s: float = SETTLE_S, echo: Callable[[str], None] = print):
+    def __init__(
+        self, out: Path, settle_s: float = SETTLE_S, echo: Callable[[str], None] = print,
+        data: Sequence[str] = (),
+    ) -> None:  # fmt: skip
         self.out = out
         self.settle_s = settle_s
         self.echo = echo
+        self.data = list(data)  # the operator's --data (e.g. stack=tensorfold), every run the same
+        self.stack = next((kv.split("=", 1)[1] for kv in data if kv.startswith("stack=")), "")
+
+    @property
+    def command(self) -> list[str]:
+        """The operator's command: ``pyinfra -y lab/inventory.py deploy.py`` and their --data."""
+        return [*DEPLOY, *(arg for kv in self.data for arg in ("--data", kv))]
 
     # --- the lab ---------------------------------------------------------------------------
 
@@ -115,7 +129,7 @@ class Runner:
             self.echo("lab: python3 -m lab up")
             lab_cli("up")
         if converge:
-            self.echo(f"converge: {' '.join(DEPLOY)}")
+            self.echo(f"converge: {' '.join(self.command)}")
             with open(self.out / "00-converge.log", "w") as log:
                 run = self.deploy(log)
             if run.rc != 0:
@@ -123,7 +137,7 @@ class Runner:
 
     def lab(self) -> Lab:
         state = lab_state()
-        weights, values = placeholders(state)
+        weights, values = placeholders(state, self.stack)
         return Lab(guests(state), weights, values)
 
     # --- the operator's command ------------------------------------------------------------
@@ -136,11 +150,11 @@ class Runner:
     ) -> Run:
         """``pyinfra -y lab/inventory.py deploy.py``, its output into ``log``; ``event`` is
         called ``at`` seconds into the run if it still runs then, and says what it did."""
-        log.write(f"\n$ {' '.join(DEPLOY)}\n")
+        log.write(f"\n$ {' '.join(self.command)}\n")
         log.flush()
         start = time.monotonic()
         proc = subprocess.Popen(
-            DEPLOY, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            self.command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "PYINFRA_PROGRESS": "off"}, start_new_session=True,
         )  # fmt: skip
         lines: list[str] = []
@@ -188,13 +202,14 @@ class Runner:
                 result.problems += checks.restarted(before, refused, (), (), target.name)
                 self.undo(target, fault, values, log)
                 self.settle(lab, log)
-                whole = checks.whole(lab.guests, lab.weights, refused)
+                whole = checks.whole(lab.guests, lab.weights, refused, data=self.data)
                 if whole.problems and not result.problems:  # the operator's run after the fix
                     log.write("# not whole once the cause is undone: the operator runs again\n")
                     result.runs.append(self.deploy(log).record())
                     self.settle(lab, log)
                     whole = checks.whole(lab.guests, lab.weights, refused, fault.restarts,
-                                         fault.restarts_on_target, target.name)  # fmt: skip
+                                         fault.restarts_on_target, target.name,
+                                         self.data)  # fmt: skip
                 result.problems += whole.problems
                 result.verdict = REFUSED if not result.problems else NOT_HEALED
             else:
@@ -202,7 +217,8 @@ class Runner:
                 if served is not None:
                     result.time_to_serving_s = round(served - t0, 1)
                 whole = checks.whole(lab.guests, lab.weights, before, fault.restarts,
-                                     fault.restarts_on_target, target.name)  # fmt: skip
+                                     fault.restarts_on_target, target.name,
+                                     self.data)  # fmt: skip
                 result.problems = [f"the run failed (rc {last.rc})"] if last.rc else []
                 result.problems += whole.problems
                 result.verdict = HEALED if not result.problems else NOT_HEALED
@@ -348,7 +364,9 @@ class Runner:
             before = checks.units(lab.guests)
             self.deploy(log)
             self.settle(lab, log)
-            problems = checks.whole(lab.guests, lab.weights, before, ("sparkrig-*",)).problems
+            problems = checks.whole(
+                lab.guests, lab.weights, before, ("sparkrig-*",), data=self.data
+            ).problems
             log.write("".join(f"# {p}\n" for p in problems) or "# whole again\n")
         return problems
 
@@ -372,16 +390,17 @@ def _pump(proc: subprocess.Popen[str], lines: list[str], log: IO[str]) -> None:
 def campaign(
     draws: list[Draw], seed: int, only: list[str], out: Path, command: str, up: bool = True,
     converge: bool = True, settle_s: float = SETTLE_S, echo: Callable[[str], None] = print,
+    data: Sequence[str] = (),
 ) -> Campaign:  # fmt: skip
     """Run every draw on the lab; write out/report.json and out/report.md after each fault."""
     out.mkdir(parents=True, exist_ok=True)
     result = Campaign(
         seed, len(draws), only, command, datetime.now(UTC).isoformat(timespec="seconds")
     )
-    runner = Runner(out, settle_s, echo)
+    runner = Runner(out, settle_s, echo, data)
     runner.boot_and_converge(up, converge)
     lab = runner.lab()
-    base = checks.whole(lab.guests, lab.weights, checks.units(lab.guests))
+    base = checks.whole(lab.guests, lab.weights, checks.units(lab.guests), data=runner.data)
     if base.problems:
         result.stopped = "the converged pair is not whole before any fault: " + "; ".join(
             base.problems

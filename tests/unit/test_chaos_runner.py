@@ -223,3 +223,15 @@ def test_the_campaign_stops_when_a_recovery_run_leaves_the_pair_broken(lab, monk
     assert (result.healed(), result.total()) == (1, 3)
     assert "after fault 2 (docker-stopped)" in result.stopped
     assert "**healed 1/3**" in (lab[2].out / "report.md").read_text()
+
+
+def test_a_campaign_on_another_stack_passes_its_data_and_reads_that_stacks_weights(tmp_path):
+    state = {
+        "knobs": {"model_revision": "default0"},
+        "stack_pins": {"tensorfold": {"model_revision": "tf1234"}},
+    }
+    weights, _ = runner.placeholders(state, "tensorfold")
+    assert weights == "/var/lib/sparkrig/models/model-tf1234"
+    assert runner.placeholders(state)[0] == "/var/lib/sparkrig/models/model-default0"
+    run = runner.Runner(tmp_path, data=["stack=tensorfold"], echo=lambda line: None)
+    assert run.command[-2:] == ["--data", "stack=tensorfold"] and run.stack == "tensorfold"
