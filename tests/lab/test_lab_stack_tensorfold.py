@@ -13,13 +13,16 @@ state the previous one left. Not run by the helper that wrote it (the lab belong
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import pytest
 from sparkhost import wedge
 
+from bench.chaos.draw import plan
+from bench.chaos.runner import campaign
 from lab.guest import API_KEY
-from tests.lab.conftest import Lab, pyinfra
+from tests.lab.conftest import ROOT, Lab, pyinfra
 from tests.lab.test_lab import (
     INTERVAL_S,
     STALL_S,
@@ -33,6 +36,8 @@ from tests.lab.test_lab import (
     watchdog_fired,
     watchdog_probing,
 )
+from tests.lab.test_lab_chaos import ONLY as CHAOS_KINDS
+from tests.lab.test_lab_chaos import SEED as CHAOS_SEED
 from tests.lab.test_lab_stack_switch import (
     FLAVOUR,
     INV,
@@ -145,6 +150,22 @@ def test_a_wedged_tensorfold_rank_pair_is_restarted_by_the_watchdog(lab: Lab):
     print(f"wedge to serving again: {TIMES[what]:.0f} s")
     assert_serves(lab, STACK)
     gates_pass(lab)
+
+
+def test_chaos_sample_on_tensorfold_heals_in_one_run_each(lab: Lab):
+    """CI's chaos sample (tests/lab/test_lab_chaos.py's seed and kinds), every run and --dry
+    with `--data stack=tensorfold`: the same three faults healed by one run each."""
+    draws = plan(CHAOS_SEED, 3, CHAOS_KINDS)
+    out = ROOT / ".lab" / "chaos" / f"ci-seed{CHAOS_SEED}-{STACK}"
+    shutil.rmtree(out, ignore_errors=True)
+    command = (f"python3 -m bench.chaos --seed {CHAOS_SEED} --faults 3 --no-up "
+               f"--only {','.join(CHAOS_KINDS)} --data stack={STACK}")  # fmt: skip
+    result = campaign(draws, CHAOS_SEED, CHAOS_KINDS, out, command, up=False, converge=True,
+                      data=[f"stack={STACK}"])  # fmt: skip
+    print(result.markdown())
+    assert not result.stopped, result.stopped
+    assert result.healed() == result.total() == 3, result.markdown()
+    assert_serves(lab, STACK)
 
 
 def test_switch_back_from_tensorfold_to_the_default_stack(lab: Lab):
