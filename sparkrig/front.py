@@ -23,6 +23,9 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.factlines import END
+from sparkrig.owned import PathState
+from sparkrig.pairsecret import API_ROTATE_HOW, Secret
+from sparkrig.paths import paths
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
 from sparkrig.stateread import Part, Values, read_here
@@ -110,6 +113,25 @@ def tls_text(path: str, what: str) -> str:
     if "-----BEGIN " not in text:
         raise ValueError(f"{what}: {path} holds no PEM block")
     return text
+
+
+def key_include_lost(s: Settings, api: Secret | None, include: PathState | None) -> str:
+    """Why preflight refuses the head (only it) when the front's key include is not there and the
+    control side has no copy of the key the head holds (``api`` known by digest only): the deploy
+    never reads a secret back to write a file, so the include cannot be written, and the site
+    would name a missing file (``nginx -t`` fails, a running nginx fails at its next start).
+    "" when the include is there, the key is known here, or nothing about it is decided."""
+    if not s.me.is_head or api is None or api.problem or api.known or not api.sha256:
+        return ""
+    if include is not None and include.kind == "file":
+        return ""
+    key_file, held = s.knobs.api_key_file, paths(s)["api_key"]
+    return (
+        f"the API front's key include {front_paths(s)['key_include']} is missing and "
+        f"api_key_file ({key_file}) holds no copy of the API key the head holds ({held}), so it "
+        f"cannot be written: copy the head's key to {key_file} (on the head: sudo cat {held}) "
+        f"and run again, or {API_ROTATE_HOW}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
