@@ -82,6 +82,6 @@ def test_a_head_missing_the_include_whose_key_the_control_side_lacks_fails_alone
     assert failed and all(HEAD in line for line in failed), r.output
     assert f"{INCLUDE} is missing" in r.output and f"api_key_file ({none})" in r.output
     assert "sudo cat /etc/sparkrig/api-key" in r.output and "api_key_rotate = True" in r.output
-    assert HEAD not in r.uploads and not [c for c in r.commands[HEAD] if ACTION.match(c)]
+    assert HEAD not in r.uploads and not [c for c in r.commands[HEAD] if ACTION.search(c)]
     assert f"[{HEAD}] failed" in r.output and f"[{WORKER}] failed" not in r.output
     assert HELD not in r.output
