@@ -74,7 +74,8 @@ def test_a_head_missing_the_include_whose_key_the_control_side_lacks_fails_alone
     monkeypatch, tmp_path
 ):
     converge_state()
-    fakehosts.inject("spark-a", {fakehosts.owned_of(INCLUDE): ""})  # e.g. a release before the front
+    # no include on the head (e.g. a head from before the front), no copy of its key here
+    fakehosts.inject("spark-a", {fakehosts.owned_of(INCLUDE): ""})
     none = tmp_path / "none"
     r = apply(monkeypatch, "--data", f"api_key_file={none}")
     assert r.exit_code != 0, r.output
