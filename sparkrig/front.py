@@ -8,13 +8,15 @@ Ubuntu's main, with a per-address connection cap, ``nginx -t`` before a reload, 
 that is static text (docs/front.md, "Why nginx").
 
 What lives here: the paths, the builders of the site file and of the key include (pure), the
-state read's part saying whether nginx is installed, and the operation that installs it."""
+front's files as a run wants them (``wanted_files``), the state read's part saying whether nginx
+is installed, and the operation that installs it."""
 
 from __future__ import annotations
 
 import re
 import shlex
 from collections.abc import Generator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,11 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.factlines import END
+from sparkrig.owned import PathState, file_absent, file_present, secret_installed
+from sparkrig.pairsecret import API_ROTATE_HOW, Secret
+from sparkrig.paths import paths
 from sparkrig.render import base_context, render
-from sparkrig.settings import Settings
+from sparkrig.settings import Knobs, Settings
 from sparkrig.stateread import Part, Values, read_here
 
 PACKAGE = "nginx"  # Debian's and Ubuntu's nginx (nginx-common, the binary at /usr/sbin/nginx)
@@ -110,6 +115,72 @@ def tls_text(path: str, what: str) -> str:
     if "-----BEGIN " not in text:
         raise ValueError(f"{what}: {path} holds no PEM block")
     return text
+
+
+@dataclass(frozen=True)
+class FrontFile:
+    """One of the front's files as the run wants it on the head: the operation's name, the path,
+    the text (None: the file is removed) and whether it is a secret (0600 root, never diffed or
+    in a command line: ``secret_installed``)."""
+
+    name: str
+    dest: str
+    text: str | None = None
+    secret: bool = False
+
+    def operation(self) -> tuple[Any, dict[str, str]]:
+        """The operation that owns the file, and its arguments."""
+        if self.text is None:
+            return file_absent, {"path": self.dest}
+        op = secret_installed if self.secret else file_present
+        return op, {"text": self.text, "dest": self.dest}
+
+
+def wanted_files(s: Settings, head: Knobs, api: Secret | None) -> list[FrontFile]:
+    """The front's files in the order the phase owns them: the key include, the TLS pair, the
+    site. ``head``: the head's knobs (the key and TLS are the head's business); ``api``: the
+    run's API key (sparkrig/pairsecret.py). The include is installed when the key is known here,
+    removed while ``api_auth`` is off, and left alone when the head's key is known by digest
+    only (preflight refuses a head lacking it: ``key_include_lost``). The TLS pair is installed
+    when both knobs are set, removed otherwise. ValueError naming the knob for a TLS file that
+    cannot be read or a key that is no Bearer token."""
+    p = front_paths(s)
+    files: list[FrontFile] = []
+    if head.api_auth and api is not None and api.token:
+        include = key_include_text(api.token)
+        install = "Install the API front's key include"
+        files.append(FrontFile(install, p["key_include"], include, secret=True))
+    elif not head.api_auth:
+        off = "Remove the API front's key include while api_auth is off"
+        files.append(FrontFile(off, p["key_include"]))
+    if head.tls_cert is not None and head.tls_key is not None:
+        cert, key = tls_text(head.tls_cert, "tls_cert"), tls_text(head.tls_key, "tls_key")
+        files.append(FrontFile("Install the API front's TLS certificate", p["tls_cert"], cert))
+        files.append(FrontFile("Install the API front's TLS key", p["tls_key"], key, secret=True))
+    else:
+        http = "Remove the API front's TLS files while it serves HTTP"
+        files += [FrontFile(http, p["tls_cert"]), FrontFile(http, p["tls_key"])]
+    files.append(FrontFile("Install the API front's nginx site", p["site"], site_text(s)))
+    return files
+
+
+def key_include_lost(s: Settings, api: Secret | None, include: PathState | None) -> str:
+    """Why preflight refuses the head (only it) when the front's key include is not there and the
+    control side has no copy of the key the head holds (``api`` known by digest only): the deploy
+    never reads a secret back to write a file, so the include cannot be written, and the site
+    would name a missing file (``nginx -t`` fails, a running nginx fails at its next start).
+    "" when the include is there, the key is known here, or nothing about it is decided."""
+    if not s.me.is_head or api is None or api.problem or api.known or not api.sha256:
+        return ""
+    if include is not None and include.kind == "file":
+        return ""
+    key_file, held = s.knobs.api_key_file, paths(s)["api_key"]
+    return (
+        f"the API front's key include {front_paths(s)['key_include']} is missing and "
+        f"api_key_file ({key_file}) holds no copy of the API key the head holds ({held}), so it "
+        f"cannot be written: copy the head's key to {key_file} (on the head: sudo cat {held}) "
+        f"and run again, or {API_ROTATE_HOW}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

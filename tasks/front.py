@@ -8,84 +8,24 @@ from pyinfra import host, inventory
 from pyinfra.operations import server
 
 from sparkrig import hoststate
-from sparkrig.front import (
-    SERVICE,
-    front_package_installed,
-    front_paths,
-    key_include_text,
-    site_text,
-    tls_text,
-)
+from sparkrig.front import SERVICE, front_package_installed, wanted_files
 from sparkrig.ordering import on_head
-from sparkrig.owned import file_absent, file_present, secret_installed, unit_state_set
+from sparkrig.owned import unit_state_set
 from sparkrig.pairsecret import api_key
 from sparkrig.settings import current, for_inventory
 
 settings = current()
 is_head = settings.me.is_head
 head_knobs = for_inventory(inventory)[settings.head.name].knobs
-front = front_paths(settings)
 
 on_head(is_head, front_package_installed, name="Install nginx for the API front")
-changed = []
 api = api_key(settings, hoststate.values)
-if head_knobs.api_auth and api is not None and api.token:
-    changed.append(
-        on_head(
-            is_head,
-            secret_installed,
-            name="Install the API front's key include",
-            text=key_include_text(api.token),
-            dest=front["key_include"],
-        )
-    )
-elif not head_knobs.api_auth:
-    changed.append(
-        on_head(
-            is_head,
-            file_absent,
-            name="Remove the API front's key include while api_auth is off",
-            path=front["key_include"],
-        )
-    )
-if head_knobs.tls_cert is not None and head_knobs.tls_key is not None:
-    changed.append(
-        on_head(
-            is_head,
-            file_present,
-            name="Install the API front's TLS certificate",
-            text=tls_text(head_knobs.tls_cert, "tls_cert"),
-            dest=front["tls_cert"],
-        )
-    )
-    changed.append(
-        on_head(
-            is_head,
-            secret_installed,
-            name="Install the API front's TLS key",
-            text=tls_text(head_knobs.tls_key, "tls_key"),
-            dest=front["tls_key"],
-        )
-    )
-else:
-    for path in host.loop([front["tls_cert"], front["tls_key"]]):
-        changed.append(
-            on_head(
-                is_head,
-                file_absent,
-                name="Remove the API front's TLS files while it serves HTTP",
-                path=path,
-            )
-        )
-changed.append(
-    on_head(
-        is_head,
-        file_present,
-        name="Install the API front's nginx site",
-        text=site_text(settings),
-        dest=front["site"],
-    )
-)
+# The key include, the TLS pair and the site, each owned whole, in that order, by one operation
+# (sparkrig/front.py wanted_files: a secret is never diffed, a file not wanted is removed).
+changed = []
+for f in host.loop(wanted_files(settings, head_knobs, api)):
+    op, args = f.operation()
+    changed.append(on_head(is_head, op, name=f.name, **args))
 
 
 def front_changed() -> bool:

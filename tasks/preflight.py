@@ -6,6 +6,7 @@ from pyinfra import host, inventory, logger, state
 
 from sparkrig import baseline, hoststate, stackfiles
 from sparkrig.failing import problems_absent
+from sparkrig.front import front_paths, key_include_lost
 from sparkrig.image import serving_tag
 from sparkrig.pairsecret import api_key, pair_secret
 from sparkrig.ports import port_problems
@@ -83,6 +84,14 @@ if not ports.checked:
     logger.warning(f"{host.print_prefix}ports not checked: ss (iproute2) is not installed")
 found += [secret.problem] if secret.problem else []
 found += [api.problem] if api is not None and api.problem else []
+# The front's key include (head only): missing while the head's key is known by digest only.
+include = (
+    hoststate.read(settings).file(front_paths(settings)["key_include"])
+    if settings.me.is_head
+    else None
+)
+lost = key_include_lost(settings, api, include)
+found += [lost] if lost else []
 
 # The host baseline (sparkrig/baseline.py): every rank of the run on one kernel, driver and NIC
 # firmware, none on a known-bad combination. Each rank's read is shared: no command more.

@@ -1,12 +1,13 @@
 """The API front in the plan (tasks/front.py, docs/front.md): a bare head gets nginx, the site and
 the key include, the config checked before a reload; a converged head does nothing; a rotated key
-reaches the include and reloads nginx; no --dry --diff output carries the key."""
+reaches the include and reloads nginx; no --dry --diff output carries the key; a head missing the
+include whose key the control side has no copy of is refused alone, naming api_key_file."""
 
 from __future__ import annotations
 
 from tests.plan import fakehosts
 from tests.plan.harness import run
-from tests.plan.test_plan import HEAD, WORKER, apply, converge_state
+from tests.plan.test_plan import ACTION, HEAD, WORKER, apply, converge_state
 
 SITE = "/etc/nginx/conf.d/sparkrig-api.conf"
 INCLUDE = "/etc/sparkrig/api-front-key.conf"
@@ -67,3 +68,21 @@ def test_a_rotated_key_reaches_the_front_and_no_output(monkeypatch, tmp_path):
     head = r.commands[HEAD]
     assert head.index(CHECK) < head.index(RELOAD)
     assert new not in r.output and not [c for c in head if new in c]
+
+
+def test_a_head_missing_the_include_whose_key_the_control_side_lacks_fails_alone(
+    monkeypatch, tmp_path
+):
+    converge_state()
+    # no include on the head (e.g. a head from before the front), no copy of its key here
+    fakehosts.inject("spark-a", {fakehosts.owned_of(INCLUDE): ""})
+    none = tmp_path / "none"
+    r = apply(monkeypatch, "--data", f"api_key_file={none}")
+    assert r.exit_code != 0, r.output
+    failed = [line for line in r.output.splitlines() if "key include" in line]
+    assert failed and all(HEAD in line for line in failed), r.output
+    assert f"{INCLUDE} is missing" in r.output and f"api_key_file ({none})" in r.output
+    assert "sudo cat /etc/sparkrig/api-key" in r.output and "api_key_rotate = True" in r.output
+    assert HEAD not in r.uploads and not [c for c in r.commands[HEAD] if ACTION.search(c)]
+    assert f"[{HEAD}] failed" in r.output and f"[{WORKER}] failed" not in r.output
+    assert HELD not in r.output

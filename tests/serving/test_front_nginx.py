@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serving_helpers import REPO, load_path
+from serving_helpers import REPO, free_port, load_path
 
 from sparkrig import front
 from sparkrig.settings import Settings, build
@@ -32,12 +32,6 @@ pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx not installed (inst
 KEY = "0123456789abcdef" * 3  # a key as sparkrig makes one (secrets.token_hex(24))
 ORIGIN = "https://app.example.org"
 OPEN_ROUTES = ("/invocations", "/tokenize", "/v1/models", "/metrics", "/docs")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def settings(**knobs: Any) -> Settings:

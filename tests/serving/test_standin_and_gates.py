@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from serving_helpers import REPO, load_path, local_argv
+from serving_helpers import REPO, Proc, free_port, load_path, local_argv
 from sparkhost import gate as gate_script
 from vllm_helpers import skip_without_vllm_package
 
@@ -23,57 +19,6 @@ from sparkrig import gates
 
 standin = load_path("standin_vllm", REPO / "lab" / "standin_vllm.py")
 STANDIN = str(REPO / "lab" / "standin_vllm.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Proc:
-    """A stand-in process whose output is collected line by line in the background."""
-
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.p = subprocess.Popen(
-            [sys.executable, STANDIN, *argv],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-        self.lines: list[str] = []
-        self._t = threading.Thread(target=self._read, daemon=True)
-        self._t.start()
-
-    def _read(self) -> None:
-        assert self.p.stdout is not None
-        for line in self.p.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, text: str, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(text in ln for ln in self.lines):
-                return
-            if self.p.poll() is not None:
-                time.sleep(0.2)
-                if any(text in ln for ln in self.lines):
-                    return
-                raise AssertionError(f"exited {self.p.returncode} before {text!r}: {self.lines}")
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {text!r}: {self.lines}")
-
-    def exit_code(self, timeout: float = 15.0) -> int:
-        rc = self.p.wait(timeout)
-        self._t.join(5)
-        return rc
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait(10)
 
 
 @pytest.fixture
@@ -103,14 +48,6 @@ def serve_argv(
     )
     assert args[:2] == ["vllm", "serve"]
     return args[1:]  # what the image's `vllm` wrapper passes on
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 def get(url: str, payload: dict[str, Any] | None = None) -> tuple[int, str]:
@@ -187,13 +124,13 @@ def test_chat_completion_tool_and_named_choice() -> None:
 
 
 def test_missing_config_json_exits_1(tmp_path: Path) -> None:
-    p = Proc(["serve", str(tmp_path / "nope"), "--standin-delay", "0"])
+    p = Proc(STANDIN, ["serve", str(tmp_path / "nope"), "--standin-delay", "0"])
     assert p.exit_code() == 1
     assert any("has no config.json" in ln for ln in p.lines)
 
 
 def test_unknown_flag_refused_at_start(model_dir: Path) -> None:
-    p = Proc(["serve", str(model_dir), "--standin-delay", "0", "--kv-cache-bytes", "1"])
+    p = Proc(STANDIN, ["serve", str(model_dir), "--standin-delay", "0", "--kv-cache-bytes", "1"])
     assert p.exit_code() == 2
     assert any("unrecognized arguments: --kv-cache-bytes 1" in ln for ln in p.lines)
     assert not any("API server version" in ln for ln in p.lines)  # refused before booting
@@ -201,7 +138,9 @@ def test_unknown_flag_refused_at_start(model_dir: Path) -> None:
 
 def test_missing_drafter_exits_1(model_dir: Path) -> None:
     spec = json.dumps({"method": "dflash", "model": "/nonexistent", "num_speculative_tokens": 7})
-    p = Proc(["serve", str(model_dir), "--speculative-config", spec, "--standin-delay", "0"])
+    p = Proc(
+        STANDIN, ["serve", str(model_dir), "--speculative-config", spec, "--standin-delay", "0"]
+    )
     assert p.exit_code() == 1
     assert any("drafter" in ln for ln in p.lines)
 
@@ -213,10 +152,10 @@ def test_help_and_version() -> None:
 
 def test_pair_boot_gates_and_worker_loss(model_dir: Path, procs: list[Proc]) -> None:
     mport, aport = free_port(), free_port()
-    worker = Proc(serve_argv(model_dir, 1, 2, mport, aport))
+    worker = Proc(STANDIN, serve_argv(model_dir, 1, 2, mport, aport))
     procs.append(worker)
     worker.wait_for("head not reachable yet")  # worker first, like the deploy
-    head = Proc(serve_argv(model_dir, 0, 2, mport, aport))
+    head = Proc(STANDIN, serve_argv(model_dir, 0, 2, mport, aport))
     procs.append(head)
     head.wait_for("Application startup complete")
     worker.wait_for("headless worker ready")
@@ -256,7 +195,7 @@ def test_pair_boot_gates_and_worker_loss(model_dir: Path, procs: list[Proc]) -> 
     dead = get(base + "/v1/chat/completions", gate_script.math_payload("glm-5.3-flash"))
     assert dead[0] == 500 and gate_script.parse_math(*dead).ok is False
     # no elastic rejoin: a restarted worker is refused
-    again = Proc(serve_argv(model_dir, 1, 2, mport, aport))
+    again = Proc(STANDIN, serve_argv(model_dir, 1, 2, mport, aport))
     procs.append(again)
     assert again.exit_code() == 1
     assert any("refused" in ln for ln in again.lines)
@@ -267,10 +206,10 @@ def test_pair_boot_gates_and_worker_loss(model_dir: Path, procs: list[Proc]) -> 
 
 def test_worker_exits_when_head_goes(model_dir: Path, procs: list[Proc]) -> None:
     mport, aport = free_port(), free_port()
-    head = Proc(serve_argv(model_dir, 0, 2, mport, aport))
+    head = Proc(STANDIN, serve_argv(model_dir, 0, 2, mport, aport))
     procs.append(head)
     head.wait_for("TCP store listening")
-    worker = Proc(serve_argv(model_dir, 1, 2, mport, aport))
+    worker = Proc(STANDIN, serve_argv(model_dir, 1, 2, mport, aport))
     procs.append(worker)
     head.wait_for("Application startup complete")
     head.p.send_signal(signal.SIGKILL)
@@ -281,8 +220,8 @@ def test_worker_exits_when_head_goes(model_dir: Path, procs: list[Proc]) -> None
 
 def test_head_exit_on_peer_loss_flag(model_dir: Path, procs: list[Proc]) -> None:
     mport, aport = free_port(), free_port()
-    head = Proc(serve_argv(model_dir, 0, 2, mport, aport, "--standin-exit-on-peer-loss"))
-    worker = Proc(serve_argv(model_dir, 1, 2, mport, aport))
+    head = Proc(STANDIN, serve_argv(model_dir, 0, 2, mport, aport, "--standin-exit-on-peer-loss"))
+    worker = Proc(STANDIN, serve_argv(model_dir, 1, 2, mport, aport))
     procs += [head, worker]
     head.wait_for("Application startup complete")
     worker.p.send_signal(signal.SIGTERM)
@@ -291,38 +230,42 @@ def test_head_exit_on_peer_loss_flag(model_dir: Path, procs: list[Proc]) -> None
 
 def test_head_rendezvous_timeout(model_dir: Path) -> None:
     mport, aport = free_port(), free_port()
-    head = Proc(serve_argv(model_dir, 0, 2, mport, aport, "--standin-rendezvous-timeout", "1"))
+    head = Proc(
+        STANDIN, serve_argv(model_dir, 0, 2, mport, aport, "--standin-rendezvous-timeout", "1")
+    )
     assert head.exit_code() == 1
     assert any("rendezvous timed out" in ln for ln in head.lines)
 
 
 def test_worker_with_wrong_nnodes_refused(model_dir: Path, procs: list[Proc]) -> None:
     mport, aport = free_port(), free_port()
-    head = Proc(serve_argv(model_dir, 0, 2, mport, aport, "--standin-rendezvous-timeout", "5"))
+    head = Proc(
+        STANDIN, serve_argv(model_dir, 0, 2, mport, aport, "--standin-rendezvous-timeout", "5")
+    )
     procs.append(head)
     head.wait_for("TCP store listening")
-    worker = Proc(serve_argv(model_dir, 1, 3, mport, aport))
+    worker = Proc(STANDIN, serve_argv(model_dir, 1, 3, mport, aport))
     procs.append(worker)
     assert worker.exit_code() == 1
 
 
 def test_three_nodes_wait_for_all(model_dir: Path, procs: list[Proc]) -> None:
     mport, aport = free_port(), free_port()
-    head = Proc(serve_argv(model_dir, 0, 3, mport, aport))
-    w1 = Proc(serve_argv(model_dir, 1, 3, mport, aport))
+    head = Proc(STANDIN, serve_argv(model_dir, 0, 3, mport, aport))
+    w1 = Proc(STANDIN, serve_argv(model_dir, 1, 3, mport, aport))
     procs += [head, w1]
     head.wait_for("(1/2)")
     time.sleep(0.3)
     assert not any("Application startup complete" in ln for ln in head.lines)
-    w2 = Proc(serve_argv(model_dir, 2, 3, mport, aport))
+    w2 = Proc(STANDIN, serve_argv(model_dir, 2, 3, mport, aport))
     procs.append(w2)
     head.wait_for("Application startup complete")
 
 
 def test_single_node_head(model_dir: Path, procs: list[Proc]) -> None:
     aport = free_port()
-    head = Proc(["serve", str(model_dir), "--port", str(aport), "--host", "127.0.0.1",
-                 "--standin-delay", "0"])  # fmt: skip
+    head = Proc(STANDIN, ["serve", str(model_dir), "--port", str(aport), "--host", "127.0.0.1",
+                          "--standin-delay", "0"])  # fmt: skip
     procs.append(head)
     head.wait_for("Application startup complete")
     code = gate_script.wait_ready(f"http://127.0.0.1:{aport}", None, 5, 0.1, emit=lambda s: None)
@@ -334,6 +277,7 @@ def test_the_failing_variant_fails_the_math_gate_alone(model_dir: Path, procs: l
     /health and /v1/models, and fails the math gate: an upgrade to it must roll back."""
     aport = free_port()
     head = Proc(
+        STANDIN,
         ["serve", str(model_dir), "--port", str(aport), "--host", "127.0.0.1",
          "--standin-delay", "0", "--served-model-name", "glm-5.3-flash"],
         env={"STANDIN_FAIL_GATES": "math"},
@@ -442,7 +386,7 @@ def test_the_standin_answers_401_without_the_key_and_the_gates_pass_with_its_fil
     model_dir: Path, procs: list[Proc], tmp_path: Path
 ) -> None:
     mport, aport = free_port(), free_port()
-    head = Proc(serve_argv(model_dir, 0, 1, mport, aport), env={"VLLM_API_KEY": KEY})
+    head = Proc(STANDIN, serve_argv(model_dir, 0, 1, mport, aport), env={"VLLM_API_KEY": KEY})
     procs.append(head)
     head.wait_for("Application startup complete")
     base = f"http://127.0.0.1:{aport}"

@@ -12,60 +12,19 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from serving_helpers import REPO, Proc, free_port
 from sparkhost import wedge
 
 from sparkrig.stacks import get
 from sparkrig.stacks.families import tensorfold as family
 
-REPO = Path(__file__).resolve().parents[2]
 STANDIN = str(REPO / "lab" / "standin_tensorfold.py")
 FLAVOUR = {"SPARKRIG_STANDIN_ENGINE": "tensorfold-0.6"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Proc:
-    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **FLAVOUR, **(env or {})}
-        self.p = subprocess.Popen([sys.executable, STANDIN, *argv], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, env=env)  # fmt: skip
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.p.stdout is not None
-        for line in self.p.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, text: str, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(text in ln for ln in self.lines):
-                return
-            if self.p.poll() is not None:
-                time.sleep(0.2)
-                if any(text in ln for ln in self.lines):
-                    return
-                raise AssertionError(f"exited {self.p.returncode} before {text!r}: {self.lines}")
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {text!r}: {self.lines}")
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-            self.p.wait(10)
 
 
 @pytest.fixture
@@ -75,14 +34,6 @@ def dirs(tmp_path: Path) -> tuple[Path, Path]:
         d.mkdir()
         (d / "config.json").write_text("{}")
     return model, drafter
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.stop()
 
 
 def argv(model: Path, drafter: Path, rank: int, master_port: int, engine_port: int,
@@ -109,8 +60,12 @@ def listening(port: int) -> bool:
 def pair(procs: list[Proc], dirs: tuple[Path, Path], *extra: str) -> tuple[int, int, Proc]:
     model, drafter = dirs
     master, api, worker_port = free_port(), free_port(), free_port()
-    worker = Proc([*argv(model, drafter, 1, master, api, *extra), "--port", str(worker_port)])
-    head = Proc(argv(model, drafter, 0, master, api, *extra))
+    worker = Proc(
+        STANDIN,
+        [*argv(model, drafter, 1, master, api, *extra), "--port", str(worker_port)],
+        FLAVOUR,
+    )
+    head = Proc(STANDIN, argv(model, drafter, 0, master, api, *extra), FLAVOUR)
     procs += [worker, head]
     head.wait_for("Application startup complete.")
     worker.wait_for("following rank 0")

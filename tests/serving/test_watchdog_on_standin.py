@@ -13,7 +13,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serving_helpers import REPO, local_argv
+from serving_helpers import REPO, free_port, local_argv
 from sparkhost import gate as gate_script
 from sparkhost import pair, wedge
 
@@ -38,12 +37,6 @@ MODEL = "glm-5.3-flash"
 STALL_S, INTERVAL_S = 1.5, 0.25
 PREFILL_TOK_S = 20000  # a 4096-token chunk (the shared profile's batch) every 0.2 s
 LONG_PROMPT = 80000  # 4 s of prefill: 2.7 stall windows
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

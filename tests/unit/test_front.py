@@ -1,13 +1,17 @@
 """The API front's site file per settings (sparkrig/front.py, templates/sparkrig-api.conf.j2):
-what the real-nginx tests (tests/serving/test_front_nginx.py) cannot tell apart by behaviour."""
+what the real-nginx tests (tests/serving/test_front_nginx.py) cannot tell apart by behaviour; the
+front's files a run owns, in order, each with its operation (``wanted_files``)."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from conftest import cluster
 
 from sparkrig import front
+from sparkrig.owned import file_absent, file_present, secret_installed
+from sparkrig.pairsecret import Secret
 from sparkrig.settings import build
 
 
@@ -57,3 +61,36 @@ def test_the_key_include_is_a_case_sensitive_whole_match() -> None:
     rule = re.search(r'"~\^\(\?i:bearer\) (\S+)\$" 1;', text)
     assert rule and rule.group(1) == "ab" * 24
     assert "default 0;" in text and "~*" not in text  # ~* would make the key case-insensitive
+
+
+def test_the_front_files_in_order_each_with_its_operation(tmp_path: Path) -> None:
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("-----BEGIN CERTIFICATE-----\nx\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\ny\n")
+    s = build(cluster(2, tls_cert=str(cert), tls_key=str(key)))["spark-0"]
+    known = Secret("ab" * 24, "made")
+    files = front.wanted_files(s, s.knobs, known)
+    assert [(f.dest, f.operation()[0]) for f in files] == [
+        ("/etc/sparkrig/api-front-key.conf", secret_installed),
+        ("/etc/sparkrig/api-front.crt", file_present),
+        ("/etc/sparkrig/api-front.key", secret_installed),
+        (front.SITE, file_present),
+    ]
+    assert files[0].operation()[1]["text"] == front.key_include_text("ab" * 24)
+    assert files[2].operation()[1] == {"text": key.read_text(), "dest": files[2].dest}
+    # HTTP, the head's key known by digest only: the include left alone, the TLS pair removed
+    s = build(cluster(2))["spark-0"]
+    digest_only = Secret("", "held", sha256="0" * 64, holder="spark-0")
+    files = front.wanted_files(s, s.knobs, digest_only)
+    http = "Remove the API front's TLS files while it serves HTTP"
+    p = front.front_paths(s)
+    site = {"text": front.site_text(s), "dest": front.SITE}
+    assert [(f.name, f.operation()) for f in files] == [
+        (http, (file_absent, {"path": p["tls_cert"]})),
+        (http, (file_absent, {"path": p["tls_key"]})),
+        ("Install the API front's nginx site", (file_present, site)),
+    ]
+    # api_auth off: the include removed
+    s = build(cluster(2, api_auth=False))["spark-0"]
+    off = front.wanted_files(s, s.knobs, None)[0]
+    assert off.operation() == (file_absent, {"path": "/etc/sparkrig/api-front-key.conf"})

@@ -1,8 +1,11 @@
-"""The argument checks every family adapter makes before it builds a rank's argv."""
+"""The argument checks every family adapter makes before it builds a rank's argv: the stack's
+family, the rank and the head's address, the ports, the model directory and the extra
+arguments."""
 
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
 
 from sparkrig.stacks.base import Stack
 
@@ -27,3 +30,12 @@ def check_rank(
         ipaddress.IPv4Address(master_addr)
     except ValueError:
         raise ValueError(f"master_addr must be an IPv4 address, got {master_addr!r}") from None
+
+
+def check_inputs(model_dir: str, extra_args: Sequence[str]) -> None:
+    """A model directory is given, and the operator's ``extra_args`` are a list of tokens (a
+    string would be appended one character at a time)."""
+    if not model_dir:
+        raise ValueError("model_dir is required")
+    if isinstance(extra_args, str):
+        raise TypeError("extra_args must be a list of tokens, not a string")

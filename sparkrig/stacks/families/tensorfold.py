@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sparkrig.stacks.base import Stack
-from sparkrig.stacks.families.checks import check_port, check_rank
+from sparkrig.stacks.families.checks import check_inputs, check_port, check_rank
 
 ENTRYPOINT = "tensorfold"
 ENGINE_HOST = "127.0.0.1"  # the engine has no key: only the front on the head reaches it
@@ -59,10 +59,7 @@ def serve_args(
         raise ValueError(f"stack {stack.name!r} declares no master_port and none was given")
     check_port("master_port", port)
     check_port("engine_port", engine_port)
-    if not model_dir:
-        raise ValueError("model_dir is required")
-    if isinstance(extra_args, str):
-        raise TypeError("extra_args must be a list of tokens, not a string")
+    check_inputs(model_dir, extra_args)
     if p.speculative == "dflash" and not drafter_dir:
         raise ValueError(f"profile {p.name!r} needs the drafter directory")
 

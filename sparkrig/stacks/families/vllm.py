@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 
 from sparkrig.stacks.base import Profile, Stack
-from sparkrig.stacks.families.checks import check_port, check_rank
+from sparkrig.stacks.families.checks import check_inputs, check_port, check_rank
 
 # The fallback when a stack's argv sets no --gpu-memory-utilization (the memory gate derives its
 # floor from it): the value most recipes pass (docs/sources.md, "vLLM serve flags and profiles").
@@ -94,10 +94,7 @@ def serve_args(
     p = stack.profile(profile)
     check_port("master_port", master_port)
     check_port("api_port", api_port)
-    if not model_dir:
-        raise ValueError("model_dir is required")
-    if isinstance(extra_args, str):
-        raise TypeError("extra_args must be a list of tokens, not a string")
+    check_inputs(model_dir, extra_args)
 
     args = ["vllm", "serve", model_dir]
     args += [
