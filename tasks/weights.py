@@ -93,7 +93,17 @@ for art in host.loop(wanted):
     )
 
 lanes = [f"--uplink={i}" for i in settings.me.uplink_interfaces] or ["--uplink=default"]
-if len(settings.me.uplink_interfaces) > 1:
+two_lanes = len(settings.me.uplink_interfaces) > 1
+# the tables an older sparkrig's fetch left lacked the uplink's own subnet, so the host's answers
+# to a LAN neighbour went to the gateway (files/sparkhost/routes.py): put it there. On every host
+# (one sequence for all), acting where a fetch binds two uplinks.
+routes_changed = hostpkg.changed("routes")
+server.shell(
+    name="Repair the uplink policy tables after the routes program changed",
+    commands=[" ".join(hostpkg.command(knobs.install_dir, "routes", *lanes, "--repair"))],
+    _if=lambda: two_lanes and routes_changed(),
+)
+if two_lanes:
     lanes.append("--install-routes")  # per uplink: table 10N + "from <ip> lookup 10N" rule
 for art in host.loop(wanted):
     fetched = on_head(

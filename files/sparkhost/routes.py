@@ -1,13 +1,17 @@
 """``sparkhost routes``: per-uplink policy routing for the weights fetch, idempotent.
 
-For each uplink N: table ``<table-base>+N`` holds ``default via <gw> dev <if>`` and a rule ``from
-<the uplink's IPv4> lookup <table>`` at pref ``<pref-base>+N``, so a socket bound to that source
-leaves through that uplink. ``--check`` only reports. The fetch's ``--install-routes`` runs the
-same plan before it starts."""
+For each uplink N: table ``<table-base>+N`` holds ``default via <gw> dev <if>`` and the uplink's
+own subnet on the link, and a rule ``from <the uplink's IPv4> lookup <table>`` at pref
+``<pref-base>+N``, so a socket bound to that source leaves through that uplink. The subnet route
+matters beyond the fetch: the rule catches every packet from that address, the answers of the
+host's SSH and API to a LAN neighbour included; without it they go to the gateway, which need not
+send them back onto the LAN they came from (the lab's does not: issue 35's stranger).
+``--check`` only reports. The fetch's ``--install-routes`` runs the same plan before it starts."""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import subprocess
 import time
@@ -64,11 +68,13 @@ def plan_routes(
     rules = ip_json("rule", "show")
     for n, iface in enumerate(uplinks, 1):
         table, pref = table_base + n, pref_base + n
-        src = None
+        src, subnet = None, ""
         for link in ip_json("addr", "show", "dev", iface):
             for a in link.get("addr_info", []):
-                if a.get("family") == "inet":
-                    src = src or a.get("local")
+                if a.get("family") == "inet" and src is None:
+                    src = a.get("local")
+                    cidr = f"{src}/{a.get('prefixlen', 32)}"
+                    subnet = str(ipaddress.ip_interface(cidr).network)
         gw = gateways.get(iface)
         if gw is None:
             for r in ip_json("route", "show", "default", "dev", iface):
@@ -88,6 +94,10 @@ def plan_routes(
             or len([r for r in have if r.get("dst") == "default"]) != 1
         ):
             cmds.append(["ip", "route", "replace", *want_route, "table", str(table)])
+        on_link = [r for r in have if r.get("dst") == subnet and r.get("dev") == iface]
+        if subnet and (not on_link or on_link[0].get("prefsrc") != src):
+            cmds.append(["ip", "route", "replace", subnet, "dev", iface, "scope", "link",
+                         "src", src, "table", str(table)])  # fmt: skip
         mine = [r for r in rules if r.get("priority") == pref]
         good = [
             r
@@ -103,10 +113,18 @@ def plan_routes(
     return cmds, info
 
 
+def installed(uplinks: int, pref_base: int) -> bool:
+    """Whether a fetch left any of its rules (pref_base+1..+uplinks) on this host."""
+    prefs = {pref_base + n for n in range(1, uplinks + 1)}
+    return any(r.get("priority") in prefs for r in ip_json("rule", "show"))
+
+
 def cmd_routes(args: argparse.Namespace) -> int:
     gws = dict(g.split("=", 1) for g in args.gateway or [])
     try:
         cmds, info = plan_routes(args.uplink, args.table_base, args.pref_base, gws)
+        if args.repair and not installed(len(args.uplink), args.pref_base):
+            cmds = []  # no fetch put its rules here: nothing to repair
     except (RuntimeError, subprocess.CalledProcessError, ValueError) as e:
         print(json.dumps({"ok": False, "error": str(e)}))
         return EXIT_FAILED
@@ -135,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--table-base", type=int, default=100)
     r.add_argument("--pref-base", type=int, default=1000)
     r.add_argument("--check", action="store_true", help="report only")
+    r.add_argument("--repair", action="store_true",
+                   help="only where a fetch's rules are in place already (an upgrade)")  # fmt: skip
     return r
 
 

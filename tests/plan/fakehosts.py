@@ -317,6 +317,7 @@ SMOKE_CHECK = re.compile(r"^rc=\$\(docker wait sparkrig-nccl-smoke\); ")
 PAIR_WAIT = re.compile(rf"^{PACKAGE} pair wait --peers [\d.,]+ --port \d+ --timeout \d+$")
 # a worker's deploy without the head asks the head's supervisor for the ordered restart
 PAIR_REQUEST = re.compile(rf"^{PACKAGE} pair request --head [\d.]+ --port \d+ --agent-port \d+ ")
+ROUTES_REPAIR = re.compile(rf"^{PACKAGE} routes (--uplink=\S+ )+--repair$")  # an upgrade's repair
 BOOT_WAIT = re.compile(rf"^{PACKAGE} gate wait --url ")
 GATES = re.compile(rf"^{PACKAGE} gate gates ")
 FAIL_HOST = re.compile(r">&2; exit 1$")  # sparkrig's fail_host: a real shell exits 1 here
@@ -454,7 +455,7 @@ def bare(ip: str) -> dict[Any, Any]:
         r"^sh -c 'set -e\ndocker image inspect \S+ >/dev/null 2>&1 \|\| ",  # build
         UNPAUSE, ROCE_RESTORE, ROCE_WAIT, PEER_DOWN_MARK, LINK_UP, CARRIER_WAIT,
         SMOKE_CLEAN, SMOKE_WORKER, SMOKE_HEAD, SMOKE_CHECK,
-        PAIR_WAIT, PAIR_REQUEST, BOOT_WAIT, PRUNE,
+        PAIR_WAIT, PAIR_REQUEST, BOOT_WAIT, PRUNE, ROUTES_REPAIR,
         KEEP, RESTORE, ADOPT, PRUNE_WEIGHTS,
         APT_MARK, UPDATE_GRUB,
         FRONT_INSTALL, FRONT_CHECK, FRONT_UNIT, FRONT_OFF, FRONT_ASIDE,

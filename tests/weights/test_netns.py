@@ -75,6 +75,8 @@ def test_routes_idempotent(topo: Topo) -> None:
     assert "from 10.213.1.2 lookup 101" in rules and "from 10.213.2.2 lookup 102" in rules
     table = run(topo.in_ns(topo.cli, "ip", "route", "show", "table", "102")).stdout
     assert "default via 10.213.2.1 dev up1" in table
+    # a LAN neighbour's answers from the uplink address stay on the LAN (issue 35's stranger)
+    assert "10.213.2.0/24 dev up1 scope link src 10.213.2.2" in table
     assert json.loads(run(routes).stdout)["changed"] is False
     # a DHCP address change: the stale rule is replaced, not duplicated
     run(topo.in_ns(topo.cli, "ip", "addr", "del", "10.213.2.2/24", "dev", "up1"))
@@ -98,6 +100,24 @@ def test_routes_idempotent(topo: Topo) -> None:
     assert again["changed"]
     rules = run(topo.in_ns(topo.cli, "ip", "rule", "show")).stdout
     assert "from 10.213.2.3 lookup 102" in rules and "10.213.2.2" not in rules
+
+
+def test_repair_fixes_an_old_fetchs_tables_and_adds_none_elsewhere(topo: Topo) -> None:
+    routes = topo.fetch_cmd("routes", "--uplink", "up0", "--uplink", "up1")
+    untouched = json.loads(run(routes + ["--repair"]).stdout)
+    assert untouched["commands"] == []  # no fetch ran here: no policy routing added
+    assert "lookup 10" not in run(topo.in_ns(topo.cli, "ip", "rule", "show")).stdout
+    # what an older fetch left: the rules and a default per table, no subnet route
+    for n, gw in ((1, "10.213.1.1"), (2, "10.213.2.1")):
+        run(topo.in_ns(topo.cli, "ip", "route", "replace", "default", "via", gw, "dev",
+                       f"up{n - 1}", "table", f"10{n}"))  # fmt: skip
+        run(topo.in_ns(topo.cli, "ip", "rule", "add", "from", f"10.213.{n}.2", "lookup",
+                       f"10{n}", "pref", f"100{n}"))  # fmt: skip
+    repaired = json.loads(run(routes + ["--repair"]).stdout)
+    assert repaired["changed"] and repaired["applied"]
+    table = run(topo.in_ns(topo.cli, "ip", "route", "show", "table", "101")).stdout
+    assert "10.213.1.0/24 dev up0 scope link src 10.213.1.2" in table
+    assert json.loads(run(routes + ["--repair"]).stdout)["changed"] is False
 
 
 def test_two_lanes_both_sources_seen(
