@@ -526,3 +526,89 @@ def check_cabling(
             f"{_port_name(names, cable.b)}): plug it in, or bring its link up"
         )
     return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-rank environment of the fabric (NCCL and TensorFold), from the plan
+# ---------------------------------------------------------------------------------------------
+
+# TensorFold's 4-Spark ring: the per-rank NCCL graph file and the two link graphs, read-only
+# mounts at these container paths (docs/rings.md; tensorfold.md "4-Spark ring adds", M2
+# scripts/nodes.sh@14a5e91c and config.sh@336811f8)
+GRAPH_FILE = "/nccl-graph.xml"
+RING_GRAPHS = ("/nccl-link-prev.xml", "/nccl-link-next.xml")
+
+
+def hca_list(part: RankPlan, roce_port: int = 1) -> str:
+    """NCCL_IB_HCA naming every RDMA device of the rank that faces a peer, exactly (``=``: no
+    prefix match) with its port: ``=rocep1s0f0:1,roceP2p1s0f0:1,...``."""
+    return "=" + ",".join(f"{dev}:{roce_port}" for dev in part.rdma_devices)
+
+
+def socket_ifname(plan: Plan, rank: int, uplinks: Sequence[str] = ()) -> str:
+    """Where NCCL and gloo bootstrap: a pair over its primary fabric netdev (as today); three
+    and more over the LAN (no fabric address reaches every rank directly: TensorFold's TP>2
+    rule, docs/rings.md): the first uplink named, else every interface but loopback, docker's
+    and the fabric netdevs."""
+    part = plan.ranks[rank]
+    if plan.nnodes == 2:
+        return part.ifaces[0].netdev
+    if uplinks:
+        return "=" + uplinks[0]
+    return "^" + ",".join(["lo", "docker", "veth", *part.netdevs])  # prefixes left out
+
+
+def fabric_env(
+    plan: Plan, rank: int, roce_port: int = 1, uplinks: Sequence[str] = ()
+) -> list[tuple[str, str]]:
+    """The fabric part of rank ``rank``'s env file (fabric_layout "ports"), in order.
+
+    Every plan: NCCL over RoCE v2 on every RDMA device facing a peer (NCCL_IB_HCA), the GID
+    chosen by value per device: NCCL_IB_GID_INDEX is left unset, so NCCL (>= 2.21, default -1)
+    takes on each device the RoCE v2 GID whose IPv4 is in NCCL_IB_ADDR_RANGE (fabric_cidr).
+    A pair: both functions of its cable, one NIC each (NCCL_IB_MERGE_NICS=0, NCCL_CROSS_NIC=0:
+    primary to primary, twin to twin). Three and more, TensorFold's N-rank env (its
+    scripts/nodes.sh ``nccl_env_n``): cross-NIC, subnet-aware routing (each peer through the
+    device on its subnet), no P2P/SHM, 4 channels, TF_ROCE_HCA the same devices. A ring of four
+    and more adds ring-only NCCL (NCCL_ALGO=Ring, no merged NICs), the per-rank graph files
+    (NCCL_GRAPH_FILE, TF_NCCL_RING_GRAPHS), TF_NCCL_RING and TF_ROCE_RING (relay through
+    neighbours) and NCCL_IB_SUBNET_PREFIX_LEN: /24, each function's own subnet here (TensorFold
+    computes a longer one only because its twins share a /24)."""
+    part = plan.ranks[rank]
+    env = [
+        ("SPARKRIG_FABRIC_LAYOUT", "ports"),
+        ("SPARKRIG_FABRIC_NETDEVS", ",".join(part.netdevs)),
+        ("SPARKRIG_ROCE_DEVICES", ",".join(part.rdma_devices)),
+        ("NCCL_NET", "IB"),
+        ("NCCL_IB_DISABLE", "0"),
+        ("NCCL_IB_HCA", hca_list(part, roce_port)),
+        ("NCCL_IB_ROCE_VERSION_NUM", "2"),
+        ("NCCL_IB_ADDR_FAMILY", "AF_INET"),
+        ("NCCL_IB_ADDR_RANGE", str(plan.cidr)),
+    ]
+    ifname = socket_ifname(plan, rank, uplinks)
+    env.append(("NCCL_SOCKET_IFNAME", ifname))
+    if not ifname.startswith("^"):  # gloo takes interface names, not NCCL's exclusions
+        env.append(("GLOO_SOCKET_IFNAME", ifname.removeprefix("=")))
+    if plan.nnodes == 2:
+        return env + [("NCCL_CROSS_NIC", "0"), ("NCCL_IB_MERGE_NICS", "0")]
+    env += [
+        ("NCCL_CROSS_NIC", "1"),
+        ("NCCL_IB_SUBNET_AWARE_ROUTING", "1"),
+        ("NCCL_P2P_DISABLE", "1"),
+        ("NCCL_SHM_DISABLE", "1"),
+        ("NCCL_MIN_NCHANNELS", "4"),
+        ("NCCL_MAX_NCHANNELS", "4"),
+        ("TF_ROCE_HCA", ",".join(part.rdma_devices)),
+    ]
+    if plan.relays:
+        env += [
+            ("NCCL_ALGO", "Ring"),
+            ("NCCL_IB_MERGE_NICS", "0"),
+            ("NCCL_IB_SUBNET_PREFIX_LEN", str(LINK_PREFIX)),
+            ("NCCL_GRAPH_FILE", GRAPH_FILE),
+            ("TF_NCCL_RING", "1"),
+            ("TF_NCCL_RING_GRAPHS", ",".join(RING_GRAPHS)),
+            ("TF_ROCE_RING", "1"),
+        ]
+    return env
