@@ -18,6 +18,7 @@ from sparkrig.settings import (
     Rank,
     Settings,
     build,
+    not_applied,
     planned_ranks,
     resolved_ports,
 )
@@ -55,8 +56,8 @@ def edit(view: InventoryView, index: int, **data) -> InventoryView:
 
 def ring_settings(n: int, **knobs) -> dict[str, Settings]:
     """Settings of an n-rank ring in fabric_layout "ports" as ``build`` makes them once the
-    inventory is valid: ``build`` itself refuses three and more (not converged yet), so the
-    ring's files are rendered from these."""
+    inventory is valid, whatever the stack (``build`` refuses vLLM on three ranks), so the
+    triangle's files are rendered too."""
     k = build(cluster(2, **knobs))["spark-0"].knobs.model_copy(update={"fabric_layout": "ports"})
     zero = ipaddress.IPv4Interface("0.0.0.0/32")
     ranks = [
@@ -160,12 +161,16 @@ def test_fabric_ports_without_the_ports_layout_is_refused():
     assert "spark-1: fabric_ports: set, but fabric_layout is 'single'" in problems(view)
 
 
-def test_a_ring_is_planned_but_refused_by_the_deploy_until_it_converges():
-    text = problems(ports_cluster(4))
-    assert "inventory: fabric_layout 'ports' with 4 ranks: the ring's plan is derived" in text
-    assert "heads" not in text  # four divide 64
+def test_a_ring_is_planned_and_the_deploy_refuses_the_layout_until_it_applies_it():
+    settings = build(ports_cluster(4))
+    plan = settings["spark-2"].fabric_plan
+    assert plan is not None and plan.relays and settings["spark-2"].me.ip == "198.18.4.1"
+    for n in (2, 4):
+        why = not_applied(build(ports_cluster(n)))
+        assert why and why.startswith(f"fabric_layout 'ports' with {n} ranks:")
+    assert not_applied(build(cluster(2))) is None
     text = problems(ports_cluster(4, fabric_cidr="198.18.0.0/22"))
-    assert "198.18.0.0/22 holds 4 /24; 4 ranks need 8" in text
+    assert "inventory: fabric_layout 'ports': fabric_cidr 198.18.0.0/22 holds 4 /24; 4 ranks" in text
     text = problems(edit(ports_cluster(4), 2, fabric_interface="enp1s0f1np1"))
     assert "spark-2: fabric_interface: a ring of 4 uses both QSFP ports of every rank" in text
 
