@@ -298,3 +298,11 @@ def test_the_ring_netplan_sets_mtu_9000_on_every_netdev_and_the_routes():
     assert eths["enp1s0f0np0"]["routes"] == [{"to": "198.18.2.0/24", "via": "198.18.0.2"}]
     tri = yaml.safe_load(netplan_text(ring_settings(3)["spark-0"]))["network"]["ethernets"]
     assert len(tri) == 4 and not any("routes" in e for e in tri.values())
+
+
+def test_a_name_given_in_fabric_ports_wins_over_dgx_os_s():
+    view = ports_cluster(2)
+    for i in (0, 1):
+        edit(view, i, fabric_ports={1: {"netdev": "enp1s0f1np1", "roce_device": "mlx5_1"}})
+    part = build(view)["spark-1"].fabric_rank
+    assert part is not None and part.rdma_devices == ("mlx5_1", "roceP2p1s0f1")
