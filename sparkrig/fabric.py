@@ -27,7 +27,7 @@ from sparkrig.failing import fail_host
 from sparkrig.owned import file_present, owned_of
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
-from sparkrig.topology import fabric_env
+from sparkrig.topology import Probe, fabric_env, parse_probe, probe_command
 from sparkrig.stateread import Part, read_here
 
 # where fabric_takeover moves other claims on the fabric NIC (their original path kept below it)
@@ -62,6 +62,24 @@ class RoceGids(FactBase[list[GidEntry]]):
             return parse_gid_lines(output, end=END)
         except ValueError as err:
             raise FactProcessError(str(err)) from None
+
+
+class FabricNeighbours(FactBase[dict[str, Probe]]):
+    """
+    Who answers on each of the given fabric netdevs (fabric_layout "ports", docs/rings.md): its
+    MAC, its IPv6 link-local addresses and the responders of an all-nodes ping out of it, with
+    their MACs (``topology.probe_command``: iputils ping and iproute2 only, no IPv4 needed).
+    ``topology.check_cabling`` compares every rank's answer with the plan before any address is
+    set. Not read by the deploy yet (issue 36).
+    """
+
+    default = dict
+
+    def command(self, netdevs: list[str], wait_s: int = 2) -> str:
+        return f"{probe_command(netdevs, wait_s)}; echo '{END}'"
+
+    def process(self, output: list[str]) -> dict[str, Probe]:
+        return parse_probe([line for line in output if line.strip() != END])
 
 
 def gids_part() -> Part:

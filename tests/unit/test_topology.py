@@ -329,3 +329,15 @@ def test_a_responder_is_known_by_its_mac_when_its_link_local_is_not_reported():
         for dev, probe in seen.items():
             seen[dev] = Probe(dev, probe.mac, (), probe.heard)
     assert check_cabling(plan, ring_ports(3), probes, NAMES) == []
+
+
+def test_the_fabric_neighbours_fact_reads_the_probe_to_its_end_mark():
+    from sparkrig.factlines import END
+    from sparkrig.fabric import FabricNeighbours
+
+    fact = FabricNeighbours()
+    command = fact.command(["enp1s0f0np0"])
+    assert command.endswith(f"echo '{END}'") and "-I enp1s0f0np0 ff02::1" in command
+    probes = fact.process([*PROBE_OUTPUT.splitlines(), END])
+    assert probes["enp1s0f0np0"].heard[0] == Heard("fe80::2", "02:00:00:01:01:00")
+    assert set(probes) == {"enp1s0f0np0", "enP2p1s0f0np0", "enp1s0f1np1"}
