@@ -27,8 +27,8 @@ from sparkrig.failing import fail_host
 from sparkrig.owned import file_present, owned_of
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
-from sparkrig.topology import Probe, fabric_env, parse_probe, probe_command
 from sparkrig.stateread import Part, read_here
+from sparkrig.topology import Probe, fabric_env, parse_probe, probe_command
 
 # where fabric_takeover moves other claims on the fabric NIC (their original path kept below it)
 DISPLACED_DIR = "/var/lib/sparkrig/displaced"

@@ -674,7 +674,7 @@ def build(view: InventoryView) -> dict[str, Settings]:
     for rank, (name, data) in enumerate(ordered):
         problems.extend(unknown_keys(name, data))
         ports_layout = data.get("fabric_layout") == "ports"
-        required = ("fabric_interface", "fabric_address")
+        required: tuple[str, ...] = ("fabric_interface", "fabric_address")
         if ports_layout:  # the addresses are derived; a ring names no single interface
             required = ("fabric_interface",) if nnodes == 2 else ()
             problems.extend(_ports_layout_keys(name, data, nnodes))
@@ -875,8 +875,8 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                 problems.append(
                     f"{name}: stack: {k.stack!r} is vLLM tensor parallel over every rank, and "
                     f"GLM-5.3-Flash's {VLLM_ATTENTION_HEADS} attention heads are not divisible by "
-                    f"{len(ranks)} (vLLM splits them evenly; docs/rings.md \"Why not vLLM on "
-                    "three\"): use 2 or 4 Sparks, or a stack that serves on 3"
+                    f'{len(ranks)} (vLLM splits them evenly; docs/rings.md "vLLM on three '
+                    'Sparks"): use 2 or 4 Sparks, or a stack that serves on 3'
                 )
             elif declared and ranks and len(ranks) not in declared:
                 problems.append(

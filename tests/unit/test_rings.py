@@ -170,7 +170,9 @@ def test_a_ring_is_planned_and_the_deploy_refuses_the_layout_until_it_applies_it
         assert why and why.startswith(f"fabric_layout 'ports' with {n} ranks:")
     assert not_applied(build(cluster(2))) is None
     text = problems(ports_cluster(4, fabric_cidr="198.18.0.0/22"))
-    assert "inventory: fabric_layout 'ports': fabric_cidr 198.18.0.0/22 holds 4 /24; 4 ranks" in text
+    assert (
+        "inventory: fabric_layout 'ports': fabric_cidr 198.18.0.0/22 holds 4 /24; 4 ranks" in text
+    )
     text = problems(edit(ports_cluster(4), 2, fabric_interface="enp1s0f1np1"))
     assert "spark-2: fabric_interface: a ring of 4 uses both QSFP ports of every rank" in text
 

@@ -332,8 +332,8 @@ def test_a_responder_is_known_by_its_mac_when_its_link_local_is_not_reported():
 
 
 def test_the_fabric_neighbours_fact_reads_the_probe_to_its_end_mark():
-    from sparkrig.factlines import END
     from sparkrig.fabric import FabricNeighbours
+    from sparkrig.factlines import END
 
     fact = FabricNeighbours()
     command = fact.command(["enp1s0f0np0"])
