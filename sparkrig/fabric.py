@@ -28,7 +28,15 @@ from sparkrig.owned import file_present, owned_of
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
 from sparkrig.stateread import Part, read_here
-from sparkrig.topology import Probe, fabric_env, parse_probe, probe_command
+from sparkrig.topology import (
+    Port,
+    Probe,
+    discover_ports,
+    discovery_command,
+    fabric_env,
+    parse_probe,
+    probe_command,
+)
 
 # where fabric_takeover moves other claims on the fabric NIC (their original path kept below it)
 DISPLACED_DIR = "/var/lib/sparkrig/displaced"
@@ -80,6 +88,23 @@ class FabricNeighbours(FactBase[dict[str, Probe]]):
 
     def process(self, output: list[str]) -> dict[str, Probe]:
         return parse_probe([line for line in output if line.strip() != END])
+
+
+class FabricPorts(FactBase[dict[int, Port]]):
+    """
+    The host's QSFP ports as sysfs has them (fabric_layout "ports", docs/rings.md): each RDMA
+    device's PCI function and netdevs, a port being a function on PCIe domain 0 and its twin on
+    another domain (``topology.discover_ports``). ``topology.ports_problems`` compares them with
+    the inventory's. Not read by the deploy yet (issue 36).
+    """
+
+    default = dict
+
+    def command(self) -> str:
+        return f"{discovery_command()}; echo '{END}'"
+
+    def process(self, output: list[str]) -> dict[int, Port]:
+        return discover_ports(output)
 
 
 def gids_part() -> Part:

@@ -337,6 +337,72 @@ def derive(
 
 
 # ---------------------------------------------------------------------------------------------
+# Discovery: the ports as the host's sysfs has them
+# ---------------------------------------------------------------------------------------------
+
+PCI_RE = re.compile(r"^([0-9a-f]{4,}):([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
+
+
+def discovery_command() -> str:
+    """The command that prints every RDMA device with its PCI function and netdevs, from sysfs
+    alone (no rdma or ibdev2netdev tool needed): ``rdma <dev> pci <domain:bus:slot.fn> netdev
+    <name>``, one line per netdev."""
+    return (
+        'for d in /sys/class/infiniband/*; do [ -e "$d/device" ] || continue; '
+        'pci=$(basename "$(readlink -f "$d/device")"); '
+        'for n in "$d"/device/net/*; do if [ -e "$n" ]; then '
+        'echo "rdma ${d##*/} pci $pci netdev ${n##*/}"; fi; done; done'
+    )
+
+
+def discover_ports(lines: Sequence[str]) -> dict[int, Port]:
+    """The QSFP ports ``discovery_command`` shows, by index: a ConnectX-7 port of a Spark is one
+    PCI function on domain 0 (the primary) and the same bus, slot and function on another
+    domain (its PCIe twin); the port's index is the function's number (``enp1s0f1np1`` is
+    function 1, port 1; docs/rings.md "Functions per port"). Functions without a twin, or with
+    no netdev, are left out."""
+    by_pci: dict[tuple[str, str, str], dict[int, Function]] = {}
+    for line in lines:
+        words = line.split()
+        if len(words) != 6 or words[0] != "rdma" or words[2] != "pci" or words[4] != "netdev":
+            continue
+        m = PCI_RE.match(words[3].lower())
+        if not m:
+            continue
+        domain, bus, slot, fn = m.groups()
+        functions = by_pci.setdefault((bus, slot, fn), {})
+        functions.setdefault(int(domain, 16), Function(words[5], words[1]))
+    ports: dict[int, Port] = {}
+    for (_, _, fn), functions in sorted(by_pci.items()):
+        if 0 in functions and len(functions) == 2:
+            twin = next(f for d, f in functions.items() if d != 0)
+            ports.setdefault(int(fn), Port(int(fn), functions[0], twin))
+    return ports
+
+
+def ports_problems(wanted: Mapping[int, Port], found: Mapping[int, Port]) -> list[str]:
+    """How the inventory's ports (given or DGX OS's names) differ from what the host has."""
+    problems = []
+    for index, port in sorted(wanted.items()):
+        have = found.get(index)
+        if have is None:
+            problems.append(
+                f"port {index}: no PCI function {index} with a PCIe twin and netdevs on the host"
+            )
+            continue
+        for role, want, got in (
+            ("primary", port.primary, have.primary),
+            ("twin", port.twin, have.twin),
+        ):
+            if want != got:
+                problems.append(
+                    f"port {index} {role}: the inventory says {want.netdev} ({want.rdma}), the "
+                    f"host has {got.netdev} ({got.rdma}): fix fabric_ports"
+                )
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
 # Who answers on each port: the observation and the cabling rule
 # ---------------------------------------------------------------------------------------------
 

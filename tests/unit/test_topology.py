@@ -341,3 +341,45 @@ def test_the_fabric_neighbours_fact_reads_the_probe_to_its_end_mark():
     probes = fact.process([*PROBE_OUTPUT.splitlines(), END])
     assert probes["enp1s0f0np0"].heard[0] == Heard("fe80::2", "02:00:00:01:01:00")
     assert set(probes) == {"enp1s0f0np0", "enP2p1s0f0np0", "enp1s0f1np1"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery: the ports from sysfs
+# ---------------------------------------------------------------------------------------------
+
+SYSFS = """\
+rdma rocep1s0f0 pci 0000:01:00.0 netdev enp1s0f0np0
+rdma rocep1s0f1 pci 0000:01:00.1 netdev enp1s0f1np1
+rdma roceP2p1s0f0 pci 0002:01:00.0 netdev enP2p1s0f0np0
+rdma roceP2p1s0f1 pci 0002:01:00.1 netdev enP2p1s0f1np1
+rdma rxe0 pci 0000:07:00.0 netdev enP7s7
+""".splitlines()
+
+
+def test_discovery_pairs_each_function_with_its_twin_on_another_pci_domain():
+    from sparkrig.topology import discover_ports, ports_problems
+
+    found = discover_ports(SYSFS)
+    assert found == {0: dgx_os_default(0), 1: dgx_os_default(1)}  # no twin: enP7s7 left out
+    assert ports_problems({p: dgx_os_default(p) for p in (0, 1)}, found) == []
+    # a host whose port 1 twin is gone (one function of the cage lost)
+    assert discover_ports(SYSFS[:3]) == {0: dgx_os_default(0)}
+    assert ports_problems({1: dgx_os_default(1)}, discover_ports(SYSFS[:3])) == [
+        "port 1: no PCI function 1 with a PCIe twin and netdevs on the host"
+    ]
+    renamed = dgx_os_port("enp1s0f1np1")
+    assert renamed is not None
+    wrong = {1: type(renamed)(1, renamed.primary, type(renamed.twin)("eth9", "mlx5_9"))}
+    assert ports_problems(wrong, found) == [
+        "port 1 twin: the inventory says eth9 (mlx5_9), the host has enP2p1s0f1np1 "
+        "(roceP2p1s0f1): fix fabric_ports"
+    ]
+
+
+def test_the_fabric_ports_fact_reads_sysfs_lines():
+    from sparkrig.fabric import FabricPorts
+    from sparkrig.factlines import END
+
+    fact = FabricPorts()
+    assert "/sys/class/infiniband/*" in fact.command() and fact.command().endswith(f"'{END}'")
+    assert set(fact.process([*SYSFS, END])) == {0, 1}
