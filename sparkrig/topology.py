@@ -18,6 +18,7 @@ typed per host:
 
 ``check_cabling`` compares who answers on each port with the plan before any address is set;
 ``probe_command`` / ``parse_probe`` gather that answer on a host with iputils ping and iproute2.
+``discover_ports`` reads a host's ports from sysfs; ``fabric_env`` is a rank's fabric env.
 """
 
 from __future__ import annotations
