@@ -63,6 +63,10 @@ fabric_layout = "single"  # "single" (one netdev per rank) or "ports" (every fun
 # (2e+1)-th /24), the port-0 end .1, the port-1 end .2: SparkRing's layout (docs/rings.md). A /21
 # holds a ring of 4, a /20 one of 8. 198.18.0.0/15 is set aside for benchmarking (RFC 2544).
 fabric_cidr = "198.18.0.0/20"  # fabric_layout "ports": the network every fabric subnet is cut from
+# A link (one function class of one cable) that fails the full-MTU don't-fragment ping either way:
+# "refuse" names it and stops; "omit" names it and leaves it out on both ends (its RDMA devices out
+# of NCCL_IB_HCA). A cable with neither function answering is refused either way (docs/rings.md).
+fabric_link_silent = "refuse"  # fabric_layout "ports": a link failing the DF ping: refuse | omit
 fabric_netplan_file = "/etc/netplan/60-sparkrig-fabric.yaml"  # the netplan drop-in sparkrig owns
 fabric_takeover = False  # True: move other netplan files / NM profiles naming the fabric NIC aside
 roce_port = 1  # HCA port whose GID table is read

@@ -171,6 +171,7 @@ class Knobs(BaseModel):
     fabric_mtu: int = _cluster(ge=1280, le=9216)
     fabric_layout: Literal["single", "ports"] = _cluster()
     fabric_cidr: str = _cluster()
+    fabric_link_silent: Literal["refuse", "omit"] = _cluster()
     fabric_netplan_file: str
     fabric_takeover: bool
     roce_port: int = Field(ge=1)

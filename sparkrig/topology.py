@@ -27,7 +27,7 @@ import ipaddress
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 PRIMARY, TWIN = 0, 1
 FUNCTION_NAMES = ("primary", "twin")
@@ -89,6 +89,23 @@ def dgx_os_default(index: int) -> Port:
     port = dgx_os_port(f"enp1s0f{index}np{index}")
     assert port is not None
     return port
+
+
+def with_siblings(ports: Mapping[int, Port]) -> dict[int, Port]:
+    """``ports`` and, for each port index they lack, DGX OS's name of it when a given primary
+    has DGX OS's form (a pair names the one port its cable is in; probing the other too shows a
+    cable plugged there: ``check_cabling``)."""
+    out = dict(ports)
+    for port in ports.values():
+        m = DGX_OS_PRIMARY.match(port.primary.netdev)
+        if not m:
+            continue
+        bus, slot, _, _ = m.groups()
+        for index in PORTS:
+            sibling = dgx_os_port(f"enp{bus}s{slot}f{index}np{index}")
+            if index not in out and sibling is not None:
+                out[index] = sibling
+    return out
 
 
 @dataclass(frozen=True)
@@ -335,6 +352,128 @@ def derive(
             )
         )
     return Plan(nnodes=n, cidr=net, cables=cables, links=links, ranks=tuple(ranks))
+
+
+# ---------------------------------------------------------------------------------------------
+# Links that fail the don't-fragment ping: named, then left out or refused (fabric_link_silent)
+# ---------------------------------------------------------------------------------------------
+
+
+def df_ping_command(iface: Iface, mtu: int) -> str:
+    """One direction of one link: a full-MTU do-not-fragment ping out of ``iface`` to the peer
+    function it faces (the proof TensorFold takes before it uses a twin [TF: v1.10, #66])."""
+    return (
+        f"ping -M do -s {mtu - 28} -c 2 -i 0.2 -W 2 -I {shlex.quote(iface.netdev)} "
+        f"{iface.peer_address}"
+    )
+
+
+def silent_links(plan: Plan, failed: Mapping[int, Sequence[str]]) -> list[Link]:
+    """The links (a cable's function class) that failed the ping in either direction:
+    ``failed[rank]`` lists the netdevs whose ping failed on that rank."""
+    out = []
+    for link in plan.links:
+        for end in (link.cable.a, link.cable.b):
+            part = plan.ranks[end.rank]
+            dev = next(
+                i.netdev
+                for i in part.ifaces
+                if i.cable == link.cable.index and i.function == link.function
+            )
+            if dev in failed.get(end.rank, ()):
+                out.append(link)
+                break
+    return out
+
+
+def without_links(plan: Plan, links: Sequence[Link], names: Sequence[str] | None = None) -> Plan:
+    """The plan with ``links`` left out on both of their ends (no address, no RDMA device in
+    NCCL_IB_HCA, no route through them). A cable left with no link is a cable down: refused
+    (PlanError naming it), as is a route that has no link of its function class to go by."""
+    names = list(names or [f"rank {i}" for i in range(plan.nnodes)])
+    gone = {(link.cable.index, link.function) for link in links}
+    problems = []
+    for cable in plan.cables:
+        if all((cable.index, f) in gone for f in (PRIMARY, TWIN)):
+            problems.append(
+                f"cable {cable.index} ({names[cable.a.rank]} port {cable.a.port} to "
+                f"{names[cable.b.rank]} port {cable.b.port}): neither function answers a "
+                "don't-fragment ping both ways; check the cable and both ports' MTU"
+            )
+    if problems:
+        raise PlanError(problems)
+    ranks = []
+    for part in plan.ranks:
+        ifaces = tuple(i for i in part.ifaces if (i.cable, i.function) not in gone)
+        kept = {i.netdev for i in ifaces}
+        ranks.append(
+            replace(
+                part,
+                ifaces=ifaces,
+                routes=tuple(r for r in part.routes if r.dev in kept),
+                forwarding=tuple(d for d in part.forwarding if d in kept),
+            )
+        )
+    for n, part in enumerate(ranks):  # a peer's address on a link that is gone: its twin's
+        addresses = dict(part.peer_addresses)
+        for peer, address in part.peer_addresses.items():
+            if any(i.address.ip == address for i in ranks[peer].ifaces):
+                continue
+            direct = [i.peer_address for i in part.ifaces if i.peer == peer]
+            if direct:
+                addresses[peer] = direct[0]
+            else:
+                addresses.pop(peer)
+        ranks[n] = replace(part, peer_addresses=addresses)
+    # a route is good while its next hop has the subnet on a netdev or a good route to it
+    changed = True
+    while changed:
+        changed = False
+        for n, part in enumerate(ranks):
+            good = tuple(
+                r
+                for r in part.routes
+                if any(i.address.network == r.to for i in ranks[r.hop].ifaces)
+                or any(x.to == r.to for x in ranks[r.hop].routes)
+            )
+            if good != part.routes:
+                ranks[n] = replace(part, routes=good)
+                changed = True
+    return replace(plan, ranks=tuple(ranks))
+
+
+def link_name(plan: Plan, link: Link, names: Sequence[str]) -> str:
+    """``cable 1 twin (spark-b enP2p1s0f0np0 to spark-c enP2p1s0f1np1)``."""
+    ends = []
+    for end in (link.cable.a, link.cable.b):
+        dev = next(
+            i.netdev
+            for i in plan.ranks[end.rank].ifaces
+            if i.cable == link.cable.index and i.function == link.function
+        )
+        ends.append(f"{names[end.rank]} {dev}")
+    return f"cable {link.cable.index} {FUNCTION_NAMES[link.function]} ({ends[0]} to {ends[1]})"
+
+
+def judge_links(
+    plan: Plan,
+    failed: Mapping[int, Sequence[str]],
+    mode: str,
+    names: Sequence[str] | None = None,
+) -> tuple[Plan, list[str]]:
+    """What knob ``fabric_link_silent`` does with the links that failed the don't-fragment ping
+    (``failed[rank]``: the netdevs whose ping failed there): ``"refuse"``: the plan unchanged and
+    one problem per link, named; ``"omit"``: the plan without them and one note per link (a
+    cable with neither function left is refused either way)."""
+    names = list(names or [f"rank {i}" for i in range(plan.nnodes)])
+    silent = silent_links(plan, failed)
+    said = [
+        f"{link_name(plan, link, names)} does not answer a full-MTU don't-fragment ping both ways"
+        for link in silent
+    ]
+    if mode == "refuse":
+        return plan, [f"{line} (fabric_link_silent = 'omit' leaves it out)" for line in said]
+    return without_links(plan, silent, names), [f"{line}: left out" for line in said]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -308,3 +308,13 @@ def test_a_name_given_in_fabric_ports_wins_over_dgx_os_s():
         edit(view, i, fabric_ports={1: {"netdev": "enp1s0f1np1", "roce_device": "mlx5_1"}})
     part = build(view)["spark-1"].fabric_rank
     assert part is not None and part.rdma_devices == ("mlx5_1", "roceP2p1s0f1")
+
+
+def test_fabric_link_silent_is_refuse_by_default_and_takes_omit_only():
+    assert build(cluster(2))["spark-0"].knobs.fabric_link_silent == "refuse"
+    assert (
+        build(cluster(2, fabric_link_silent="omit"))["spark-1"].knobs.fabric_link_silent == "omit"
+    )
+    assert "fabric_link_silent: Input should be 'refuse' or 'omit'" in problems(
+        cluster(2, fabric_link_silent="drop")
+    )

@@ -383,3 +383,75 @@ def test_the_fabric_ports_fact_reads_sysfs_lines():
     fact = FabricPorts()
     assert "/sys/class/infiniband/*" in fact.command() and fact.command().endswith(f"'{END}'")
     assert set(fact.process([*SYSFS, END])) == {0, 1}
+
+
+# ---------------------------------------------------------------------------------------------
+# A pair's other port; links that fail the don't-fragment ping
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_pairs_probe_also_watches_its_other_port():
+    from sparkrig.topology import with_siblings
+
+    assert with_siblings({1: dgx_os_default(1)}) == {0: dgx_os_default(0), 1: dgx_os_default(1)}
+    other = dgx_os_port("enp1s0f1np1")
+    assert other is not None
+    odd = {1: type(other)(1, type(other.primary)("eth4", "mlx5_0"), other.twin)}
+    assert with_siblings(odd) == odd  # no DGX OS primary: nothing to derive
+
+
+def test_the_df_ping_goes_out_of_each_function_to_the_function_it_faces():
+    from sparkrig.topology import df_ping_command
+
+    plan = derive(ring_ports(3), "198.18.0.0/21")
+    twin = plan.ranks[0].ifaces[1]
+    assert df_ping_command(twin, 9000) == (
+        "ping -M do -s 8972 -c 2 -i 0.2 -W 2 -I enP2p1s0f0np0 198.18.1.2"
+    )
+
+
+def test_a_silent_link_is_refused_or_left_out_on_both_ends():
+    from sparkrig.topology import judge_links
+
+    plan = derive(ring_ports(4), "198.18.0.0/21")
+    failed = {2: ["enP2p1s0f1np1"]}  # spark-c's twin toward spark-b: cable 1 twin, one way
+    same, problems = judge_links(plan, failed, "refuse", NAMES)
+    assert same == plan
+    assert problems == [
+        "cable 1 twin (spark-b enP2p1s0f0np0 to spark-c enP2p1s0f1np1) does not answer a "
+        "full-MTU don't-fragment ping both ways (fabric_link_silent = 'omit' leaves it out)"
+    ]
+    less, notes = judge_links(plan, failed, "omit", NAMES)
+    assert notes[0].endswith("both ways: left out")
+    b, c = less.ranks[1], less.ranks[2]
+    assert "roceP2p1s0f0" not in b.rdma_devices and "roceP2p1s0f1" not in c.rdma_devices
+    assert len(b.ifaces) == 3 and len(c.ifaces) == 3 and len(less.ranks[0].ifaces) == 4
+    # no route to the gone subnet (198.18.3.0/24) and none out of a gone netdev
+    for part in less.ranks:
+        assert all(str(r.to) != "198.18.3.0/24" for r in part.routes)
+        assert all(r.dev in part.netdevs for r in part.routes)
+    # spark-a's twin route to cable 2's twin goes via spark-d: kept
+    assert any(str(r.to) == "198.18.5.0/24" and r.hop == 3 for r in less.ranks[0].routes)
+    # the primary class is whole: every pair still reaches the other by the shorter side
+    for src, dst in itertools.permutations(range(4), 2):
+        assert len(hops(less, src, dst)) - 1 == min((dst - src) % 4, (src - dst) % 4)
+
+
+def test_a_route_whose_later_hop_lost_its_link_is_dropped_too():
+    from sparkrig.topology import judge_links
+
+    plan = derive(ring_ports(8), "198.18.0.0/20")
+    # cable 1's twin gone: rank 0's twin route to cable 3 (via 1, then 2 over cable 1) has no way
+    less, _ = judge_links(plan, {1: ["enP2p1s0f0np0"]}, "omit")
+    r0 = {str(r.to) for r in less.ranks[0].routes}
+    assert "198.18.7.0/24" not in r0 and "198.18.6.0/24" in r0  # twin lost, primary kept
+
+
+def test_a_cable_with_neither_function_answering_is_refused_either_way():
+    from sparkrig.topology import judge_links
+
+    plan = derive(ring_ports(3), "198.18.0.0/21")
+    with pytest.raises(PlanError, match=r"cable 2 \(spark-c port 0 to spark-a port 1\): neither"):
+        judge_links(plan, {0: ["enp1s0f1np1", "enP2p1s0f1np1"]}, "omit", NAMES)
+    _, problems = judge_links(plan, {0: ["enp1s0f1np1", "enP2p1s0f1np1"]}, "refuse", NAMES)
+    assert len(problems) == 2
