@@ -274,7 +274,8 @@ def derive(
         needed = [pair_ports[rank]] if n == 2 and pair_ports else list(PORTS)
         for p in needed:
             if p not in by_port:
-                problems.append(f"rank {rank}: port {p} is not named (a ring uses both ports)")
+                why = "the pair's cable is in it" if n == 2 else "a ring uses both ports"
+                problems.append(f"rank {rank}: port {p} is not named ({why})")
         names = [f.netdev for p in needed if p in by_port for f in by_port[p].functions]
         devices = [f.rdma for p in needed if p in by_port for f in by_port[p].functions]
         for kind, values in (("netdev", names), ("RDMA device", devices)):
