@@ -1,7 +1,7 @@
 """Every knob sparkrig has, once, with its default. Override per group (head.py, worker.py), per
 host in the inventory, or on the command line with `--data key=value`. Validation lives in
 sparkrig/settings.py; per-host keys (fabric_interface, fabric_address, roce_device,
-uplink_interfaces, the head's api_url) belong in the inventory, not here."""
+uplink_interfaces, fabric_ports, the head's api_url) belong in the inventory, not here."""
 
 # --- connection -----------------------------------------------------------------------------
 _sudo = True  # operators log in as a sudo-capable user (DGX OS default), not root
@@ -53,6 +53,20 @@ fabric_wait_s = 300  # start gate: wait this long for fabric carrier, address an
 
 # --- fabric -----------------------------------------------------------------------------------
 fabric_mtu = 9000  # MTU on the QSFP fabric NIC, persisted with netplan
+# How the fabric is laid out (docs/rings.md). "single": one netdev per rank (fabric_interface,
+# fabric_address), every rank on one subnet: a pair on one function, or a switch. "ports": both
+# PCIe functions of every cabled port, the addresses derived from fabric_cidr (a pair: the port
+# fabric_interface names; three and more: both ports, cabled port 0 of rank i to port 1 of rank
+# i+1; host data fabric_ports, else DGX OS's names). Three and more are planned, not converged yet.
+fabric_layout = "single"  # "single" (one netdev per rank) or "ports" (every function, derived plan)
+# One /24 per function class per cable is cut from it, in cable order (cable e: the 2e-th and
+# (2e+1)-th /24), the port-0 end .1, the port-1 end .2: SparkRing's layout (docs/rings.md). A /21
+# holds a ring of 4, a /20 one of 8. 198.18.0.0/15 is set aside for benchmarking (RFC 2544).
+fabric_cidr = "198.18.0.0/20"  # fabric_layout "ports": the network every fabric subnet is cut from
+# A link (one function class of one cable) that fails the full-MTU don't-fragment ping either way:
+# "refuse" names it and stops; "omit" names it and leaves it out on both ends (its RDMA devices out
+# of NCCL_IB_HCA). A cable with neither function answering is refused either way (docs/rings.md).
+fabric_link_silent = "refuse"  # fabric_layout "ports": a link failing the DF ping: refuse | omit
 fabric_netplan_file = "/etc/netplan/60-sparkrig-fabric.yaml"  # the netplan drop-in sparkrig owns
 fabric_takeover = False  # True: move other netplan files / NM profiles naming the fabric NIC aside
 roce_port = 1  # HCA port whose GID table is read

@@ -12,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.unit import test_rings  # noqa: E402
 from tests.unit.test_templates import GOLDEN, rendered  # noqa: E402
 
 
@@ -19,6 +20,12 @@ def main() -> int:
     for nodes in (2, 4):
         shutil.rmtree(GOLDEN / f"{nodes}nodes", ignore_errors=True)
         for path, text in rendered(nodes).items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(path.relative_to(ROOT))
+    for nodes in (2, 3, 4):  # fabric_layout "ports" (docs/rings.md)
+        shutil.rmtree(test_rings.GOLDEN / f"{nodes}nodes", ignore_errors=True)
+        for path, text in test_rings.rendered(nodes).items():
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             print(path.relative_to(ROOT))

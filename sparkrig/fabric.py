@@ -28,6 +28,15 @@ from sparkrig.owned import file_present, owned_of
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
 from sparkrig.stateread import Part, read_here
+from sparkrig.topology import (
+    Port,
+    Probe,
+    discover_ports,
+    discovery_command,
+    fabric_env,
+    parse_probe,
+    probe_command,
+)
 
 # where fabric_takeover moves other claims on the fabric NIC (their original path kept below it)
 DISPLACED_DIR = "/var/lib/sparkrig/displaced"
@@ -63,6 +72,41 @@ class RoceGids(FactBase[list[GidEntry]]):
             raise FactProcessError(str(err)) from None
 
 
+class FabricNeighbours(FactBase[dict[str, Probe]]):
+    """
+    Who answers on each of the given fabric netdevs (fabric_layout "ports", docs/rings.md): its
+    MAC, its IPv6 link-local addresses and the responders of an all-nodes ping out of it, with
+    their MACs (``topology.probe_command``: iputils ping and iproute2 only, no IPv4 needed).
+    ``topology.check_cabling`` compares every rank's answer with the plan before any address is
+    set. Not read by the deploy yet (issue 36).
+    """
+
+    default = dict
+
+    def command(self, netdevs: list[str], wait_s: int = 2) -> str:
+        return f"{probe_command(netdevs, wait_s)}; echo '{END}'"
+
+    def process(self, output: list[str]) -> dict[str, Probe]:
+        return parse_probe([line for line in output if line.strip() != END])
+
+
+class FabricPorts(FactBase[dict[int, Port]]):
+    """
+    The host's QSFP ports as sysfs has them (fabric_layout "ports", docs/rings.md): each RDMA
+    device's PCI function and netdevs, a port being a function on PCIe domain 0 and its twin on
+    another domain (``topology.discover_ports``). ``topology.ports_problems`` compares them with
+    the inventory's. Not read by the deploy yet (issue 36).
+    """
+
+    default = dict
+
+    def command(self) -> str:
+        return f"{discovery_command()}; echo '{END}'"
+
+    def process(self, output: list[str]) -> dict[int, Port]:
+        return discover_ports(output)
+
+
 def gids_part() -> Part:
     """The state read's part of the RoCE GID table."""
     return Part("gids", RoceGids)
@@ -72,7 +116,7 @@ def env_context(s: Settings) -> dict[str, Any]:
     """The rank env file's template context (rank.env.j2): fabric MTU, RoCE port, subnet and
     the NCCL environment; ``rank_env_written`` adds the HCA and GID index read on the host."""
     k = s.knobs
-    return {
+    context = {
         **base_context(s),
         "mtu": k.fabric_mtu,
         "port": k.roce_port,
@@ -81,6 +125,44 @@ def env_context(s: Settings) -> dict[str, Any]:
         "stack_env": list(s.stack.env.items()),
         "extra": sorted(k.nccl_env.items()),
     }
+    plan = s.fabric_plan
+    if plan is not None:  # fabric_layout "ports": rank-ports.env.j2 (docs/rings.md)
+        uplinks = s.me.uplink_interfaces
+        context["fabric_env"] = fabric_env(plan, s.me.rank, k.roce_port, uplinks)
+    return context
+
+
+def env_template(s: Settings) -> str:
+    """The rank env file's template: one netdev (rank.env.j2) or the plan's (rank-ports.env.j2)."""
+    return "rank.env.j2" if s.fabric_plan is None else "rank-ports.env.j2"
+
+
+def netplan_text(s: Settings) -> str:
+    """The fabric's netplan file: the single netdev's, or every netdev of the rank's plan with
+    its address, MTU and routes (fabric_layout "ports")."""
+    part, plan = s.fabric_rank, s.fabric_plan
+    if part is None or plan is None:
+        address = s.me.fabric_address.with_prefixlen
+        return render(
+            "netplan-fabric.yaml.j2", **base_context(s), address=address, mtu=s.knobs.fabric_mtu
+        )
+    return render(
+        "netplan-fabric-ports.yaml.j2",
+        **base_context(s),
+        cidr=str(plan.cidr),
+        ifaces=part.ifaces,
+        routes=part.routes,
+        mtu=s.knobs.fabric_mtu,
+    )
+
+
+def forwarding_text(s: Settings) -> str | None:
+    """The sysctl.d file of a rank that relays (a ring of four and more): forwarding on and
+    rp_filter off on each fabric netdev; None where the plan relays nothing."""
+    part = s.fabric_rank
+    if part is None or not part.forwarding:
+        return None
+    return render("sysctl-fabric.conf.j2", **base_context(s), forwarding=part.forwarding)
 
 
 # ---------------------------------------------------------------------------------------------

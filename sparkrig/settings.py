@@ -26,7 +26,7 @@ from pydantic import (
 )
 from pyinfra.api.exceptions import DeployError
 
-from sparkrig import hubtoken, lockfile
+from sparkrig import hubtoken, lockfile, topology
 from sparkrig.runscope import once_per_run
 from sparkrig.stacks import STACKS, get
 from sparkrig.stacks.base import Pin, Stack
@@ -48,7 +48,18 @@ KNOWN_BAD_IMAGES = {
 }
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 # Per-host keys of the inventory (``Rank``); ssh_hostname, also read, is pyinfra's own.
-HOST_KEYS = ("fabric_interface", "fabric_address", "roce_device", "uplink_interfaces", "api_url")
+HOST_KEYS = (
+    "fabric_interface",
+    "fabric_address",
+    "roce_device",
+    "uplink_interfaces",
+    "api_url",
+    "fabric_ports",  # fabric_layout "ports": the rank's QSFP ports by index (FabricPort)
+)
+# What vLLM's tensor parallel divides by the rank count with no remainder: GLM-5.3-Flash's
+# num_attention_heads = num_key_value_heads = 64 (docs/rings.md "Why TP=3 is hard": stock vLLM
+# rejects TP3 for a 64-head model, vllm-project/vllm#52435)
+VLLM_ATTENTION_HEADS = 64
 # Host data pyinfra 3.10's connectors read without declaring it in their ``data_meta``:
 # pyinfra/connectors/chroot.py (chroot_directory), dockerssh.py (docker_image, docker_container_id).
 PYINFRA_UNDECLARED_KEYS = ("chroot_directory", "docker_image", "docker_container_id")
@@ -158,6 +169,9 @@ class Knobs(BaseModel):
     fabric_wait_s: int = Field(ge=0)
 
     fabric_mtu: int = _cluster(ge=1280, le=9216)
+    fabric_layout: Literal["single", "ports"] = _cluster()
+    fabric_cidr: str = _cluster()
+    fabric_link_silent: Literal["refuse", "omit"] = _cluster()
     fabric_netplan_file: str
     fabric_takeover: bool
     roce_port: int = Field(ge=1)
@@ -283,6 +297,20 @@ class Knobs(BaseModel):
             raise ValueError(f"must be an absolute path, not {value!r}")
         return value
 
+    @field_validator("fabric_cidr")
+    @classmethod
+    def _fabric_cidr(cls, value: str) -> str:
+        try:
+            net = ipaddress.IPv4Network(value, strict=True)
+        except ValueError as err:
+            raise ValueError(f"not an IPv4 network: {value!r} ({err})") from None
+        if net.prefixlen > topology.LINK_PREFIX:
+            raise ValueError(
+                f"{value} is smaller than one /{topology.LINK_PREFIX} (each function class of "
+                "each cable gets a /24 of it)"
+            )
+        return str(net)
+
     @field_validator("container_gpu_args")
     @classmethod
     def _one_token_each(cls, value: list[str]) -> list[str]:
@@ -350,6 +378,39 @@ class Knobs(BaseModel):
         return value
 
 
+class FabricPort(BaseModel):
+    """One QSFP port of a rank in the inventory (host data ``fabric_ports``, by port index): its
+    primary function's netdev, and what DGX OS's names derive from it unless given (the RDMA
+    device, the PCIe twin's netdev and RDMA device: ``topology.dgx_os_port``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    netdev: str = Field(pattern=NETDEV_RE.pattern)
+    roce_device: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    twin_netdev: str | None = Field(default=None, pattern=NETDEV_RE.pattern)
+    twin_roce_device: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+
+    def port(self, index: int) -> topology.Port:
+        """The plan's port: each name given, else DGX OS's (ValueError naming what is missing)."""
+        derived = topology.dgx_os_port(self.netdev)
+        names = {
+            "roce_device": self.roce_device or (derived and derived.primary.rdma),
+            "twin_netdev": self.twin_netdev or (derived and derived.twin.netdev),
+            "twin_roce_device": self.twin_roce_device or (derived and derived.twin.rdma),
+        }
+        missing = [k for k, v in names.items() if not v]
+        if missing:
+            raise ValueError(
+                f"{self.netdev} is no DGX OS name (enp<bus>s<slot>f<fn>np<port>): name "
+                f"{', '.join(missing)} too"
+            )
+        return topology.Port(
+            index,
+            topology.Function(self.netdev, str(names["roce_device"])),
+            topology.Function(str(names["twin_netdev"]), str(names["twin_roce_device"])),
+        )
+
+
 class Rank(BaseModel):
     """One node of the cluster as the deploy sees it."""
 
@@ -366,6 +427,8 @@ class Rank(BaseModel):
     # the head's API as the control machine reaches it (host data api_url; read on the head
     # only); None: the default, http://<address>:<api_port> (``api_url``)
     api_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
+    # fabric_layout "ports": the rank's QSFP ports by index, resolved (each port's functions)
+    ports: dict[int, topology.Port] = {}
 
     @property
     def role(self) -> str:
@@ -424,6 +487,20 @@ class Settings(BaseModel):
     @property
     def fabric_network(self) -> ipaddress.IPv4Network:
         return self.head.fabric_address.network
+
+    @property
+    def fabric_plan(self) -> topology.Plan | None:
+        """The fabric's addressing plan (fabric_layout "ports", docs/rings.md); None: one netdev
+        per rank on one subnet (fabric_layout "single", the inventory's fabric_address)."""
+        if self.knobs.fabric_layout != "ports":
+            return None
+        return fabric_plan(self.ranks, self.knobs.fabric_cidr)
+
+    @property
+    def fabric_rank(self) -> topology.RankPlan | None:
+        """This rank's part of ``fabric_plan``."""
+        plan = self.fabric_plan
+        return plan.ranks[self.me.rank] if plan else None
 
     @property
     def container_name(self) -> str:
@@ -594,27 +671,48 @@ def build(view: InventoryView) -> dict[str, Settings]:
     ordered = heads[:1] + [hw for hw in workers if hw[0] not in both]
     ranks: list[Rank] = []
     knobs: dict[str, Knobs] = {}
+    nnodes = len(ordered)
     for rank, (name, data) in enumerate(ordered):
         problems.extend(unknown_keys(name, data))
-        for key in ("fabric_interface", "fabric_address"):
+        ports_layout = data.get("fabric_layout") == "ports"
+        required: tuple[str, ...] = ("fabric_interface", "fabric_address")
+        if ports_layout:  # the addresses are derived; a ring names no single interface
+            required = ("fabric_interface",) if nnodes == 2 else ()
+            problems.extend(_ports_layout_keys(name, data, nnodes))
+        elif data.get("fabric_ports") not in (None, {}):
+            problems.append(
+                f"{name}: fabric_ports: set, but fabric_layout is 'single' (one netdev, "
+                "fabric_interface); set fabric_layout = 'ports' or remove it (docs/rings.md)"
+            )
+        for key in required:
             if data.get(key) in (None, ""):
                 problems.append(f"{name}: {key}: missing (set it on the host in the inventory)")
+        ports: dict[int, topology.Port] = {}
+        if ports_layout:
+            try:
+                ports = resolved_ports(data, nnodes)
+            except ValueError as err:
+                problems.append(f"{name}: fabric_ports: {err}")
+        interface = data.get("fabric_interface") or ""
+        if ports_layout and nnodes != 2 and 0 in ports:
+            interface = ports[0].primary.netdev  # the rank's first fabric netdev
         try:
             ranks.append(
                 Rank(
                     name=name,
                     rank=rank,
-                    fabric_interface=data.get("fabric_interface") or "",
-                    fabric_address=_interface(data.get("fabric_address")),
+                    fabric_interface=interface,
+                    fabric_address=_interface(None if ports_layout else data.get("fabric_address")),
                     roce_device=data.get("roce_device"),
                     uplink_interfaces=list(data.get("uplink_interfaces") or []),
                     address=str(data.get("ssh_hostname") or name),
                     api_url=data.get("api_url") or None,
+                    ports=ports,
                 )
             )
 
         except ValidationError as err:
-            if data.get("fabric_interface") and data.get("fabric_address"):
+            if interface and (ports_layout or data.get("fabric_address")):
                 problems.extend(_fmt(name, err))
         except ValueError as err:
             problems.append(f"{name}: fabric_address: {err}")
@@ -623,12 +721,106 @@ def build(view: InventoryView) -> dict[str, Settings]:
         except ValidationError as err:
             problems.extend(_fmt(name, err))
 
+    first = next(iter(knobs.values()), None)
+    if not problems and first is not None and first.fabric_layout == "ports":
+        try:
+            ranks = planned_ranks(ranks, first.fabric_cidr)
+        except topology.PlanError as err:
+            problems.extend(f"inventory: fabric_layout 'ports': {p}" for p in err.problems)
     problems.extend(_cluster_problems(ranks, knobs))
     if problems:
         raise DeployError("invalid inventory or data:\n  " + "\n  ".join(problems))
 
     as_tuple = tuple(ranks)
     return {r.name: Settings(me=r, ranks=as_tuple, knobs=knobs[r.name]) for r in ranks}
+
+
+def _ports_layout_keys(name: str, data: dict[str, Any], nnodes: int) -> list[str]:
+    """What fabric_layout "ports" refuses in one host's data: a typed fabric address (every
+    address is derived from fabric_cidr), and on three ranks and more a fabric_interface or
+    roce_device (a ring names both ports, fabric_ports, or takes DGX OS's names)."""
+    problems = []
+    if data.get("fabric_address") not in (None, ""):
+        problems.append(
+            f"{name}: fabric_address: fabric_layout 'ports' derives every fabric address from "
+            "fabric_cidr, never per host (docs/rings.md); remove it"
+        )
+    if nnodes > 2:
+        for key in ("fabric_interface", "roce_device"):
+            if data.get(key) not in (None, ""):
+                problems.append(
+                    f"{name}: {key}: a ring of {nnodes} uses both QSFP ports of every rank, "
+                    "named in fabric_ports (or DGX OS's names: docs/rings.md); remove it"
+                )
+    return problems
+
+
+def resolved_ports(data: dict[str, Any], nnodes: int) -> dict[int, topology.Port]:
+    """One host's QSFP ports for fabric_layout "ports", by index: ``fabric_ports`` entries, each
+    name it leaves out derived from DGX OS's names; on three ranks and more a port it does not
+    name is DGX OS's (``enp1s0f<i>np<i>``); a pair's one port is the one whose primary netdev
+    is ``fabric_interface``. ValueError naming what is wrong."""
+    given = data.get("fabric_ports") or {}
+    if not isinstance(given, dict):
+        raise ValueError(
+            "must map a port index (0: the cage next to the RJ45 port, 1) to its netdevs, e.g. "
+            "{0: {'netdev': 'enp1s0f0np0'}, 1: {'netdev': 'enp1s0f1np1'}}"
+        )
+    ports: dict[int, topology.Port] = {}
+    for key, entry in given.items():
+        if str(key) not in ("0", "1"):
+            raise ValueError(f"port {key!r}: a Spark has ports 0 and 1")
+        try:
+            spec = FabricPort.model_validate(entry)
+        except ValidationError as err:
+            raise ValueError(f"port {key}: {_fmt('', err)[0].removeprefix(': ')}") from None
+        try:
+            ports[int(key)] = spec.port(int(key))
+        except ValueError as err:
+            raise ValueError(f"port {key}: {err}") from None
+    if nnodes == 2:
+        iface = data.get("fabric_interface") or ""
+        named = [p for p in ports.values() if p.primary.netdev == iface]
+        derived = topology.dgx_os_port(iface)
+        if named:
+            return {named[0].index: named[0]}
+        if derived is not None and derived.index not in ports:
+            return {derived.index: derived}
+        if iface:
+            raise ValueError(
+                f"fabric_interface {iface} is the primary netdev of no port: name its port in "
+                "fabric_ports (a DGX OS name, enp1s0f<i>np<i>, needs none)"
+            )
+        return {}
+    for index in topology.PORTS:
+        ports.setdefault(index, topology.dgx_os_default(index))
+    return ports
+
+
+def pair_ports(ranks: list[Rank] | tuple[Rank, ...]) -> tuple[int, int] | None:
+    """The port a pair's cable is in on each rank (its one resolved port), or None."""
+    if len(ranks) != 2 or not all(len(r.ports) == 1 for r in ranks):
+        return None
+    return (next(iter(ranks[0].ports)), next(iter(ranks[1].ports)))
+
+
+def fabric_plan(ranks: list[Rank] | tuple[Rank, ...], cidr: str) -> topology.Plan:
+    """The addressing plan of ``ranks`` in inventory order (topology.derive)."""
+    return topology.derive([r.ports for r in ranks], cidr, pair_ports(ranks))
+
+
+def planned_ranks(ranks: list[Rank], cidr: str) -> list[Rank]:
+    """``ranks`` with each one's fabric_interface and fabric_address its first planned netdev
+    and address (a pair: the primary function of its port), so every phase that speaks to a
+    rank over the fabric keeps one address per rank."""
+    plan = fabric_plan(ranks, cidr)
+    out = []
+    for r, part in zip(ranks, plan.ranks, strict=True):
+        first = part.ifaces[0]
+        out.append(
+            r.model_copy(update={"fabric_interface": first.netdev, "fabric_address": first.address})
+        )
+    return out
 
 
 def _interface(value: Any) -> ipaddress.IPv4Interface:
@@ -648,13 +840,14 @@ def _interface(value: Any) -> ipaddress.IPv4Interface:
 
 def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
     problems: list[str] = []
+    layout = next(iter(knobs.values())).fabric_layout if knobs else "single"
     real = [r for r in ranks if r.fabric_address.network.prefixlen < 32]
     seen: dict[str, str] = {}
     for r in real:
         if r.ip in seen:
             problems.append(f"{r.name}: fabric_address: {r.ip} is already used by {seen[r.ip]}")
         seen.setdefault(r.ip, r.name)
-    if real:
+    if real and layout == "single":
         net = real[0].fabric_address.network
         for r in real[1:]:
             if r.fabric_address.network != net:
@@ -674,7 +867,19 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                     )
             problems.extend(_stack_problems(name, k))
             declared = get(k.stack).nodes
-            if declared and ranks and len(ranks) not in declared:
+            if (
+                name == first_name
+                and get(k.stack).family == "vllm"
+                and ranks
+                and VLLM_ATTENTION_HEADS % len(ranks)
+            ):
+                problems.append(
+                    f"{name}: stack: {k.stack!r} is vLLM tensor parallel over every rank, and "
+                    f"GLM-5.3-Flash's {VLLM_ATTENTION_HEADS} attention heads are not divisible by "
+                    f'{len(ranks)} (vLLM splits them evenly; docs/rings.md "vLLM on three '
+                    'Sparks"): use 2 or 4 Sparks, or a stack that serves on 3'
+                )
+            elif declared and ranks and len(ranks) not in declared:
                 problems.append(
                     f"{name}: stack: {k.stack!r} serves on {' or '.join(map(str, declared))} "
                     f"Sparks; the inventory has {len(ranks)}"
@@ -775,6 +980,21 @@ def current() -> Settings:
     return for_inventory(ctx_inventory.get())[host.name]  # the real object, not the proxy
 
 
+def not_applied(settings: dict[str, Settings]) -> str | None:
+    """Why the deploy refuses a valid inventory it cannot converge yet, or None: fabric_layout
+    "ports" is validated and planned (``Settings.fabric_plan``, docs/rings.md), but the phases
+    still speak to one netdev, one RDMA device and one GID index per rank (issue 36)."""
+    s = next(iter(settings.values()), None)
+    if s is None or s.knobs.fabric_layout == "single":
+        return None
+    return (
+        f"fabric_layout 'ports' with {s.nnodes} ranks: the inventory is valid and its plan "
+        "derived (docs/rings.md), but the deploy does not apply it yet: the fabric phase, the "
+        "start gate and the rank unit still handle one netdev, one RDMA device and one GID "
+        "index per rank (issue 36); use fabric_layout 'single'"
+    )
+
+
 def for_inventory(inventory: Any) -> dict[str, Settings]:
     """Validate once per inventory object (the deploy file runs once per host), lockfiles
     included: a missing or stale lockfile, or a gated repo with no Hub token on this machine,
@@ -782,6 +1002,8 @@ def for_inventory(inventory: Any) -> dict[str, Settings]:
 
     def validate() -> dict[str, Settings]:
         settings = build(view_of(inventory))
+        if why := not_applied(settings):
+            raise DeployError(why)
         for s in settings.values():  # DeployError naming the lockfile and the command to make it
             for _, repo, revision in s.locked_artifacts:
                 endpoint = s.knobs.hub_endpoint

@@ -660,21 +660,22 @@ def test_a_command_no_fake_declares_fails_the_test(monkeypatch):
     assert "@fake/spark-a: rm -rf /srv/elsewhere" in str(err.value)
 
 
-def test_three_nodes_start_both_workers_before_the_head_waits_for_both(monkeypatch):
-    r = apply(monkeypatch, inventory="tests/plan/inventory_three.py")
+def test_four_nodes_start_every_worker_before_the_head_waits_for_them(monkeypatch):
+    # four, not three: vLLM stacks refuse three ranks (64 heads; tests/plan/test_rings.py)
+    r = apply(monkeypatch, inventory="tests/plan/inventory_4nodes.py")
     assert r.exit_code == 0, r.output
-    workers = ("@fake/spark-b", "@fake/spark-c")
+    workers = ("@fake/spark-b", "@fake/spark-c", "@fake/spark-d")
     for rank, name in enumerate(workers, start=1):
         cmds = r.commands[name]
         assert fakehosts.start_of("sparkrig-worker") in cmds
         launch = [c for c in cmds if fakehosts.SMOKE_WORKER.search(c)]
-        assert launch and f"RANK={rank}" in launch[0] and "WORLD_SIZE=3" in launch[0]
+        assert launch and f"RANK={rank}" in launch[0] and "WORLD_SIZE=4" in launch[0]
         assert any(c.startswith("ping -M do") and "192.168.100.10" in c for c in cmds)
     head = r.commands[HEAD]
     wait = [c for c in head if fakehosts.PAIR_WAIT.search(c)]
-    assert wait and "--peers 192.168.100.11,192.168.100.12 " in wait[0]
+    assert wait and "--peers 192.168.100.11,192.168.100.12,192.168.100.13 " in wait[0]
     ping = [c for c in head if fakehosts.PING.search(c)]
-    assert ping and "192.168.100.11" in ping[0] and "192.168.100.12" in ping[0]
+    assert ping and all(f"192.168.100.1{i}" in ping[0] for i in (1, 2, 3))
     steps = ["Start the worker rank", "Wait until every worker's container runs"]
     assert position(r, steps[0]) < position(r, steps[1]) < position(r, "Start the head rank")
 

@@ -1,0 +1,42 @@
+"""fabric_layout "ports" and the rank count through the real CLI against strict @fake hosts
+(issue 36, docs/rings.md): what the inventory cannot serve or the deploy cannot converge yet is
+refused before any command reaches a host."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.plan.harness import run
+
+
+@pytest.mark.parametrize(
+    ("inventory", "message"),
+    [
+        (
+            "tests/plan/inventory_three.py",
+            "spark-a: stack: 'vllm-nvfp4' is vLLM tensor parallel over every rank, and "
+            "GLM-5.3-Flash's 64 attention heads are not divisible by 3",
+        ),
+        (
+            "tests/plan/rings/ring_four.py",
+            "fabric_layout 'ports' with 4 ranks: the inventory is valid and its plan derived "
+            "(docs/rings.md), but the deploy does not apply it yet",
+        ),
+        (
+            "tests/plan/rings/pair_ports.py",
+            "fabric_layout 'ports' with 2 ranks: the inventory is valid and its plan derived",
+        ),
+        (
+            "tests/plan/rings/ring_like_port_names.py",
+            "inventory: fabric_layout 'ports': rank 2: netdev enP2p1s0f0np0, enp1s0f0np0 named "
+            "twice",
+        ),
+    ],
+)
+def test_what_cannot_serve_or_converge_sends_no_command_to_any_host(
+    monkeypatch, inventory, message
+):
+    r = run(["-y", inventory, "deploy.py"], monkeypatch)
+    assert r.exit_code != 0
+    assert message in str(r.exception) + r.output
+    assert all(cmds == [] for cmds in r.commands.values()), r.commands
