@@ -59,7 +59,7 @@ HOST_KEYS = (
 # What vLLM's tensor parallel divides by the rank count with no remainder: GLM-5.3-Flash's
 # num_attention_heads = num_key_value_heads = 64 (docs/rings.md "Why TP=3 is hard": stock vLLM
 # rejects TP3 for a 64-head model, vllm-project/vllm#52435)
-VLLM_ATTENTION_HEADS = 64
+GLM53_ATTENTION_HEADS = 64
 # Host data pyinfra 3.10's connectors read without declaring it in their ``data_meta``:
 # pyinfra/connectors/chroot.py (chroot_directory), dockerssh.py (docker_image, docker_container_id).
 PYINFRA_UNDECLARED_KEYS = ("chroot_directory", "docker_image", "docker_container_id")
@@ -871,11 +871,11 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                 name == first_name
                 and get(k.stack).family == "vllm"
                 and ranks
-                and VLLM_ATTENTION_HEADS % len(ranks)
+                and GLM53_ATTENTION_HEADS % len(ranks)
             ):
                 problems.append(
                     f"{name}: stack: {k.stack!r} is vLLM tensor parallel over every rank, and "
-                    f"GLM-5.3-Flash's {VLLM_ATTENTION_HEADS} attention heads are not divisible by "
+                    f"GLM-5.3-Flash's {GLM53_ATTENTION_HEADS} attention heads are not divisible by "
                     f'{len(ranks)} (vLLM splits them evenly; docs/rings.md "vLLM on three '
                     'Sparks"): use 2 or 4 Sparks, or a stack that serves on 3'
                 )
