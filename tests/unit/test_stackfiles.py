@@ -55,14 +55,14 @@ def test_a_file_for_every_rank_or_an_unpinned_one_is_refused():
 
 
 def test_only_the_head_mounts_the_template_and_only_in_its_serving_container():
-    settings = sfxnz(3)
+    settings = sfxnz(4)  # (3 ranks: refused, 64 heads)
     head = settings["spark-0"]
     dest = stackfiles.host_path(head, CHAT_TEMPLATE)
     assert dest == f"/opt/sparkrig/stack-files/{CHAT_TEMPLATE.commit}/chat_template.jinja"
     mount = f"{dest}:/chat_template.jinja:ro"
     assert mount in docker_run_args(head)
     assert mount not in smoke_run_args(head, "img")  # the smoke test serves no API
-    for worker in ("spark-1", "spark-2"):
+    for worker in ("spark-1", "spark-2", "spark-3"):
         args = docker_run_args(settings[worker])
         assert "/chat_template.jinja" not in " ".join(args), worker
         assert stackfiles.mounted(settings[worker]) == []
