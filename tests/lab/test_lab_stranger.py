@@ -14,6 +14,7 @@ Ordered: the first test converges the pair."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Iterator
@@ -92,7 +93,8 @@ print(json.dumps(pairmac.sign(key, "POST", path, f"{host}:{port}", now=time.time
 def signed(head: Guest, worker: Guest, path: str, age: float = 0) -> dict[str, str]:
     """Headers the head's own code signs for POST ``path`` to the worker's agent, ``age``
     seconds ago (what a capture of that request on the fabric holds)."""
-    out = head.sh(f"python3 -c {json.dumps(_SIGN)} {worker.ip} {AGENT_PORT} {path} {age}")
+    script = base64.b64encode(_SIGN.encode()).decode()
+    out = head.sh(f"echo {script} | base64 -d | python3 - {worker.ip} {AGENT_PORT} {path} {age}")
     return dict(json.loads(out))
 
 
