@@ -200,10 +200,15 @@ def weights(guests: Sequence[Guest], dest: str) -> list[str]:
     return problems
 
 
+def data_args(data: Sequence[str]) -> list[str]:
+    """The operator's ``KEY=VALUE`` data as pyinfra's arguments, ``--data`` before each."""
+    return [arg for kv in data for arg in ("--data", kv)]
+
+
 def planned(timeout: float = 900, data: Sequence[str] = ()) -> tuple[list[str], str]:
     """What the next ``--dry`` would do, one ``host: op`` per planned change; and its output.
     ``data``: the operator's ``--data KEY=VALUE`` arguments, as their runs pass them."""
-    argv = [*DRY, *(arg for kv in data for arg in ("--data", kv))]
+    argv = [*DRY, *data_args(data)]
     run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout,
                          env={**os.environ, "PYINFRA_PROGRESS": "off"}, check=False)  # fmt: skip
     if run.returncode != 0:

@@ -120,7 +120,7 @@ class Runner:
     @property
     def command(self) -> list[str]:
         """The operator's command: ``pyinfra -y lab/inventory.py deploy.py`` and their --data."""
-        return [*DEPLOY, *(arg for kv in self.data for arg in ("--data", kv))]
+        return [*DEPLOY, *checks.data_args(self.data)]
 
     # --- the lab ---------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ SILENCE_S = 150  # longer than the watch's 120 s of silence before it declares a
 
 
 def head_uplink() -> str:
-    return str(json.loads(STATE.read_text())["hosts"][0]["uplink_addresses"]["enP7s7"])
+    return stranger.head_uplink(json.loads(STATE.read_text()))
 
 
 @pytest.fixture(scope="module")
