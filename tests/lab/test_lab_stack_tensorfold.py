@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
@@ -166,6 +168,31 @@ def test_chaos_sample_on_tensorfold_heals_in_one_run_each(lab: Lab):
     assert not result.stopped, result.stopped
     assert result.healed() == result.total() == 3, result.markdown()
     assert_serves(lab, STACK)
+
+
+def bench(*args: str) -> str:
+    """One `python3 -m sparkrig.bench` run against the lab's head, as an operator runs it."""
+    run = subprocess.run(
+        [sys.executable, "-m", "sparkrig.bench", "--inventory", INV, "--stack", STACK, *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    print(run.stdout)
+    return run.stdout
+
+
+def test_the_bench_shows_tensorfolds_published_figures_beside_its_measured_ones(lab: Lab):
+    """Seed 004's protocol and seed 000's (cut short: the stand-in's speed is not the engine's)
+    on the TensorFold pair: each table names the figures TensorFold's publishers report, seed
+    004's (35.8 tok/s prose, prefill 1,342) and MiaAI's (60.4 alone, 108.8 at 4 streams,
+    prefill about 1,950)."""
+    out = ROOT / ".lab" / "bench-tensorfold"
+    out.mkdir(parents=True, exist_ok=True)
+    seed004 = bench("--protocol", "seed004", "--json", str(out / "seed004.json"))
+    assert "35.8" in seed004 and "1342" in seed004, seed004
+    short = ("--repeats", "1", "--prompts", "2", "--streams", "4", "--contexts", "8K")
+    seed000 = bench("--json", str(out / "seed000.json"), *short, "--fffd-tokens", "0", "--no-tool")
+    assert "60.4" in seed000 and "108.8" in seed000, seed000
 
 
 def test_switch_back_from_tensorfold_to_the_default_stack(lab: Lab):
