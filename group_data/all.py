@@ -57,7 +57,7 @@ fabric_mtu = 9000  # MTU on the QSFP fabric NIC, persisted with netplan
 # fabric_address), every rank on one subnet: a pair on one function, or a switch. "ports": both
 # PCIe functions of every cabled port, the addresses derived from fabric_cidr (a pair: the port
 # fabric_interface names; three and more: both ports, cabled port 0 of rank i to port 1 of rank
-# i+1; host data fabric_ports, else DGX OS's names). Three and more are planned, not converged yet.
+# i+1; host data fabric_ports, else DGX OS's names). A pair is applied; three and more are refused.
 fabric_layout = "single"  # "single" (one netdev per rank) or "ports" (every function, derived plan)
 # One /24 per function class per cable is cut from it, in cable order (cable e: the 2e-th and
 # (2e+1)-th /24), the port-0 end .1, the port-1 end .2: SparkRing's layout (docs/rings.md). A /21
@@ -123,6 +123,11 @@ nccl_smoke_iters = 20  # timed all-reduces; their mean time gives busbw (nccl-te
 # fails MTU 1500, a 13 Gb/s link (1.6), a dev NCCL build (3.04, #103), a function at half width;
 # raise it to 16 once NCCL_IB_HCA names both functions: that catches one of them down (12.8/20.9).
 fabric_busbw_min_gbs = 8.0  # GB/s; the smoke test fails below it (0: no floor)
+# fabric_layout "ports" names both functions of the pair's cable in NCCL_IB_HCA: published 20.9
+# (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#172), 23.74 and 20.4 all_gather (NVIDIA/dgx-spark-
+# playbooks#103, MiaAI #118); one function 11.6-12.8. 16 fails a pair with one function down or
+# left out (12.8 < 16), with a quarter of margin under 20.4 (docs/rings.md). Not measured by us.
+fabric_ports_busbw_min_gbs = 16.0  # GB/s; fabric_layout "ports": the floor over both functions
 supervisor_max_restarts = 3  # head: ordered restarts of a pair that went down by itself, per window
 supervisor_window_s = 21600  # the supervisor's restart budget window (6 h); then a human decides
 watchdog = True  # head: restart the pair in order when the engine is wedged (/health can lie)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import shlex
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyinfra import host, logger
@@ -29,17 +30,24 @@ from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
 from sparkrig.stateread import Part, read_here
 from sparkrig.topology import (
+    Plan,
     Port,
     Probe,
+    check_cabling,
     discover_ports,
     discovery_command,
     fabric_env,
+    judge_links,
     parse_probe,
     probe_command,
+    unchecked_cables,
+    with_siblings,
 )
 
 # where fabric_takeover moves other claims on the fabric NIC (their original path kept below it)
 DISPLACED_DIR = "/var/lib/sparkrig/displaced"
+# fabric_layout "ports": a relaying rank's forwarding and rp_filter per fabric netdev (sysctl.d)
+FORWARDING_FILE = "/etc/sysctl.d/91-sparkrig-fabric.conf"
 
 # ---------------------------------------------------------------------------------------------
 # RoCE GID table (the reading and the rule are the host package's: files/sparkhost/gid.py)
@@ -83,7 +91,7 @@ class FabricNeighbours(FactBase[dict[str, Probe]]):
 
     default = dict
 
-    def command(self, netdevs: list[str], wait_s: int = 2) -> str:
+    def command(self, netdevs: Sequence[str], wait_s: int = 2) -> str:
         return f"{probe_command(netdevs, wait_s)}; echo '{END}'"
 
     def process(self, output: list[str]) -> dict[str, Probe]:
@@ -107,14 +115,154 @@ class FabricPorts(FactBase[dict[int, Port]]):
         return discover_ports(output)
 
 
+@dataclass(frozen=True)
+class LinkState:
+    """One fabric netdev as the host has it, and whether a full-MTU don't-fragment ping out of
+    it reached the peer function it faces in the plan."""
+
+    netdev: str
+    present: bool = False
+    admin_up: bool = False
+    carrier: bool = False
+    mtu: int = 0
+    ipv4: tuple[str, ...] = ()  # "198.18.0.1/24"
+    df_ok: bool = False
+
+
+def links_command(pings: Sequence[tuple[str, str]], mtu: int) -> str:
+    """Every (netdev, peer address): the don't-fragment pings at once (each in the background),
+    then each netdev's flags, carrier, MTU and IPv4 addresses, from sysfs and iproute2."""
+    started = [
+        f"( {df_ping(dev, peer, mtu)} >/dev/null 2>&1; echo df {shlex.quote(dev)} $? ) &"
+        for dev, peer in pings
+    ]
+    shown = []
+    for dev, _ in pings:
+        d = shlex.quote(dev)
+        shown.append(
+            f"if [ -e /sys/class/net/{d} ]; then echo link {d} "
+            f"$(cat /sys/class/net/{d}/flags) $(cat /sys/class/net/{d}/carrier 2>/dev/null || "
+            f"echo 0) $(cat /sys/class/net/{d}/mtu); ip -4 -o addr show dev {d} | "
+            f"awk '{{print \"addr {dev} \" $4}}'; else echo absent {d}; fi"
+        )
+    return " ".join(started) + " wait; " + "; ".join(shown)
+
+
+def df_ping(netdev: str, peer: str, mtu: int) -> str:
+    """One direction of one link: a full-MTU do-not-fragment ping out of ``netdev``."""
+    return f"ping -M do -s {mtu - 28} -c 2 -i 0.2 -W 2 -I {shlex.quote(netdev)} {peer}"
+
+
+def parse_links(lines: Sequence[str]) -> dict[str, LinkState]:
+    """``links_command``'s output, per netdev."""
+    raw: dict[str, dict[str, Any]] = {}
+    for line in lines:
+        words = line.split()
+        if len(words) < 2 or words[0] not in ("df", "link", "addr", "absent"):
+            continue
+        entry = raw.setdefault(words[1], {"ipv4": []})
+        if words[0] == "df" and len(words) == 3:
+            entry["df_ok"] = words[2] == "0"
+        elif words[0] == "link" and len(words) == 5:
+            flags = int(words[2], 16) if words[2].startswith("0x") else 0
+            entry.update(present=True, admin_up=bool(flags & 1), carrier=words[3] == "1")
+            entry["mtu"] = int(words[4]) if words[4].isdigit() else 0
+        elif words[0] == "addr" and len(words) == 3:
+            entry["ipv4"].append(words[2])
+    return {
+        dev: LinkState(dev, **{**entry, "ipv4": tuple(entry["ipv4"])}) for dev, entry in raw.items()
+    }
+
+
+class FabricLinks(FactBase[dict[str, LinkState]]):
+    """
+    Every fabric netdev of the rank's plan (fabric_layout "ports"): present, administratively
+    up, carrier, MTU, IPv4 addresses, and a full-MTU don't-fragment ping out of it to the peer
+    function it faces (all pings at once: one ping's time).
+    """
+
+    default = dict
+
+    def command(self, pings: tuple[tuple[str, str], ...], mtu: int) -> str:
+        return f"{links_command(pings, mtu)}; echo '{END}'"
+
+    def process(self, output: list[str]) -> dict[str, LinkState]:
+        return parse_links(output)
+
+
+def ports_parts(s: Settings) -> list[Part]:
+    """The state read's fabric parts of fabric_layout "ports" (none for "single"): who answers
+    on every netdev of both ports (the cabling check) and every planned netdev's link with its
+    don't-fragment ping."""
+    part = s.fabric_rank
+    if part is None:
+        return []
+    probed = tuple(f.netdev for p in with_siblings(s.me.ports).values() for f in p.functions)
+    pings = tuple((i.netdev, str(i.peer_address)) for i in part.ifaces)
+    return [
+        Part("fabric_probe", FabricNeighbours, (("netdevs", probed),)),
+        Part("fabric_links", FabricLinks, (("pings", pings), ("mtu", s.knobs.fabric_mtu))),
+    ]
+
+
+def cabling_verdict(
+    s: Settings, probes: Sequence[Mapping[str, Probe]]
+) -> tuple[list[str], list[str]]:
+    """(problems, notes) of the cables as every rank's probe (``probes[rank]``) hears them
+    against ``s``'s plan: each problem names the cable to move (``topology.check_cabling``); a
+    cable an end could not ask on is a note (``topology.unchecked_cables``)."""
+    plan = s.fabric_plan
+    assert plan is not None
+    ports = [with_siblings(r.ports) for r in s.ranks]
+    names = [r.name for r in s.ranks]
+    return (
+        check_cabling(plan, ports, probes, names),
+        unchecked_cables(plan, ports, probes, names),
+    )
+
+
+def judged_plan(
+    s: Settings, links: Sequence[Mapping[str, LinkState]]
+) -> tuple[Plan, list[str], set[tuple[int, int]]]:
+    """The plan after knob ``fabric_link_silent`` judged every link whose two ends already hold
+    their planned address (``links[rank]``: that rank's FabricLinks), the lines naming each
+    silent link (refusals for "refuse", notes for "omit"), and the links judged (cable,
+    function). A link not yet addressed at both ends is proven by the pings after the netplan
+    is applied (``fabric_functions_proven``). A cable with neither function left: PlanError."""
+    plan = s.fabric_plan
+    assert plan is not None
+    addressed: set[tuple[int, int]] = set()
+    for link in plan.links:
+        ends = []
+        for end in (link.cable.a, link.cable.b):
+            iface = next(
+                i for i in plan.ranks[end.rank].ifaces
+                if i.cable == link.cable.index and i.function == link.function
+            )  # fmt: skip
+            have = links[end.rank].get(iface.netdev) if end.rank < len(links) else None
+            ends.append(have is not None and str(iface.address) in have.ipv4)
+        if all(ends):
+            addressed.add((link.cable.index, link.function))
+    failed: dict[int, list[str]] = {}
+    for part in plan.ranks:
+        for i in part.ifaces:
+            have = links[part.rank].get(i.netdev) if part.rank < len(links) else None
+            if (i.cable, i.function) in addressed and not (have and have.df_ok):
+                failed.setdefault(part.rank, []).append(i.netdev)
+    names = [r.name for r in s.ranks]
+    kept, lines = judge_links(plan, failed, s.knobs.fabric_link_silent, names)
+    return kept, lines, addressed
+
+
 def gids_part() -> Part:
     """The state read's part of the RoCE GID table."""
     return Part("gids", RoceGids)
 
 
-def env_context(s: Settings) -> dict[str, Any]:
+def env_context(s: Settings, plan: Plan | None = None) -> dict[str, Any]:
     """The rank env file's template context (rank.env.j2): fabric MTU, RoCE port, subnet and
-    the NCCL environment; ``rank_env_written`` adds the HCA and GID index read on the host."""
+    the NCCL environment; ``rank_env_written`` adds the HCA and GID index read on the host.
+    ``plan``: fabric_layout "ports" after ``judged_plan`` (default: the whole plan)."""
     k = s.knobs
     context = {
         **base_context(s),
@@ -125,7 +273,7 @@ def env_context(s: Settings) -> dict[str, Any]:
         "stack_env": list(s.stack.env.items()),
         "extra": sorted(k.nccl_env.items()),
     }
-    plan = s.fabric_plan
+    plan = plan or s.fabric_plan
     if plan is not None:  # fabric_layout "ports": rank-ports.env.j2 (docs/rings.md)
         uplinks = s.me.uplink_interfaces
         context["fabric_env"] = fabric_env(plan, s.me.rank, k.roce_port, uplinks)
@@ -363,3 +511,34 @@ def rank_env_written(
         host.noop(f"{dest}: its RoCE GID index did not move alone")
     else:
         yield from file_present._inner(text=text, dest=dest, mode="644")
+
+
+@operation()
+def fabric_functions_proven(
+    pings: list[tuple[str, str, str]], mtu: int, proven: bool, omit: bool
+) -> Generator[Any, None, None]:
+    """
+    Prove each fabric function this rank uses with a full-MTU don't-fragment ping to the peer
+    function it faces (fabric_layout "ports"; the peer pings back from its end): a function
+    that fails is named, and fails this host.
+
+    + pings: (netdev, peer address, the link's name) of every function kept in the plan
+    + mtu: the fabric MTU; the payload is MTU - 28
+    + proven: every one of them answered when the state was read (nothing to do)
+    + omit: knob fabric_link_silent is "omit" (a re-run leaves a link that fails out)
+    """
+    if proven:
+        host.noop(f"every fabric function answers {mtu - 28}-byte do-not-fragment pings")
+        return
+    then = (
+        "a re-run leaves it out (fabric_link_silent = 'omit')"
+        if omit
+        else "fabric_link_silent = 'omit' leaves it out"
+    )
+    checks = []
+    for netdev, peer, name in pings:
+        why = shlex.quote(f"{name} does not answer a full-MTU don't-fragment ping ({then})")
+        checks.append(
+            f"{df_ping(netdev, peer, mtu)} >/dev/null 2>&1 || {{ echo {why} >&2; rc=1; }}"
+        )
+    yield "rc=0; " + "; ".join(checks) + "; exit $rc"

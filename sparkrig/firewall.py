@@ -2,8 +2,9 @@
 own, ``inet sparkrig``, rendered per rank into ``<config_dir>/firewall.nft`` and loaded by
 ``sparkrig-firewall.service`` at every boot, beside docker's chains and touching nothing else.
 
-On every rank the fabric netdev accepts only the other ranks' fabric addresses; the rank's fabric
-address reached through any other interface is dropped (the weak host model would answer it), and
+On every rank the fabric netdev (every one of the plan in fabric_layout "ports") accepts only the
+other ranks' fabric addresses; the rank's fabric address reached through any other interface is
+dropped (the weak host model would answer it), and
 so are the pair's ports (the rendezvous, the beacon, agent, supervisor and copy servers) on every
 other interface, since torch's TCPStore listens on the wildcard. On the head, ``api_port`` is
 accepted only from ``api_allow`` and loopback, and the engine behind the API front only from
@@ -75,11 +76,31 @@ def api_networks(s: Settings) -> tuple[list[str], list[str]]:
     )
 
 
+def fabric_sides(s: Settings) -> tuple[list[str], list[str], list[str]]:
+    """The rank's fabric netdevs, its own fabric addresses and its peers' addresses facing them:
+    one netdev and one address per rank (fabric_layout "single"), or every function of the
+    plan (fabric_layout "ports": a pair's peer answers on both functions of the cable)."""
+    part = s.fabric_rank
+    if part is None:
+        return [s.me.fabric_interface], [s.me.ip], [r.ip for r in s.others]
+    peers = sorted({i.peer_address for i in part.ifaces})
+    return list(part.netdevs), [str(i.address.ip) for i in part.ifaces], [str(p) for p in peers]
+
+
+def nft_set(values: list[str], quoted: bool = False) -> str:
+    """One value as itself, several as an anonymous nft set (``{ a, b }``)."""
+    shown = [f'"{v}"' if quoted else v for v in values]
+    return shown[0] if len(shown) == 1 else "{ " + ", ".join(shown) + " }"
+
+
 def ruleset_context(s: Settings) -> dict[str, Any]:
     v4, v6 = api_networks(s)
+    netdevs, own, peers = fabric_sides(s)
     return {
         **base_context(s),
-        "peers": [r.ip for r in s.others],
+        "peers": peers,
+        "fabric_iif": nft_set(netdevs, quoted=True),
+        "fabric_own": nft_set(own),
         "fabric_ports": sorted(fabric_ports(s)),
         "api_port": s.knobs.api_port if s.me.is_head else None,
         "engine_port": engine_port(s),

@@ -16,7 +16,15 @@ from sparkhost.gid import GidEntry
 
 from sparkrig import hostpkg, stateread
 from sparkrig.baseline import GRUB_DROPIN, BaselineReport, baseline_of, baseline_part
-from sparkrig.fabric import RoceGids, gids_part
+from sparkrig.fabric import (
+    FORWARDING_FILE,
+    FabricLinks,
+    FabricNeighbours,
+    LinkState,
+    RoceGids,
+    gids_part,
+    ports_parts,
+)
 from sparkrig.firewall import UNIT as FIREWALL_UNIT
 from sparkrig.firewall import UNIT_FILE as FIREWALL_UNIT_FILE
 from sparkrig.firewall import FirewallReport, firewall_of, firewall_part, ruleset_path
@@ -33,6 +41,7 @@ from sparkrig.secretio import Held, SecretDigest
 from sparkrig.serving import rank_part
 from sparkrig.settings import Settings
 from sparkrig.stateread import CHECK, Part, StateReadFailed, Values, values_of
+from sparkrig.topology import Probe
 from sparkrig.weights import WeightsReport, artifacts, weights_of, weights_parts
 
 
@@ -55,6 +64,8 @@ def owned_files(s: Settings) -> list[str]:
         ruleset_path(s),  # the firewall (sparkrig/firewall.py), removed while firewall is off
         FIREWALL_UNIT_FILE,
     ]
+    if s.fabric_plan is not None:  # fabric_layout "ports": removed while the plan relays nothing
+        files.append(FORWARDING_FILE)
     if s.me.is_head:
         files += [p["restart_script"], p["supervisor_unit"], p["watchdog_unit"]]
         files += [p["api_key"], p["api_key_env"]]  # removed again while api_auth is off
@@ -102,6 +113,7 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
     parts.append(ports_part(s))
     parts.append(front_part())
     parts.append(firewall_part())
+    parts += ports_parts(s)  # fabric_layout "ports" only: the cabling probe, every link
     return tuple(parts)
 
 
@@ -123,6 +135,18 @@ class HostReport:
     def gids(self) -> tuple[GidEntry, ...]:
         entries: list[GidEntry] = self.values.get("gids", RoceGids)
         return tuple(entries)
+
+    @property
+    def fabric_probe(self) -> dict[str, Probe]:
+        """Who answers on each netdev of both ports (fabric_layout "ports")."""
+        probes: dict[str, Probe] = self.values.get("fabric_probe", FabricNeighbours)
+        return probes
+
+    @property
+    def fabric_links(self) -> dict[str, LinkState]:
+        """Each planned fabric netdev and its don't-fragment ping (fabric_layout "ports")."""
+        links: dict[str, LinkState] = self.values.get("fabric_links", FabricLinks)
+        return links
 
     @property
     def ports(self) -> PortsReport:

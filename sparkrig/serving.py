@@ -140,7 +140,8 @@ SMOKE_CONTAINER = "sparkrig-nccl-smoke"
 
 def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
     """``docker run`` argv of the NCCL smoke test: the rank's own flags and env, one all-reduce
-    and the bus bandwidth measurement with its floor (knob fabric_busbw_min_gbs),
+    and the bus bandwidth measurement with its floor (knob fabric_busbw_min_gbs, or
+    fabric_ports_busbw_min_gbs in fabric_layout "ports"),
     run by the image's python3 from the host package mounted read-only at its own path (the image
     does not carry it). Detached (workers) keeps the container for ``docker wait``."""
     k = s.knobs
@@ -155,7 +156,7 @@ def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
         "--entrypoint", "python3", image,
         package, "nccl-smoke", "--timeout", str(k.nccl_smoke_timeout_s),
         "--bytes", str(k.nccl_smoke_bytes), "--warmup", str(k.nccl_smoke_warmup),
-        "--iters", str(k.nccl_smoke_iters), "--min-busbw-gbs", f"{k.fabric_busbw_min_gbs:g}",
+        "--iters", str(k.nccl_smoke_iters), "--min-busbw-gbs", f"{s.busbw_floor_gbs:g}",
     ]  # fmt: skip
 
 
@@ -248,6 +249,9 @@ def rank_unit_context(s: Settings, image: str, weights_id: str) -> dict[str, Any
         "memory_gate_args": memory_gate_args(s),
         "memfree_wait_s": k.memfree_wait_s,
         "fabric_wait_s": k.fabric_wait_s,
+        # one GID index handed to the container (single layout); fabric_layout "ports" hands
+        # none: NCCL picks each device's RoCE v2 GID by value (NCCL_IB_ADDR_RANGE, docs/rings.md)
+        "pin_gid_index": s.fabric_plan is None,
         "peers": ",".join(r.ip for r in s.peers),
         "head_ip": s.head.ip,
         "pair_port": k.pair_port,

@@ -214,6 +214,7 @@ class Knobs(BaseModel):
     nccl_smoke_warmup: int = _cluster(ge=0, le=1000)
     nccl_smoke_iters: int = _cluster(ge=1, le=10000)
     fabric_busbw_min_gbs: float = _cluster(ge=0)
+    fabric_ports_busbw_min_gbs: float = _cluster(ge=0)
     watchdog: bool
     watchdog_grace_s: int = Field(ge=0)
     watchdog_interval_s: int = Field(ge=1)
@@ -501,6 +502,13 @@ class Settings(BaseModel):
         """This rank's part of ``fabric_plan``."""
         plan = self.fabric_plan
         return plan.ranks[self.me.rank] if plan else None
+
+    @property
+    def busbw_floor_gbs(self) -> float:
+        """The NCCL smoke test's busbw floor of this layout: one function (fabric_busbw_min_gbs)
+        or both functions of the cable (fabric_ports_busbw_min_gbs, docs/rings.md)."""
+        k = self.knobs
+        return k.fabric_busbw_min_gbs if self.fabric_plan is None else k.fabric_ports_busbw_min_gbs
 
     @property
     def container_name(self) -> str:
@@ -981,17 +989,19 @@ def current() -> Settings:
 
 
 def not_applied(settings: dict[str, Settings]) -> str | None:
-    """Why the deploy refuses a valid inventory it cannot converge yet, or None: fabric_layout
-    "ports" is validated and planned (``Settings.fabric_plan``, docs/rings.md), but the phases
-    still speak to one netdev, one RDMA device and one GID index per rank (issue 36)."""
+    """Why the deploy refuses a valid inventory it cannot converge yet, or None. fabric_layout
+    "ports" is applied for a pair (both functions of its cable, docs/rings.md); three ranks and
+    more are validated and planned (``Settings.fabric_plan``), but nothing applies their routes,
+    forwarding, cabling check on both ports nor runs an N-rank engine (issue 36)."""
     s = next(iter(settings.values()), None)
-    if s is None or s.knobs.fabric_layout == "single":
+    if s is None or s.knobs.fabric_layout == "single" or s.nnodes == 2:
         return None
     return (
         f"fabric_layout 'ports' with {s.nnodes} ranks: the inventory is valid and its plan "
-        "derived (docs/rings.md), but the deploy does not apply it yet: the fabric phase, the "
-        "start gate and the rank unit still handle one netdev, one RDMA device and one GID "
-        "index per rank (issue 36); use fabric_layout 'single'"
+        "derived (docs/rings.md), but the deploy does not apply it yet: it applies a pair's "
+        "two functions only; a triangle or a ring needs the routes and forwarding applied, "
+        "the cabling checked on both ports and an N-rank engine (issue 36); use two ranks or "
+        "fabric_layout 'single'"
     )
 
 

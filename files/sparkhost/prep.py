@@ -2,6 +2,7 @@
 
 1. Wait (bounded by --fabric-wait, polling) until the fabric NIC has carrier, the RDMA device
    exists and its GID table holds the RoCE v2 entry ::ffff:<fabric IP> on the fabric netdev
+   (fabric_layout "ports": every function the env lists, each device's GID by its own address)
    (the kernel adds it only once the address is on the NIC; after a reboot a peer powered off
    means no carrier, so no address and no GID yet). None within the bound: print the table and
    fail closed.
@@ -76,19 +77,36 @@ def find_gid(hca: str, port: str, ip: str, iface: str) -> int | None:
         return None
 
 
-def fabric_missing(env: dict[str, str]) -> tuple[list[str], int | None]:
-    """What the fabric still lacks for this rank (empty when ready) and the GID index found."""
-    iface, ip = env["SPARKRIG_FABRIC_INTERFACE"], env["SPARKRIG_FABRIC_IP"]
-    hca, port = env["NCCL_IB_HCA"], env["SPARKRIG_ROCE_PORT"]
-    missing = []
-    if read(f"{SYS}/class/net/{iface}/carrier") != "1":
-        missing.append(f"carrier on {iface}")
-    if not os.path.isdir(port_dir(hca, port)):
-        missing.append(f"RDMA device {hca} port {port}")
-    index = find_gid(hca, port, ip, iface)
-    if index is None:
-        missing.append(f"the RoCE v2 GID ::ffff:{ip} on {iface} (the address on the NIC)")
-    return missing, index
+def functions(env: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(netdev, RDMA device, IPv4) of every fabric function the rank uses: the single layout's
+    one; fabric_layout "ports" lists every function facing a peer, in the env's order
+    (SPARKRIG_FABRIC_NETDEVS, SPARKRIG_ROCE_DEVICES, SPARKRIG_FABRIC_ADDRESSES: docs/rings.md)."""
+    if env.get("SPARKRIG_FABRIC_LAYOUT") != "ports":
+        return [(env["SPARKRIG_FABRIC_INTERFACE"], env["NCCL_IB_HCA"], env["SPARKRIG_FABRIC_IP"])]
+    lists = [
+        env[key].split(",")
+        for key in ("SPARKRIG_FABRIC_NETDEVS", "SPARKRIG_ROCE_DEVICES", "SPARKRIG_FABRIC_ADDRESSES")
+    ]
+    return list(zip(*lists, strict=True))
+
+
+def fabric_missing(env: dict[str, str]) -> tuple[list[str], dict[str, int]]:
+    """What the fabric still lacks for this rank (empty when ready) and the GID index found on
+    each RDMA device (by value: ::ffff:<the function's IPv4> on its netdev, RoCE v2)."""
+    port = env["SPARKRIG_ROCE_PORT"]
+    missing: list[str] = []
+    found: dict[str, int] = {}
+    for iface, hca, ip in functions(env):
+        if read(f"{SYS}/class/net/{iface}/carrier") != "1":
+            missing.append(f"carrier on {iface}")
+        if not os.path.isdir(port_dir(hca, port)):
+            missing.append(f"RDMA device {hca} port {port}")
+        index = find_gid(hca, port, ip, iface)
+        if index is None:
+            missing.append(f"the RoCE v2 GID ::ffff:{ip} on {iface} (the address on the NIC)")
+        else:
+            found[hca] = index
+    return missing, found
 
 
 def wait_for_fabric(
@@ -97,16 +115,16 @@ def wait_for_fabric(
     interval: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-) -> int | None:
-    """Poll until the fabric is ready; the GID index, or None after ``bound`` seconds."""
+) -> dict[str, int] | None:
+    """Poll until the fabric is ready; each RDMA device's GID index, or None after ``bound``."""
     start = clock()
     said = ""
     while True:
-        missing, index = fabric_missing(env)
+        missing, found = fabric_missing(env)
         if not missing:
             if said:
                 log(f"fabric ready after {clock() - start:.0f} s")
-            return index
+            return found
         if clock() - start >= bound:
             warn(f"no {'; no '.join(missing)} after {bound:.0f} s")
             return None
@@ -118,11 +136,14 @@ def wait_for_fabric(
 
 
 def check_mtu(env: dict[str, str]) -> str | None:
-    iface, want = env["SPARKRIG_FABRIC_INTERFACE"], env["SPARKRIG_FABRIC_MTU"]
-    mtu = read(f"{SYS}/class/net/{iface}/mtu")
-    if mtu != want:
-        return f"{iface} MTU is {mtu or '?'}, expected {want}"
-    return None
+    """Every fabric netdev at the env's MTU, else what differs."""
+    want = env["SPARKRIG_FABRIC_MTU"]
+    wrong = []
+    for iface, _, _ in functions(env):
+        mtu = read(f"{SYS}/class/net/{iface}/mtu")
+        if mtu != want:
+            wrong.append(f"{iface} MTU is {mtu or '?'}, expected {want}")
+    return "; ".join(wrong) or None
 
 
 def device_index(hca: str) -> int | None:
@@ -138,16 +159,20 @@ def device_index(hca: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def hand_over_gid(env: dict[str, str], index: int, path: str) -> None:
-    """Write the index the container gets (atomically); say so when it moved since the deploy."""
+def hand_over_gid(
+    env: dict[str, str], index: int, path: str, found: dict[str, int] | None = None
+) -> None:
+    """Write the index the container gets (atomically); say so when it moved since the deploy.
+    fabric_layout "ports" hands every device's index over too (``found``), for the deploy and
+    status to compare; the container gets none there (NCCL picks each GID by value)."""
     deployed = env.get(rankenv.GID_INDEX, "")
-    if deployed != str(index):
+    if deployed != str(index) and env.get("SPARKRIG_FABRIC_LAYOUT") != "ports":
         log(
             f"GID index of ::ffff:{env['SPARKRIG_FABRIC_IP']} is {index} now (the deploy saw "
             f"{deployed or 'none'}); the container gets {index}"
         )
-    hca = env["NCCL_IB_HCA"]
-    rankenv.write_handed(path, index, hca, device_index(hca))
+    hca = functions(env)[0][1]
+    rankenv.write_handed(path, index, hca, device_index(hca), per_device=found)
 
 
 def gate_fabric(env: dict[str, str], bound: float, gid_env: str) -> bool:
@@ -156,17 +181,20 @@ def gate_fabric(env: dict[str, str], bound: float, gid_env: str) -> bool:
         os.unlink(gid_env)  # never hand over a stale index
     except OSError:
         pass
-    index = wait_for_fabric(env, bound)
+    found = wait_for_fabric(env, bound)
     problem = check_mtu(env)
     if problem:
         warn(problem)
-    if index is None:
-        hca, port = env["NCCL_IB_HCA"], env["SPARKRIG_ROCE_PORT"]
-        warn(f"GID table of {hca} port {port}:\n{gid_table(hca, port)}")
+    if found is None:
+        port = env["SPARKRIG_ROCE_PORT"]
+        for _, hca, _ in functions(env):
+            warn(f"GID table of {hca} port {port}:\n{gid_table(hca, port)}")
         return False
     if problem:
         return False
-    hand_over_gid(env, index, gid_env)
+    first = functions(env)[0][1]
+    ports = env.get("SPARKRIG_FABRIC_LAYOUT") == "ports"
+    hand_over_gid(env, found[first], gid_env, found if ports else None)
     return True
 
 

@@ -24,6 +24,9 @@ HANDED = "SPARKRIG_GID_INDEX"  # gid.env: the index the start gate saw at this s
 # died with the old one even when the GID index came back the same
 HANDED_DEVICE = "SPARKRIG_ROCE_DEVICE"
 HANDED_DEVICE_INDEX = "SPARKRIG_ROCE_DEVICE_INDEX"
+# gid.env, fabric_layout "ports": every RDMA device's GID index at this start, "<dev>:<index>,..."
+# (the container gets none: NCCL picks each device's RoCE v2 GID by value, docs/rings.md)
+HANDED_PER_DEVICE = "SPARKRIG_GID_INDEXES"
 
 
 def path(config_dir: str) -> str:
@@ -47,23 +50,51 @@ def read(path: str) -> dict[str, str]:
         return parse(f.read())
 
 
-def handed_text(index: int, device: str = "", device_index: int | None = None) -> str:
+def handed_text(
+    index: int,
+    device: str = "",
+    device_index: int | None = None,
+    per_device: dict[str, int] | None = None,
+) -> str:
     text = (
         "# Written by sparkrig-prep at the rank's start: the live RoCE v2 GID index\n"
         f"{HANDED}={index}\n"
     )
+    if per_device:
+        text += f"{HANDED_PER_DEVICE}={format_per_device(per_device)}\n"
     if device and device_index is not None:
         text += f"{HANDED_DEVICE}={device}\n{HANDED_DEVICE_INDEX}={device_index}\n"
     return text
 
 
-def write_handed(path: str, index: int, device: str = "", device_index: int | None = None) -> None:
+def format_per_device(indexes: dict[str, int]) -> str:
+    """``{"rocep1s0f1": 3, "roceP2p1s0f1": 5}`` as gid.env's ``rocep1s0f1:3,roceP2p1s0f1:5``."""
+    return ",".join(f"{dev}:{index}" for dev, index in indexes.items())
+
+
+def parse_per_device(value: str) -> dict[str, int]:
+    """``format_per_device``'s text back (entries of another shape are left out)."""
+    out = {}
+    for entry in value.split(","):
+        dev, _, index = entry.rpartition(":")
+        if dev and index.isdigit():
+            out[dev] = int(index)
+    return out
+
+
+def write_handed(
+    path: str,
+    index: int,
+    device: str = "",
+    device_index: int | None = None,
+    per_device: dict[str, int] | None = None,
+) -> None:
     """Hand ``index`` over (atomically: the unit never reads half a file), with the RDMA device
-    and its kernel index when known."""
+    and its kernel index when known, and every device's index (fabric_layout "ports")."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write(handed_text(index, device, device_index))
+        f.write(handed_text(index, device, device_index, per_device))
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import DeployError
 
-from sparkrig import topology
+from sparkrig import firewall, topology
 from sparkrig.fabric import env_context, env_template, forwarding_text, netplan_text
 from sparkrig.render import render
+from sparkrig.serving import rank_unit_context
 from sparkrig.settings import (
     InventoryView,
     Rank,
@@ -165,9 +166,10 @@ def test_a_ring_is_planned_and_the_deploy_refuses_the_layout_until_it_applies_it
     settings = build(ports_cluster(4))
     plan = settings["spark-2"].fabric_plan
     assert plan is not None and plan.relays and settings["spark-2"].me.ip == "198.18.4.1"
-    for n in (2, 4):
-        why = not_applied(build(ports_cluster(n)))
-        assert why and why.startswith(f"fabric_layout 'ports' with {n} ranks:")
+    why = not_applied(build(ports_cluster(4)))
+    assert why and why.startswith("fabric_layout 'ports' with 4 ranks:")
+    assert "it applies a pair's two functions only" in why
+    assert not_applied(build(ports_cluster(2))) is None  # a pair's two functions are applied
     assert not_applied(build(cluster(2))) is None
     text = problems(ports_cluster(4, fabric_cidr="198.18.0.0/22"))
     assert (
@@ -202,6 +204,10 @@ def owned_files(s: Settings) -> dict[str, str]:
     }
     if (sysctl := forwarding_text(s)) is not None:
         files["91-sparkrig-fabric.conf"] = sysctl
+    if s.nnodes == 2:  # the pair is applied: its firewall and rank unit too
+        files["firewall.nft"] = firewall.ruleset(s)
+        unit = rank_unit_context(s, "registry.example/vllm@sha256:" + "ab" * 32, "w")
+        files[f"{s.unit_name}.service"] = render("sparkrig-rank.service.j2", **unit)
     return files
 
 

@@ -1,12 +1,8 @@
-"""The fake pair in fabric_layout "ports": valid, planned, not applied by the deploy yet."""
+"""The fake pair in fabric_layout "ports": both functions of the cable in port 1 of each rank;
+each host a bare node with the fabric facts of tests/plan/rings/pairfakes.py (a test puts its
+own ahead of them in fakehosts.STATE)."""
 
-from tests.plan.fakehosts import host
+from tests.plan.rings.pairfakes import pair_host
 
-
-def pair_host(name: str) -> tuple[str, dict]:
-    address, data = host(name, "192.168.100.10", fabric_layout="ports")
-    return address, {k: v for k, v in data.items() if k != "fabric_address"}
-
-
-head = [pair_host("spark-a")]
-worker = [pair_host("spark-b")]
+head = [pair_host("spark-a", 0)]
+worker = [pair_host("spark-b", 1)]

@@ -1,0 +1,122 @@
+"""fabric_layout "ports" applied to a pair (issue 36 item 1, docs/rings.md) through the real CLI
+against strict @fake hosts: both PCIe functions of the cable addressed, activated one profile
+each, proven with don't-fragment pings, named in the rank env (no GID index pinned), accepted by
+the firewall and measured by the smoke test against the two-function floor; a cable in the wrong
+port or a silent function refused before any address is set."""
+
+from __future__ import annotations
+
+from sparkrig.firewall import ruleset_path
+from sparkrig.paths import paths
+from tests.plan import fakehosts
+from tests.plan.harness import Run, run
+from tests.plan.rings import pairfakes
+
+INVENTORY = "tests/plan/rings/pair_ports.py"
+HEAD, WORKER = "@fake/spark-a", "@fake/spark-b"
+TWIN_UP = "nmcli --wait 90 connection up netplan-enP2p1s0f1np1"
+PRIMARY_UP = "nmcli --wait 90 connection up netplan-enp1s0f1np1"
+
+
+def apply(monkeypatch, *extra: str) -> Run:
+    return run(["-y", *extra, INVENTORY, "deploy.py"], monkeypatch)
+
+
+def settings():
+    return fakehosts.settings_of(INVENTORY)
+
+
+def state(short: str, rank: int, **kw) -> None:
+    fakehosts.inject(short, pairfakes.fabric_state(rank, **kw))
+
+
+def env_of(r: Run, name: str) -> dict[str, str]:
+    s = settings()[name]
+    text = r.uploads[name][paths(s)["env_file"]].decode()
+    return dict(x.split("=", 1) for x in text.splitlines() if x and not x.startswith("#"))
+
+
+def test_a_bare_pair_gets_both_functions_addressed_named_and_measured(monkeypatch):
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    for name, s in settings().items():
+        cmds = r.commands[name]
+        # every fabric netdev's profile activated alone, after the netplan file
+        assert PRIMARY_UP in cmds and TWIN_UP in cmds
+        assert "netplan apply" not in " ".join(cmds)
+        files = r.uploads[name]
+        netplan = files[s.knobs.fabric_netplan_file].decode()
+        for dev, _, ip in pairfakes.PLAN[s.me.rank]:
+            assert f"    {dev}:" in netplan and f"- {ip}/24" in netplan
+        assert netplan.count("mtu: 9000") == 2
+        # both devices in NCCL_IB_HCA, no index pinned in the env nor handed to the container
+        env = env_of(r, name)
+        assert env["NCCL_IB_HCA"] == "=rocep1s0f1:1,roceP2p1s0f1:1"
+        assert env["SPARKRIG_ROCE_DEVICES"] == "rocep1s0f1,roceP2p1s0f1"
+        assert "NCCL_IB_GID_INDEX" not in env
+        unit = files[paths(s)["rank_unit"]].decode()
+        assert "NCCL_IB_GID_INDEX" not in unit
+        # the firewall accepts the peer on both functions, on both netdevs
+        rules = files[ruleset_path(s)].decode()
+        peer = 1 - s.me.rank
+        peers = ", ".join(ip for _, _, ip in pairfakes.PLAN[peer])
+        assert f"elements = {{ {peers} }}" in rules
+        assert 'iifname { "enp1s0f1np1", "enP2p1s0f1np1" } ip saddr @fabric_peers accept' in rules
+        # the smoke test holds the pair to the two-function floor
+        smoke = [c for c in cmds if c.startswith("docker run") and " nccl-smoke " in c]
+        assert smoke and all("--min-busbw-gbs 16 " in c + " " for c in smoke)
+    # each function proven by its own don't-fragment ping on both ends
+    for name in (HEAD, WORKER):
+        assert any(c.startswith("rc=0; ping -M do -s 8972") and "enP2p1s0f1np1" in c
+                   for c in r.commands[name])  # fmt: skip
+
+
+def test_a_cable_in_the_other_port_is_refused_before_any_address(monkeypatch):
+    # the cable joins spark-a's port 0 and spark-b's port 1; the inventory says port 1 on both
+    state("spark-a", 0, probe={"cable": (0, 1)})
+    state("spark-b", 1, probe={"cable": (0, 1)})
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    assert (
+        "@fake/spark-b port 1 reaches @fake/spark-a port 0 (the pair's cable is elsewhere than "
+        "fabric_interface says); cable 0 must join @fake/spark-b port 1 and @fake/spark-a port 1: "
+        "move the cable end at @fake/spark-a port 0 to @fake/spark-a port 1"
+    ) in r.output
+    for name, s in settings().items():
+        assert s.knobs.fabric_netplan_file not in r.uploads.get(name, {})
+        assert not [c for c in r.commands[name] if c.startswith(("nmcli", "netplan"))]
+
+
+def test_a_silent_twin_is_refused_by_name_or_left_out_of_the_env(monkeypatch):
+    for short, rank in (("spark-a", 0), ("spark-b", 1)):
+        silent = ("enP2p1s0f1np1",) if rank == 1 else ()
+        state(short, rank, links={"addressed": True, "silent": silent, "mtu": 9000})
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    assert (
+        "cable 0 twin (@fake/spark-a enP2p1s0f1np1 to @fake/spark-b enP2p1s0f1np1) does not "
+        "answer a full-MTU don't-fragment ping both ways (fabric_link_silent = 'omit' leaves "
+        "it out)"
+    ) in r.output
+    assert not any(c.startswith("nmcli") for cmds in r.commands.values() for c in cmds)
+
+    omitted = apply(monkeypatch, "--data", "fabric_link_silent=omit")
+    assert omitted.exit_code == 0, omitted.output
+    assert "does not answer a full-MTU don't-fragment ping both ways: left out" in omitted.output
+    for name in (HEAD, WORKER):
+        env = env_of(omitted, name)
+        assert env["NCCL_IB_HCA"] == "=rocep1s0f1:1"
+        assert env["SPARKRIG_FABRIC_NETDEVS"] == "enp1s0f1np1"
+
+
+def test_a_function_silent_after_the_addresses_are_applied_fails_naming_it(monkeypatch):
+    fakehosts.inject("spark-b", {pairfakes.PROVE: {"success": False, "stderr": "cable 0 twin"}})
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    ran = r.commands[WORKER]
+    prove = next(i for i, c in enumerate(ran) if c.startswith("rc=0; ping -M do"))
+    assert (
+        "cable 0 twin (@fake/spark-a enP2p1s0f1np1 to @fake/spark-b enP2p1s0f1np1) does not answer"
+        in ran[prove]
+    )
+    assert not any("sparkrig-nccl-smoke" in c for c in ran[prove:])
