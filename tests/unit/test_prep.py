@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from sparkhost import prep
+from sparkhost import prep, rankenv
 
 IFACE, HCA, IP = "enp1s0f1np1", "rocep1s0f1", "192.168.100.11"
 WANT = "0000:0000:0000:0000:0000:ffff:c0a8:640b"
@@ -274,3 +274,62 @@ def test_a_stacks_memory_measure_used_is_a_ceiling_and_available_a_floor(tree, c
     assert prep.main([*base, "--memfree-min-gib", "6"]) == 3  # MemFree 1 GiB: the default
     with pytest.raises(SystemExit):  # a measure other than MemFree needs its floor pinned
         prep.main([*base, "--memory-measure", "used"])
+
+
+# --- fabric_layout "ports": every function the env lists (docs/rings.md) ---------------------
+
+TWIN, TWIN_HCA, TWIN_IP = "enP2p1s0f1np1", "roceP2p1s0f1", "198.18.1.2"
+TWIN_WANT = "0000:0000:0000:0000:0000:ffff:c612:0102"
+PORTS_ENV = f"""# rank env as the deploy writes it in fabric_layout "ports" (a pair)
+SPARKRIG_FABRIC_INTERFACE={IFACE}
+SPARKRIG_FABRIC_IP={IP}
+SPARKRIG_FABRIC_MTU=9000
+SPARKRIG_ROCE_DEVICE={HCA}
+SPARKRIG_ROCE_PORT=1
+SPARKRIG_FABRIC_LAYOUT=ports
+SPARKRIG_FABRIC_NETDEVS={IFACE},{TWIN}
+SPARKRIG_ROCE_DEVICES={HCA},{TWIN_HCA}
+SPARKRIG_FABRIC_ADDRESSES={IP},{TWIN_IP}
+NCCL_IB_HCA==${HCA}:1,{TWIN_HCA}:1
+"""
+
+
+def twin(tree: Tree, carrier: bool = True, mtu: int = 9000, gid: bool = True) -> None:
+    """The pair's second function: its netdev and RDMA device, its GID at index 5."""
+    tree.env.write_text(PORTS_ENV.replace("$", ""))
+    net = tree.sys / "class/net" / TWIN
+    net.mkdir(parents=True, exist_ok=True)
+    (net / "carrier").write_text("1\n" if carrier else "0\n")
+    (net / "mtu").write_text(f"{mtu}\n")
+    port = tree.sys / "class/infiniband" / TWIN_HCA / "ports/1"
+    for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+        (port / sub).mkdir(parents=True, exist_ok=True)
+    if gid:
+        (port / "gids/5").write_text(TWIN_WANT + "\n")
+        (port / "gid_attrs/types/5").write_text("RoCE v2\n")
+        (port / "gid_attrs/ndevs/5").write_text(TWIN + "\n")
+
+
+def test_ports_every_function_ready_hands_each_devices_index_over(tree):
+    tree.gid(3, WANT)
+    twin(tree)
+    assert tree.run("--fabric-wait", "0") == 0
+    handed = rankenv.parse(tree.gid_env.read_text())
+    assert handed[rankenv.HANDED_PER_DEVICE] == f"{HCA}:3,{TWIN_HCA}:5"
+    assert rankenv.parse_per_device(handed[rankenv.HANDED_PER_DEVICE]) == {HCA: 3, TWIN_HCA: 5}
+
+
+@pytest.mark.parametrize(
+    ("twin_state", "said"),
+    [
+        ({"gid": False}, f"no the RoCE v2 GID ::ffff:{TWIN_IP} on {TWIN}"),
+        ({"carrier": False}, f"no carrier on {TWIN}"),
+        ({"mtu": 1500}, f"{TWIN} MTU is 1500, expected 9000"),
+    ],
+)
+def test_ports_a_twin_not_ready_refuses_naming_it(tree, capsys, twin_state, said):
+    tree.gid(3, WANT)
+    twin(tree, **twin_state)
+    assert tree.run("--fabric-wait", "0") == 2
+    assert said in capsys.readouterr().err
+    assert not tree.gid_env.exists()
