@@ -22,7 +22,8 @@ all_reduce and checks the sum. Then it measures all-reduce bandwidth the way ncc
 10^9 bytes. With NCCL it turns on NCCL_DEBUG=INFO (to NCCL_DEBUG_FILE unless one is set) and reads
 which transport NCCL used: without /dev/infiniband or with a wrong HCA/GID, NCCL silently falls
 back to sockets (16 vs 187 Gb/s, §3.1), so anything but NET/IB (InfiniBand or RoCE) fails the test;
-so does a busbw below ``--min-busbw-gbs`` (the deploy's fabric_busbw_min_gbs).
+so does a busbw below ``--min-busbw-gbs`` (the deploy's fabric_busbw_min_gbs), and, in
+fabric_layout "ports", a device NCCL_IB_HCA names that NCCL did not use (exit 3).
 
 Output: one JSON line per rank {"ok", "rank", "world_size", "backend", "sum", "transport",
 "busbw_gbs", "algbw_gbs", "bytes", "iters", ...} (``SmokeResult.from_line`` reads it back).
@@ -129,6 +130,22 @@ def no_net_message(info: TransportInfo, env: Mapping[str, str]) -> str:
         "/sys/class/infiniband on the host with its port ACTIVE (ibv_devinfo), and that the "
         "rdma modules (mlx5_ib) are loaded."
     )
+
+
+def hca_names(value: str) -> list[str]:
+    """The RDMA devices an NCCL_IB_HCA value names (``=dev:1,dev2:1``; ``^`` exclusions: none)."""
+    if value.startswith("^"):
+        return []
+    return [d.split(":", 1)[0] for d in value.removeprefix("=").split(",") if d]
+
+
+def unused_hcas(info: TransportInfo, env: Mapping[str, str]) -> list[str]:
+    """fabric_layout "ports" (docs/rings.md): the devices NCCL_IB_HCA names that NCCL did not
+    take ("NET/IB : Using ..."): the pair then runs on fewer functions than the plan."""
+    if env.get("SPARKRIG_FABRIC_LAYOUT") != "ports":
+        return []
+    used = {d.split(":", 1)[0] for d in info.ib_devices}
+    return [d for d in hca_names(env.get("NCCL_IB_HCA", "")) if d not in used]
 
 
 def verdict(info: TransportInfo) -> tuple[bool, str]:
@@ -443,6 +460,15 @@ def run(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[int, dict[str
                       ib_devices=info.ib_devices)  # fmt: skip
         if not ok and not args.allow_socket:
             report.update(detail=detail, error=f"{detail} (measured busbw {busbw:.2f} GB/s)")
+            return EXIT_TRANSPORT, report
+        unused = unused_hcas(info, env)
+        if ok and unused:
+            report["error"] = (
+                f"{detail}, but not {', '.join(unused)}, which NCCL_IB_HCA names (every "
+                "function facing a peer, fabric_layout 'ports'): check that device's port is "
+                f"ACTIVE (ibv_devinfo) and its address's RoCE v2 GID (measured busbw {busbw:.2f} "
+                "GB/s)"
+            )
             return EXIT_TRANSPORT, report
     report["detail"] = f"{detail}; busbw {busbw:.2f} GB/s"
     if busbw < args.min_busbw_gbs:

@@ -213,7 +213,13 @@ def smoke_args(**over: object) -> ns.argparse.Namespace:
     return ns.argparse.Namespace(**{**base, **over})
 
 
-def judged(monkeypatch: pytest.MonkeyPatch, log: Path, seconds: float, **over: object):
+def judged(
+    monkeypatch: pytest.MonkeyPatch,
+    log: Path,
+    seconds: float,
+    env_over: dict[str, str] | None = None,
+    **over: object,
+):
     """``run`` on the real verdict path: the collectives replaced by a measured time (256 MiB
     each), NCCL's log where NCCL_DEBUG_FILE points."""
 
@@ -225,7 +231,7 @@ def judged(monkeypatch: pytest.MonkeyPatch, log: Path, seconds: float, **over: o
     env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29883",
            "NCCL_IB_HCA": "rocep1s0f1", "SPARKRIG_FABRIC_INTERFACE": "enp1s0f1np1",
            "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
-           "NCCL_DEBUG_FILE": str(log)}  # fmt: skip
+           "NCCL_DEBUG_FILE": str(log), **(env_over or {})}  # fmt: skip
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return ns.run(smoke_args(**over), dict(os.environ))
@@ -347,3 +353,19 @@ def test_real_smoke_reports_match_the_readme() -> None:
         for rank in (0, 1):
             report = json.loads((REAL / case / f"rank{rank}.json").read_text())
             assert report["ok"] is ok and report["rank"] == rank
+
+
+def test_ports_layout_fails_when_nccl_left_a_named_function_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fabric_layout "ports" (docs/rings.md): NCCL_IB_HCA names both functions of the pair's
+    cable; NCCL logging only one of them is a transport failure naming the other."""
+    (tmp_path / "nccl.log").write_text(IB_LOG)  # NCCL used rocep1s0f1 alone
+    ports = {"SPARKRIG_FABRIC_LAYOUT": "ports", "NCCL_IB_HCA": "=rocep1s0f1:1,roceP2p1s0f1:1"}
+    code, report = judged(monkeypatch, tmp_path / "nccl.log", 2**28 / 21.0e9, ports)
+    assert code == ns.EXIT_TRANSPORT and report["ok"] is False
+    assert "but not roceP2p1s0f1, which NCCL_IB_HCA names" in report["error"]
+    both = IB_LOG.replace("[0]rocep1s0f1:1/RoCE", "[0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE")
+    (tmp_path / "nccl.log").write_text(both)
+    code, report = judged(monkeypatch, tmp_path / "nccl.log", 2**28 / 21.0e9, ports)
+    assert code == ns.EXIT_OK, report
