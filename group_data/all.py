@@ -121,7 +121,7 @@ nccl_smoke_iters = 20  # timed all-reduces; their mean time gives busbw (nccl-te
 # file names ONE function (NCCL_IB_HCA, NCCL_IB_MERGE_NICS=0), so a healthy pair measures ~12:
 # a floor between one and both functions (16) would fail every deploy. 8 (2/3 of one function)
 # fails MTU 1500, a 13 Gb/s link (1.6), a dev NCCL build (3.04, #103), a function at half width;
-# raise it to 16 once NCCL_IB_HCA names both functions: that catches one of them down (12.8/20.9).
+# fabric_layout "ports" names both functions and uses fabric_ports_busbw_min_gbs instead (below).
 fabric_busbw_min_gbs = 8.0  # GB/s; the smoke test fails below it (0: no floor)
 # fabric_layout "ports" names both functions of the pair's cable in NCCL_IB_HCA: published 20.9
 # (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#172), 23.74 and 20.4 all_gather (NVIDIA/dgx-spark-
