@@ -254,6 +254,18 @@ def judged_plan(
     return kept, lines, addressed
 
 
+def claims_displaced_args(s: Settings, node: Any) -> dict[str, Any]:
+    """``fabric_claims_displaced``'s arguments: the other netplan files and NM profiles the node
+    report (``node.NodeReport``) found on the fabric NIC, only while fabric_takeover is set
+    (preflight refused them otherwise)."""
+    take = s.knobs.fabric_takeover
+    return {
+        "netplan_files": list(node.netplan_claims) if take else [],
+        "nm_profiles": [p.path for p in node.nm_claims] if take else [],
+        "dest_dir": DISPLACED_DIR,
+    }
+
+
 def gids_part() -> Part:
     """The state read's part of the RoCE GID table."""
     return Part("gids", RoceGids)

@@ -7,7 +7,7 @@ from pyinfra.operations import server
 
 from sparkrig import hoststate
 from sparkrig.fabric import (
-    DISPLACED_DIR,
+    claims_displaced_args,
     env_context,
     fabric_claims_displaced,
     fabric_link_raised,
@@ -29,9 +29,7 @@ node = hoststate.read(settings).node
 # preflight refused these unless fabric_takeover is set
 takeover = fabric_claims_displaced(
     name="Move other configurations of the fabric NIC aside (fabric_takeover)",
-    netplan_files=list(node.netplan_claims) if knobs.fabric_takeover else [],
-    nm_profiles=[p.path for p in node.nm_claims] if knobs.fabric_takeover else [],
-    dest_dir=DISPLACED_DIR,
+    **claims_displaced_args(settings, node),
 )
 netplan = file_present(
     name="Persist the fabric address and MTU with netplan",

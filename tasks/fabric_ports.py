@@ -11,9 +11,9 @@ from pyinfra.operations import server
 
 from sparkrig import hoststate
 from sparkrig.fabric import (
-    DISPLACED_DIR,
     FORWARDING_FILE,
     cabling_verdict,
+    claims_displaced_args,
     env_context,
     env_template,
     fabric_claims_displaced,
@@ -63,9 +63,7 @@ problems_absent(
 # preflight refused these unless fabric_takeover is set (the claims on the rank's first netdev)
 takeover = fabric_claims_displaced(
     name="Move other configurations of the fabric NIC aside (fabric_takeover)",
-    netplan_files=list(node.netplan_claims) if knobs.fabric_takeover else [],
-    nm_profiles=[p.path for p in node.nm_claims] if knobs.fabric_takeover else [],
-    dest_dir=DISPLACED_DIR,
+    **claims_displaced_args(settings, node),
 )
 # every function of the plan keeps its address, even one left out (it is proven again each run)
 netplan = file_present(
