@@ -149,7 +149,12 @@ def test_a_long_prompt_at_the_prefill_rate_is_watched_never_stalled(standin_pair
     assert held >= LONG_PROMPT / PREFILL_TOK_S >= 2 * STALL_S
     rules = [s.rule for s in seen]
     assert "stall" not in rules, [s.detail for s in seen]
-    assert rules.count("progress") >= 5 and watch.canaries <= 1, rules  # one before it arrived
+    assert rules.count("progress") >= 5, rules
+    # a canary only at the edges: one before the request arrived, one after it ended and before its
+    # answer was read here (this machine's load decides whether either happens); never during it
+    first, last = rules.index("progress"), len(rules) - rules[::-1].index("progress")
+    assert set(rules[first:last]) == {"progress"}, rules
+    assert rules.count("canary") == watch.canaries <= 2, rules
     # what the probe saw move: not the prompt counter (it moves when the prefill ends) but the KV
     # usage, chunk by chunk
     during = [s for s in samples if s.in_flight]
