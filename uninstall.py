@@ -21,7 +21,7 @@ from pyinfra.operations import files, server, systemd
 
 from sparkrig import firewall
 from sparkrig.baseline import GRUB_DROPIN
-from sparkrig.fabric import DISPLACED_DIR
+from sparkrig.fabric import DISPLACED_DIR, FORWARDING_FILE, RELAY_UNIT, RELAY_UNIT_FILE
 from sparkrig.front import INSTALLED_MARK, SITE
 from sparkrig.image import ImageState, old_images_pruned, prune_commands, serving_tag
 from sparkrig.node import SYSCTL_FILE
@@ -50,6 +50,9 @@ for helper in host.loop(["sparkrig-pair", "sparkrig-agent"]):
     systemd.service(name="Stop the stop-together watch and the agent", service=helper,
                     running=False, enabled=False)  # fmt: skip
 
+# a ring's relay: its stop deletes its DOCKER-USER rules
+systemd.service(name="Stop the fabric relay's DOCKER-USER rules", service=RELAY_UNIT,
+                running=False, enabled=False)  # fmt: skip
 systemd.service(name="Stop the GPU clock lock (its stop resets the clocks)",
                 service="sparkrig-gpu-clock", running=False, enabled=False)  # fmt: skip
 # The firewall last of the units: its stop deletes the table inet sparkrig; a table left without
@@ -72,6 +75,7 @@ units = [
 ]
 units.append(host_paths["gpu_clock_unit"])
 units.append(firewall.UNIT_FILE)
+units.append(RELAY_UNIT_FILE)
 units.append(host_paths["rank_unit"] + PREV)  # the previous release's unit, kept by an upgrade
 removed = [
     files.file(name="Remove the sparkrig units", path=unit, present=False)
@@ -86,6 +90,8 @@ server.shell(
 )
 
 files.file(name="Remove the sparkrig sysctl file", path=SYSCTL_FILE,
+           present=False)  # fmt: skip
+files.file(name="Remove the fabric forwarding settings", path=FORWARDING_FILE,
            present=False)  # fmt: skip
 # kho=off stays on the running command line until the next boot; the package holds stay (release
 # them first with `deploy.py --data accept_baseline=True`: sparkrig/baseline.py, docs/baseline.md)

@@ -48,6 +48,9 @@ from sparkrig.topology import (
 DISPLACED_DIR = "/var/lib/sparkrig/displaced"
 # fabric_layout "ports": a relaying rank's forwarding and rp_filter per fabric netdev (sysctl.d)
 FORWARDING_FILE = "/etc/sysctl.d/91-sparkrig-fabric.conf"
+RELAY_UNIT = "sparkrig-relay"  # docker's DOCKER-USER accepts the relay (a ring of four)
+RELAY_UNIT_FILE = f"/etc/systemd/system/{RELAY_UNIT}.service"
+IPTABLES = "/usr/sbin/iptables"  # docker's own (iptables-nft on DGX OS)
 
 # ---------------------------------------------------------------------------------------------
 # RoCE GID table (the reading and the rule are the host package's: files/sparkhost/gid.py)
@@ -323,6 +326,31 @@ def forwarding_text(s: Settings) -> str | None:
     if part is None or not part.forwarding:
         return None
     return render("sysctl-fabric.conf.j2", **base_context(s), forwarding=part.forwarding)
+
+
+def relay_rules(s: Settings) -> list[str]:
+    """The DOCKER-USER rules of a rank that relays (docker's FORWARD policy drops the relay
+    otherwise): accept from each relaying netdev to the same function on the other port, the
+    only way a route of the plan goes through a rank; none where the plan relays nothing."""
+    part = s.fabric_rank
+    if part is None:
+        return []
+    ifaces = [i for i in part.ifaces if i.netdev in part.forwarding]
+    return [
+        f"-i {a.netdev} -o {b.netdev} -m comment --comment sparkrig-relay -j ACCEPT"
+        for a in ifaces
+        for b in ifaces
+        if a.function == b.function and a.port != b.port
+    ]
+
+
+def relay_unit_text(s: Settings) -> str | None:
+    """The unit that puts ``relay_rules`` in DOCKER-USER after every docker start
+    (templates/sparkrig-relay.service.j2); None where the plan relays nothing."""
+    rules = relay_rules(s)
+    if not rules:
+        return None
+    return render("sparkrig-relay.service.j2", **base_context(s), rules=rules, iptables=IPTABLES)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -80,10 +80,14 @@ def fabric_sides(s: Settings) -> tuple[list[str], list[str], list[str]]:
     """The rank's fabric netdevs, its own fabric addresses and its peers' addresses facing them:
     one netdev and one address per rank (fabric_layout "single"), or every function of the
     plan (fabric_layout "ports": a pair's peer answers on both functions of the cable)."""
-    part = s.fabric_rank
-    if part is None:
+    part, plan = s.fabric_rank, s.fabric_plan
+    if part is None or plan is None:
         return [s.me.fabric_interface], [s.me.ip], [r.ip for r in s.others]
-    peers = sorted({i.peer_address for i in part.ifaces})
+    # every address of every other rank: a ring of four relays the ranks without a cable between
+    # them, so their packets arrive from their own addresses through a neighbour
+    peers = sorted(
+        {i.address.ip for n, r in enumerate(plan.ranks) if n != s.me.rank for i in r.ifaces}
+    )
     return list(part.netdevs), [str(i.address.ip) for i in part.ifaces], [str(p) for p in peers]
 
 

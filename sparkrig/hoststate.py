@@ -18,6 +18,8 @@ from sparkrig import hostpkg, stateread
 from sparkrig.baseline import GRUB_DROPIN, BaselineReport, baseline_of, baseline_part
 from sparkrig.fabric import (
     FORWARDING_FILE,
+    RELAY_UNIT,
+    RELAY_UNIT_FILE,
     FabricLinks,
     FabricNeighbours,
     LinkState,
@@ -65,7 +67,7 @@ def owned_files(s: Settings) -> list[str]:
         FIREWALL_UNIT_FILE,
     ]
     if s.fabric_plan is not None:  # fabric_layout "ports": removed while the plan relays nothing
-        files.append(FORWARDING_FILE)
+        files += [FORWARDING_FILE, RELAY_UNIT_FILE]
     if s.me.is_head:
         files += [p["restart_script"], p["supervisor_unit"], p["watchdog_unit"]]
         files += [p["api_key"], p["api_key_env"]]  # removed again while api_auth is off
@@ -96,6 +98,8 @@ def units(s: Settings) -> list[str]:
     own = [
         f"{n}.service" for n in [*names, "sparkrig-watchdog", "sparkrig-gpu-clock", FIREWALL_UNIT]
     ]
+    if s.fabric_plan is not None:  # fabric_layout "ports": a ring's relay (tasks/fabric_ports.py)
+        own.append(f"{RELAY_UNIT}.service")
     return own + list(DOCKER_UNITS) + [FRONT_SERVICE]
 
 

@@ -12,6 +12,8 @@ from pyinfra.operations import server
 from sparkrig import hoststate
 from sparkrig.fabric import (
     FORWARDING_FILE,
+    RELAY_UNIT,
+    RELAY_UNIT_FILE,
     cabling_verdict,
     claims_displaced_args,
     env_context,
@@ -23,10 +25,11 @@ from sparkrig.fabric import (
     judged_plan,
     netplan_text,
     rank_env_written,
+    relay_unit_text,
     roce_device_present,
 )
 from sparkrig.failing import problems_absent
-from sparkrig.owned import file_absent, file_present
+from sparkrig.owned import file_absent, file_present, unit_state_set
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
 from sparkrig.settings import current, for_inventory
@@ -123,6 +126,36 @@ else:
     file_absent(
         name="Remove the fabric forwarding settings while the plan relays nothing",
         path=FORWARDING_FILE,
+    )
+relay = relay_unit_text(settings)
+if relay is not None:  # docker's FORWARD chain drops the relay unless DOCKER-USER accepts it
+    relay_unit = file_present(
+        name="Install the unit that lets docker's forward chain pass the fabric relay",
+        text=relay,
+        dest=RELAY_UNIT_FILE,
+    )
+    unit_state_set(
+        name="Reload the fabric relay's DOCKER-USER rules after their unit changed",
+        service=RELAY_UNIT,
+        restarted=True,
+        daemon_reload=True,
+        _if=relay_unit.did_change,
+    )
+    unit_state_set(
+        name="Keep the fabric relay's DOCKER-USER rules in place and enabled with docker",
+        service=RELAY_UNIT,
+        running=True,
+        enabled=True,
+    )
+else:
+    unit_state_set(
+        name="Stop the fabric relay's DOCKER-USER rules while the plan relays nothing",
+        service=RELAY_UNIT,
+        running=False,
+        enabled=False,
+    )
+    file_absent(
+        name="Remove the fabric relay's unit while the plan relays nothing", path=RELAY_UNIT_FILE
     )
 for iface in host.loop(part.ifaces):
     roce = roce_device_present(

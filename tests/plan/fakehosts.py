@@ -161,7 +161,7 @@ def gid_table(device: str, netdev: str, ip: str | None, index: int = 3) -> list[
 OURS = r"/\S*sparkrig\S*"  # every path sparkrig owns has "sparkrig" in it
 UNITS_KNOWN = [
     "sparkrig-head", "sparkrig-worker", "sparkrig-pair", "sparkrig-agent", "sparkrig-watchdog",
-    "sparkrig-supervisor", "sparkrig-gpu-clock", "sparkrig-firewall",
+    "sparkrig-supervisor", "sparkrig-gpu-clock", "sparkrig-firewall", "sparkrig-relay",
 ]  # fmt: skip
 
 NODE = re.compile(r"^sh -c '\nd=\S+; while \[ ! -d \"\$d\" \]")
@@ -459,6 +459,7 @@ def bare(ip: str) -> dict[Any, Any]:
         KEEP, RESTORE, ADOPT, PRUNE_WEIGHTS,
         APT_MARK, UPDATE_GRUB,
         FRONT_INSTALL, FRONT_CHECK, FRONT_UNIT, FRONT_OFF, FRONT_ASIDE,
+        r"^sysctl -p /etc/sysctl\.d/91-sparkrig-fabric\.conf$",  # a relaying ring's forwarding
         r"^/usr/sbin/nft -c -f /etc/sparkrig/firewall\.nft$",  # checked before it is loaded
         r"^if /usr/sbin/nft list table inet sparkrig ",  # the table deleted (firewall off)
         r"^if nft list table inet sparkrig ",  # uninstall.py: a table left without its unit

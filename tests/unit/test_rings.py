@@ -11,7 +11,13 @@ import pytest
 from pyinfra.api.exceptions import DeployError
 
 from sparkrig import firewall, topology
-from sparkrig.fabric import env_context, env_template, forwarding_text, netplan_text
+from sparkrig.fabric import (
+    env_context,
+    env_template,
+    forwarding_text,
+    netplan_text,
+    relay_unit_text,
+)
 from sparkrig.render import render
 from sparkrig.serving import rank_unit_context
 from sparkrig.settings import (
@@ -204,8 +210,10 @@ def owned_files(s: Settings) -> dict[str, str]:
     }
     if (sysctl := forwarding_text(s)) is not None:
         files["91-sparkrig-fabric.conf"] = sysctl
-    if s.nnodes == 2:  # the pair is applied: its firewall and rank unit too
-        files["firewall.nft"] = firewall.ruleset(s)
+    if (relay := relay_unit_text(s)) is not None:
+        files["sparkrig-relay.service"] = relay
+    files["firewall.nft"] = firewall.ruleset(s)
+    if s.nnodes == 2:  # the pair's engine is applied: its rank unit too
         unit = rank_unit_context(s, "registry.example/vllm@sha256:" + "ab" * 32, "w")
         files[f"{s.unit_name}.service"] = render("sparkrig-rank.service.j2", **unit)
     return files

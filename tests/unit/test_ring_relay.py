@@ -1,0 +1,142 @@
+"""A ring of four relays its diagonals (docs/rings.md), proven in network namespaces: four
+"Sparks" cabled as the plan says (one veth per function of each cable, DGX OS's netdev names),
+each given its planned addresses and routes, the rendered sysctl.d file, the rendered firewall,
+docker's FORWARD chain (policy DROP, a jump to DOCKER-USER) and the rendered relay unit's
+commands. Rank 0 then reaches a pair port of rank 2, the rank it has no cable to, at the address
+the helpers use, with a full-MTU don't-fragment ping and a TCP connection; without the relay
+unit's rules the same connection fails (docker's policy drops the relay)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkrig import firewall
+from sparkrig.fabric import forwarding_text, relay_unit_text
+from sparkrig.settings import Settings
+from tests.unit.test_rings import ring_settings
+
+TOOLS = ("ip", "nft", "iptables", "ping", "sysctl")
+READY = os.geteuid() == 0 and all(shutil.which(t) for t in TOOLS)
+pytestmark = pytest.mark.skipif(not READY, reason=f"needs root and {', '.join(TOOLS)}")
+
+
+def sh(ns: str, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", "netns", "exec", ns, "sh", "-c", command], check=check,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def unit_lines(unit: str, key: str) -> list[str]:
+    """The commands of ``key=`` lines of a unit (a leading ``-`` dropped)."""
+    return [line.split("=", 1)[1].lstrip("-") for line in unit.splitlines() if line.startswith(key)]
+
+
+@pytest.fixture
+def ring() -> Iterator[tuple[list[str], dict[str, Settings]]]:
+    settings = ring_settings(4)
+    names = [f"srr{os.getpid() % 10000}-{r}" for r in range(4)]
+    by_rank = sorted(settings.values(), key=lambda s: s.me.rank)
+    try:
+        for ns in names:
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+        tmp = Path(tempfile.mkdtemp(prefix="sparkrig-relay-"))
+        for s, ns in zip(by_rank, names, strict=True):
+            part = s.fabric_rank
+            assert part is not None
+            sh(ns, "ip link set lo up; sysctl -qw net.ipv4.conf.all.forwarding=0 "
+                   "net.ipv4.conf.all.rp_filter=2")  # fmt: skip  # Ubuntu's loose default
+            for i in part.ifaces:  # each cable once, from its port-0 end
+                if i.port != 0:
+                    continue
+                a, b = f"sra{os.getpid() % 10000}", f"srb{os.getpid() % 10000}"
+                peer_ns = names[i.peer]
+                subprocess.run(["ip", "link", "add", a, "type", "veth", "peer", "name", b],
+                               check=True)  # fmt: skip
+                subprocess.run(["ip", "link", "set", a, "netns", ns, "name", i.netdev], check=True)
+                subprocess.run(["ip", "link", "set", b, "netns", peer_ns, "name", i.peer_netdev],
+                               check=True)  # fmt: skip
+        for s, ns in zip(by_rank, names, strict=True):
+            part = s.fabric_rank
+            assert part is not None
+            for i in part.ifaces:
+                sh(ns, f"ip link set {i.netdev} mtu {s.knobs.fabric_mtu} up; "
+                       f"ip addr add {i.address.with_prefixlen} dev {i.netdev}")  # fmt: skip
+            for r in part.routes:
+                sh(ns, f"ip route add {r.to} via {r.via} dev {r.dev}")
+            sysctl = forwarding_text(s)
+            assert sysctl is not None  # every rank of a ring of four relays
+            (tmp / f"{ns}.conf").write_text(sysctl)
+            sh(ns, f"sysctl -q -p {tmp / f'{ns}.conf'}")
+            (tmp / f"{ns}.nft").write_text(firewall.ruleset(s))
+            sh(ns, f"nft -f {tmp / f'{ns}.nft'}")
+            # docker's chains as dockerd leaves them: FORWARD drops, DOCKER-USER first
+            sh(ns, "iptables -N DOCKER-USER; iptables -A FORWARD -j DOCKER-USER; "
+                   "iptables -A DOCKER-USER -j RETURN; iptables -P FORWARD DROP")  # fmt: skip
+        yield names, settings
+    finally:
+        for ns in names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def listen(ns: str, port: int) -> subprocess.Popen[str]:
+    code = (
+        "import socket\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+        f"s.bind(('0.0.0.0',{port}))\ns.listen()\nprint('up',flush=True)\n"
+        "while True:\n c,_=s.accept()\n c.sendall(b'rank2')\n c.close()\n"
+    )
+    p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", code],
+                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert p.stdout is not None and p.stdout.readline().strip() == "up"
+    return p
+
+
+def connects(ns: str, address: str, port: int) -> bool:
+    code = (
+        f"import socket\nc=socket.create_connection(('{address}',{port}),timeout=3)\n"
+        "assert c.recv(5)==b'rank2'"
+    )
+    return subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code],
+                          capture_output=True, timeout=30).returncode == 0  # fmt: skip
+
+
+def test_rank_0_reaches_rank_2_through_a_neighbour_only_with_the_relay_rules(ring) -> None:
+    names, settings = ring
+    s0 = settings["spark-0"]
+    part = s0.fabric_rank
+    assert part is not None
+    far = str(part.peer_addresses[2])  # the address rank 0's helpers use for rank 2
+    port = s0.knobs.pair_port  # the beacon's: dropped off the fabric, accepted from a peer
+    server = listen(names[2], port)
+    try:
+        # docker's FORWARD policy drops the relay: nothing crosses before the unit's rules
+        assert not connects(names[0], far, port)
+        units = {}
+        for s in settings.values():
+            unit = relay_unit_text(s)
+            assert unit is not None
+            units[s.me.rank] = unit
+            for command in unit_lines(unit, "ExecStart="):
+                sh(names[s.me.rank], command)
+                sh(names[s.me.rank], command)  # a second start (docker restarted) adds nothing
+        rules = sh(names[1], "iptables -S DOCKER-USER").stdout
+        assert rules.count("sparkrig-relay") == 4, rules
+        mtu = s0.knobs.fabric_mtu
+        ping = sh(names[0], f"ping -M do -s {mtu - 28} -c 2 -W 2 {far}", check=False)
+        assert ping.returncode == 0, ping.stdout + ping.stderr
+        assert connects(names[0], far, port)
+        # the unit's stop takes its rules out again, and the relay with them
+        for rank, unit in units.items():
+            for command in unit_lines(unit, "ExecStop="):
+                sh(names[rank], command)
+        assert "sparkrig-relay" not in sh(names[1], "iptables -S DOCKER-USER").stdout
+        assert not connects(names[0], far, port)
+    finally:
+        server.kill()
+        server.wait()
