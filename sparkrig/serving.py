@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyinfra import host, logger
@@ -369,6 +369,11 @@ class RankRuntimeReport:
     handed_gid: int | None = None  # the GID index its start gate handed over (None: no start yet)
     handed_device_index: int | None = None  # its RDMA device's kernel index at that start
     live_device_index: int | None = None  # that device's kernel index now (None: gone)
+    # fabric_layout "ports": every RDMA device's GID index and kernel index at that start, and
+    # each one's kernel index now (a device gone is missing)
+    handed_gids: dict[str, int] = field(default_factory=dict)
+    handed_device_indexes: dict[str, int] = field(default_factory=dict)
+    live_device_indexes: dict[str, int] = field(default_factory=dict)
 
 
 def _int(value: str) -> int | None:
@@ -389,11 +394,17 @@ class RankRuntime(FactBase[RankRuntimeReport]):
         inspect = f"timeout 20 docker inspect --format '{{{{.State.Status}}}}' {q(container)}"
         device_index = rankenv.value_command(rankenv.HANDED_DEVICE_INDEX, handed_path)
         live = rankenv.live_device_index_command(handed_path)
+        handed_gids = rankenv.value_command(rankenv.HANDED_PER_DEVICE, handed_path)
+        device_indexes = rankenv.value_command(rankenv.HANDED_DEVICE_INDEXES, handed_path)
+        live_indexes = rankenv.live_device_indexes_command(handed_path)
         return (
             f'echo "container=$({inspect} 2>/dev/null)"; '
             f'echo "handed=$({rankenv.value_command(rankenv.HANDED, handed_path)})"; '
             f'echo "device_index=$({device_index})"; '
             f'echo "live_device_index=$({live})"; '
+            f'echo "handed_gids=$({handed_gids})"; '
+            f'echo "device_indexes=$({device_indexes})"; '
+            f'echo "live_device_indexes=$({live_indexes})"; '
             f"echo '{END}'"
         )
 
@@ -404,6 +415,9 @@ class RankRuntime(FactBase[RankRuntimeReport]):
             handed_gid=_int(raw.get("handed", "")),
             handed_device_index=_int(raw.get("device_index", "")),
             live_device_index=_int(raw.get("live_device_index", "")),
+            handed_gids=rankenv.parse_per_device(raw.get("handed_gids", "")),
+            handed_device_indexes=rankenv.parse_per_device(raw.get("device_indexes", "")),
+            live_device_indexes=rankenv.parse_per_device(raw.get("live_device_indexes", "")),
         )
 
 
@@ -469,6 +483,7 @@ def stale_gid_dropped(
     running: bool,
     roce_device: str | None = None,
     roce_port: int = 1,
+    functions: Sequence[tuple[str, str, str]] = (),
 ) -> Generator[Any, None, None]:
     """
     Drop what the start gate handed to a running rank when the live RoCE device no longer
@@ -482,31 +497,44 @@ def stale_gid_dropped(
     + running: whether the rank's unit is active (a stopped rank reads both at its start)
     + roce_device: RDMA device to use; ``None`` detects it from the GID table
     + roce_port: HCA port
+    + functions: fabric_layout "ports": (netdev, RDMA device, IPv4) of every function; each
+      device the start gate handed over is judged alike (its GID found by value)
     """
     rank = rank_of(read_here("rank"))
-    try:
-        live: int | None = select_gid(
-            read_here("gids").get("gids", RoceGids), fabric_ip, fabric_interface, roce_device,
-            roce_port,
-        ).index  # fmt: skip
-    except GidNotFound:
-        live = None  # the fabric phase fails this host, naming the table
-    moved = rank.handed_gid is not None and live is not None and rank.handed_gid != live
-    made_again = rankenv.device_made_again(rank.handed_device_index, rank.live_device_index)
+    gids = read_here("gids").get("gids", RoceGids)
+
+    def live_index(ip: str, netdev: str, device: str | None) -> int | None:
+        try:
+            return select_gid(gids, ip, netdev, device, roce_port).index
+        except GidNotFound:
+            return None  # the fabric phase fails this host, naming the table
+
+    said: list[str] = []
+    live = live_index(fabric_ip, fabric_interface, roce_device)
+    if rank.handed_gid is not None and live is not None and rank.handed_gid != live:
+        said.append(f"RoCE GID index {rank.handed_gid}, the live table {live}")
+    if rankenv.device_made_again(rank.handed_device_index, rank.live_device_index):
+        now = rank.live_device_index if rank.live_device_index is not None else "gone"
+        said.append(f"RDMA device index {rank.handed_device_index}, the device now {now}")
+    for netdev, device, ip in functions:
+        handed = rank.handed_gids.get(device)
+        index = live_index(ip, netdev, device)
+        if handed is not None and index is not None and handed != index:
+            said.append(f"RoCE GID index {handed} on {device}, the live table {index}")
+    for device in rankenv.device_indexes_made_again(
+        rank.handed_device_indexes, rank.live_device_indexes
+    ):
+        now = rank.live_device_indexes.get(device, "gone")
+        said.append(
+            f"{device} at RDMA device index {rank.handed_device_indexes[device]}, now {now}"
+        )
     if not running:
         host.noop("the rank is not running: its start hands the live RoCE device and GID over")
         return
-    if not (moved or made_again):
+    if not said:
         host.noop(f"the running rank has the live RoCE device and GID index ({live})")
         return
-    if moved:
-        said = f"RoCE GID index {rank.handed_gid}, the live table {live}"
-    else:
-        said = (
-            f"RDMA device index {rank.handed_device_index}, the device now "
-            f"{rank.live_device_index if rank.live_device_index is not None else 'gone'}"
-        )
-    logger.info(f"{host.print_prefix}the running rank has {said}: the pair restarts")
+    logger.info(f"{host.print_prefix}the running rank has {'; '.join(said)}: the pair restarts")
     yield f"rm -f {shlex.quote(rankenv.HANDED_PATH)}"
 
 

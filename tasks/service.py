@@ -247,6 +247,10 @@ restart.trigger(
         running=rank_active,
         roce_device=settings.me.roce_device,
         roce_port=knobs.roce_port,
+        functions=[
+            (i.netdev, i.rdma, str(i.address.ip))
+            for i in (settings.fabric_rank.ifaces if settings.fabric_rank else ())
+        ],
     ),
 )
 # During an upgrade a failed smoke test or start does not stop the run: it decides the rollback

@@ -172,7 +172,8 @@ def hand_over_gid(
             f"{deployed or 'none'}); the container gets {index}"
         )
     hca = functions(env)[0][1]
-    rankenv.write_handed(path, index, hca, device_index(hca), per_device=found)
+    kernel = {dev: i for dev in found or {} if (i := device_index(dev)) is not None}
+    rankenv.write_handed(path, index, hca, device_index(hca), found, kernel)
 
 
 def gate_fabric(env: dict[str, str], bound: float, gid_env: str) -> bool:

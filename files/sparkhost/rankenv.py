@@ -27,6 +27,8 @@ HANDED_DEVICE_INDEX = "SPARKRIG_ROCE_DEVICE_INDEX"
 # gid.env, fabric_layout "ports": every RDMA device's GID index at this start, "<dev>:<index>,..."
 # (the container gets none: NCCL picks each device's RoCE v2 GID by value, docs/rings.md)
 HANDED_PER_DEVICE = "SPARKRIG_GID_INDEXES"
+# gid.env, fabric_layout "ports": each RDMA device's kernel index at this start, "<dev>:<i>,..."
+HANDED_DEVICE_INDEXES = "SPARKRIG_ROCE_DEVICE_INDEXES"
 
 
 def path(config_dir: str) -> str:
@@ -55,6 +57,7 @@ def handed_text(
     device: str = "",
     device_index: int | None = None,
     per_device: dict[str, int] | None = None,
+    device_indexes: dict[str, int] | None = None,
 ) -> str:
     text = (
         "# Written by sparkrig-prep at the rank's start: the live RoCE v2 GID index\n"
@@ -62,6 +65,8 @@ def handed_text(
     )
     if per_device:
         text += f"{HANDED_PER_DEVICE}={format_per_device(per_device)}\n"
+    if device_indexes:
+        text += f"{HANDED_DEVICE_INDEXES}={format_per_device(device_indexes)}\n"
     if device and device_index is not None:
         text += f"{HANDED_DEVICE}={device}\n{HANDED_DEVICE_INDEX}={device_index}\n"
     return text
@@ -88,13 +93,15 @@ def write_handed(
     device: str = "",
     device_index: int | None = None,
     per_device: dict[str, int] | None = None,
+    device_indexes: dict[str, int] | None = None,
 ) -> None:
     """Hand ``index`` over (atomically: the unit never reads half a file), with the RDMA device
-    and its kernel index when known, and every device's index (fabric_layout "ports")."""
+    and its kernel index when known, and every device's GID and kernel index (fabric_layout
+    "ports")."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write(handed_text(index, device, device_index, per_device))
+        f.write(handed_text(index, device, device_index, per_device, device_indexes))
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
@@ -123,6 +130,23 @@ def device_made_again(handed: int | None, live: int | None) -> bool:
     """Whether the RDMA device handed over at a rank's start (its kernel index ``handed``; None:
     none was) is no longer the one there now (``live``; None: gone)."""
     return handed is not None and live != handed
+
+
+def device_indexes_made_again(handed: dict[str, int], live: dict[str, int]) -> list[str]:
+    """The RDMA devices handed over at a rank's start (``handed``: name -> kernel index) that
+    are not the ones there now (``live``; a device gone is missing from it)."""
+    return [dev for dev, index in handed.items() if live.get(dev) != index]
+
+
+def live_device_indexes_command(path: str) -> str:
+    """A shell line printing ``<dev>:<kernel index>,`` now for every device the gid.env at
+    ``path`` handed over per device (the index empty for a device gone)."""
+    listed = value_command(HANDED_DEVICE_INDEXES, path)
+    show = "rdma dev show \"$d\" 2>/dev/null | sed -n 's/^\\([0-9][0-9]*\\): .*/\\1/p'"
+    return (
+        f"for e in $({listed} | tr , ' '); do d=${{e%:*}}; "
+        f'printf \'%s:%s,\' "$d" "$({show})"; done'
+    )
 
 
 def live_device_index_command(path: str) -> str:

@@ -382,14 +382,18 @@ CARRIER_WAIT = re.compile(r"^i=0; until \[ \"\$\(cat /sys/class/net/\S+/carrier 
 
 def rank_runtime(
     container: str = "", handed: int | None = None, device_index: int | None = None,
-    live_device_index: int | None = None,
+    live_device_index: int | None = None, per_device: str = "", device_indexes: str = "",
+    live_device_indexes: str = "",
 ) -> list[str]:  # fmt: skip
     """sparkrig.serving.RankRuntime's output: the container's docker state, the handed GID
-    index and RDMA device index, that device's index now."""
+    index and RDMA device index, that device's index now; fabric_layout "ports": every device's
+    handed GID index and kernel index ("<dev>:<i>,..."), and each one's kernel index now."""
     said = [handed, device_index, live_device_index]
     handed_, device_, live_ = ("" if x is None else x for x in said)
     return [f"container={container}", f"handed={handed_}", f"device_index={device_}",
-            f"live_device_index={live_}", END]  # fmt: skip
+            f"live_device_index={live_}", f"handed_gids={per_device}",
+            f"device_indexes={device_indexes}", f"live_device_indexes={live_device_indexes}",
+            END]  # fmt: skip
 
 
 def start_of(unit: str) -> str:
@@ -525,7 +529,7 @@ def settings_of(inventory: str) -> dict[str, Settings]:
 def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]:
     """path -> (content, mode) of every file the deploy owns on this rank, made by the same
     functions the tasks call (render + the context builders, the programs, the lockfiles)."""
-    from sparkrig.fabric import env_context
+    from sparkrig.fabric import env_context, env_template, netplan_text
     from sparkrig.front import front_paths, key_include_text, site_text
     from sparkrig.image import serving_image
     from sparkrig.pairsecret import control_token
@@ -550,17 +554,9 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
             render("sysctl.conf.j2", swappiness=k.swappiness, min_free_kbytes=k.min_free_kbytes),
             "644",
         ),
-        k.fabric_netplan_file: (
-            render(
-                "netplan-fabric.yaml.j2",
-                **base_context(s),
-                address=s.me.fabric_address.with_prefixlen,
-                mtu=k.fabric_mtu,
-            ),
-            "600",
-        ),
+        k.fabric_netplan_file: (netplan_text(s), "600"),
         p["env_file"]: (
-            render("rank.env.j2", **env_context(s), hca=HCA, gid_index=str(gid_index)),
+            render(env_template(s), **env_context(s), hca=HCA, gid_index=str(gid_index)),
             "644",
         ),
         p["rank_unit"]: (

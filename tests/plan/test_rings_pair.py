@@ -6,6 +6,10 @@ port or a silent function refused before any address is set."""
 
 from __future__ import annotations
 
+import re
+
+import pytest
+
 from sparkrig.firewall import ruleset_path
 from sparkrig.paths import paths
 from tests.plan import fakehosts
@@ -120,3 +124,60 @@ def test_a_function_silent_after_the_addresses_are_applied_fails_naming_it(monke
         in ran[prove]
     )
     assert not any("sparkrig-nccl-smoke" in c for c in ran[prove:])
+
+
+def converged_pair(**runtime: dict[str, str]) -> None:
+    """Both ranks converged and serving in the ports layout, both functions addressed; a rank
+    named in ``runtime`` has those per-device fields in its start gate's hand-over."""
+    for name, s in settings().items():
+        short = name.split("/")[1]
+        canned = fakehosts.converged(s)
+        canned.update(pairfakes.fabric_state(s.me.rank, links={"addressed": True, "mtu": 9000}))
+        (_, primary, _), (_, twin, _) = pairfakes.PLAN[s.me.rank]
+        fields = {  # as the start gate hands over: each device's live GID index and kernel index
+            "per_device": f"{primary}:3,{twin}:5",
+            "device_indexes": f"{primary}:4,{twin}:6",
+            "live_device_indexes": f"{primary}:4,{twin}:6",
+            **runtime.get(short, {}),
+        }
+        canned[fakehosts.RANK_RUNTIME] = fakehosts.rank_runtime("running", 3, 4, 4, **fields)
+        fakehosts.STATE[short] = canned
+
+
+def restarts(r: Run) -> list[str]:
+    return [c for n in (HEAD, WORKER) for c in r.commands[n]
+            if re.match(r"systemctl (stop|start) sparkrig-(head|worker)", c)]  # fmt: skip
+
+
+def test_a_converged_pair_in_the_ports_layout_changes_nothing(monkeypatch):
+    converged_pair()  # both devices as their start gate handed them over
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert r.changed_ops == {} and r.uploads == {}
+    assert restarts(r) == []
+
+
+@pytest.mark.parametrize(
+    ("runtime", "said"),
+    [
+        # the twin's GID table renumbered under the running rank (the primary's did not)
+        ({"per_device": "rocep1s0f1:3,roceP2p1s0f1:4"}, "RoCE GID index 4 on roceP2p1s0f1, "
+         "the live table 5"),
+        # the twin's device made again (a firmware reset of that function): a new kernel index
+        ({"live_device_indexes": "rocep1s0f1:4,roceP2p1s0f1:9"}, "roceP2p1s0f1 at RDMA device "
+         "index 6, now 9"),
+        ({"live_device_indexes": "rocep1s0f1:4,roceP2p1s0f1:"}, "roceP2p1s0f1 at RDMA device "
+         "index 6, now gone"),
+    ],
+    ids=["twin-gid-moved", "twin-made-again", "twin-gone"],
+)  # fmt: skip
+def test_the_twin_changed_under_a_running_rank_restarts_the_pair(monkeypatch, runtime, said):
+    converged_pair(**{"spark-b": runtime})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert "rm -f /run/sparkrig/gid.env" in r.commands[WORKER]
+    assert "rm -f /run/sparkrig/gid.env" not in r.commands[HEAD]
+    assert said in r.output
+    assert "systemctl stop sparkrig-worker.service" in restarts(r)
+    assert "systemctl stop sparkrig-head.service" in restarts(r)
+

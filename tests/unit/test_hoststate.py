@@ -131,7 +131,7 @@ def test_the_rank_part_reads_the_containers_state_and_the_handed_gid_index(tmp_p
     docker.write_text('#!/bin/sh\n[ "$4" = sparkrig-rank1 ] && echo paused || exit 1\n')
     docker.chmod(0o755)
     rdma = bin_dir / "rdma"  # as iproute2's `rdma dev show rxe0` after the device was made again
-    rdma.write_text(
+    rdma.write_text(  # rxe1 is gone
         '#!/bin/sh\n[ "$3" = rxe0 ] && echo "9: rxe0: node_type ca protocol roce" || exit 1\n'
     )
     rdma.chmod(0o755)
@@ -148,6 +148,16 @@ def test_the_rank_part_reads_the_containers_state_and_the_handed_gid_index(tmp_p
     assert values.get("rank", RankRuntime) == RankRuntimeReport(
         container="paused", handed_gid=3, handed_device_index=2, live_device_index=9
     )
+
+    # fabric_layout "ports": every device's GID and kernel index at the start, and each one now
+    handed.write_text(
+        "SPARKRIG_GID_INDEX=3\nSPARKRIG_GID_INDEXES=rxe0:3,rxe1:5\n"
+        "SPARKRIG_ROCE_DEVICE_INDEXES=rxe0:2,rxe1:4\n"
+    )
+    report = assemble((rank,), run_script((rank,))).values.get("rank", RankRuntime)
+    assert report.handed_gids == {"rxe0": 3, "rxe1": 5}
+    assert report.handed_device_indexes == {"rxe0": 2, "rxe1": 4}
+    assert report.live_device_indexes == {"rxe0": 9}  # rxe1 gone
 
     handed.unlink()  # a reboot cleared /run; no container of that name
     gone = Part("rank", RankRuntime, (("container", "other"), ("handed_path", str(handed))))

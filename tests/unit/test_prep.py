@@ -319,6 +319,17 @@ def test_ports_every_function_ready_hands_each_devices_index_over(tree):
     assert rankenv.parse_per_device(handed[rankenv.HANDED_PER_DEVICE]) == {HCA: 3, TWIN_HCA: 5}
 
 
+def test_ports_each_devices_kernel_index_is_handed_over(tree, monkeypatch):
+    tree.gid(3, WANT)
+    twin(tree)
+    kernel = {HCA: 7, TWIN_HCA: 8}
+    monkeypatch.setattr(prep, "device_index", kernel.get)  # as `rdma dev show` answers
+    assert tree.run("--fabric-wait", "0") == 0
+    handed = rankenv.parse(tree.gid_env.read_text())
+    assert rankenv.parse_per_device(handed[rankenv.HANDED_DEVICE_INDEXES]) == kernel
+    assert handed[rankenv.HANDED_DEVICE_INDEX] == "7"  # the first function's, as before
+
+
 @pytest.mark.parametrize(
     ("twin_state", "said"),
     [
