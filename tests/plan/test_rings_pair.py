@@ -180,4 +180,3 @@ def test_the_twin_changed_under_a_running_rank_restarts_the_pair(monkeypatch, ru
     assert said in r.output
     assert "systemctl stop sparkrig-worker.service" in restarts(r)
     assert "systemctl stop sparkrig-head.service" in restarts(r)
-
