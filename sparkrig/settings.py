@@ -524,8 +524,9 @@ class Settings(BaseModel):
 
     @property
     def stack(self) -> Stack:
-        """The selected stack's declaration (knob ``stack``)."""
-        return get(self.knobs.stack)
+        """The selected stack's declaration (knob ``stack``) as it runs on this inventory's
+        rank count (``Stack.at``: its env by rank count)."""
+        return get(self.knobs.stack).at(self.nnodes)
 
     @property
     def image_ref(self) -> str:
@@ -888,9 +889,18 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                     'Sparks"): use 2 or 4 Sparks, or a stack that serves on 3'
                 )
             elif declared and ranks and len(ranks) not in declared:
+                serving = [n for n, st in STACKS.items() if len(ranks) in st.nodes]
                 problems.append(
                     f"{name}: stack: {k.stack!r} serves on {' or '.join(map(str, declared))} "
                     f"Sparks; the inventory has {len(ranks)}"
+                    + (f" (stack {', '.join(map(repr, serving))} serves on it)" if serving else "")
+                )
+            layouts = get(k.stack).fabric_layouts
+            if name == first_name and layouts and layout not in layouts:
+                problems.append(
+                    f"{name}: fabric_layout: stack {k.stack!r} runs on fabric_layout "
+                    f"{' or '.join(map(repr, layouts))}, not {layout!r}: its ranks' NCCL env is "
+                    "the fabric plan's, every device facing a peer (docs/rings.md)"
                 )
             ports = (k.api_port, k.master_port, k.master_port + 1, k.pair_port, k.copy_port)
             if len({*ports, k.agent_port, k.image_copy_port, k.engine_port}) != 8:
@@ -1035,7 +1045,8 @@ def api_url(s: Settings) -> str:
 def api_target(inventory: Any) -> dict[str, Any]:
     """What `python3 -m sparkrig.bench --inventory` measures: the head's API as the control
     machine reaches it (``api_url``), the served model, the profile and the control side's API
-    key file (None when api_auth is off) and the stack it serves (its published figures)."""
+    key file (None when api_auth is off), the stack it serves and on how many ranks (its
+    published figures)."""
     s = next(v for v in build(view_of(inventory)).values() if v.me.is_head)
     k = s.knobs
     return {
@@ -1044,4 +1055,5 @@ def api_target(inventory: Any) -> dict[str, Any]:
         "model": k.served_model_name,
         "profile": k.profile,
         "api_key_file": k.api_key_file if k.api_auth else None,
+        "nnodes": s.nnodes,
     }

@@ -56,6 +56,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stack", help="the stack measured, recorded in the result (compare judges "
                    "it against that stack's published figures; with --inventory, default: the "
                    "stack the inventory deploys)")  # fmt: skip
+    p.add_argument("--nnodes", type=int, help="the rank count measured, recorded in the result "
+                   "(a stack's figures of one rank count apply to it only; with --inventory, "
+                   "default: the inventory's)")  # fmt: skip
     p.add_argument("--json", type=Path, help="write the run's JSON here (figure beside it)")
     p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--short", action="store_true", help="the release gate's short bench")
@@ -103,11 +106,12 @@ def main(argv: list[str] | None = None) -> int:
         url, model, profile = t["url"], args.model or t["model"], args.profile or t["profile"]
         key_file = args.api_key_file or t["api_key_file"]
         stack = measured_stack(args.stack, t)
+        nnodes = args.nnodes or t.get("nnodes")
     else:
         if not args.model:
             parser().error("--url needs --model (the served model name)")
         url, model, profile, key_file = args.url, args.model, args.profile, args.api_key_file
-        stack = args.stack
+        stack, nnodes = args.stack, args.nnodes
     try:
         key = read_api_key(key_file) if key_file else ""
     except (OSError, ValueError) as exc:
@@ -127,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         "url": url, "model": model, "profile": profile, "stack": stack,
         "protocol_name": args.protocol, "protocol": proto.as_dict(), "tolerance": args.tolerance,
     }  # fmt: skip
+    if nnodes:
+        result["nnodes"] = nnodes
     log = lambda m: print(f"  {m}", flush=True)  # noqa: E731
     if isinstance(proto, seed004.Seed004):
         result.update(seed004.measure(ep, proto, log=log))

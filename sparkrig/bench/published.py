@@ -9,7 +9,9 @@ Its published figures come from, first to last:
    figures (figures not yet in a declaration, or another source's);
 2. the stack's declaration (``Stack.figures``, sparkrig/stacks/): the one source of published
    figures, each with its source. A result with no stack is today's recipe's (vllm-nvfp4);
-   figures of one profile apply to a run of that profile only;
+   figures of one profile apply to a run of that profile only, and figures of one rank count
+   (``Figure.nodes``: tensorfold-ring's three and four Sparks) to a result of that ``nnodes``
+   only (a result that names none gets the figures that name none);
 3. beside a seed 000 run of a stack declared with no seed 000 figures, its publisher's own
    (``declared``: e.g. tensorfold's MiaAI figures, 60.4 tok/s alone, 108.8 at 4, prefill 1,952);
 4. for a stack not declared here, ``UNDECLARED`` (empty today).
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkrig.stacks import DEFAULT_STACK, STACKS  # the declarations know no bench
+from sparkrig.stacks.base import Figure
 
 from . import expected
 
@@ -56,7 +59,13 @@ def _readable(name: str) -> bool:
     return name in plain or name.startswith("decode_tok_s.")
 
 
-def declared(stack: str, profile: str | None) -> list[expected.Figure]:
+def _of_nodes(f: Figure, nnodes: int | None) -> bool:
+    """Whether a declared figure applies to a result measured on ``nnodes`` ranks."""
+    return f.nodes is None or f.nodes == nnodes
+
+
+def declared(stack: str, profile: str | None, nnodes: int | None = None
+             ) -> list[expected.Figure]:  # fmt: skip
     """A declared stack's own figures (``Stack.figures``, sparkrig/stacks/) beside a seed 000
     result: the publisher's, measured under its own protocol (e.g. MiaAI's sparkDash), so a
     rough guide; only figures a seed 000 result measures, of the result's profile."""
@@ -68,24 +77,26 @@ def declared(stack: str, profile: str | None) -> list[expected.Figure]:
                   f"{f.protocol} protocol (the publisher's own, a rough guide); profile "
                   f"{f.profile or 'any'}")
         for f in found.figures
-        if f.protocol != "seed004" and _readable(f.name)
+        if f.protocol != "seed004" and _readable(f.name) and _of_nodes(f, nnodes)
         and (not f.profile or profile in (None, f.profile))
     ]  # fmt: skip
 
 
-def builtin(stack: str | None, protocol: str, profile: str | None) -> list[expected.Figure]:
+def builtin(stack: str | None, protocol: str, profile: str | None, nnodes: int | None = None
+            ) -> list[expected.Figure]:  # fmt: skip
     """The declared figures of ``stack`` (None: the default stack) for ``protocol``: those of
-    no profile, and those of ``profile``; beside a seed 000 run of a stack declared with none of
-    that protocol, the publisher's own (``declared``)."""
+    no profile, and those of ``profile``, of no rank count and of ``nnodes``; beside a seed 000
+    run of a stack declared with none of that protocol, the publisher's own (``declared``)."""
     name = stack or DEFAULT_STACK
     if name not in STACKS:
         return list(UNDECLARED.get(name, {}).get(protocol, ()))
     found = STACKS[name]
     one = len(found.profiles) == 1  # a stack serving one profile: its figures are its own
     own: list[expected.Figure] = [f for f in found.figures
-           if f.protocol == protocol and (one or f.profile in ("", profile))]  # fmt: skip
+           if f.protocol == protocol and (one or f.profile in ("", profile))
+           and _of_nodes(f, nnodes)]  # fmt: skip
     if protocol == "seed000" and not own:
-        return declared(name, profile)
+        return declared(name, profile, nnodes)
     return own
 
 
@@ -95,7 +106,9 @@ def figures_for(result: dict[str, Any], table: Table | None = None) -> list[expe
     stack, protocol = result.get("stack"), result.get("protocol_name") or "seed000"
     if table is not None and isinstance(stack, str) and stack in table:
         return list(table[stack].get(protocol, ()))
-    return builtin(stack, protocol, result.get("profile"))
+    nnodes = result.get("nnodes")
+    nodes = nnodes if isinstance(nnodes, int) else None
+    return builtin(stack, protocol, result.get("profile"), nodes)
 
 
 def load(path: Path) -> dict[str, dict[str, list[Published]]]:

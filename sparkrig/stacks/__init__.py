@@ -5,13 +5,20 @@ a new engine family also adds one adapter under ``families/``."""
 
 from __future__ import annotations
 
-from sparkrig.stacks import entrpi_exl3, sfxnz_v13, tensorfold, vllm_nvfp4
+from sparkrig.stacks import entrpi_exl3, sfxnz_v13, tensorfold, tensorfold_ring, vllm_nvfp4
 from sparkrig.stacks.base import Stack
 
 DEFAULT_STACK = "vllm-nvfp4"
 
 STACKS: dict[str, Stack] = {
-    s.name: s for s in (vllm_nvfp4.STACK, entrpi_exl3.STACK, sfxnz_v13.STACK, tensorfold.STACK)
+    s.name: s
+    for s in (
+        vllm_nvfp4.STACK,
+        entrpi_exl3.STACK,
+        sfxnz_v13.STACK,
+        tensorfold.STACK,
+        tensorfold_ring.STACK,
+    )
 }
 
 

@@ -13,7 +13,7 @@ This module knows no domain beyond the declaration itself: no settings, no pyinf
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 Family = Literal["vllm", "tensorfold"]
@@ -31,6 +31,10 @@ ApiAuth = Literal["vllm-api-key", "front", "none"]
 ProgressParser = Literal["vllm-metrics", "tensorfold-health"]
 # How the pair's ranks stop (tasks/pair_stop.py): every rank in one step, or one side first.
 StopOrder = Literal["together", "head-first", "workers-first"]
+# How the ranks start (``Stack.start_waves``): every worker at once, then rank 0 (sparkrig's
+# ordered start, tasks/pair_start.py); or one rank at a time from the last to rank 0
+# (TensorFold's N-rank scripts: workers TP-1 .. 1, then rank 0).
+StartOrder = Literal["workers-first", "last-to-first"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,9 @@ class Figure:
     condition: str = ""  # what was measured, as the source says it
     lower_is_better: bool = False  # a latency or a defect rate
     causes: str = ""  # the likely causes when a run falls short (the recipe's own experience)
+    # the rank count it was measured on (None: the stack's only one); the bench picks a result's
+    # figures by its nnodes (sparkrig/bench/published.py)
+    nodes: int | None = None
 
     # the shape sparkrig/bench/expected.py judges (its Figure protocol)
     @property
@@ -161,6 +168,14 @@ class Stack:
     master_port: int | None = None
     # how many Sparks the stack serves on (() : any the inventory has)
     nodes: tuple[int, ...] = ()
+    # env added to ``env`` at one rank count (``at``): what the recipe sets by TP
+    env_by_nodes: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
+    # the fabric layouts it runs on (() : any); a stack whose per-rank env comes from the
+    # fabric plan (topology.fabric_env) names "ports"
+    fabric_layouts: tuple[str, ...] = ()
+    # what the engine needs in each rank's fabric env (topology.fabric_env), by rank count: checked
+    # against it (families/tensorfold.py fabric_env_problems), never written by the stack
+    fabric_env_needs: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
     # docker run options the recipe gives every rank beyond sparkrig's own (e.g. --shm-size)
     run_flags: tuple[str, ...] = ()
     memory: MemoryGate = MemoryGate("memfree", None)
@@ -168,6 +183,7 @@ class Stack:
     # (one cache: <cache_dir>/<image>; several: <cache_dir>/<image>/<path made a name>)
     caches: Mapping[str, str] = field(default_factory=dict)
     stop_order: StopOrder = "together"  # the recipe's own, with its source
+    start_order: StartOrder = "workers-first"  # the recipe's own, with its source
     # files the recipe provides beside its image (sparkrig/stackfiles.py fetches and mounts them)
     files: tuple[StackFile, ...] = ()
     figures: tuple[Figure, ...] = ()
@@ -192,6 +208,25 @@ class Stack:
                 f"unknown profile {name!r} for stack {self.name!r}; choose one of "
                 f"{', '.join(self.profiles)}"
             ) from None
+
+    def at(self, nnodes: int) -> Stack:
+        """The declaration as it runs on ``nnodes`` Sparks: ``env`` with ``env_by_nodes``'s
+        entries for that count; the stack itself when it declares none."""
+        extra = self.env_by_nodes.get(nnodes)
+        if not extra:
+            return self
+        return replace(self, env={**self.env, **extra}, env_by_nodes={})
+
+    def start_waves(self, nnodes: int) -> tuple[tuple[int, ...], ...]:
+        """The ranks in start order, one tuple per step (each step's ranks start together, the
+        next step once they did): ``workers-first`` every worker, then rank 0;
+        ``last-to-first`` rank nnodes-1, ..., rank 1, then rank 0."""
+        if nnodes < 1:
+            raise ValueError(f"nnodes must be >= 1, got {nnodes!r}")
+        workers = tuple(range(1, nnodes))
+        if self.start_order == "last-to-first":
+            return tuple((r,) for r in reversed(workers)) + ((0,),)
+        return ((workers,) if workers else ()) + ((0,),)
 
     def needs_drafter(self, profile: str) -> bool:
         """True when the profile loads the stack's drafter (its licence, its download)."""
