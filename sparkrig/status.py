@@ -37,9 +37,14 @@ if [ -e {gid_file} ]; then
   echo "gid_handed=$({gid_handed})"
   echo "gid_device_handed=$({gid_device_handed})"
   echo "gid_device_live=$({gid_device_live})"
+  echo "gids_handed=$({gids_handed})"
+  echo "devices_handed=$({devices_handed})"
+  echo "devices_live=$({devices_live})"
 fi
 {gid_table}
 echo "mtu=$(cat /sys/class/net/{iface}/mtu 2>/dev/null)"
+echo "mtus=$(for d in {netdevs}; do printf '%s:%s,' "$d" \
+"$(cat /sys/class/net/$d/mtu 2>/dev/null)"; done)"
 echo "memfree_kb=$(awk '/^MemFree:/ {{print $2}}' /proc/meminfo)"
 echo "memtotal_kb=$(awk '/^MemTotal:/ {{print $2}}' /proc/meminfo)"
 for h in watchdog supervisor; do
@@ -100,6 +105,12 @@ class RankState:
     record_error: str = ""
     gid_device_handed: int | None = None  # the RDMA device's kernel index at the rank's start
     gid_device_live: int | None = None  # ... and now (None: gone)
+    # fabric_layout "ports": per RDMA device, the GID index and kernel index its start gate
+    # handed over and each device's kernel index now (a device gone is missing); per netdev, MTU
+    gids_handed: tuple[tuple[str, int], ...] = ()
+    devices_handed: tuple[tuple[str, int], ...] = ()
+    devices_live: tuple[tuple[str, int], ...] = ()
+    mtus: tuple[tuple[str, int], ...] = ()
 
 
 def _int(raw: dict[str, str], key: str) -> int | None:
@@ -110,6 +121,11 @@ def _int(raw: dict[str, str], key: str) -> int | None:
         return int(text)
     except ValueError:
         raise FactProcessError(f"rank status: {key}={text!r} is not an integer") from None
+
+
+def _per_device(raw: dict[str, str], key: str) -> tuple[tuple[str, int], ...]:
+    """``<name>:<int>,...`` (rankenv.format_per_device); an entry without a number is left out."""
+    return tuple(rankenv.parse_per_device(raw.get(key, "")).items())
 
 
 def _budget(helper: str, text: str) -> Budget:
@@ -169,6 +185,10 @@ def parse_rank_state(lines: list[str]) -> RankState:
         gid_handed=_int(raw, "gid_handed"),
         gid_device_handed=_int(raw, "gid_device_handed"),
         gid_device_live=_int(raw, "gid_device_live"),
+        gids_handed=_per_device(raw, "gids_handed"),
+        devices_handed=_per_device(raw, "devices_handed"),
+        devices_live=_per_device(raw, "devices_live"),
+        mtus=_per_device(raw, "mtus"),
         mtu=_int(raw, "mtu") or 0,
         memfree_kb=_int(raw, "memfree_kb") or 0,
         memtotal_kb=_int(raw, "memtotal_kb") or 0,
@@ -199,6 +219,7 @@ class RankStatus(FactBase[RankState]):
         run_dir: str,
         record: str,
         roce_device: str = "",
+        netdevs: tuple[str, ...] = (),
     ) -> StringCommand:
         q = shlex.quote
         script = _SCRIPT.format(
@@ -210,8 +231,12 @@ class RankStatus(FactBase[RankState]):
             gid_handed=rankenv.value_command(rankenv.HANDED, gid_file),
             gid_device_handed=rankenv.value_command(rankenv.HANDED_DEVICE_INDEX, gid_file),
             gid_device_live=rankenv.live_device_index_command(gid_file),
+            gids_handed=rankenv.value_command(rankenv.HANDED_PER_DEVICE, gid_file),
+            devices_handed=rankenv.value_command(rankenv.HANDED_DEVICE_INDEXES, gid_file),
+            devices_live=rankenv.live_device_indexes_command(gid_file),
             gid_table=gid_table_command(),
             iface=q(iface),
+            netdevs=" ".join(q(d) for d in netdevs or (iface,)),
             lock=q(lock),
             stamps=q(stamps),
             run_dir=q(run_dir),
@@ -238,6 +263,7 @@ def fact_args(s: Settings, env_file: str, gid_file: str, run_dir: str) -> dict[s
         "run_dir": run_dir,
         "record": record_path(k.config_dir),
         "roce_device": s.me.roce_device or "",
+        "netdevs": s.fabric_rank.netdevs if s.fabric_rank is not None else (),
     }
 
 
@@ -264,14 +290,9 @@ def live_gid_index(s: Settings, st: RankState) -> int | None:
         return None
 
 
-def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
-    """What is off on this rank, one phrase each; empty when it serves as deployed."""
-    k = s.knobs
-    out: list[str] = []
-    if st.active != "active" or st.sub != "running":
-        out.append(f"{s.unit_name} is {st.active or 'unknown'}/{st.sub or 'unknown'}")
-    if st.image != want_image:
-        out.append(f"runs image {st.image or 'none'}, the deploy would run {want_image}")
+def single_problems(s: Settings, st: RankState) -> list[str]:
+    """The one fabric netdev's GID (env file, hand-over, live table), device and MTU."""
+    out = []
     live = live_gid_index(s, st)
     if st.gid_env is None or st.gid_env != live:
         out.append(f"GID index: env file {st.gid_env}, live table {live}")
@@ -282,8 +303,50 @@ def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
             f"RDMA device made again under the rank (kernel index {st.gid_device_handed} at its "
             f"start, {st.gid_device_live if st.gid_device_live is not None else 'gone'} now)"
         )
-    if st.mtu != k.fabric_mtu:
-        out.append(f"MTU {st.mtu} on {s.me.fabric_interface}, want {k.fabric_mtu}")
+    if st.mtu != s.knobs.fabric_mtu:
+        out.append(f"MTU {st.mtu} on {s.me.fabric_interface}, want {s.knobs.fabric_mtu}")
+    return out
+
+
+def fabric_problems(s: Settings, st: RankState) -> list[str]:
+    """fabric_layout "ports": every function's GID by value in the live table against what the
+    start gate handed over, its device made again or gone, its netdev's MTU (the env file pins
+    no GID index: NCCL picks each one, docs/rings.md)."""
+    part, k = s.fabric_rank, s.knobs
+    assert part is not None
+    handed, mtus = dict(st.gids_handed), dict(st.mtus)
+    out = []
+    for i in part.ifaces:
+        try:
+            live: int | None = select_gid(
+                list(st.gids), str(i.address.ip), i.netdev, i.rdma, k.roce_port
+            ).index
+        except GidNotFound:
+            live = None
+            out.append(f"{i.rdma}: no RoCE v2 GID for ::ffff:{i.address.ip} on {i.netdev}")
+        was = handed.get(i.rdma)
+        if was is not None and live is not None and was != live:
+            out.append(f"{i.rdma}: GID index: start gate handed over {was}, live table {live}")
+        if mtus.get(i.netdev) != k.fabric_mtu:
+            out.append(f"MTU {mtus.get(i.netdev, '?')} on {i.netdev}, want {k.fabric_mtu}")
+    now = dict(st.devices_live)
+    for dev in rankenv.device_indexes_made_again(dict(st.devices_handed), now):
+        out.append(
+            f"{dev}: RDMA device made again under the rank (kernel index "
+            f"{dict(st.devices_handed)[dev]} at its start, {now.get(dev, 'gone')} now)"
+        )
+    return out
+
+
+def problems(s: Settings, st: RankState, want_image: str) -> list[str]:
+    """What is off on this rank, one phrase each; empty when it serves as deployed."""
+    k = s.knobs
+    out: list[str] = []
+    if st.active != "active" or st.sub != "running":
+        out.append(f"{s.unit_name} is {st.active or 'unknown'}/{st.sub or 'unknown'}")
+    if st.image != want_image:
+        out.append(f"runs image {st.image or 'none'}, the deploy would run {want_image}")
+    out += fabric_problems(s, st) if s.fabric_rank is not None else single_problems(s, st)
     if k.gpu_clock_max_mhz is not None and st.gpu_clock_unit != "active":
         out.append(
             f"GPU clock lock sparkrig-gpu-clock is {st.gpu_clock_unit or 'absent'}: the clock is "

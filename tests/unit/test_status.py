@@ -68,3 +68,40 @@ def test_a_handed_over_gid_that_left_the_table_is_off():
     assert problems(s, fine, "img") == []
     moved = RankState("active", "running", "", "img", 3, table, 4, k.fabric_mtu, 0, commit)
     assert problems(s, moved, "img") == ["GID index: start gate handed over 4, live table 3"]
+
+
+def ports_state(s, **over):
+    """A serving rank of a ports-layout pair as the status read prints it: both functions' GIDs
+    in the table, handed over as they are, every netdev at MTU 9000 (``over`` replaces lines)."""
+    part = s.fabric_rank
+    table = [line for n, i in enumerate(part.ifaces)
+             for line in gid_lines(str(i.address.ip), i.netdev, 3 + 2 * n, dev=i.rdma)]  # fmt: skip
+    fields = {
+        "gids_handed": ",".join(f"{i.rdma}:{3 + 2 * n}" for n, i in enumerate(part.ifaces)),
+        "devices_handed": ",".join(f"{i.rdma}:{4 + n}" for n, i in enumerate(part.ifaces)),
+        "devices_live": ",".join(f"{i.rdma}:{4 + n}" for n, i in enumerate(part.ifaces)),
+        "mtus": ",".join(f"{i.netdev}:9000" for i in part.ifaces),
+        **over,
+    }
+    good = [x for x in GOOD if not x.startswith(("gid_env=", "weights_commit="))]
+    good.append(f"weights_commit={s.model.revision}")  # (the ports env pins no GID index)
+    return parse_rank_state([*good, *(f"{k}={v}" for k, v in fields.items()), *table, END])
+
+
+def test_a_ports_pair_rank_is_judged_per_function():
+    from tests.unit.test_rings import ports_cluster
+
+    s = build(ports_cluster(2))["spark-1"]
+    assert problems(s, ports_state(s), "r:t") == []  # no env-file index is not a problem there
+    twin = s.fabric_rank.ifaces[1]
+    moved = ports_state(s, gids_handed=f"rocep1s0f1:3,{twin.rdma}:9")
+    assert problems(s, moved, "r:t") == [
+        f"{twin.rdma}: GID index: start gate handed over 9, live table 5"
+    ]
+    gone = ports_state(s, devices_live="rocep1s0f1:4")
+    assert problems(s, gone, "r:t") == [
+        f"{twin.rdma}: RDMA device made again under the rank (kernel index 5 at its start, "
+        "gone now)"
+    ]
+    mtu = ports_state(s, mtus=f"enp1s0f1np1:9000,{twin.netdev}:1500")
+    assert problems(s, mtu, "r:t") == [f"MTU 1500 on {twin.netdev}, want 9000"]
