@@ -54,7 +54,7 @@ for f in /lib/netplan/*.yaml /etc/netplan/*.yaml /run/netplan/*.yaml; do
   [ -f "$f" ] && [ "$f" != {ours} ] || continue
   grep -qE {netplan_re} "$f" && echo "netplan_claim=$f"
 done
-mac=; read -r mac 2>/dev/null < $n/address; mac=${{mac:-none}}
+{mac_read}
 for f in /etc/NetworkManager/system-connections/* /run/NetworkManager/system-connections/*; do
   [ -f "$f" ] || continue
   case ${{f##*/}} in netplan-*) continue ;; esac
@@ -144,8 +144,27 @@ class Node(FactBase[NodeReport]):
 
     default = NodeReport
 
-    def command(self, weights_dir: str, fabric_interface: str, netplan_file: str) -> StringCommand:
-        iface_re = fabric_interface.replace(".", "\\.")
+    def command(
+        self,
+        weights_dir: str,
+        fabric_interface: str,
+        netplan_file: str,
+        claimed_netdevs: tuple[str, ...] = (),
+    ) -> StringCommand:
+        """``claimed_netdevs``: every fabric netdev whose claims by other netplan files and NM
+        profiles are listed (fabric_layout "ports"); default the fabric interface alone."""
+        netdevs = claimed_netdevs or (fabric_interface,)
+        iface_re = "|".join(d.replace(".", "\\.") for d in netdevs)
+        if len(netdevs) > 1:
+            iface_re = f"({iface_re})"
+            mac_read = (
+                "mac=; for x in "
+                + " ".join(shlex.quote(d) for d in netdevs)
+                + "; do m=; read -r m 2>/dev/null < /sys/class/net/$x/address; "
+                + '[ -n "$m" ] && mac="$mac${mac:+|}$m"; done; mac="(${mac:-none})"'
+            )
+        else:
+            mac_read = "mac=; read -r mac 2>/dev/null < $n/address; mac=${mac:-none}"
         q = "[\"']?"
         netplan_re = (
             rf"^[[:space:]]*({q}{iface_re}{q}:|(set-)?name:[[:space:]]*{q}{iface_re}{q}"
@@ -155,6 +174,7 @@ class Node(FactBase[NodeReport]):
             weights=shlex.quote(weights_dir),
             iface=shlex.quote(fabric_interface),
             iface_re=iface_re,
+            mac_read=mac_read,
             ours=shlex.quote(netplan_file),
             netplan_re=shlex.quote(netplan_re),
             end=END,
@@ -165,15 +185,19 @@ class Node(FactBase[NodeReport]):
         return parse_node_report(output)
 
 
-def node_args(s: Settings, rank: Rank | None = None) -> dict[str, str]:
+def node_args(s: Settings, rank: Rank | None = None) -> dict[str, Any]:
     """Arguments of the Node fact for ``rank`` (default: this host): a part of its state read
     (sparkrig/stateread.py; pyinfra 3.10 caches no fact, so it is read there once per host)."""
     rank = rank or s.me
-    return {
+    args: dict[str, Any] = {
         "weights_dir": s.knobs.weights_dir,
         "fabric_interface": rank.fabric_interface,
         "netplan_file": s.knobs.fabric_netplan_file,
     }
+    plan = s.fabric_plan
+    if plan is not None:  # fabric_layout "ports": every netdev of the rank's plan
+        args["claimed_netdevs"] = plan.ranks[rank.rank].netdevs
+    return args
 
 
 def node_part(s: Settings) -> Part:

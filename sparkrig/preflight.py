@@ -145,14 +145,16 @@ def problems(
             f"remove it, or set fabric_takeover = True to let sparkrig move it to "
             f"{DISPLACED_DIR}{{path}}"
         )
+        # every fabric netdev of the plan in fabric_layout "ports" (the node report lists them all)
+        named = " or ".join(s.fabric_rank.netdevs) if s.fabric_rank is not None else iface
         for path in node.netplan_claims:
             out.append(
-                f"fabric interface {iface} is also configured by the netplan file {path}; netplan "
+                f"fabric interface {named} is also configured by the netplan file {path}; netplan "
                 f"would merge it with {k.fabric_netplan_file}: " + how.format(path=path)
             )
         for profile in node.nm_claims:
             out.append(
-                f"fabric interface {iface} is also claimed by the NetworkManager profile "
+                f"fabric interface {named} is also claimed by the NetworkManager profile "
                 f"'{profile.name}' ({profile.path}), which competes with sparkrig's: "
                 + how.format(path=profile.path)
             )

@@ -180,3 +180,17 @@ def test_the_twin_changed_under_a_running_rank_restarts_the_pair(monkeypatch, ru
     assert said in r.output
     assert "systemctl stop sparkrig-worker.service" in restarts(r)
     assert "systemctl stop sparkrig-head.service" in restarts(r)
+
+
+def test_a_netplan_file_naming_the_twin_stops_the_run_at_preflight(monkeypatch):
+    # the node report lists claims on every fabric netdev of the plan (tests/unit/
+    # test_node_claims.py runs the real command); the twin's is named with the primary
+    claims = ("netplan_claim=/etc/netplan/40-cx7.yaml",)
+    fakehosts.inject("spark-b", {fakehosts.NODE: fakehosts.node_report(claims=claims)})
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    assert (
+        "fabric interface enp1s0f1np1 or enP2p1s0f1np1 is also configured by the netplan file "
+        "/etc/netplan/40-cx7.yaml"
+    ) in r.output
+    assert all(r.uploads.get(n, {}) == {} for n in (HEAD, WORKER))
