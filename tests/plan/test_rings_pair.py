@@ -194,3 +194,21 @@ def test_a_netplan_file_naming_the_twin_stops_the_run_at_preflight(monkeypatch):
         "/etc/netplan/40-cx7.yaml"
     ) in r.output
     assert all(r.uploads.get(n, {}) == {} for n in (HEAD, WORKER))
+
+
+def test_an_administratively_down_twin_is_brought_up_and_the_pair_restarts(monkeypatch):
+    # `ip link set dev enP2p1s0f1np1 down` on the worker of a serving pair: the twin keeps its
+    # address, has no carrier and its don't-fragment ping fails, like a dead cable would
+    converged_pair()
+    (dev0, _, ip0), (dev1, _, ip1) = pairfakes.PLAN[1]
+    down = [f"df {dev0} 0", f"link {dev0} 0x1003 1 9000", f"addr {dev0} {ip0}/24",
+            f"df {dev1} 1", f"link {dev1} 0x1002 0 9000", f"addr {dev1} {ip1}/24",
+            fakehosts.END]  # fmt: skip
+    fakehosts.inject("spark-b", {pairfakes.LINKS: down})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    worker = r.commands[WORKER]
+    assert f"ip link set dev {dev1} up" in worker
+    assert f"ip link set dev {dev0} up" not in worker
+    assert worker.index(f"ip link set dev {dev1} up") < worker.index(TWIN_UP)
+    assert "systemctl stop sparkrig-worker.service" in restarts(r)
