@@ -998,20 +998,38 @@ def current() -> Settings:
     return for_inventory(ctx_inventory.get())[host.name]  # the real object, not the proxy
 
 
+def ring_engines(nnodes: int) -> list[str]:
+    """The stacks the deploy runs on a triangle or a ring of ``nnodes``: those whose ranks' env
+    is the fabric plan's (they declare fabric_layouts "ports" and serve on ``nnodes``)."""
+    return [n for n, st in STACKS.items() if "ports" in st.fabric_layouts and nnodes in st.nodes]
+
+
 def not_applied(settings: dict[str, Settings]) -> str | None:
-    """Why the deploy refuses a valid inventory it cannot converge yet, or None. fabric_layout
-    "ports" is applied for a pair (both functions of its cable, docs/rings.md); three ranks and
-    more are validated and planned (``Settings.fabric_plan``), but nothing applies their routes,
-    forwarding, cabling check on both ports nor runs an N-rank engine (issue 36)."""
+    """Why the deploy refuses a valid inventory it cannot converge, or None. fabric_layout
+    "ports" is applied for a pair (both functions of its cable) and, on three and four ranks,
+    for a stack whose N-rank env is the plan's (``ring_engines``: `tensorfold-ring`, docs/rings.md);
+    every other stack is refused there. A vLLM stack on four ranks of a switchless ring: stock
+    NCCL dies in ``ncclTransportTreeConnect`` on a ring of four and needs ring-only NCCL with a
+    patched NCCL (``NCCL_SKIP_TREE_CONNECT``), which no vLLM stack here ships (research rings.md
+    [I2, S13]); three ranks are refused earlier, by the 64 heads."""
     s = next(iter(settings.values()), None)
     if s is None or s.knobs.fabric_layout == "single" or s.nnodes == 2:
         return None
+    engines = ring_engines(s.nnodes)
+    if s.knobs.stack in engines:
+        return None
+    why = (
+        "stock NCCL dies in ncclTransportTreeConnect ('unhandled system error') on a switchless "
+        "ring of four and needs NCCL_ALGO=Ring with a patched NCCL (NCCL_SKIP_TREE_CONNECT), "
+        "which no vLLM stack here ships (docs/rings.md; research rings.md [I2, S13])"
+        if s.stack.family == "vllm"
+        else "its ranks' env is not the fabric plan's (it declares no fabric_layout 'ports')"
+    )
     return (
-        f"fabric_layout 'ports' with {s.nnodes} ranks: the inventory is valid and its plan "
-        "derived (docs/rings.md), but the deploy does not apply it yet: it applies a pair's "
-        "two functions only; a triangle or a ring needs the routes and forwarding applied, "
-        "the cabling checked on both ports and an N-rank engine (issue 36); use two ranks or "
-        "fabric_layout 'single'"
+        f"fabric_layout 'ports' with {s.nnodes} ranks: stack {s.knobs.stack!r} does not run on a "
+        f"triangle or a switchless ring: {why}; use stack "
+        f"{' or '.join(map(repr, engines)) or '(none)'}, two ranks, or fabric_layout 'single' "
+        "on a switch"
     )
 
 

@@ -1,0 +1,50 @@
+"""The ring's engine applied (issue 36 item 3): stack `tensorfold-ring` on a triangle of three and
+a ring of four in fabric_layout "ports", through the real CLI against strict @fake hosts cabled as
+the rule says (tests/plan/rings/ringfakes.py). Nothing here ran on a lab or on Sparks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.plan.harness import Run, run
+from tests.plan.test_stack_tensorfold_plan import tf_locks
+
+INVENTORIES = {
+    3: "tests/plan/rings/ring_three_state.py",
+    4: "tests/plan/rings/ring_four_state.py",
+}
+NAMES = ["spark-a", "spark-b", "spark-c", "spark-d"]
+
+
+def ring_args(tmp: Path, *extra: str) -> list[str]:
+    """The stack switch of a tensorfold run (tests/plan/test_stack_tensorfold_plan.py): the
+    pair's lockfiles serve the ring (the same pins), profile single loads no drafter."""
+    return ["--data", "stack=tensorfold-ring", "--data", "profile=single",
+            "--data", f"lockfile_dir={tf_locks(tmp)}", "--data", "reach_check=False",
+            *extra]  # fmt: skip
+
+
+def ring_run(monkeypatch, tmp: Path, nnodes: int, *extra: str, dry: bool = False) -> Run:
+    flags = ["--dry"] if dry else ["-y"]
+    return run([*flags, *ring_args(tmp, *extra), INVENTORIES[nnodes], "deploy.py"], monkeypatch)
+
+
+def unit_name(rank: int) -> str:
+    return "sparkrig-head" if rank == 0 else "sparkrig-worker"
+
+
+def names(nnodes: int) -> list[str]:
+    return [f"@fake/{n}" for n in NAMES[:nnodes]]
+
+
+@pytest.mark.parametrize("nnodes", [3, 4])
+def test_tensorfold_ring_on_a_triangle_and_a_ring_is_deployed(monkeypatch, tmp_path, nnodes):
+    r = ring_run(monkeypatch, tmp_path, nnodes)
+    assert r.exit_code == 0, r.output
+    for rank, name in enumerate(names(nnodes)):
+        unit = r.uploads[name][f"/etc/systemd/system/{unit_name(rank)}.service"].decode()
+        assert "--entrypoint tensorfold" in unit and f"--tp {nnodes} \\\n" in unit, unit
+        assert f"--rank {rank} \\\n" in unit
+        assert f"systemctl start {unit_name(rank)}" in "\n".join(r.commands[name])
