@@ -737,6 +737,8 @@ def build(view: InventoryView) -> dict[str, Settings]:
         except topology.PlanError as err:
             problems.extend(f"inventory: fabric_layout 'ports': {p}" for p in err.problems)
     problems.extend(_cluster_problems(ranks, knobs))
+    if not problems and first is not None and first.fabric_layout == "ports":
+        problems.extend(fabric_env_refusals(ranks, first))
     if problems:
         raise DeployError("invalid inventory or data:\n  " + "\n  ".join(problems))
 
@@ -925,6 +927,38 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                     "over several probes, never one"
                 )
     return problems
+
+
+def rank_fabric_env(plan: topology.Plan, r: Rank, k: Knobs) -> list[tuple[str, str]]:
+    """What rank ``r``'s container gets of the fabric env: ``topology.fabric_env`` with the knob
+    ``nccl_env`` over it (the rank env file lists the knob last, and the last value wins)."""
+    env = topology.fabric_env(plan, r.rank, k.roce_port, r.uplink_interfaces)
+    keys = {key for key, _ in env}
+    return [(key, k.nccl_env.get(key, value)) for key, value in env] + [
+        (key, value) for key, value in k.nccl_env.items() if key not in keys
+    ]
+
+
+def fabric_env_refusals(ranks: list[Rank], k: Knobs) -> list[str]:
+    """The engine's needs (``Stack.fabric_env_needs``) checked against every rank's fabric env
+    before any host is touched (``families/tensorfold.py`` ``fabric_env_problems``): one line
+    per problem, naming the rank and the key (and the knob nccl_env where it set the value)."""
+    stack = get(k.stack).at(len(ranks))
+    if not stack.fabric_env_needs.get(len(ranks)):
+        return []
+    from sparkrig.stacks.families.tensorfold import fabric_env_problems
+
+    plan = fabric_plan(ranks, k.fabric_cidr)
+    out = []
+    for r in ranks:
+        for problem in fabric_env_problems(stack, len(ranks), rank_fabric_env(plan, r, k)):
+            key = re.split(r"[= :]", problem, maxsplit=1)[0]
+            knob = " (set by the knob nccl_env)" if key in k.nccl_env else ""
+            out.append(
+                f"{r.name}: rank {r.rank}'s env for stack {stack.name!r}: {problem}{knob} "
+                '(docs/rings.md "The per-rank env")'
+            )
+    return out
 
 
 def _stack_problems(name: str, k: Knobs) -> list[str]:

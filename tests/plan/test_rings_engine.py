@@ -48,3 +48,23 @@ def test_tensorfold_ring_on_a_triangle_and_a_ring_is_deployed(monkeypatch, tmp_p
         assert "--entrypoint tensorfold" in unit and f"--tp {nnodes} \\\n" in unit, unit
         assert f"--rank {rank} \\\n" in unit
         assert f"systemctl start {unit_name(rank)}" in "\n".join(r.commands[name])
+
+
+def test_an_env_the_engine_cannot_run_with_is_refused_before_any_host_naming_rank_and_key(
+    monkeypatch, tmp_path
+):
+    # the knob nccl_env lands after the fabric env in every rank's env file: a tree algorithm on
+    # a ring of four, or a pinned GID index, is what the engine's needs refuse
+    env = '{"NCCL_ALGO": "Tree", "NCCL_IB_GID_INDEX": "3"}'
+    r = ring_run(monkeypatch, tmp_path, 4, "--data", f"nccl_env={env}")
+    assert r.exit_code != 0
+    said = str(r.exception) + r.output
+    for rank, name in enumerate(names(4)):
+        assert (
+            f"{name}: rank {rank}'s env for stack 'tensorfold-ring': NCCL_ALGO=Ring needed, the "
+            "fabric env has 'Tree' (set by the knob nccl_env)"
+        ) in said
+        assert (
+            f"{name}: rank {rank}'s env for stack 'tensorfold-ring': NCCL_IB_GID_INDEX is pinned"
+        ) in said
+    assert all(cmds == [] for cmds in r.commands.values()), r.commands

@@ -230,3 +230,13 @@ def test_every_vllm_stack_is_refused_on_three_ranks_naming_itself_and_the_heads(
         "64 attention heads are not divisible by 3"
     ) in text
     assert 'docs/rings.md "vLLM on three Sparks"' in text
+
+
+def test_settings_refuse_a_rank_env_the_engine_cannot_run_with() -> None:
+    # the whole plan's env fits (build took it above); the knob nccl_env over it does not
+    text = problems(ring_cluster(3, nccl_env={"NCCL_P2P_DISABLE": "0"}))
+    assert (
+        "spark-2: rank 2's env for stack 'tensorfold-ring': NCCL_P2P_DISABLE=1 needed, the fabric "
+        "env has '0' (set by the knob nccl_env)"
+    ) in text
+    assert text.count("NCCL_P2P_DISABLE=1 needed") == 3  # every rank, each named
