@@ -21,7 +21,7 @@ from sparkhost import rankenv
 from sparkhost.gid import GidNotFound, select_gid
 
 from sparkrig import hostpkg, stackfiles
-from sparkrig.fabric import RoceGids
+from sparkrig.fabric import RoceGids, graph_volumes
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.failing import fail_host
 from sparkrig.gates import gates_passed, parse_gate_lines, probe_command
@@ -129,6 +129,7 @@ def docker_run_args(s: Settings, image: str | None = None, serving: bool = True)
         "--volume", f"{k.weights_dir}:{k.weights_dir}:ro",
         *cache_volumes(s, image),
         *(stackfiles.volumes(s) if serving else []),  # the stack's files (e.g. a chat template)
+        *graph_volumes(s),  # a ring's NCCL graph files, which the env names (the smoke test too)
         *k.container_gpu_args,
         *entry,
     ]  # fmt: skip

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.plan import fakehosts
 from tests.plan.harness import Run, run
 from tests.plan.test_stack_tensorfold_plan import tf_locks
 
@@ -68,3 +69,50 @@ def test_an_env_the_engine_cannot_run_with_is_refused_before_any_host_naming_ran
             f"{name}: rank {rank}'s env for stack 'tensorfold-ring': NCCL_IB_GID_INDEX is pinned"
         ) in said
     assert all(cmds == [] for cmds in r.commands.values()), r.commands
+
+
+GRAPHS = Path("tests/stacks/data/tensorfold-ring-graphs")  # MiaAI's generator's output, by rank
+
+
+def env_file(r: Run, name: str) -> dict[str, str]:
+    text = r.uploads[name]["/etc/sparkrig/rank.env"].decode()
+    return dict(x.split("=", 1) for x in text.splitlines() if x and not x.startswith("#"))
+
+
+def test_a_ring_of_four_gets_its_graph_files_written_and_mounted_where_the_env_names_them(
+    monkeypatch, tmp_path
+):
+    r = ring_run(monkeypatch, tmp_path, 4)
+    assert r.exit_code == 0, r.output
+    for rank, name in enumerate(names(4)):
+        env = env_file(r, name)
+        named = [env["NCCL_GRAPH_FILE"], *env["TF_NCCL_RING_GRAPHS"].split(",")]
+        assert named == ["/nccl-graph.xml", "/nccl-link-prev.xml", "/nccl-link-next.xml"]
+        unit = r.uploads[name][f"/etc/systemd/system/{unit_name(rank)}.service"].decode()
+        for container, data in zip(named, ("", "-link-prev", "-link-next"), strict=True):
+            host = f"/etc/sparkrig{container}"
+            # whole files under the config dir, byte for byte MiaAI's graph_xml for this rank
+            assert r.uploads[name][host].decode() == (GRAPHS / f"rank{rank}{data}.xml").read_text()
+            assert f"--volume {host}:{container}:ro \\\n" in unit  # read-only, at the named path
+        # the NCCL smoke test reads the same env file: it gets the same mounts
+        smoke = next(c for c in r.commands[name] if "--name sparkrig-nccl-smoke" in c)
+        assert "--volume /etc/sparkrig/nccl-graph.xml:/nccl-graph.xml:ro" in smoke
+
+
+def test_a_triangle_has_no_graph_file_and_one_left_over_is_removed(monkeypatch, tmp_path):
+    left = "/etc/sparkrig/nccl-link-next.xml"  # e.g. from a ring of four the inventory was
+    fakehosts.inject("spark-b", {fakehosts.owned_of(left): "file 644 root root " + "0" * 64})
+    r = ring_run(monkeypatch, tmp_path, 3)
+    assert r.exit_code == 0, r.output
+    assert f"rm -f {left}" in r.commands["@fake/spark-b"]
+    for name in names(3):
+        assert "NCCL_GRAPH_FILE" not in env_file(r, name)
+        assert not [p for p in r.uploads[name] if p.endswith(".xml")]
+        # the state read still looks at them (owned files: a ring's left over would go) ...
+        read = next(c for c in r.commands[name] if "##SPARKRIG-PART" in c)
+        assert all(f"/etc/sparkrig/{x}.xml" in read for x in ("nccl-graph", "nccl-link-prev"))
+        # ... and removes the one left over, mounts none
+        removed = [c for c in r.commands[name] if c.startswith("rm -f /etc/sparkrig/nccl-")]
+        assert removed == ([f"rm -f {left}"] if name == "@fake/spark-b" else [])
+        unit = r.uploads[name][f"/etc/systemd/system/{unit_name(names(3).index(name))}.service"]
+        assert b".xml" not in unit
