@@ -4,6 +4,7 @@ the rule says (tests/plan/rings/ringfakes.py). Nothing here ran on a lab or on S
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,53 @@ def test_a_triangle_has_no_graph_file_and_one_left_over_is_removed(monkeypatch, 
         assert removed == ([f"rm -f {left}"] if name == "@fake/spark-b" else [])
         unit = r.uploads[name][f"/etc/systemd/system/{unit_name(names(3).index(name))}.service"]
         assert b".xml" not in unit
+
+
+def test_the_ranks_start_last_to_first_each_seen_running_before_the_next(monkeypatch, tmp_path):
+    r = ring_run(monkeypatch, tmp_path, 4)
+    assert r.exit_code == 0, r.output
+    ips = {3: "198.18.6.1", 2: "198.18.4.1", 1: "198.18.2.1"}  # each worker's first address
+    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/service.py")]
+    order = [op for op in order if op.startswith(("Start the", "Wait until every worker"))]
+    waves = [
+        (f"Start the worker rank (rank {n} of 4)",
+         f"Wait until every worker's container runs (rank {n} of 4)") for n in (3, 2, 1)
+    ]  # fmt: skip
+    assert order == [*(op for wave in waves for op in wave), "Start the head rank"]
+    # the rollback's ordered start (tasks/rollback.py) is the same one
+    back = [op.split(" | ")[-1] for op in r.op_order if "| Roll back" in op]
+    back = [op for op in back if op.startswith(("Start the", "Wait until every worker"))]
+    assert back == [
+        *(op for n in (3, 2, 1)
+          for op in (f"Start the worker rank of the previous release (rank {n} of 4)",
+                     f"Wait until every worker of the previous release runs (rank {n} of 4)")),
+        "Start the head rank of the previous release",
+    ]  # fmt: skip
+    head, *workers = names(4)
+    for n, name in enumerate(workers, start=1):
+        # each worker acts in its own wave only
+        started = [op.split(" | ")[-1] for op in r.changed_ops[name] if "| Start the w" in op]
+        assert started == [waves[3 - n][0]]
+    # the head waits for the wave's rank alone, in the stack's order
+    waits = [c for c in r.commands[head] if " pair wait --peers " in c]
+    assert [re.search(r"--peers (\S+)", c)[1] for c in waits] == [ips[3], ips[2], ips[1]]
+    # the head's start gate, its supervisor and its restart command keep that order
+    files = r.uploads[head]
+    in_order = f"{ips[3]},{ips[2]},{ips[1]}"
+    unit = files["/etc/systemd/system/sparkrig-head.service"].decode()
+    assert re.search(rf"pair wait --peers {in_order} .* --in-turn\n", unit), unit
+    for path in ("/etc/systemd/system/sparkrig-supervisor.service",
+                 "/opt/sparkrig/bin/sparkrig-restart-pair"):  # fmt: skip
+        assert f"--workers {in_order} " in files[path].decode()
+        assert " --in-turn" in files[path].decode(), path
+
+
+def test_a_triangle_starts_rank_2_then_rank_1_then_the_head(monkeypatch, tmp_path):
+    r = ring_run(monkeypatch, tmp_path, 3)
+    assert r.exit_code == 0, r.output
+    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/service.py")]
+    assert [op for op in order if op.startswith("Start the")] == [
+        "Start the worker rank (rank 2 of 3)",
+        "Start the worker rank (rank 1 of 3)",
+        "Start the head rank",
+    ]
