@@ -28,8 +28,11 @@ from sparkrig.failing import fail_host
 from sparkrig.owned import file_present, owned_of
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
+from sparkrig.stacks.families.tensorfold import ring_graph_files
 from sparkrig.stateread import Part, read_here
 from sparkrig.topology import (
+    GRAPH_FILE,
+    RING_GRAPHS,
     Plan,
     Port,
     Probe,
@@ -295,6 +298,38 @@ def env_context(s: Settings, plan: Plan | None = None) -> dict[str, Any]:
         uplinks = s.me.uplink_interfaces
         context["fabric_env"] = fabric_env(plan, s.me.rank, k.roce_port, uplinks)
     return context
+
+
+def graph_paths(s: Settings) -> dict[str, str]:
+    """container path -> host path of a ring rank's NCCL graph files (fabric_layout "ports"; {}
+    otherwise): whole files under the rank's config_dir, mounted read-only at the paths the env
+    names (``topology.GRAPH_FILE``, ``topology.RING_GRAPHS``), e.g. /etc/sparkrig/nccl-graph.xml
+    at /nccl-graph.xml. Listed whether or not the plan has them (removed where it has none)."""
+    if s.fabric_plan is None:
+        return {}
+    base = s.knobs.config_dir.rstrip("/")
+    return {c: f"{base}/{c.lstrip('/')}" for c in (GRAPH_FILE, *RING_GRAPHS)}
+
+
+def graph_texts(s: Settings, plan: Plan | None = None) -> dict[str, str]:
+    """host path -> content of this rank's NCCL graph files, from ``plan`` (fabric_layout "ports"
+    after ``judged_plan``; default the whole plan): a ring of four and more only, whose env names
+    them (``topology.fabric_env``); {} for a pair or a triangle. Built by the TensorFold family
+    (``ring_graph_files``), the only engine that runs on a ring."""
+    plan = plan or s.fabric_plan
+    if plan is None or not plan.relays:
+        return {}
+    files = ring_graph_files(plan, s.me.rank)
+    return {host: files[container] for container, host in graph_paths(s).items()}
+
+
+def graph_volumes(s: Settings) -> list[str]:
+    """``docker run`` options mounting the ring's graph files read-only where the env names
+    them; [] where the plan relays nothing (no graph file in the env)."""
+    plan = s.fabric_plan
+    if plan is None or not plan.relays:
+        return []
+    return [w for c, h in graph_paths(s).items() for w in ("--volume", f"{h}:{c}:ro")]
 
 
 def env_template(s: Settings) -> str:

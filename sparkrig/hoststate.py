@@ -25,6 +25,7 @@ from sparkrig.fabric import (
     LinkState,
     RoceGids,
     gids_part,
+    graph_paths,
     ports_parts,
 )
 from sparkrig.firewall import UNIT as FIREWALL_UNIT
@@ -68,6 +69,7 @@ def owned_files(s: Settings) -> list[str]:
     ]
     if s.fabric_plan is not None:  # fabric_layout "ports": removed while the plan relays nothing
         files += [FORWARDING_FILE, RELAY_UNIT_FILE]
+        files += graph_paths(s).values()  # a ring's NCCL graph files, removed where it has none
     if s.me.is_head:
         files += [p["restart_script"], p["supervisor_unit"], p["watchdog_unit"]]
         files += [p["api_key"], p["api_key_env"]]  # removed again while api_auth is off

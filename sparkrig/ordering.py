@@ -101,3 +101,10 @@ def on_head(is_head: bool, op: Any, name: str, **kwargs: Any) -> OperationMeta:
 def on_workers(is_head: bool, op: Any, name: str, **kwargs: Any) -> OperationMeta:
     """The idiom for "only on the workers": ``on_workers(s.me.is_head, op, name=..., ...)``."""
     return _role_op(not is_head, "the workers alone act here", op, name, **kwargs)
+
+
+def on_ranks(ranks: tuple[int, ...], my_rank: int, op: Any, name: str, **kwargs: Any
+             ) -> OperationMeta:  # fmt: skip
+    """The idiom for "only on these ranks" (one wave of an ordered start)."""
+    said = ", ".join(map(str, ranks))
+    return _role_op(my_rank in ranks, f"rank {said} alone acts here", op, name, **kwargs)

@@ -13,6 +13,7 @@ RESTART_TRIGGERS = {
     "gid_moved": "the GID table renumbered under a running rank (its container has the old index)",
     "peer_down": "a rank ran while a peer's rank was down (a rank never starts alone)",
     "frozen": "a rank's container was frozen (docker pause) and thawed (peers may have timed out)",
+    "graph_files": "a ring rank's NCCL graph files changed (the engine reads them at start)",
     "env": "a rank's env file changed (NCCL environment; not a GID index that moved alone)",
     "weights": "a rank's weights were fetched or copied",
     "rank_unit": "a rank's unit changed (image, serve flags)",

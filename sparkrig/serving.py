@@ -21,7 +21,7 @@ from sparkhost import rankenv
 from sparkhost.gid import GidNotFound, select_gid
 
 from sparkrig import hostpkg, stackfiles
-from sparkrig.fabric import RoceGids
+from sparkrig.fabric import RoceGids, graph_volumes
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.failing import fail_host
 from sparkrig.gates import gates_passed, parse_gate_lines, probe_command
@@ -29,7 +29,7 @@ from sparkrig.hardening import container_args, unit_hardening
 from sparkrig.owned import file_present, unit_state_set
 from sparkrig.paths import paths
 from sparkrig.render import base_context, render
-from sparkrig.settings import Settings
+from sparkrig.settings import Rank, Settings
 from sparkrig.stacks.families import tensorfold, vllm
 from sparkrig.stateread import Part, Values, read_here
 
@@ -129,6 +129,7 @@ def docker_run_args(s: Settings, image: str | None = None, serving: bool = True)
         "--volume", f"{k.weights_dir}:{k.weights_dir}:ro",
         *cache_volumes(s, image),
         *(stackfiles.volumes(s) if serving else []),  # the stack's files (e.g. a chat template)
+        *graph_volumes(s),  # a ring's NCCL graph files, which the env names (the smoke test too)
         *k.container_gpu_args,
         *entry,
     ]  # fmt: skip
@@ -252,7 +253,9 @@ def rank_unit_context(s: Settings, image: str, weights_id: str) -> dict[str, Any
         # one GID index handed to the container (single layout); fabric_layout "ports" hands
         # none: NCCL picks each device's RoCE v2 GID by value (NCCL_IB_ADDR_RANGE, docs/rings.md)
         "pin_gid_index": s.fabric_plan is None,
-        "peers": ",".join(r.ip for r in s.peers),
+        # the head's start gate waits for (and asks) the workers in the stack's start order
+        "peers": ",".join(r.ip for r in (workers_in_start_order(s) if s.me.is_head else s.peers)),
+        "in_turn": starts_in_turn(s),
         "head_ip": s.head.ip,
         "pair_port": k.pair_port,
         "pair_grace_s": k.pair_grace_s,
@@ -279,10 +282,11 @@ def restart_args(s: Settings) -> str:
     return " ".join(
         [
             "--head-unit", f"{s.head_unit_name}.service",
-            "--workers", ",".join(w.ip for w in s.workers),
+            "--workers", ",".join(w.ip for w in workers_in_start_order(s)),
             "--port", str(k.pair_port),
             "--agent-port", str(k.agent_port),
             "--token-file", paths(s)["pair_token"],
+            *(["--in-turn"] if starts_in_turn(s) else []),  # one worker at a time, in that order
         ]
     )  # fmt: skip
 
@@ -344,13 +348,30 @@ def supervisor_unit_context(s: Settings) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def worker_wait_args(s: Settings) -> dict[str, Any]:
-    """``workers_running``'s arguments for the head waiting on every worker (ordered start and
-    rollback alike)."""
+def worker_waves(s: Settings) -> list[tuple[int, ...]]:
+    """The workers' part of the stack's start order (``Stack.start_waves``): one tuple per step,
+    each started and seen running before the next; the head starts after the last."""
+    return [w for w in s.stack.start_waves(s.nnodes) if 0 not in w]
+
+
+def workers_in_start_order(s: Settings) -> list[Rank]:
+    """Every worker in the order the stack starts them (``worker_waves``)."""
+    return [s.ranks[r] for wave in worker_waves(s) for r in wave]
+
+
+def starts_in_turn(s: Settings) -> bool:
+    """True when the workers start one step at a time (more than one worker wave)."""
+    return len(worker_waves(s)) > 1
+
+
+def worker_wait_args(s: Settings, ranks: Sequence[int] | None = None) -> dict[str, Any]:
+    """``workers_running``'s arguments for the head waiting on ``ranks`` (default every worker;
+    ordered start and rollback alike)."""
     k = s.knobs
+    waited = s.workers if ranks is None else tuple(s.ranks[r] for r in ranks)
     return {
         "sparkhost": hostpkg.invocation(k.install_dir),
-        "peers": [w.ip for w in s.workers],
+        "peers": [w.ip for w in waited],
         "port": k.pair_port,
         "timeout": k.pair_grace_s,
     }

@@ -737,6 +737,8 @@ def build(view: InventoryView) -> dict[str, Settings]:
         except topology.PlanError as err:
             problems.extend(f"inventory: fabric_layout 'ports': {p}" for p in err.problems)
     problems.extend(_cluster_problems(ranks, knobs))
+    if not problems and first is not None and first.fabric_layout == "ports":
+        problems.extend(fabric_env_refusals(ranks, first))
     if problems:
         raise DeployError("invalid inventory or data:\n  " + "\n  ".join(problems))
 
@@ -927,6 +929,38 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
     return problems
 
 
+def rank_fabric_env(plan: topology.Plan, r: Rank, k: Knobs) -> list[tuple[str, str]]:
+    """What rank ``r``'s container gets of the fabric env: ``topology.fabric_env`` with the knob
+    ``nccl_env`` over it (the rank env file lists the knob last, and the last value wins)."""
+    env = topology.fabric_env(plan, r.rank, k.roce_port, r.uplink_interfaces)
+    keys = {key for key, _ in env}
+    return [(key, k.nccl_env.get(key, value)) for key, value in env] + [
+        (key, value) for key, value in k.nccl_env.items() if key not in keys
+    ]
+
+
+def fabric_env_refusals(ranks: list[Rank], k: Knobs) -> list[str]:
+    """The engine's needs (``Stack.fabric_env_needs``) checked against every rank's fabric env
+    before any host is touched (``families/tensorfold.py`` ``fabric_env_problems``): one line
+    per problem, naming the rank and the key (and the knob nccl_env where it set the value)."""
+    stack = get(k.stack).at(len(ranks))
+    if not stack.fabric_env_needs.get(len(ranks)):
+        return []
+    from sparkrig.stacks.families.tensorfold import fabric_env_problems
+
+    plan = fabric_plan(ranks, k.fabric_cidr)
+    out = []
+    for r in ranks:
+        for problem in fabric_env_problems(stack, len(ranks), rank_fabric_env(plan, r, k)):
+            key = re.split(r"[= :]", problem, maxsplit=1)[0]
+            knob = " (set by the knob nccl_env)" if key in k.nccl_env else ""
+            out.append(
+                f"{r.name}: rank {r.rank}'s env for stack {stack.name!r}: {problem}{knob} "
+                '(docs/rings.md "The per-rank env")'
+            )
+    return out
+
+
 def _stack_problems(name: str, k: Knobs) -> list[str]:
     """What the selected stack refuses in one host's knobs: a profile it does not serve, no
     image pinned, a known-bad image, a drafter it lacks or whose licence is not accepted."""
@@ -998,20 +1032,47 @@ def current() -> Settings:
     return for_inventory(ctx_inventory.get())[host.name]  # the real object, not the proxy
 
 
+def ring_engines(nnodes: int) -> list[str]:
+    """The stacks the deploy runs on a triangle or a ring of ``nnodes``: those whose ranks' env
+    is the fabric plan's (they declare fabric_layouts "ports" and serve on ``nnodes``)."""
+    return [n for n, st in STACKS.items() if "ports" in st.fabric_layouts and nnodes in st.nodes]
+
+
 def not_applied(settings: dict[str, Settings]) -> str | None:
-    """Why the deploy refuses a valid inventory it cannot converge yet, or None. fabric_layout
-    "ports" is applied for a pair (both functions of its cable, docs/rings.md); three ranks and
-    more are validated and planned (``Settings.fabric_plan``), but nothing applies their routes,
-    forwarding, cabling check on both ports nor runs an N-rank engine (issue 36)."""
+    """Why the deploy refuses a valid inventory it cannot converge, or None. fabric_layout
+    "ports" is applied for a pair (both functions of its cable); on three and four ranks a stack
+    whose N-rank env is the plan's (``ring_engines``: `tensorfold-ring`, docs/rings.md) is
+    planned but refused until the helpers reach every rank and the rendezvous is on the LAN;
+    every other stack is refused there for good. A vLLM stack on four ranks of a switchless ring: stock
+    NCCL dies in ``ncclTransportTreeConnect`` on a ring of four and needs ring-only NCCL with a
+    patched NCCL (``NCCL_SKIP_TREE_CONNECT``), which no vLLM stack here ships (research rings.md
+    [I2, S13]); three ranks are refused earlier, by the 64 heads."""
     s = next(iter(settings.values()), None)
     if s is None or s.knobs.fabric_layout == "single" or s.nnodes == 2:
         return None
+    engines = ring_engines(s.nnodes)
+    if s.knobs.stack in engines:
+        return (
+            f"fabric_layout 'ports' with {s.nnodes} ranks: stack {s.knobs.stack!r} is planned "
+            "(its env, graph files and start order), but two things the ranks need are not "
+            "applied yet: the pair's helpers (beacon, agent, supervisor, weights and image "
+            "copies, the smoke test's rendezvous) speak to one fabric address per rank and "
+            "bind one netdev, which not every rank of a triangle or a ring reaches; and the "
+            "engine's rendezvous belongs on the LAN at more than two ranks (docs/rings.md, "
+            "'What remains'); use two ranks or fabric_layout 'single' on a switch"
+        )
+    why = (
+        "stock NCCL dies in ncclTransportTreeConnect ('unhandled system error') on a switchless "
+        "ring of four and needs NCCL_ALGO=Ring with a patched NCCL (NCCL_SKIP_TREE_CONNECT), "
+        "which no vLLM stack here ships (docs/rings.md; research rings.md [I2, S13])"
+        if s.stack.family == "vllm"
+        else "its ranks' env is not the fabric plan's (it declares no fabric_layout 'ports')"
+    )
     return (
-        f"fabric_layout 'ports' with {s.nnodes} ranks: the inventory is valid and its plan "
-        "derived (docs/rings.md), but the deploy does not apply it yet: it applies a pair's "
-        "two functions only; a triangle or a ring needs the routes and forwarding applied, "
-        "the cabling checked on both ports and an N-rank engine (issue 36); use two ranks or "
-        "fabric_layout 'single'"
+        f"fabric_layout 'ports' with {s.nnodes} ranks: stack {s.knobs.stack!r} does not run on a "
+        f"triangle or a switchless ring: {why}; use stack "
+        f"{' or '.join(map(repr, engines)) or '(none)'}, two ranks, or fabric_layout 'single' "
+        "on a switch"
     )
 
 

@@ -22,6 +22,8 @@ from sparkrig.fabric import (
     fabric_functions_proven,
     fabric_link_raised,
     forwarding_text,
+    graph_paths,
+    graph_texts,
     judged_plan,
     netplan_text,
     rank_env_written,
@@ -192,3 +194,17 @@ env = rank_env_written(
     name="Write the rank environment naming every RDMA device facing a peer", **rank_env
 )
 pair_restart().trigger("env", env)
+# A ring's NCCL graph files (the env names them: NCCL_GRAPH_FILE, TF_NCCL_RING_GRAPHS), from the
+# same judged plan as the env, whole files mounted read-only into the rank's container; the engine
+# reads them at start, so a changed one restarts the pair. Removed where the plan has none.
+graphs = graph_texts(settings, kept)
+for graph in host.loop(graph_paths(settings).values()):
+    if graph in graphs:
+        written = file_present(
+            name="Write the ring rank's NCCL graph files", text=graphs[graph], dest=graph
+        )
+    else:
+        written = file_absent(
+            name="Remove the ring's NCCL graph files while the plan has none", path=graph
+        )
+    pair_restart().trigger("graph_files", written)

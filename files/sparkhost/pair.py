@@ -19,7 +19,8 @@ starting the head starts the pair, e.g. after the head rebooted alone).
 stops the worker's rank unit (the head cannot reach a worker's systemd otherwise); GET /ready says
 whether the worker may be started (200) or an operator stopped it (409). `restart` (on the head)
 restarts the pair in order: head down, workers down, workers up (through their agents), head up;
-one at a time (a lock).
+one at a time (a lock). With `--in-turn` the workers come up one at a time in the order given
+(a stack that starts its ranks last-to-first: rank N-1 up before rank N-2 starts, ...).
 
 `stopping` is every rank unit's first ExecStop: a stop requested while the container runs that is
 neither stop-together nor an ordered restart is an operator's, and is recorded in /run (a reboot
@@ -379,7 +380,9 @@ def wait(args: argparse.Namespace) -> int:
                 "supervisor restarts the pair in order once every worker's agent answers"
             )
             return 1
-        for peer in down if key else []:  # starting the head starts the pair
+        # starting the head starts the pair: --in-turn asks only the first worker down (in the
+        # order given), the next once it is up
+        for peer in (down[:1] if args.in_turn else down) if key else []:
             if time.monotonic() - asked.get(peer, -1e9) >= 30:
                 asked[peer] = time.monotonic()
                 if ask(peer, args.agent_port, key, "start", timeout=10):
@@ -534,11 +537,14 @@ def _restart_pair(args: argparse.Namespace) -> int:
     subprocess.run(["systemctl", "stop", args.head_unit], check=False)
     if not all(ask(w, args.agent_port, key, "stop") for w in workers):
         return 1
-    if not all(ask(w, args.agent_port, key, "start") for w in workers):
-        return 1
-    if not wait_all(workers, args.port, up=True, timeout=args.timeout):
-        log("workers did not come up")
-        return 1
+    # --in-turn (a stack that starts its ranks last-to-first): each worker, in the order given,
+    # started and seen up before the next; else every worker at once
+    for turn in [[w] for w in workers] if args.in_turn else [workers]:
+        if not all(ask(w, args.agent_port, key, "start") for w in turn):
+            return 1
+        if not wait_all(turn, args.port, up=True, timeout=args.timeout):
+            log(f"{', '.join(turn) if args.in_turn else 'workers'} did not come up")
+            return 1
     try:
         os.unlink(MARKER)
     except OSError:
@@ -908,6 +914,9 @@ def main(argv: list[str] | None = None) -> int:
     wt.add_argument("--timeout", type=float, default=600)
     wt.add_argument("--agent-port", type=int, default=0, help="ask missing workers' agents ...")
     wt.add_argument("--token-file", default="", help="... to start their ranks (head)")
+    wt.add_argument(
+        "--in-turn", action="store_true", help="ask the workers' agents one at a time, in order"
+    )
     st = sub.add_parser("stopping", help="ExecStop hook: record an operator's stop")
     st.add_argument("--unit", required=True)
     rq = sub.add_parser("request", help="worker: ask the head's supervisor for an ordered restart")
@@ -932,6 +941,9 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--agent-port", type=int, required=True)
         sp.add_argument("--token-file", required=True)
         sp.add_argument("--timeout", type=float, default=300)
+        sp.add_argument("--in-turn", action="store_true",
+                        help="start the workers one at a time in --workers' order, each seen "
+                        "up before the next (a stack that starts last-to-first)")  # fmt: skip
     d.add_argument("--probe", required=True, help="shell command: a real completion")
     d.add_argument("--health-url", default="http://127.0.0.1:8000/health",
                    help="probing starts after this answers 200 once since the start")  # fmt: skip

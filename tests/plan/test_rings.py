@@ -1,7 +1,8 @@
 """fabric_layout "ports" and the rank count through the real CLI against strict @fake hosts
 (issue 36, docs/rings.md): what the inventory cannot serve or the deploy cannot converge yet is
 refused before any command reaches a host (a pair's two functions are applied:
-tests/plan/test_rings_pair.py)."""
+tests/plan/test_rings_pair.py; a triangle and a ring with stack tensorfold-ring:
+tests/plan/test_rings_engine.py)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ from tests.plan.harness import run
         ),
         (
             "tests/plan/rings/ring_four.py",
-            "fabric_layout 'ports' with 4 ranks: the inventory is valid and its plan derived "
-            "(docs/rings.md), but the deploy does not apply it yet: it applies a pair's two "
-            "functions only",
+            "fabric_layout 'ports' with 4 ranks: stack 'vllm-nvfp4' does not run on a "
+            "triangle or a switchless ring: stock NCCL dies in ncclTransportTreeConnect "
+            "('unhandled system error') on a switchless ring of four and needs NCCL_ALGO=Ring "
+            "with a patched NCCL (NCCL_SKIP_TREE_CONNECT), which no vLLM stack here ships "
+            "(docs/rings.md; research rings.md [I2, S13]); use stack 'tensorfold-ring'",
         ),
         (
             "tests/plan/rings/ring_like_port_names.py",

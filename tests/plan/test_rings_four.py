@@ -2,8 +2,9 @@
 as the rule says (tests/plan/rings/ringfakes.py): every rank gets its routes to the cable it is
 not on, forwarding and rp_filter on its fabric netdevs, the unit that lets docker's forward chain
 pass the relay, and a firewall accepting every other rank's addresses (the relayed ones too).
-The deploy still refuses rings (settings.not_applied: no N-rank engine yet): these tests lift
-that refusal to plan the fabric alone."""
+The deploy refuses the default (vLLM) stack on a ring (settings.not_applied: stock NCCL cannot
+run a ring of four): these tests lift that refusal to plan the fabric alone; the ring's engine,
+stack tensorfold-ring, is tests/plan/test_rings_engine.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The `tensorfold-ring` stack (issue 36, item 3): TensorFold's N-rank build on a triangle of three
-and a switchless ring of four, at the declaration and plan level (the deploy still refuses three
-and four ranks: settings.not_applied). Every rank's argv against TensorFold's flag list with the
+and a switchless ring of four, at the declaration and plan level (the deploy's application:
+tests/plan/test_rings_engine.py). Every rank's argv against TensorFold's flag list with the
 N-rank build's choices, the start and stop order, the env by rank count, the engine's needs
 against the fabric layer's env, the ring's graph files against MiaAI's generator's output, the
 bench's figures by rank count, and what settings refuse (vLLM on three ranks among them)."""
@@ -199,15 +199,12 @@ def test_the_bench_takes_the_figures_of_the_rank_count_measured() -> None:
 
 
 @pytest.mark.parametrize("nnodes", [3, 4])
-def test_settings_take_a_triangle_and_a_ring_and_the_deploy_still_refuses_them(
-    nnodes: int,
-) -> None:
+def test_settings_take_a_triangle_and_a_ring_and_the_deploy_applies_them(nnodes: int) -> None:
     settings = build(ring_cluster(nnodes))
     s = settings["spark-1"]
     assert s.stack.name == "tensorfold-ring" and s.image_ref.endswith(TP4_DIGEST)
     assert s.stack.env["TF_GLM_COMM"] == ("nccl" if nnodes == 3 else "roce")
-    why = not_applied(settings)
-    assert why and "a triangle or a ring needs" in why and "an N-rank engine" in why
+    assert not_applied(settings) is None
 
 
 def test_the_ring_stack_is_refused_on_two_sparks_and_off_the_ports_layout() -> None:
@@ -233,3 +230,13 @@ def test_every_vllm_stack_is_refused_on_three_ranks_naming_itself_and_the_heads(
         "64 attention heads are not divisible by 3"
     ) in text
     assert 'docs/rings.md "vLLM on three Sparks"' in text
+
+
+def test_settings_refuse_a_rank_env_the_engine_cannot_run_with() -> None:
+    # the whole plan's env fits (build took it above); the knob nccl_env over it does not
+    text = problems(ring_cluster(3, nccl_env={"NCCL_P2P_DISABLE": "0"}))
+    assert (
+        "spark-2: rank 2's env for stack 'tensorfold-ring': NCCL_P2P_DISABLE=1 needed, the fabric "
+        "env has '0' (set by the knob nccl_env)"
+    ) in text
+    assert text.count("NCCL_P2P_DISABLE=1 needed") == 3  # every rank, each named

@@ -819,3 +819,59 @@ def test_a_beacon_that_accepts_but_never_answers_probes_as_unknown_and_a_closed_
     finally:
         listener.close()
     assert pair.beacon_probe("127.0.0.1", port, timeout=0.5) is False
+
+
+def ordered_restart(monkeypatch, in_turn: bool) -> list[str]:
+    """What the head's ordered restart does, in order: each agent asked, each beacon wait."""
+    seen: list[str] = []
+    monkeypatch.setattr(pair, "read_key", lambda path: b"k" * 32)
+    monkeypatch.setattr(pair, "mark_pair_down", lambda why: None)
+    monkeypatch.setattr(pair, "log", lambda msg: None)
+    monkeypatch.setattr(pair.subprocess, "run", lambda argv, **kw: seen.append(" ".join(argv)))
+    monkeypatch.setattr(pair, "ask", lambda w, port, key, action, timeout=180: (
+        seen.append(f"{action} {w}") or True))  # fmt: skip
+    monkeypatch.setattr(pair, "wait_all", lambda peers, port, up, timeout: (
+        seen.append(f"up {','.join(peers)}") or True))  # fmt: skip
+    args = argparse.Namespace(
+        workers="10.0.0.4,10.0.0.3,10.0.0.2", token_file="t", head_unit="sparkrig-head.service",
+        agent_port=29601, port=29600, timeout=5, in_turn=in_turn,
+    )  # fmt: skip
+    assert pair._restart_pair(args) == 0
+    return seen
+
+
+def test_an_ordered_restart_in_turn_starts_each_worker_once_the_one_before_is_up(monkeypatch):
+    stops = ["systemctl stop sparkrig-head.service", "stop 10.0.0.4", "stop 10.0.0.3",
+             "stop 10.0.0.2"]  # fmt: skip
+    head = "systemctl --no-block start sparkrig-head.service"
+    assert ordered_restart(monkeypatch, in_turn=True) == [
+        *stops, "start 10.0.0.4", "up 10.0.0.4", "start 10.0.0.3", "up 10.0.0.3",
+        "start 10.0.0.2", "up 10.0.0.2", head,
+    ]  # fmt: skip
+    assert ordered_restart(monkeypatch, in_turn=False)[len(stops) + 1 :] == [
+        "start 10.0.0.3", "start 10.0.0.2", "up 10.0.0.4,10.0.0.3,10.0.0.2", head,
+    ]  # fmt: skip
+
+
+def test_the_heads_start_gate_in_turn_asks_only_the_first_worker_down(monkeypatch):
+    up: set[str] = set()
+    asked: list[tuple[int, str]] = []  # (the look it was asked in, the worker)
+    looks = [0]
+    monkeypatch.setattr(pair, "read_key", lambda path: b"k" * 32)
+    monkeypatch.setattr(pair, "log", lambda msg: None)
+    monkeypatch.setattr(pair, "beacon_up", lambda peer, port: peer in up)
+
+    def ask(peer, port, key, action, timeout=180):
+        asked.append((looks[0], peer))
+        up.add(peer)  # it starts and answers by the next look
+        return True
+
+    monkeypatch.setattr(pair, "ask", ask)
+    monkeypatch.setattr(pair.time, "sleep", lambda s: looks.__setitem__(0, looks[0] + 1))
+    argv = ["wait", "--peers", "10.0.0.4,10.0.0.3,10.0.0.2", "--port", "29600", "--timeout",
+            "60", "--agent-port", "29601", "--token-file", "t", "--in-turn"]  # fmt: skip
+    assert pair.main(argv) == 0
+    assert asked == [(0, "10.0.0.4"), (1, "10.0.0.3"), (2, "10.0.0.2")]
+    asked.clear(), up.clear(), looks.__setitem__(0, 0)
+    assert pair.main(argv[:-1]) == 0  # without --in-turn: every one down at once, in one look
+    assert asked == [(0, "10.0.0.4"), (0, "10.0.0.3"), (0, "10.0.0.2")]

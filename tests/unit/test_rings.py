@@ -168,13 +168,13 @@ def test_fabric_ports_without_the_ports_layout_is_refused():
     assert "spark-1: fabric_ports: set, but fabric_layout is 'single'" in problems(view)
 
 
-def test_a_ring_is_planned_and_the_deploy_refuses_the_layout_until_it_applies_it():
+def test_a_ring_is_planned_and_the_deploy_refuses_a_vllm_stack_on_it():
     settings = build(ports_cluster(4))
     plan = settings["spark-2"].fabric_plan
     assert plan is not None and plan.relays and settings["spark-2"].me.ip == "198.18.4.1"
     why = not_applied(build(ports_cluster(4)))
-    assert why and why.startswith("fabric_layout 'ports' with 4 ranks:")
-    assert "it applies a pair's two functions only" in why
+    assert why and why.startswith("fabric_layout 'ports' with 4 ranks: stack 'vllm-nvfp4'")
+    assert "ncclTransportTreeConnect" in why and "use stack 'tensorfold-ring'" in why
     assert not_applied(build(ports_cluster(2))) is None  # a pair's two functions are applied
     assert not_applied(build(cluster(2))) is None
     text = problems(ports_cluster(4, fabric_cidr="198.18.0.0/22"))

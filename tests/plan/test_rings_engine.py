@@ -1,0 +1,188 @@
+"""The ring's engine applied (issue 36 item 3): stack `tensorfold-ring` on a triangle of three and
+a ring of four in fabric_layout "ports", through the real CLI against strict @fake hosts cabled as
+the rule says (tests/plan/rings/ringfakes.py). Nothing here ran on a lab or on Sparks."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import sparkrig.settings
+from tests.plan import fakehosts
+from tests.plan.harness import Run, run
+from tests.plan.test_stack_tensorfold_plan import tf_locks
+
+INVENTORIES = {
+    3: "tests/plan/rings/ring_three_state.py",
+    4: "tests/plan/rings/ring_four_state.py",
+}
+NAMES = ["spark-a", "spark-b", "spark-c", "spark-d"]
+
+
+def ring_args(tmp: Path, *extra: str) -> list[str]:
+    """The stack switch of a tensorfold run (tests/plan/test_stack_tensorfold_plan.py): the
+    pair's lockfiles serve the ring (the same pins), profile single loads no drafter."""
+    return ["--data", "stack=tensorfold-ring", "--data", "profile=single",
+            "--data", f"lockfile_dir={tf_locks(tmp)}", "--data", "reach_check=False",
+            *extra]  # fmt: skip
+
+
+def ring_run(
+    monkeypatch, tmp: Path, nnodes: int, *extra: str, dry: bool = False, lifted: bool = True
+) -> Run:
+    """A run of the ring; ``lifted``: with the deploy's refusal of 3 and 4 ranks lifted (the
+    helpers' addressing and the LAN rendezvous are not applied: settings.not_applied)."""
+    if lifted:
+        monkeypatch.setattr(sparkrig.settings, "not_applied", lambda settings: None)
+    flags = ["--dry"] if dry else ["-y"]
+    return run([*flags, *ring_args(tmp, *extra), INVENTORIES[nnodes], "deploy.py"], monkeypatch)
+
+
+@pytest.mark.parametrize("nnodes", [3, 4])
+def test_the_ring_is_refused_before_any_host_until_the_helpers_reach_every_rank(
+    monkeypatch, tmp_path, nnodes
+):
+    r = ring_run(monkeypatch, tmp_path, nnodes, lifted=False)
+    assert r.exit_code != 0
+    said = str(r.exception) + r.output
+    assert f"with {nnodes} ranks: stack 'tensorfold-ring' is planned" in said
+    assert "speak to one fabric address per rank" in said and "on the LAN" in said
+    assert all(cmds == [] for cmds in r.commands.values()), r.commands
+
+
+def unit_name(rank: int) -> str:
+    return "sparkrig-head" if rank == 0 else "sparkrig-worker"
+
+
+def names(nnodes: int) -> list[str]:
+    return [f"@fake/{n}" for n in NAMES[:nnodes]]
+
+
+@pytest.mark.parametrize("nnodes", [3, 4])
+def test_tensorfold_ring_on_a_triangle_and_a_ring_is_deployed(monkeypatch, tmp_path, nnodes):
+    r = ring_run(monkeypatch, tmp_path, nnodes)
+    assert r.exit_code == 0, r.output
+    for rank, name in enumerate(names(nnodes)):
+        unit = r.uploads[name][f"/etc/systemd/system/{unit_name(rank)}.service"].decode()
+        assert "--entrypoint tensorfold" in unit and f"--tp {nnodes} \\\n" in unit, unit
+        assert f"--rank {rank} \\\n" in unit
+        assert f"systemctl start {unit_name(rank)}" in "\n".join(r.commands[name])
+
+
+def test_an_env_the_engine_cannot_run_with_is_refused_before_any_host_naming_rank_and_key(
+    monkeypatch, tmp_path
+):
+    # the knob nccl_env lands after the fabric env in every rank's env file: a tree algorithm on
+    # a ring of four, or a pinned GID index, is what the engine's needs refuse
+    env = '{"NCCL_ALGO": "Tree", "NCCL_IB_GID_INDEX": "3"}'
+    r = ring_run(monkeypatch, tmp_path, 4, "--data", f"nccl_env={env}")
+    assert r.exit_code != 0
+    said = str(r.exception) + r.output
+    for rank, name in enumerate(names(4)):
+        assert (
+            f"{name}: rank {rank}'s env for stack 'tensorfold-ring': NCCL_ALGO=Ring needed, the "
+            "fabric env has 'Tree' (set by the knob nccl_env)"
+        ) in said
+        assert (
+            f"{name}: rank {rank}'s env for stack 'tensorfold-ring': NCCL_IB_GID_INDEX is pinned"
+        ) in said
+    assert all(cmds == [] for cmds in r.commands.values()), r.commands
+
+
+GRAPHS = Path("tests/stacks/data/tensorfold-ring-graphs")  # MiaAI's generator's output, by rank
+
+
+def env_file(r: Run, name: str) -> dict[str, str]:
+    text = r.uploads[name]["/etc/sparkrig/rank.env"].decode()
+    return dict(x.split("=", 1) for x in text.splitlines() if x and not x.startswith("#"))
+
+
+def test_a_ring_of_four_gets_its_graph_files_written_and_mounted_where_the_env_names_them(
+    monkeypatch, tmp_path
+):
+    r = ring_run(monkeypatch, tmp_path, 4)
+    assert r.exit_code == 0, r.output
+    for rank, name in enumerate(names(4)):
+        env = env_file(r, name)
+        named = [env["NCCL_GRAPH_FILE"], *env["TF_NCCL_RING_GRAPHS"].split(",")]
+        assert named == ["/nccl-graph.xml", "/nccl-link-prev.xml", "/nccl-link-next.xml"]
+        unit = r.uploads[name][f"/etc/systemd/system/{unit_name(rank)}.service"].decode()
+        for container, data in zip(named, ("", "-link-prev", "-link-next"), strict=True):
+            host = f"/etc/sparkrig{container}"
+            # whole files under the config dir, byte for byte MiaAI's graph_xml for this rank
+            assert r.uploads[name][host].decode() == (GRAPHS / f"rank{rank}{data}.xml").read_text()
+            assert f"--volume {host}:{container}:ro \\\n" in unit  # read-only, at the named path
+        # the NCCL smoke test reads the same env file: it gets the same mounts
+        smoke = next(c for c in r.commands[name] if "--name sparkrig-nccl-smoke" in c)
+        assert "--volume /etc/sparkrig/nccl-graph.xml:/nccl-graph.xml:ro" in smoke
+
+
+def test_a_triangle_has_no_graph_file_and_one_left_over_is_removed(monkeypatch, tmp_path):
+    left = "/etc/sparkrig/nccl-link-next.xml"  # e.g. from a ring of four the inventory was
+    fakehosts.inject("spark-b", {fakehosts.owned_of(left): "file 644 root root " + "0" * 64})
+    r = ring_run(monkeypatch, tmp_path, 3)
+    assert r.exit_code == 0, r.output
+    assert f"rm -f {left}" in r.commands["@fake/spark-b"]
+    for name in names(3):
+        assert "NCCL_GRAPH_FILE" not in env_file(r, name)
+        assert not [p for p in r.uploads[name] if p.endswith(".xml")]
+        # the state read still looks at them (owned files: a ring's left over would go) ...
+        read = next(c for c in r.commands[name] if "##SPARKRIG-PART" in c)
+        assert all(f"/etc/sparkrig/{x}.xml" in read for x in ("nccl-graph", "nccl-link-prev"))
+        # ... and removes the one left over, mounts none
+        removed = [c for c in r.commands[name] if c.startswith("rm -f /etc/sparkrig/nccl-")]
+        assert removed == ([f"rm -f {left}"] if name == "@fake/spark-b" else [])
+        unit = r.uploads[name][f"/etc/systemd/system/{unit_name(names(3).index(name))}.service"]
+        assert b".xml" not in unit
+
+
+def test_the_ranks_start_last_to_first_each_seen_running_before_the_next(monkeypatch, tmp_path):
+    r = ring_run(monkeypatch, tmp_path, 4)
+    assert r.exit_code == 0, r.output
+    ips = {3: "198.18.6.1", 2: "198.18.4.1", 1: "198.18.2.1"}  # each worker's first address
+    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/service.py")]
+    order = [op for op in order if op.startswith(("Start the", "Wait until every worker"))]
+    waves = [
+        (f"Start the worker rank (rank {n} of 4)",
+         f"Wait until every worker's container runs (rank {n} of 4)") for n in (3, 2, 1)
+    ]  # fmt: skip
+    assert order == [*(op for wave in waves for op in wave), "Start the head rank"]
+    # the rollback's ordered start (tasks/rollback.py) is the same one
+    back = [op.split(" | ")[-1] for op in r.op_order if "| Roll back" in op]
+    back = [op for op in back if op.startswith(("Start the", "Wait until every worker"))]
+    assert back == [
+        *(op for n in (3, 2, 1)
+          for op in (f"Start the worker rank of the previous release (rank {n} of 4)",
+                     f"Wait until every worker of the previous release runs (rank {n} of 4)")),
+        "Start the head rank of the previous release",
+    ]  # fmt: skip
+    head, *workers = names(4)
+    for n, name in enumerate(workers, start=1):
+        # each worker acts in its own wave only
+        started = [op.split(" | ")[-1] for op in r.changed_ops[name] if "| Start the w" in op]
+        assert started == [waves[3 - n][0]]
+    # the head waits for the wave's rank alone, in the stack's order
+    waits = [c for c in r.commands[head] if " pair wait --peers " in c]
+    assert [re.search(r"--peers (\S+)", c)[1] for c in waits] == [ips[3], ips[2], ips[1]]
+    # the head's start gate, its supervisor and its restart command keep that order
+    files = r.uploads[head]
+    in_order = f"{ips[3]},{ips[2]},{ips[1]}"
+    unit = files["/etc/systemd/system/sparkrig-head.service"].decode()
+    assert re.search(rf"pair wait --peers {in_order} .* --in-turn\n", unit), unit
+    for path in ("/etc/systemd/system/sparkrig-supervisor.service",
+                 "/opt/sparkrig/bin/sparkrig-restart-pair"):  # fmt: skip
+        assert f"--workers {in_order} " in files[path].decode()
+        assert " --in-turn" in files[path].decode(), path
+
+
+def test_a_triangle_starts_rank_2_then_rank_1_then_the_head(monkeypatch, tmp_path):
+    r = ring_run(monkeypatch, tmp_path, 3)
+    assert r.exit_code == 0, r.output
+    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/service.py")]
+    assert [op for op in order if op.startswith("Start the")] == [
+        "Start the worker rank (rank 2 of 3)",
+        "Start the worker rank (rank 1 of 3)",
+        "Start the head rank",
+    ]
