@@ -30,6 +30,7 @@ from sparkrig import hubtoken, lockfile, topology
 from sparkrig.runscope import once_per_run
 from sparkrig.stacks import STACKS, get
 from sparkrig.stacks.base import Pin, Stack
+from sparkrig.stacks.families.tensorfold import fabric_env_problems
 
 HEAD_GROUP = "head"
 WORKER_GROUP = "worker"
@@ -946,8 +947,6 @@ def fabric_env_refusals(ranks: list[Rank], k: Knobs) -> list[str]:
     stack = get(k.stack).at(len(ranks))
     if not stack.fabric_env_needs.get(len(ranks)):
         return []
-    from sparkrig.stacks.families.tensorfold import fabric_env_problems
-
     plan = fabric_plan(ranks, k.fabric_cidr)
     out = []
     for r in ranks:

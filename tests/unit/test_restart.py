@@ -41,4 +41,5 @@ def test_an_undeclared_trigger_is_refused():
         "rank_unit",
         "pair_unit",
         "api_key",
+        "graph_files",
     }
