@@ -1044,8 +1044,8 @@ def not_applied(settings: dict[str, Settings]) -> str | None:
     planned but refused until the helpers reach every rank and the rendezvous is on the LAN;
     every other stack is refused there for good. A vLLM stack on four ranks of a switchless
     ring: stock NCCL dies in ``ncclTransportTreeConnect`` on a ring of four and needs ring-only
-    NCCL with a patched NCCL (``NCCL_SKIP_TREE_CONNECT``), which no vLLM stack here ships (research rings.md
-    [I2, S13]); three ranks are refused earlier, by the 64 heads."""
+    NCCL with a patched NCCL (``NCCL_SKIP_TREE_CONNECT``), which no vLLM stack here ships
+    (research rings.md [I2, S13]); three ranks are refused earlier, by the 64 heads."""
     s = next(iter(settings.values()), None)
     if s is None or s.knobs.fabric_layout == "single" or s.nnodes == 2:
         return None
