@@ -18,7 +18,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.operation import OperationMeta
 from pyinfra.facts.server import Command
 from sparkhost import rankenv
-from sparkhost.gid import GidNotFound, select_gid
+from sparkhost.gid import gid_index
 
 from sparkrig import hostpkg, stackfiles
 from sparkrig.fabric import RoceGids, graph_volumes
@@ -523,15 +523,9 @@ def stale_gid_dropped(
     """
     rank = rank_of(read_here("rank"))
     gids = read_here("gids").get("gids", RoceGids)
-
-    def live_index(ip: str, netdev: str, device: str | None) -> int | None:
-        try:
-            return select_gid(gids, ip, netdev, device, roce_port).index
-        except GidNotFound:
-            return None  # the fabric phase fails this host, naming the table
-
+    # a GID not found reads None here: the fabric phase fails this host, naming the table
     said: list[str] = []
-    live = live_index(fabric_ip, fabric_interface, roce_device)
+    live = gid_index(gids, fabric_ip, fabric_interface, roce_device, roce_port)
     if rank.handed_gid is not None and live is not None and rank.handed_gid != live:
         said.append(f"RoCE GID index {rank.handed_gid}, the live table {live}")
     if rankenv.device_made_again(rank.handed_device_index, rank.live_device_index):
@@ -539,7 +533,7 @@ def stale_gid_dropped(
         said.append(f"RDMA device index {rank.handed_device_index}, the device now {now}")
     for netdev, device, ip in functions:
         handed = rank.handed_gids.get(device)
-        index = live_index(ip, netdev, device)
+        index = gid_index(gids, ip, netdev, device, roce_port)
         if handed is not None and index is not None and handed != index:
             said.append(f"RoCE GID index {handed} on {device}, the live table {index}")
     for device in rankenv.device_indexes_made_again(

@@ -11,7 +11,7 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.command import QuoteString
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost import lockfile, rankenv
-from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
+from sparkhost.gid import GidEntry, gid_index, parse_gid_lines
 from sparkhost.wedge import Probe, parse_probe, probe_file
 
 from sparkrig.baseline import BaselineReport, describe, drift, parse_baseline
@@ -282,12 +282,9 @@ def memfree_floor_kb(s: Settings, memtotal_kb: int) -> int:
 def live_gid_index(s: Settings, st: RankState) -> int | None:
     """The index of this rank's RoCE v2 GID in the live table, by the start gate's own rule
     (sparkhost.gid.select_gid); None when the table has no such entry."""
-    try:
-        return select_gid(
-            list(st.gids), s.me.ip, s.me.fabric_interface, s.me.roce_device, s.knobs.roce_port
-        ).index
-    except GidNotFound:
-        return None
+    return gid_index(
+        list(st.gids), s.me.ip, s.me.fabric_interface, s.me.roce_device, s.knobs.roce_port
+    )
 
 
 def single_problems(s: Settings, st: RankState) -> list[str]:
@@ -317,12 +314,8 @@ def fabric_problems(s: Settings, st: RankState) -> list[str]:
     handed, mtus = dict(st.gids_handed), dict(st.mtus)
     out = []
     for i in part.ifaces:
-        try:
-            live: int | None = select_gid(
-                list(st.gids), str(i.address.ip), i.netdev, i.rdma, k.roce_port
-            ).index
-        except GidNotFound:
-            live = None
+        live = gid_index(list(st.gids), str(i.address.ip), i.netdev, i.rdma, k.roce_port)
+        if live is None:
             out.append(f"{i.rdma}: no RoCE v2 GID for ::ffff:{i.address.ip} on {i.netdev}")
         was = handed.get(i.rdma)
         if was is not None and live is not None and was != live:

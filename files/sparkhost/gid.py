@@ -121,6 +121,17 @@ def select_gid(
     )
 
 
+def gid_index(
+    entries: list[GidEntry], ip: str, netdev: str, device: str | None = None, port: int = 1
+) -> int | None:
+    """``select_gid``'s entry's index, or None when the table has no such entry (a reader
+    that judges the table, where the start gate and the fabric phase refuse it)."""
+    try:
+        return select_gid(entries, ip, netdev, device, port).index
+    except GidNotFound:
+        return None
+
+
 def format_table(entries: list[GidEntry]) -> str:
     rows = "\n".join(e.row() for e in entries) or "(no RDMA device or no populated GID)"
     return f"{HEADER}\n{rows}"
