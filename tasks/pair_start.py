@@ -17,7 +17,7 @@ from pyinfra.api import deploy
 from sparkrig.ordering import on_head, on_ranks, on_workers
 from sparkrig.owned import unit_state_set
 from sparkrig.release import Rollback
-from sparkrig.serving import worker_wait_args, worker_waves, workers_running
+from sparkrig.serving import starts_in_turn, worker_wait_args, worker_waves, workers_running
 from sparkrig.settings import Settings
 
 Condition = Callable[[], bool]
@@ -49,7 +49,7 @@ def pair_started_in_order(
     workers, wait, head = names
     workers_if, wait_if, head_if = when
     waves = worker_waves(s)
-    in_turn = len(waves) > 1  # one worker at a time (the stack's last-to-first on 3+ ranks)
+    in_turn = starts_in_turn(s)  # one worker at a time (the stack's last-to-first on 3+ ranks)
     steps = []
     for n, wave in enumerate(host.loop(waves) if in_turn else waves):
         said = f" ({', '.join(f'rank {r}' for r in wave)} of {s.nnodes})" if in_turn else ""
