@@ -1,7 +1,8 @@
 """Every knob sparkrig has, once, with its default. Override per group (head.py, worker.py), per
 host in the inventory, or on the command line with `--data key=value`. Validation lives in
 sparkrig/settings.py; per-host keys (fabric_interface, fabric_address, roce_device,
-uplink_interfaces, fabric_ports, the head's api_url) belong in the inventory, not here."""
+uplink_interfaces, fabric_ports, lan_address, the head's api_url) belong in the inventory, not
+here."""
 
 # --- connection -----------------------------------------------------------------------------
 _sudo = True  # operators log in as a sudo-capable user (DGX OS default), not root
@@ -57,7 +58,8 @@ fabric_mtu = 9000  # MTU on the QSFP fabric NIC, persisted with netplan
 # fabric_address), every rank on one subnet: a pair on one function, or a switch. "ports": both
 # PCIe functions of every cabled port, the addresses derived from fabric_cidr (a pair: the port
 # fabric_interface names; three and more: both ports, cabled port 0 of rank i to port 1 of rank
-# i+1; host data fabric_ports, else DGX OS's names). A pair is applied; three and more are refused.
+# i+1; host data fabric_ports, else DGX OS's names, and lan_address). A pair is applied, and
+# three or four with stack "tensorfold-ring" (plan tested only); other stacks are refused there.
 fabric_layout = "single"  # "single" (one netdev per rank) or "ports" (every function, derived plan)
 # One /24 per function class per cable is cut from it, in cable order (cable e: the 2e-th and
 # (2e+1)-th /24), the port-0 end .1, the port-1 end .2: SparkRing's layout (docs/rings.md). A /21

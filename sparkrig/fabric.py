@@ -196,10 +196,33 @@ class FabricLinks(FactBase[dict[str, LinkState]]):
         return parse_links(output)
 
 
+class LanAddresses(FactBase[tuple[tuple[str, str], ...]]):
+    """
+    Every global IPv4 address of the host as (netdev, address/prefix): where a triangle's or a
+    ring's LAN address (host data lan_address, the rendezvous's) must be.
+    """
+
+    default = tuple
+
+    def command(self) -> str:
+        return f"ip -o -4 addr show scope global | awk '{{print $2, $4}}'; echo '{END}'"
+
+    def process(self, output: list[str]) -> tuple[tuple[str, str], ...]:
+        out = []
+        for line in output:
+            if line == END:
+                break
+            dev, _, address = line.strip().partition(" ")
+            if not dev or "/" not in address:
+                raise FactProcessError(f"LAN addresses: {line!r} is not 'netdev address/prefix'")
+            out.append((dev, address))
+        return tuple(out)
+
+
 def ports_parts(s: Settings) -> list[Part]:
     """The state read's fabric parts of fabric_layout "ports" (none for "single"): who answers
-    on every netdev of both ports (the cabling check) and every planned netdev's link with its
-    don't-fragment ping."""
+    on every netdev of both ports (the cabling check), every planned netdev's link with its
+    don't-fragment ping, and on a triangle or a ring the host's LAN addresses."""
     part = s.fabric_rank
     if part is None:
         return []
@@ -208,6 +231,22 @@ def ports_parts(s: Settings) -> list[Part]:
     return [
         Part("fabric_probe", FabricNeighbours, (("netdevs", probed),)),
         Part("fabric_links", FabricLinks, (("pings", pings), ("mtu", s.knobs.fabric_mtu))),
+        *([Part("lan", LanAddresses)] if s.relayed else []),
+    ]
+
+
+def lan_problems(s: Settings, held: Sequence[tuple[str, str]]) -> list[str]:
+    """A triangle's or a ring's rank whose lan_address is none of its own (``held``: the
+    LanAddresses fact): the ranks' rendezvous at the head's LAN address would never meet."""
+    if s.me.lan_address is None:
+        return []
+    if any(address.partition("/")[0] == str(s.me.lan_address) for _, address in held):
+        return []
+    have = ", ".join(f"{address} on {dev}" for dev, address in held) or "none"
+    return [
+        f"lan_address {s.me.lan_address} is not an address of this host (its IPv4 addresses: "
+        f"{have}); a ring's ranks meet at the head's LAN address: set lan_address to the "
+        "rank's own, on the uplink the others reach it by"
     ]
 
 

@@ -6,9 +6,10 @@ On every rank the fabric netdev (every one of the plan in fabric_layout "ports")
 other ranks' fabric addresses; the rank's fabric address reached through any other interface is
 dropped (the weak host model would answer it), and
 so are the pair's ports (the rendezvous, the beacon, agent, supervisor and copy servers) on every
-other interface, since torch's TCPStore listens on the wildcard. On the head, ``api_port`` is
-accepted only from ``api_allow`` and loopback, and the engine behind the API front only from
-loopback. Every drop rule counts (``status.py`` shows the counters).
+other interface, since torch's TCPStore listens on the wildcard (on a triangle or a ring, the
+head's rendezvous ports are accepted from the other ranks' LAN addresses: they meet there). On
+the head, ``api_port`` is accepted only from ``api_allow`` and loopback, and the engine behind
+the API front only from loopback. Every drop rule counts (``status.py`` shows the counters).
 
 This module renders the ruleset and the unit, reads the table's state (a part of the state read)
 and its counters (status); the operations are in tasks/firewall.py."""
@@ -85,10 +86,8 @@ def fabric_sides(s: Settings) -> tuple[list[str], list[str], list[str]]:
         return [s.me.fabric_interface], [s.me.ip], [r.ip for r in s.others]
     # every address of every other rank: a ring of four relays the ranks without a cable between
     # them, so their packets arrive from their own addresses through a neighbour
-    peers = sorted(
-        {i.address.ip for n, r in enumerate(plan.ranks) if n != s.me.rank for i in r.ifaces}
-    )
-    return list(part.netdevs), [str(i.address.ip) for i in part.ifaces], [str(p) for p in peers]
+    peers = sorted({ipaddress.IPv4Address(ip) for r in s.others for ip in s.fabric_ips(r)})
+    return list(part.netdevs), list(s.fabric_ips(s.me)), [str(p) for p in peers]
 
 
 def nft_set(values: list[str], quoted: bool = False) -> str:
@@ -97,12 +96,30 @@ def nft_set(values: list[str], quoted: bool = False) -> str:
     return shown[0] if len(shown) == 1 else "{ " + ", ".join(shown) + " }"
 
 
+def rendezvous_on_lan(s: Settings) -> tuple[list[int], list[str]]:
+    """On the head of a triangle or a ring, the rendezvous ports (the engine's, the NCCL smoke
+    test's) and the other ranks' LAN addresses they are accepted from: the ranks meet at the
+    head's LAN address there (``Settings.rendezvous_ip``); elsewhere none."""
+    if not (s.relayed and s.me.is_head):
+        return [], []
+    k = s.knobs
+    ports = {
+        k.master_port,
+        k.master_port + 1,
+        *([s.stack.master_port] if s.stack.master_port else []),
+    }
+    return sorted(ports), [str(r.lan_address) for r in s.others if r.lan_address is not None]
+
+
 def ruleset_context(s: Settings) -> dict[str, Any]:
     v4, v6 = api_networks(s)
     netdevs, own, peers = fabric_sides(s)
+    lan_ports, lan_peers = rendezvous_on_lan(s)
     return {
         **base_context(s),
         "peers": peers,
+        "lan_ports": lan_ports,
+        "lan_peers": lan_peers,
         "fabric_iif": nft_set(netdevs, quoted=True),
         "fabric_own": nft_set(own),
         "fabric_ports": sorted(fabric_ports(s)),

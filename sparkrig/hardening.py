@@ -58,9 +58,12 @@ class UnitHardening:
 
 
 def peers_allow(s: Settings, loopback: bool = False) -> tuple[str, ...]:
-    """The addresses a helper talks to: its own and its peers' fabric addresses (localhost for
-    one that probes the engine on loopback)."""
-    ips = sorted({f"{r.ip}/32" for r in s.ranks})
+    """The addresses a helper talks to: its own and its peers' fabric addresses, every one of
+    each rank on a triangle or a ring (a ring of four relays a rank's packets from its own
+    address through a neighbour), localhost for one that probes the engine on loopback."""
+    ips = sorted(
+        {f"{ip}/32" for r in s.ranks for ip in (s.fabric_ips(r) if s.relayed else (r.ip,))}
+    )
     return (("localhost",) if loopback else ()) + tuple(ips)
 
 

@@ -22,6 +22,7 @@ from sparkrig.fabric import (
     RELAY_UNIT_FILE,
     FabricLinks,
     FabricNeighbours,
+    LanAddresses,
     LinkState,
     RoceGids,
     gids_part,
@@ -153,6 +154,12 @@ class HostReport:
         """Each planned fabric netdev and its don't-fragment ping (fabric_layout "ports")."""
         links: dict[str, LinkState] = self.values.get("fabric_links", FabricLinks)
         return links
+
+    @property
+    def lan_addresses(self) -> tuple[tuple[str, str], ...]:
+        """The host's global IPv4 addresses (a triangle or a ring: its lan_address is one)."""
+        held: tuple[tuple[str, str], ...] = self.values.get("lan", LanAddresses)
+        return held
 
     @property
     def ports(self) -> PortsReport:

@@ -37,6 +37,10 @@ def base_context(s: Settings) -> dict[str, Any]:
         "nnodes": s.nnodes,
         "ip": s.me.ip,
         "interface": s.me.fabric_interface,
+        # the helpers' sockets: every address a peer dials this rank at, each with the port
+        # given, and bound to the fabric netdev where one netdev reaches every peer
+        "listen": s.listen_on,
+        "bind": f" --bind-device {s.helper_device}" if s.helper_device else "",
         "unit": s.unit_name,
         "container": s.container_name,
         "sparkhost": " ".join(hostpkg.invocation(s.knobs.install_dir)),  # + JOB ARGS

@@ -152,7 +152,7 @@ def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
     return [
         "docker", "run", "--detach" if detach else "--rm", "--name", SMOKE_CONTAINER, *run,
         "--env", f"RANK={s.me.rank}", "--env", f"WORLD_SIZE={s.nnodes}",
-        "--env", f"MASTER_ADDR={s.head.ip}", "--env", f"MASTER_PORT={k.master_port + 1}",
+        "--env", f"MASTER_ADDR={s.rendezvous_ip}", "--env", f"MASTER_PORT={k.master_port + 1}",
         "--volume", f"{package}:{package}:ro",
         "--entrypoint", "python3", image,
         package, "nccl-smoke", "--timeout", str(k.nccl_smoke_timeout_s),
@@ -170,7 +170,7 @@ def rank_serve_args(s: Settings) -> list[str]:
             k.profile,
             rank=s.me.rank,
             nnodes=s.nnodes,
-            master_addr=s.head.ip,
+            master_addr=s.rendezvous_ip,
             master_port=rendezvous_port(s),
             model_dir=p["model_dir"],
             engine_port=s.knobs.engine_port,
@@ -184,7 +184,7 @@ def rank_serve_args(s: Settings) -> list[str]:
         k.profile,
         rank=s.me.rank,
         nnodes=s.nnodes,
-        master_addr=s.head.ip,
+        master_addr=s.rendezvous_ip,
         master_port=k.master_port,
         model_dir=p["model_dir"],
         api_port=k.engine_port,  # the engine on the head's loopback; the front serves api_port
@@ -254,9 +254,9 @@ def rank_unit_context(s: Settings, image: str, weights_id: str) -> dict[str, Any
         # none: NCCL picks each device's RoCE v2 GID by value (NCCL_IB_ADDR_RANGE, docs/rings.md)
         "pin_gid_index": s.fabric_plan is None,
         # the head's start gate waits for (and asks) the workers in the stack's start order
-        "peers": ",".join(r.ip for r in (workers_in_start_order(s) if s.me.is_head else s.peers)),
+        "peers": ",".join(map(s.dial, workers_in_start_order(s) if s.me.is_head else s.peers)),
         "in_turn": starts_in_turn(s),
-        "head_ip": s.head.ip,
+        "head_ip": s.dial(s.head),
         "pair_port": k.pair_port,
         "pair_grace_s": k.pair_grace_s,
         "agent_port": k.agent_port,
@@ -270,7 +270,7 @@ def pair_unit_context(s: Settings) -> dict[str, Any]:
     k = s.knobs
     return {
         **base_context(s),
-        "peers": ",".join(r.ip for r in s.peers),
+        "peers": ",".join(map(s.dial, s.peers)),
         "pair_port": k.pair_port,
         "pair_grace_s": k.pair_grace_s,
         "hardening": unit_hardening(s, "pair"),
@@ -282,7 +282,7 @@ def restart_args(s: Settings) -> str:
     return " ".join(
         [
             "--head-unit", f"{s.head_unit_name}.service",
-            "--workers", ",".join(w.ip for w in workers_in_start_order(s)),
+            "--workers", ",".join(map(s.dial, workers_in_start_order(s))),
             "--port", str(k.pair_port),
             "--agent-port", str(k.agent_port),
             "--token-file", paths(s)["pair_token"],
@@ -371,7 +371,7 @@ def worker_wait_args(s: Settings, ranks: Sequence[int] | None = None) -> dict[st
     waited = s.workers if ranks is None else tuple(s.ranks[r] for r in ranks)
     return {
         "sparkhost": hostpkg.invocation(k.install_dir),
-        "peers": [w.ip for w in waited],
+        "peers": [s.dial(w) for w in waited],
         "port": k.pair_port,
         "timeout": k.pair_grace_s,
     }

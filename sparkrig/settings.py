@@ -56,6 +56,7 @@ HOST_KEYS = (
     "uplink_interfaces",
     "api_url",
     "fabric_ports",  # fabric_layout "ports": the rank's QSFP ports by index (FabricPort)
+    "lan_address",  # a triangle or a ring: the rank's LAN IPv4 address (the rendezvous's)
 )
 # What vLLM's tensor parallel divides by the rank count with no remainder: GLM-5.3-Flash's
 # num_attention_heads = num_key_value_heads = 64 (docs/rings.md "Why TP=3 is hard": stock vLLM
@@ -431,6 +432,9 @@ class Rank(BaseModel):
     api_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+(/[^\s]*)?$")
     # fabric_layout "ports": the rank's QSFP ports by index, resolved (each port's functions)
     ports: dict[int, topology.Port] = {}
+    # its LAN (management) IPv4 address: where a triangle's or a ring's rendezvous meets
+    # (host data lan_address; required there, unused on one subnet and on a pair)
+    lan_address: ipaddress.IPv4Address | None = None
 
     @property
     def role(self) -> str:
@@ -503,6 +507,68 @@ class Settings(BaseModel):
         """This rank's part of ``fabric_plan``."""
         plan = self.fabric_plan
         return plan.ranks[self.me.rank] if plan else None
+
+    @property
+    def relayed(self) -> bool:
+        """True on a triangle or a ring (fabric_layout "ports", three ranks and more): no one
+        fabric address of a rank reaches every other rank, so each rank dials each peer at its
+        own address of the plan and meets the rendezvous on the LAN."""
+        return self.fabric_plan is not None and self.nnodes > 2
+
+    def dial(self, peer: Rank) -> str:
+        """The fabric address this rank reaches ``peer``'s helpers and copy servers at: its one
+        fabric address on one subnet and on a pair; on a triangle or a ring the plan's (the
+        peer's address on the cable they share, else on the cable the route arrives by:
+        ``topology.RankPlan.peer_addresses``)."""
+        part = self.fabric_rank
+        if part is None or not self.relayed or peer.rank == self.me.rank:
+            return peer.ip  # itself: its first address (an argument only the others use)
+        return str(part.peer_addresses[peer.rank])
+
+    @property
+    def listen_ips(self) -> tuple[str, ...]:
+        """Where this rank's helpers and copy servers listen: every address a peer dials it at
+        (``dial`` from each other rank): one on one subnet and on a pair, one per cable a peer
+        arrives by on a triangle or a ring."""
+        plan = self.fabric_plan
+        if plan is None or not self.relayed:
+            return (self.me.ip,)
+        me = self.me.rank
+        dialed = {p.peer_addresses[me] for n, p in enumerate(plan.ranks) if n != me}
+        return tuple(str(a) for a in sorted(dialed))
+
+    def listen_on(self, port: int) -> str:
+        """``--listen`` of a helper or a copy server on ``port``: ``ADDR:PORT[,ADDR:PORT...]``,
+        every address of ``listen_ips``."""
+        return ",".join(f"{ip}:{port}" for ip in self.listen_ips)
+
+    @property
+    def helper_device(self) -> str | None:
+        """The netdev the helpers' and copy servers' sockets are bound to (SO_BINDTODEVICE):
+        the fabric netdev on one subnet and on a pair. None on a triangle or a ring: peers
+        arrive over several netdevs (a ring of four relays them through a neighbour) and the
+        answers leave the way the routes say, which a socket bound to the netdev it was reached
+        on would refuse; the firewall keeps the fabric to the ranks there (every address of
+        every other rank, nothing else: sparkrig.firewall)."""
+        return None if self.relayed else self.me.fabric_interface
+
+    def fabric_ips(self, rank: Rank) -> tuple[str, ...]:
+        """Every fabric address of ``rank``: its one, or every function's of the plan."""
+        plan = self.fabric_plan
+        if plan is None:
+            return (rank.ip,)
+        return tuple(str(i.address.ip) for i in plan.ranks[rank.rank].ifaces)
+
+    @property
+    def rendezvous_ip(self) -> str:
+        """Where every rank meets the head's rendezvous (the engine's master address, the NCCL
+        smoke test's MASTER_ADDR): the head's fabric address on one subnet and on a pair, its
+        LAN address (host data lan_address) on a triangle or a ring, as TensorFold's TP>2
+        rule has it (no fabric address of the head reaches every rank directly; research
+        tensorfold.md, config.sh; NCCL bootstraps on the LAN there too: topology.socket_ifname)."""
+        if self.relayed and self.head.lan_address is not None:
+            return str(self.head.lan_address)
+        return self.head.ip
 
     @property
     def busbw_floor_gbs(self) -> float:
@@ -718,6 +784,7 @@ def build(view: InventoryView) -> dict[str, Settings]:
                     address=str(data.get("ssh_hostname") or name),
                     api_url=data.get("api_url") or None,
                     ports=ports,
+                    lan_address=data.get("lan_address") or None,
                 )
             )
 
@@ -756,6 +823,13 @@ def _ports_layout_keys(name: str, data: dict[str, Any], nnodes: int) -> list[str
         problems.append(
             f"{name}: fabric_address: fabric_layout 'ports' derives every fabric address from "
             "fabric_cidr, never per host (docs/rings.md); remove it"
+        )
+    if nnodes > 2 and data.get("lan_address") in (None, ""):
+        problems.append(
+            f"{name}: lan_address: missing: a ring of {nnodes} meets at the head's LAN address "
+            "(the engine's rendezvous and NCCL's bootstrap: no fabric address reaches every "
+            "rank directly); set each rank's LAN IPv4 address, the one on its first "
+            "uplink_interfaces entry (docs/rings.md)"
         )
     if nnodes > 2:
         for key in ("fabric_interface", "roce_device"):
@@ -859,6 +933,21 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
         if r.ip in seen:
             problems.append(f"{r.name}: fabric_address: {r.ip} is already used by {seen[r.ip]}")
         seen.setdefault(r.ip, r.name)
+    lan: dict[ipaddress.IPv4Address, str] = {}
+    cidr = next(iter(knobs.values())).fabric_cidr if knobs else None
+    for r in ranks:
+        if r.lan_address is None:
+            continue
+        if r.lan_address in lan:
+            problems.append(
+                f"{r.name}: lan_address: {r.lan_address} is already used by {lan[r.lan_address]}"
+            )
+        lan.setdefault(r.lan_address, r.name)
+        if cidr is not None and r.lan_address in ipaddress.ip_network(cidr):
+            problems.append(
+                f"{r.name}: lan_address: {r.lan_address} is in fabric_cidr {cidr}: the LAN "
+                "address is the rank's management one, never a fabric address"
+            )
     if real and layout == "single":
         net = real[0].fabric_address.network
         for r in real[1:]:
@@ -1039,27 +1128,18 @@ def ring_engines(nnodes: int) -> list[str]:
 
 def not_applied(settings: dict[str, Settings]) -> str | None:
     """Why the deploy refuses a valid inventory it cannot converge, or None. fabric_layout
-    "ports" is applied for a pair (both functions of its cable); on three and four ranks a stack
-    whose N-rank env is the plan's (``ring_engines``: `tensorfold-ring`, docs/rings.md) is
-    planned but refused until the helpers reach every rank and the rendezvous is on the LAN;
-    every other stack is refused there for good. A vLLM stack on four ranks of a switchless
-    ring: stock NCCL dies in ``ncclTransportTreeConnect`` on a ring of four and needs ring-only
-    NCCL with a patched NCCL (``NCCL_SKIP_TREE_CONNECT``), which no vLLM stack here ships
-    (research rings.md [I2, S13]); three ranks are refused earlier, by the 64 heads."""
+    "ports" is applied for a pair (both functions of its cable) and, on three and four ranks,
+    for a stack whose N-rank env is the plan's (``ring_engines``: `tensorfold-ring`,
+    docs/rings.md); every other stack is refused there for good. A vLLM stack on four ranks of
+    a switchless ring: stock NCCL dies in ``ncclTransportTreeConnect`` on a ring of four and
+    needs ring-only NCCL with a patched NCCL (``NCCL_SKIP_TREE_CONNECT``), which no vLLM stack
+    here ships (research rings.md [I2, S13]); three ranks are refused earlier, by the 64 heads."""
     s = next(iter(settings.values()), None)
     if s is None or s.knobs.fabric_layout == "single" or s.nnodes == 2:
         return None
     engines = ring_engines(s.nnodes)
     if s.knobs.stack in engines:
-        return (
-            f"fabric_layout 'ports' with {s.nnodes} ranks: stack {s.knobs.stack!r} is planned "
-            "(its env, graph files and start order), but two things the ranks need are not "
-            "applied yet: the pair's helpers (beacon, agent, supervisor, weights and image "
-            "copies, the smoke test's rendezvous) speak to one fabric address per rank and "
-            "bind one netdev, which not every rank of a triangle or a ring reaches; and the "
-            "engine's rendezvous belongs on the LAN at more than two ranks (docs/rings.md, "
-            "'What remains'); use two ranks or fabric_layout 'single' on a switch"
-        )
+        return None
     why = (
         "stock NCCL dies in ncclTransportTreeConnect ('unhandled system error') on a switchless "
         "ring of four and needs NCCL_ALGO=Ring with a patched NCCL (NCCL_SKIP_TREE_CONNECT), "

@@ -70,10 +70,10 @@ served = on_head(
     base_image=base,
     fetcher=hostpkg.invocation(knobs.install_dir),
     directory=knobs.image_transfer_dir,
-    listen=f"{settings.me.ip}:{knobs.image_copy_port}",
+    listen=settings.listen_on(knobs.image_copy_port),
     workers=missing,
     mismatched=mismatched,
-    bind_device=settings.me.fabric_interface,
+    bind_device=settings.helper_device,
 )
 on_workers(
     is_head,
@@ -83,7 +83,7 @@ on_workers(
     base_image=base,
     tag=tag,
     directory=knobs.image_transfer_dir,
-    source=f"http://{settings.head.ip}:{knobs.image_copy_port}",
+    source=f"http://{settings.dial(settings.head)}:{knobs.image_copy_port}",
     head=settings.head.name,
     fetcher=hostpkg.invocation(knobs.install_dir),
     source_absent=""

@@ -5,6 +5,7 @@ anything on it changes."""
 from pyinfra import host, inventory, logger, state
 
 from sparkrig import baseline, hoststate, stackfiles
+from sparkrig.fabric import lan_problems
 from sparkrig.failing import problems_absent
 from sparkrig.front import front_paths, key_include_lost
 from sparkrig.image import serving_tag
@@ -78,6 +79,9 @@ if settings.me.is_head and settings.knobs.reach_check:
         reached = host.get_fact(Reach, urls=tuple(wanted), _ignore_errors=True)
         found += reach_problems(wanted, reached)
 
+# a triangle or a ring meets at the head's LAN address: each rank's lan_address is its own
+if settings.relayed:
+    found += lan_problems(settings, hoststate.read(settings).lan_addresses)
 ports = hoststate.read(settings).ports  # free, or held by sparkrig's own units and containers
 found += port_problems(settings, ports)
 if not ports.checked:

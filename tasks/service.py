@@ -341,7 +341,7 @@ pair_started_in_order(
             shlex.join(
                 [
                     *hostpkg.command(knobs.install_dir, "pair"), "request",
-                    "--head", settings.head.ip,
+                    "--head", settings.dial(settings.head),
                     "--port", str(knobs.pair_port), "--agent-port", str(knobs.agent_port),
                     "--token-file", host_paths["pair_token"], "--timeout", "900",
                 ]

@@ -153,8 +153,8 @@ serving = on_head(
     unit="sparkrig-weights-serve",
     command=[
         *fetcher, "serve", "--dir", knobs.weights_dir,
-        "--listen", f"{settings.me.ip}:{knobs.copy_port}",
-        "--bind-device", settings.me.fabric_interface,
+        "--listen", settings.listen_on(knobs.copy_port),
+        *(["--bind-device", settings.helper_device] if settings.helper_device else []),
         "--max-seconds", "86400",
         # only the pinned revisions' lockfile files, nothing else of weights_dir
         *[f"--lock-in={art.subdir}={art.remote_lock}" for art in wanted],
@@ -171,8 +171,9 @@ for art in host.loop(wanted):
         dest=art.dest,
         unit=f"sparkrig-fetch-{art.name}",
         source=[
-            "--base-url", f"http://{settings.head.ip}:{knobs.copy_port}/{art.subdir}",
-            f"--uplink={settings.me.fabric_interface}", "--no-bind-src", "--streams", "4",
+            "--base-url", f"http://{settings.dial(settings.head)}:{knobs.copy_port}/{art.subdir}",
+            # bound to the fabric netdev, else (a triangle, a ring) the way the routes say
+            f"--uplink={settings.helper_device or 'default'}", "--no-bind-src", "--streams", "4",
         ],
         commit=art.commit,
         total_files=art.total_files,

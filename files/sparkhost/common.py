@@ -28,6 +28,18 @@ def read_text(path: str) -> str:
         return ""
 
 
+def listen_addresses(listen: str) -> list[tuple[str, int]]:
+    """``ADDR:PORT[,ADDR:PORT...]`` as (address, port) pairs: where a helper or a copy server
+    listens (one address on a pair, each address a peer dials on a triangle or a ring)."""
+    out = []
+    for part in listen.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"not ADDR:PORT: {part!r} (in {listen!r})")
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
 def bind_device(sock: socket.socket, device: str) -> None:
     """SO_BINDTODEVICE ``sock`` to the netdev ``device``: it sends and receives on that
     interface only, so a listener bound to the fabric address is not answered through another

@@ -62,7 +62,7 @@ import urllib.error
 import urllib.request
 
 from sparkhost import pairmac, wedge
-from sparkhost.common import bind_device, device_opener
+from sparkhost.common import bind_device, device_opener, listen_addresses
 from sparkhost.common import read_text as read_flag
 from sparkhost.helperhttp import GuardedServer, Handler
 from sparkhost.units import unit_state
@@ -269,25 +269,27 @@ def stopping(args: argparse.Namespace) -> int:
 # socket and the peers it has seen up: the socket never closes, so a peer's probe made meanwhile
 # waits in its backlog and is answered by the new program; a restart would leave the port closed
 # for seconds, read by every peer as this rank going down (issue 31).
-BEACON_FD = "SPARKRIG_BEACON_FD"  # the inherited listening socket's descriptor
+BEACON_FD = "SPARKRIG_BEACON_FD"  # the inherited listening sockets' descriptors (comma-separated)
 SEEN_UP = "SPARKRIG_PEERS_SEEN"  # peers the previous program saw up (comma-separated)
 RUNNING = "SPARKRIG_CONTAINER_RUNNING"  # the container's state as the previous program knew it
 
 
-def beacon_socket(listen: str, device: str = "") -> socket.socket:
-    """The beacon's listening socket: the one a reload handed over, else a new one (bound to
-    ``device`` when given)."""
-    fd = os.environ.pop(BEACON_FD, "")
-    if fd:
-        return socket.socket(fileno=int(fd))
-    host, _, port = listen.rpartition(":")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if device:
-        bind_device(sock, device)
-    sock.bind((host, int(port)))
-    sock.listen(128)
-    return sock
+def beacon_sockets(listen: str, device: str = "") -> list[socket.socket]:
+    """The beacon's listening sockets, one per address of ``listen``: those a reload handed
+    over, else new ones (bound to ``device`` when given)."""
+    fds = os.environ.pop(BEACON_FD, "")
+    if fds:
+        return [socket.socket(fileno=int(fd)) for fd in fds.split(",")]
+    socks = []
+    for host, port in listen_addresses(listen):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if device:
+            bind_device(sock, device)
+        sock.bind((host, port))
+        sock.listen(128)
+        socks.append(sock)
+    return socks
 
 
 def beacon_server(sock: socket.socket) -> GuardedServer:
@@ -297,17 +299,18 @@ def beacon_server(sock: socket.socket) -> GuardedServer:
     return server
 
 
-def reexec(sock: socket.socket, seen: list[str]) -> None:
-    """Exec this program again (its files may be new), keeping ``sock`` open across the exec.
+def reexec(socks: list[socket.socket], seen: list[str]) -> None:
+    """Exec this program again (its files may be new), keeping ``socks`` open across the exec.
     Returns only when the exec failed (the old program goes on)."""
-    os.set_inheritable(sock.fileno(), True)
+    for sock in socks:
+        os.set_inheritable(sock.fileno(), True)
     env = {
         **os.environ,
-        BEACON_FD: str(sock.fileno()),
+        BEACON_FD: ",".join(str(sock.fileno()) for sock in socks),
         SEEN_UP: ",".join(seen),
         RUNNING: "1" if Beacon.running else "0",
     }
-    log("reload: handing the beacon's socket to the new program")
+    log("reload: handing the beacon's sockets to the new program")
     handler = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # ignored until the new one listens
     try:
         os.execve(sys.executable, sys.orig_argv, env)
@@ -334,9 +337,10 @@ def watch(args: argparse.Namespace) -> int:
     Beacon.container = args.container
     Beacon.running = first_container_state(args.container)
     threading.Thread(target=refresh_container_state, args=(args.container,), daemon=True).start()
-    sock = beacon_socket(args.listen, args.bind_device)
-    server = beacon_server(sock)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    socks = beacon_sockets(args.listen, args.bind_device)
+    servers = [beacon_server(sock) for sock in socks]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
     peers = [p for p in args.peers.split(",") if p]
     seen = [p for p in os.environ.pop(SEEN_UP, "").split(",") if p in peers]
     log(
@@ -357,10 +361,13 @@ def watch(args: argparse.Namespace) -> int:
             return 0
         if reload.wait(args.interval):
             reload.clear()
-            server.shutdown()  # stops answering; the socket stays open, connections queue
-            server.drain()
-            reexec(sock, [p for p, up in state.seen.items() if up])
-            threading.Thread(target=server.serve_forever, daemon=True).start()
+            for server in servers:
+                server.shutdown()  # stops answering; the socket stays open, connections queue
+            for server in servers:
+                server.drain()
+            reexec(socks, [p for p, up in state.seen.items() if up])
+            for server in servers:
+                threading.Thread(target=server.serve_forever, daemon=True).start()
 
 
 def wait(args: argparse.Namespace) -> int:
@@ -428,16 +435,22 @@ class Agent(Handler):
         self.answer(202 if done else 500)
 
 
-def listen_address(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    return host, int(port)
+def serve_all(listen: str, handler: type[Handler], block: bool = True) -> None:
+    """Answer ``handler`` on every address of ``listen`` (``ADDR:PORT[,ADDR:PORT...]``: each
+    address a peer dials this rank at), every socket bound before any is served (a bind that
+    fails raises here); ``block``: until a server stops, else in the background."""
+    servers = [GuardedServer(address, handler) for address in listen_addresses(listen)]
+    for server in servers[1:] if block else servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    if block:
+        servers[0].serve_forever()
 
 
 def agent(args: argparse.Namespace) -> int:
     Agent.unit = args.unit
     Agent.verifier = pairmac.Verifier(read_key(args.token_file), args.mac_window)
     log(f"agent for {args.unit} on {args.listen}")
-    GuardedServer(listen_address(args.listen), Agent).serve_forever()
+    serve_all(args.listen, Agent)
     return 0
 
 
@@ -777,8 +790,7 @@ def supervise(args: argparse.Namespace) -> int:
     policy = SupervisorPolicy(args.max_restarts, args.window, settle=args.timeout)
     Supervisor.args, Supervisor.policy = args, policy
     Supervisor.verifier = pairmac.Verifier(read_key(args.token_file), args.mac_window)
-    server = GuardedServer(listen_address(args.listen), Supervisor)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_all(args.listen, Supervisor, block=False)
     workers = [p for p in args.workers.split(",") if p]
     write_budget("supervisor", policy.restarts, args.max_restarts, args.window)
     log(
@@ -903,7 +915,9 @@ def main(argv: list[str] | None = None) -> int:
     w = sub.add_parser("watch", help="beacon + stop this rank when a peer goes down")
     w.add_argument("--unit", required=True)
     w.add_argument("--container", required=True)
-    w.add_argument("--listen", required=True, help="fabric IP:port of this rank's beacon")
+    w.add_argument("--listen", required=True,
+                   help="fabric IP:port of this rank's beacon (comma-separated: each address a "
+                   "peer dials this rank at)")  # fmt: skip
     w.add_argument("--fails", type=int, default=3)
     w.add_argument("--grace", type=float, default=1800)
     wt = sub.add_parser("wait", help="wait until every peer's beacon answers")
@@ -928,7 +942,7 @@ def main(argv: list[str] | None = None) -> int:
         sp.add_argument("--token-file", required=True)
     rq.add_argument("--timeout", type=float, default=600)
     a = sub.add_parser("agent", help="worker: start the rank unit when the head asks")
-    a.add_argument("--listen", required=True)
+    a.add_argument("--listen", required=True, help="IP:port[,IP:port...] (as watch's)")
     a.add_argument("--unit", required=True)
     a.add_argument("--token-file", required=True)
     r = sub.add_parser("restart", help="head: restart the pair in order")
@@ -959,7 +973,8 @@ def main(argv: list[str] | None = None) -> int:
     for sp in (d, su):
         sp.add_argument("--max-restarts", type=int, default=3)
         sp.add_argument("--window", type=float, default=21600)
-    su.add_argument("--listen", required=True, help="the head's fabric IP:agent port")
+    su.add_argument("--listen", required=True,
+                    help="the head's fabric IP:agent port[,IP:port...] (as watch's)")  # fmt: skip
     su.add_argument("--interval", type=float, default=5)
     for sp in (a, su):
         sp.add_argument("--mac-window", type=float, default=pairmac.WINDOW_S,

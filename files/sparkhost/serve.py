@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from sparkhost.common import EXIT_OK, SO_BINDTODEVICE, VERSION, log
+from sparkhost.common import EXIT_OK, SO_BINDTODEVICE, VERSION, listen_addresses, log
 from sparkhost.lockfile import load_lock
 
 
@@ -115,7 +115,6 @@ def allowed_paths(lock: str | None, lock_in: list[str]) -> set[str] | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    host, _, port = args.listen.rpartition(":")
     allowed = allowed_paths(args.lock, args.lock_in or [])
     handler = type("H", (ServeHandler,), {"root": os.path.abspath(args.dir), "allowed": allowed})
 
@@ -130,22 +129,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 )
             super().server_bind()
 
-    srv = Srv((host.strip("[]"), int(port)), handler)
-    log(f"serving {args.dir} read-only on http://{args.listen}/ for at most {args.max_seconds}s")
+    servers = [Srv(address, handler) for address in listen_addresses(args.listen)]
+    log(f"serving {args.dir} read-only on {args.listen} for at most {args.max_seconds}s")
+    for srv in servers[1:]:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+
+    def shutdown() -> None:
+        for srv in servers:
+            srv.shutdown()
+
     if args.max_seconds:
-        threading.Timer(args.max_seconds, srv.shutdown).start()
+        threading.Timer(args.max_seconds, shutdown).start()
     try:
-        srv.serve_forever()
+        servers[0].serve_forever()
     except KeyboardInterrupt:
         pass
-    srv.server_close()
+    for srv in servers:
+        srv.server_close()
     return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
     sv = argparse.ArgumentParser(prog="sparkhost serve", description=__doc__.split("\n")[0])
     sv.add_argument("--dir", required=True)
-    sv.add_argument("--listen", required=True, help="ADDR:PORT (the fabric address)")
+    sv.add_argument(
+        "--listen",
+        required=True,
+        help="ADDR:PORT[,ADDR:PORT...]: the fabric address (each a peer dials, on a ring)",
+    )
     sv.add_argument("--lock", help="serve only the lockfile's paths")
     sv.add_argument(
         "--lock-in",

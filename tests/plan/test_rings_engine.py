@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import sparkrig.settings
+from sparkrig.factlines import END
 from tests.plan import fakehosts
 from tests.plan.harness import Run, run
+from tests.plan.rings import ringfakes
 from tests.plan.test_stack_tensorfold_plan import tf_locks
 
 INVENTORIES = {
@@ -19,6 +20,7 @@ INVENTORIES = {
     4: "tests/plan/rings/ring_four_state.py",
 }
 NAMES = ["spark-a", "spark-b", "spark-c", "spark-d"]
+UNITS = "/etc/systemd/system/"
 
 
 def ring_args(tmp: Path, *extra: str) -> list[str]:
@@ -29,27 +31,9 @@ def ring_args(tmp: Path, *extra: str) -> list[str]:
             *extra]  # fmt: skip
 
 
-def ring_run(
-    monkeypatch, tmp: Path, nnodes: int, *extra: str, dry: bool = False, lifted: bool = True
-) -> Run:
-    """A run of the ring; ``lifted``: with the deploy's refusal of 3 and 4 ranks lifted (the
-    helpers' addressing and the LAN rendezvous are not applied: settings.not_applied)."""
-    if lifted:
-        monkeypatch.setattr(sparkrig.settings, "not_applied", lambda settings: None)
+def ring_run(monkeypatch, tmp: Path, nnodes: int, *extra: str, dry: bool = False) -> Run:
     flags = ["--dry"] if dry else ["-y"]
     return run([*flags, *ring_args(tmp, *extra), INVENTORIES[nnodes], "deploy.py"], monkeypatch)
-
-
-@pytest.mark.parametrize("nnodes", [3, 4])
-def test_the_ring_is_refused_before_any_host_until_the_helpers_reach_every_rank(
-    monkeypatch, tmp_path, nnodes
-):
-    r = ring_run(monkeypatch, tmp_path, nnodes, lifted=False)
-    assert r.exit_code != 0
-    said = str(r.exception) + r.output
-    assert f"with {nnodes} ranks: stack 'tensorfold-ring' is planned" in said
-    assert "speak to one fabric address per rank" in said and "on the LAN" in said
-    assert all(cmds == [] for cmds in r.commands.values()), r.commands
 
 
 def unit_name(rank: int) -> str:
@@ -141,7 +125,9 @@ def test_a_triangle_has_no_graph_file_and_one_left_over_is_removed(monkeypatch, 
 def test_the_ranks_start_last_to_first_each_seen_running_before_the_next(monkeypatch, tmp_path):
     r = ring_run(monkeypatch, tmp_path, 4)
     assert r.exit_code == 0, r.output
-    ips = {3: "198.18.6.1", 2: "198.18.4.1", 1: "198.18.2.1"}  # each worker's first address
+    # where the head dials each worker: its end of the cable they share (ranks 1 and 3), rank
+    # 2's end of the cable from rank 1, the way the route goes (ringfakes' addresses)
+    ips = {3: "198.18.6.1", 2: "198.18.2.2", 1: "198.18.0.2"}
     order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/service.py")]
     order = [op for op in order if op.startswith(("Start the", "Wait until every worker"))]
     waves = [
@@ -186,3 +172,99 @@ def test_a_triangle_starts_rank_2_then_rank_1_then_the_head(monkeypatch, tmp_pat
         "Start the worker rank (rank 1 of 3)",
         "Start the head rank",
     ]
+
+
+def listens(unit: str) -> set[str]:
+    """The addresses of a helper unit's ``--listen``."""
+    return {a.rpartition(":")[0] for a in re.search(r"--listen (\S+)", unit)[1].split(",")}
+
+
+@pytest.mark.parametrize("nnodes", [3, 4])
+def test_the_helpers_listen_where_each_peer_dials_and_dial_each_peer_where_it_listens(
+    monkeypatch, tmp_path, nnodes
+):
+    """On a triangle rank 0 has no route to rank 1's first address, and on a ring of four the
+    head reaches rank 3 only out of its port 1: each rank dials each peer at the address the
+    plan gives it, and listens on every address a peer dials it at, its sockets routed, not
+    bound to one netdev. The addresses each rank holds are ringfakes' (the cabling rule), not
+    topology's."""
+    r = ring_run(monkeypatch, tmp_path, nnodes)
+    assert r.exit_code == 0, r.output
+    files = {rank: r.uploads[name] for rank, name in enumerate(names(nnodes))}
+    held = {rank: {ip for _, _, ip, _ in ringfakes.plan(nnodes, rank)} for rank in files}
+    beacon = {
+        rank: listens(f[UNITS + "sparkrig-pair.service"].decode()) for rank, f in files.items()
+    }
+    for rank, f in files.items():
+        assert beacon[rank] <= held[rank] and len(beacon[rank]) >= 2, (rank, beacon[rank])
+        for path in [p for p in f if p.startswith(UNITS) and "sparkrig-" in p]:
+            assert "--bind-device" not in f[path].decode(), path  # routed, never bound
+    dialed: dict[int, set[str]] = {rank: set() for rank in files}
+    head = files[0][UNITS + "sparkrig-head.service"].decode()
+    supervisor = files[0][UNITS + "sparkrig-supervisor.service"].decode()
+    workers = re.search(r"--workers (\S+)", supervisor)[1].split(",")
+    assert re.search(r"pair wait --peers (\S+)", head)[1].split(",") == workers
+    for rank, ip in zip(range(nnodes - 1, 0, -1), workers, strict=True):  # last to first
+        dialed[rank].add(ip)
+    assert listens(supervisor) == beacon[0]
+    for rank in range(1, nnodes):
+        f = files[rank]
+        peer = re.search(r"--peers (\S+)", f[UNITS + "sparkrig-pair.service"].decode())[1]
+        assert "," not in peer  # a worker watches the head alone
+        alone = re.search(r"pair alone --head (\S+)", f[UNITS + "sparkrig-worker.service"].decode())
+        assert alone[1] == peer
+        dialed[0].add(peer)
+        assert listens(f[UNITS + "sparkrig-agent.service"].decode()) == beacon[rank]
+    # every address a peer dials, the rank listens on: never one it cannot be reached at
+    for rank in files:
+        assert dialed[rank] <= beacon[rank], (rank, dialed[rank], beacon[rank])
+    assert dialed[0] == beacon[0]  # and the head listens on no address nobody dials
+    # the weights: the head serves on each address, each worker fetches from its own way in
+    serve = next(c for c in r.commands[names(nnodes)[0]] if " serve --dir " in c)
+    assert {a.rpartition(":")[0] for a in re.search(r"--listen (\S+)", serve)[1].split(",")} == (
+        beacon[0]
+    )
+    assert "--bind-device" not in serve
+    for rank in range(1, nnodes):
+        fetch = next(c for c in r.commands[names(nnodes)[rank]] if "--base-url http://" in c)
+        host = re.search(r"--base-url http://([^:/]+):", fetch)[1]
+        assert host in beacon[0] and "--uplink=default" in fetch, fetch
+
+
+@pytest.mark.parametrize("nnodes", [3, 4])
+def test_the_ranks_meet_at_the_heads_lan_address_and_only_the_ranks_reach_it(
+    monkeypatch, tmp_path, nnodes
+):
+    """TensorFold's TP>2 rule (research tensorfold.md: config.sh): `--master` is the head's LAN
+    address on every rank, NCCL and gloo bootstrap on the LAN; the head's firewall accepts the
+    rendezvous ports from the other ranks' LAN addresses alone, a worker's accepts none."""
+    r = ring_run(monkeypatch, tmp_path, nnodes)
+    assert r.exit_code == 0, r.output
+    lan = ringfakes.lan_address
+    for rank, name in enumerate(names(nnodes)):
+        unit = r.uploads[name][UNITS + f"{unit_name(rank)}.service"].decode()
+        assert f"--master {lan(0)} \\\n" in unit, unit
+        # NCCL's bootstrap off the fabric (the fakes name no uplink: every netdev but these)
+        ifname = env_file(r, name)["NCCL_SOCKET_IFNAME"]
+        assert ifname.startswith("^lo,docker,veth,") and "enp1s0f0np0" in ifname, ifname
+        smoke = next(c for c in r.commands[name] if "--name sparkrig-nccl-smoke" in c)
+        assert f"MASTER_ADDR={lan(0)}" in smoke
+        rules = r.uploads[name]["/etc/sparkrig/firewall.nft"].decode()
+        others = ", ".join(lan(n) for n in range(nnodes) if n != rank)
+        accept = f"tcp dport {{ 29521, 29522, 29551 }} ip saddr {{ {others} }} accept"
+        assert (accept in rules) == (rank == 0), rules
+        # ... before the drop of the pair's ports off the fabric
+        if rank == 0:
+            assert rules.index(accept) < rules.index("pair ports off the fabric")
+
+
+def test_a_lan_address_the_rank_does_not_hold_is_refused_before_any_change(monkeypatch, tmp_path):
+    fakehosts.inject("spark-b", {ringfakes.LAN: ["enP7s7 192.168.1.99/24", END]})
+    r = ring_run(monkeypatch, tmp_path, 3)
+    assert r.exit_code != 0
+    assert (
+        "lan_address 192.168.1.11 is not an address of this host (its IPv4 addresses: "
+        "192.168.1.99/24 on enP7s7)"
+    ) in r.output
+    for name in names(3):
+        assert r.uploads.get(name, {}) == {}, f"{name} was changed"

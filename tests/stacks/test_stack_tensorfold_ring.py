@@ -13,6 +13,7 @@ import pytest
 
 from sparkrig import topology
 from sparkrig.bench import published
+from sparkrig.serving import rank_serve_args
 from sparkrig.settings import DIGEST_REF_RE, build, not_applied
 from sparkrig.stacks import STACKS, get
 from sparkrig.stacks.families import tensorfold as family
@@ -199,16 +200,16 @@ def test_the_bench_takes_the_figures_of_the_rank_count_measured() -> None:
 
 
 @pytest.mark.parametrize("nnodes", [3, 4])
-def test_settings_take_a_triangle_and_a_ring_and_the_deploy_refuses_them_for_now(
-    nnodes: int,
-) -> None:
+def test_settings_take_a_triangle_and_a_ring_and_the_deploy_applies_them(nnodes: int) -> None:
     settings = build(ring_cluster(nnodes))
     s = settings["spark-1"]
     assert s.stack.name == "tensorfold-ring" and s.image_ref.endswith(TP4_DIGEST)
     assert s.stack.env["TF_GLM_COMM"] == ("nccl" if nnodes == 3 else "roce")
-    # valid, planned, and refused until the helpers reach every rank (docs/rings.md)
-    why = not_applied(settings)
-    assert why is not None and "speak to one fabric address per rank" in why
+    assert not_applied(settings) is None
+    # every rank meets the head's rendezvous at its LAN address (TensorFold's TP>2 rule)
+    for each in settings.values():
+        args = " ".join(rank_serve_args(each))
+        assert "--master 192.168.1.10 --master-port 29551" in args, args
 
 
 def test_the_ring_stack_is_refused_on_two_sparks_and_off_the_ports_layout() -> None:

@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent(
 
     device = sys.argv[2]
     pair.Beacon.container, pair.Beacon.running = "rank0", True
-    server = pair.beacon_server(pair.beacon_socket("192.168.100.10:29600", device))
+    server = pair.beacon_server(pair.beacon_sockets("192.168.100.10:29600", device)[0])
     threading.Thread(target=server.serve_forever, daemon=True).start()
     GuardedServer.device = device
     agent = GuardedServer(("192.168.100.10", 29601), pair.Agent)

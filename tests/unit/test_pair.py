@@ -213,23 +213,27 @@ def fake_systemctl(tmp_path):
     return bin_dir, log
 
 
-def start_agent(tmp_path: Path, bin_dir: Path, **env: str) -> tuple[subprocess.Popen, int]:
-    """The worker agent on loopback (the pair secret SECRET, run dir tmp_path/run), once it
-    listens."""
+def start_agent(
+    tmp_path: Path, bin_dir: Path, hosts: tuple[str, ...] = ("127.0.0.1",), **env: str
+) -> tuple[subprocess.Popen, int]:
+    """The worker agent on loopback (the pair secret SECRET, run dir tmp_path/run; ``hosts``: the
+    addresses it listens on), once it listens on every one."""
     token = tmp_path / "token"
     token.write_text(SECRET + "\n")
     path = f"{bin_dir}:{os.environ['PATH']}"
     env = {**os.environ, "PATH": path, "SPARKRIG_RUN_DIR": str(tmp_path / "run"), **env}
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(SOURCE), "pair", "agent", "--listen", f"127.0.0.1:{port}",
+        [sys.executable, str(SOURCE), "pair", "agent",
+         "--listen", ",".join(f"{h}:{port}" for h in hosts),
          "--unit", "sparkrig-worker.service", "--token-file", str(token)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 30
     while True:
         try:
-            socket.create_connection(("127.0.0.1", port), 1).close()
+            for host in hosts:
+                socket.create_connection((host, port), 1).close()
             return proc, port
         except OSError:
             if time.monotonic() >= deadline:
@@ -261,6 +265,28 @@ def test_agent_starts_the_unit_only_for_a_request_signed_with_the_pair_secret(
         (run / "operator-stop").write_text("sparkrig-worker.service stopped by request\n")
         ok, why = pair.agent_ready("127.0.0.1", port)
         assert not ok and "stopped by request" in why
+    finally:
+        proc.terminate()
+        proc.wait(5)
+
+
+def test_an_agent_on_two_addresses_takes_a_request_signed_for_the_one_it_arrived_at(
+    tmp_path, fake_systemctl
+):
+    """On a triangle or a ring each peer dials the agent at its own address of the plan: the
+    agent answers on each, and a request signed for one address is refused at the other (the
+    MAC names its receiver)."""
+    bin_dir, log = fake_systemctl
+    proc, port = start_agent(tmp_path, bin_dir, hosts=("127.0.0.1", "127.0.0.2"))
+    try:
+        assert pair.ask("127.0.0.2", port, KEY, "start") is True
+        assert pair.agent_ready("127.0.0.2", port) == (True, "ready")
+        req = pair.signed_post("127.0.0.1", port, "/start", KEY)
+        req.full_url = f"http://127.0.0.2:{port}/start"  # signed for .1, sent to .2
+        status, why = post_status(req)
+        assert status == 401, why
+        assert pair.ask("127.0.0.1", port, KEY, "start") is True
+        assert log.read_text().splitlines() == ["--no-block start sparkrig-worker.service"] * 2
     finally:
         proc.terminate()
         proc.wait(5)
@@ -637,12 +663,13 @@ def test_a_worker_never_starts_while_the_heads_rank_runs(tmp_path, monkeypatch):
 
 
 def start_watch(
-    tmp_path: Path, package: Path, nofile: int = 0
+    tmp_path: Path, package: Path, nofile: int = 0, hosts: tuple[str, ...] = ("127.0.0.1",)
 ) -> tuple[subprocess.Popen, int, Path]:
     """The stop-together watch run from ``package`` (a copy of the host package) on loopback,
     watching its own beacon, with a docker that says its container runs and a systemctl that
-    logs what it is asked (``nofile``: its descriptor limit, as a unit's LimitNOFILE); once its
-    beacon answers."""
+    logs what it is asked (``nofile``: its descriptor limit, as a unit's LimitNOFILE; ``hosts``:
+    the addresses it listens on, each a peer's way to it on a ring); once its beacon answers on
+    every one."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     # what `docker inspect --format {{.State.Running}} NAME` prints for a running container, the
@@ -657,14 +684,15 @@ def start_watch(
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, str(package), "pair", "watch", "--unit", "sparkrig-head.service",
-         "--container", "rank0", "--listen", f"127.0.0.1:{port}", "--peers", "127.0.0.1",
+         "--container", "rank0", "--listen", ",".join(f"{h}:{port}" for h in hosts),
+         "--peers", ",".join(hosts),
          "--port", str(port), "--interval", "0.2", "--fails", "1"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
         if nofile else None,
     )  # fmt: skip
     deadline = time.monotonic() + 30
-    while not pair.beacon_up("127.0.0.1", port, timeout=1):
+    while not all(pair.beacon_up(h, port, timeout=1) for h in hosts):
         if time.monotonic() >= deadline:
             proc.kill()
             raise AssertionError(f"the watch did not answer: {proc.communicate()[0]}")
@@ -672,23 +700,28 @@ def start_watch(
     return proc, port, log
 
 
-def test_a_reloaded_watch_runs_its_new_program_and_its_beacon_never_stops_answering(tmp_path):
+@pytest.mark.parametrize("hosts", [("127.0.0.1",), ("127.0.0.1", "127.0.0.2")])
+def test_a_reloaded_watch_runs_its_new_program_and_its_beacon_never_stops_answering(
+    tmp_path, hosts
+):
     """A reload (SIGHUP, the deploy's answer to a new host package) execs the new program in the
-    same process with the beacon's socket kept: a peer probing all along never misses (issue 31:
-    a restart closed the port for ~6 s and the worker's watch stopped its rank)."""
+    same process with the beacon's sockets kept: a peer probing all along never misses (issue 31:
+    a restart closed the port for ~6 s and the worker's watch stopped its rank). On a ring the
+    beacon listens on each address a peer dials (two here): each is handed over."""
     import shutil
     import threading
 
     package = tmp_path / "lib" / "sparkhost"
     shutil.copytree(SOURCE, package)
-    proc, port, log = start_watch(tmp_path, package)
+    proc, port, log = start_watch(tmp_path, package, hosts=hosts)
     misses, probes, stop = [], [0], threading.Event()
 
     def probe() -> None:
         while not stop.is_set():
-            probes[0] += 1
-            if not pair.beacon_up("127.0.0.1", port, timeout=10):
-                misses.append(time.monotonic())
+            for host in hosts:
+                probes[0] += 1
+                if not pair.beacon_up(host, port, timeout=10):
+                    misses.append((host, time.monotonic()))
             time.sleep(0.02)
 
     prober = threading.Thread(target=probe)
@@ -703,7 +736,7 @@ def test_a_reloaded_watch_runs_its_new_program_and_its_beacon_never_stops_answer
         deadline = time.monotonic() + 30
         body = ""
         while "running v2" not in body and time.monotonic() < deadline:
-            body = urlopen_text(f"http://127.0.0.1:{port}/")
+            body = urlopen_text(f"http://{hosts[-1]}:{port}/")
             time.sleep(0.1)
         time.sleep(0.5)
     finally:
@@ -715,7 +748,7 @@ def test_a_reloaded_watch_runs_its_new_program_and_its_beacon_never_stops_answer
     assert probes[0] > before + 10
     assert misses == [], out  # no probe went unanswered across the exec
     assert not log.exists(), out  # and the watch never stopped its rank
-    assert "reload: handing the beacon's socket to the new program" in out
+    assert "reload: handing the beacon's sockets to the new program" in out
 
 
 def urlopen_text(url: str) -> str:
@@ -781,7 +814,7 @@ def test_a_reloaded_watch_answers_before_a_slow_docker_does(tmp_path):
         prober.join()
         proc.terminate()
         out = proc.communicate(timeout=20)[0]
-    assert "reload: handing the beacon's socket to the new program" in out
+    assert "reload: handing the beacon's sockets to the new program" in out
     assert misses == [], out
     assert not log.exists(), out
 

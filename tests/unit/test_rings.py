@@ -37,13 +37,20 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "rings"
 
 def ports_cluster(n: int = 2, **knobs) -> InventoryView:
     """``cluster(n)`` in fabric_layout "ports": no fabric_address (derived); a pair keeps its
-    fabric_interface, a ring names no single interface."""
+    fabric_interface, a ring names no single interface and gives each rank's LAN address."""
     view = cluster(n, fabric_layout="ports", **knobs)
     drop = {"fabric_address"} | ({"fabric_interface"} if n > 2 else set())
+    hosts = [name for group in view.groups.values() for name, _ in group]
     for group in view.groups.values():
         for i, (name, data) in enumerate(group):
-            group[i] = (name, {k: v for k, v in data.items() if k not in drop})
+            kept = {k: v for k, v in data.items() if k not in drop}
+            if n > 2:
+                kept["lan_address"] = LAN_ADDRESS.format(10 + hosts.index(name))
+            group[i] = (name, kept)
     return view
+
+
+LAN_ADDRESS = "192.168.1.{}"  # ports_cluster's rank r: .1{r} (the head .10)
 
 
 def problems(view: InventoryView) -> str:
@@ -74,6 +81,7 @@ def ring_settings(n: int, **knobs) -> dict[str, Settings]:
             fabric_interface=f"enp1s0f{0}np0",
             fabric_address=zero,
             ports=resolved_ports({}, n),
+            lan_address=ipaddress.IPv4Address(LAN_ADDRESS.format(10 + i)),
         )
         for i in range(n)
     ]
@@ -332,3 +340,35 @@ def test_fabric_link_silent_is_refuse_by_default_and_takes_omit_only():
     assert "fabric_link_silent: Input should be 'refuse' or 'omit'" in problems(
         cluster(2, fabric_link_silent="drop")
     )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda v: edit(v, 2, lan_address=None),
+            "spark-2: lan_address: missing: a ring of 3 meets at the head's LAN address",
+        ),
+        (
+            lambda v: edit(v, 2, lan_address="192.168.1.10"),
+            "spark-2: lan_address: 192.168.1.10 is already used by spark-0",
+        ),
+        (
+            lambda v: edit(v, 1, lan_address="198.18.7.9"),
+            "spark-1: lan_address: 198.18.7.9 is in fabric_cidr 198.18.0.0/20",
+        ),
+        (lambda v: edit(v, 1, lan_address="192.168.1"), "spark-1: lan_address:"),
+    ],
+)
+def test_a_ring_without_a_good_lan_address_per_rank_is_refused(change, message):
+    assert message in problems(change(ports_cluster(3, stack="tensorfold-ring", base_image=None,
+                                                    profile="single")))  # fmt: skip
+
+
+def test_a_pair_and_one_subnet_keep_one_address_per_rank_and_need_no_lan_address():
+    for view in (ports_cluster(2), cluster(2)):
+        s = build(view)["spark-0"]
+        worker = s.ranks[1]
+        assert not s.relayed and s.me.lan_address is None
+        assert s.listen_ips == (s.me.ip,) and s.dial(worker) == worker.ip
+        assert s.helper_device == s.me.fabric_interface and s.rendezvous_ip == s.me.ip

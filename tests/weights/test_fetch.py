@@ -350,8 +350,8 @@ def test_serve_and_one_lane_copy(hub: Hub, model_lock: Path, tmp_path: Path) -> 
             "serve",
             "--dir",
             str(src),
-            "--listen",
-            f"127.0.0.1:{port}",
+            "--listen",  # two addresses, as a ring's head serves each worker's way in
+            f"127.0.0.1:{port},127.0.0.2:{port}",
             "--lock",
             str(model_lock),
             "--max-seconds",
@@ -363,6 +363,8 @@ def test_serve_and_one_lane_copy(hub: Hub, model_lock: Path, tmp_path: Path) -> 
     try:
         base = f"http://127.0.0.1:{port}/"
         poll(lambda: answers(base + "config.json"), "sparkrig-fetch serve answering")
+        second = f"http://127.0.0.2:{port}/config.json"
+        poll(lambda: answers(second), "sparkrig-fetch serve answering on its second address")
         for bad in (
             BIG + ".part",
             ".hidden",

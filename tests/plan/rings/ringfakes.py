@@ -9,6 +9,7 @@ a pair."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from sparkrig.factlines import END
@@ -81,12 +82,21 @@ def gids(n: int, rank: int) -> list[str]:
     return [*out, END]
 
 
+LAN = re.compile(r"^ip -o -4 addr show scope global ")  # fabric.LanAddresses
+
+
+def lan_address(rank: int) -> str:
+    """Each rank's LAN address (host data lan_address): the head 192.168.1.10, rank r .1r."""
+    return f"192.168.1.{10 + rank}"
+
+
 def fabric_state(n: int, rank: int, **kw: Any) -> dict[Any, Any]:
     return {
         PROBE: probe(n, rank),
         LINKS: links(n, rank, **kw.get("links", {})),
         GIDS: gids(n, rank),
         PROVE: kw.get("prove", ""),
+        LAN: kw.get("lan", [f"enP7s7 {lan_address(rank)}/24", END]),
     }
 
 
@@ -94,6 +104,9 @@ def ring_host(name: str, n: int, rank: int) -> tuple[str, dict]:
     """A bare node of a ring of ``n`` (what a test put in fakehosts.STATE first)."""
     mine = STATE.get(name, {})
     responses = {**mine, **{k: v for k, v in fabric_state(n, rank).items() if k not in mine}}
-    address, data = host(name, "192.168.100.10", responses=responses, fabric_layout="ports")
+    address, data = host(
+        name, "192.168.100.10", responses=responses, fabric_layout="ports",
+        lan_address=lan_address(rank),
+    )  # fmt: skip
     drop = ("fabric_address", "fabric_interface")
     return address, {k: v for k, v in data.items() if k not in drop}
