@@ -751,7 +751,7 @@ def test_a_new_host_package_on_one_rank_leaves_the_pair_serving(lab: Lab):
     assert {g.name: g.unit_started(unit(g)) for g in lab.guests} == ranks  # no rank restarted
     assert "went down" not in journal_after(worker, worker_mark, "sparkrig-pair")
     watch = journal_after(head, head_mark, "sparkrig-pair")
-    assert "reload: handing the beacon's socket to the new program" in watch, watch
+    assert "reload: handing the beacon's sockets to the new program" in watch, watch
 
 
 def test_an_administratively_down_fabric_link_is_brought_up_by_one_run(lab: Lab):
