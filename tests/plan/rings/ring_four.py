@@ -1,4 +1,4 @@
-"""Four fake Sparks in fabric_layout "ports": a ring (planned, refused by the deploy for now)."""
+"""Four fake Sparks in fabric_layout "ports": a ring (planned; the deploy refuses the default stack on it)."""
 
 from tests.plan.fakehosts import host
 
@@ -6,7 +6,8 @@ RING = {"fabric_layout": "ports"}
 
 
 def ring_host(name: str) -> tuple[str, dict]:
-    address, data = host(name, "192.168.100.10", **RING)
+    lan = f"192.168.1.{10 + 'abcd'.index(name[-1])}"  # spark-a .10, ..., spark-d .13
+    address, data = host(name, "192.168.100.10", lan_address=lan, **RING)
     return address, {
         k: v for k, v in data.items() if k not in ("fabric_address", "fabric_interface")
     }
