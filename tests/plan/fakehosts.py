@@ -526,6 +526,11 @@ def settings_of(inventory: str) -> dict[str, Settings]:
         return build(view_of(make_inventory(inventory, cwd=str(ROOT))))
 
 
+def first_device(s: Settings) -> str:
+    """The RDMA device the env file names first: the fabric NIC's, or the plan's first."""
+    return s.fabric_rank.rdma_devices[0] if s.fabric_rank is not None else HCA
+
+
 def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]:
     """path -> (content, mode) of every file the deploy owns on this rank, made by the same
     functions the tasks call (render + the context builders, the programs, the lockfiles)."""
@@ -556,7 +561,9 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
         ),
         k.fabric_netplan_file: (netplan_text(s), "600"),
         p["env_file"]: (
-            render(env_template(s), **env_context(s), hca=HCA, gid_index=str(gid_index)),
+            render(
+                env_template(s), **env_context(s), hca=first_device(s), gid_index=str(gid_index)
+            ),
             "644",
         ),
         p["rank_unit"]: (
@@ -607,6 +614,20 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
             render("sparkrig-gpu-clock.service.j2", unit=s.unit_name, mhz=k.gpu_clock_max_mhz),
             "644",
         )
+    # a ring: forwarding, the relay unit and the NCCL graph files where the plan has them
+    from sparkrig.fabric import (
+        FORWARDING_FILE,
+        RELAY_UNIT_FILE,
+        forwarding_text,
+        graph_texts,
+        relay_unit_text,
+    )
+
+    if (sysctl := forwarding_text(s)) is not None:
+        text[FORWARDING_FILE] = (sysctl, "644")
+    if (relay := relay_unit_text(s)) is not None:
+        text[RELAY_UNIT_FILE] = (relay, "644")
+    text.update({path: (body, "644") for path, body in graph_texts(s).items()})
     files = {path: (body.encode(), mode) for path, (body, mode) in text.items()}
     package = hostpkg.remote_dir(k.install_dir)
     for module in hostpkg.modules():
@@ -620,6 +641,9 @@ def running_units(s: Settings) -> list[str]:
         units.append("sparkrig-gpu-clock")
     if s.knobs.firewall:
         units.append("sparkrig-firewall")
+    plan = s.fabric_plan
+    if plan is not None and plan.relays:
+        units.append("sparkrig-relay")
     if not s.me.is_head:
         units.append("sparkrig-agent")
     else:
@@ -675,7 +699,7 @@ def converged(
             f"user=root group=root mode=drwxr-xr-x atime=0 mtime=0 ctime=0 size=4096 '{path}'"
         )
     for unit in running_units(s):
-        oneshot = unit in ("sparkrig-gpu-clock", "sparkrig-firewall")
+        oneshot = unit in ("sparkrig-gpu-clock", "sparkrig-firewall", "sparkrig-relay")
         sub = "exited" if oneshot else "running"  # a oneshot that stays
         sub = "dead" if rank_down and unit == s.unit_name else sub
         canned[unit_fact(unit, "SubState")] = [f"Id={unit}.service", f"SubState={sub}"]

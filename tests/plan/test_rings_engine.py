@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparkrig.factlines import END
+from tests.image.fakeimage import converged_image_state
 from tests.plan import fakehosts
 from tests.plan.harness import Run, run
 from tests.plan.rings import ringfakes
@@ -268,3 +269,83 @@ def test_a_lan_address_the_rank_does_not_hold_is_refused_before_any_change(monke
     ) in r.output
     for name in names(3):
         assert r.uploads.get(name, {}) == {}, f"{name} was changed"
+
+
+def converged_ring(
+    monkeypatch,
+    tmp: Path,
+    nnodes: int,
+    files: dict[str, dict[str, tuple[bytes, str]]] | None = None,
+) -> None:
+    """Every rank of the ring converged and serving `tensorfold-ring`: its owned files rendered
+    (relay, forwarding and graph files included; ``files``: some of a rank's, by short name, as
+    they are instead), every function addressed at MTU 9000, each device's GID and kernel index
+    as its start gate handed them over."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    from sparkrig.settings import build, view_of
+
+    data = {"stack": "tensorfold-ring", "profile": "single", "lockfile_dir": tf_locks(tmp),
+            "reach_check": False}  # ring_args' --data  # fmt: skip
+    with ctx_state.use(State()):  # the CLI loads inventories inside a state
+        view = view_of(make_inventory(INVENTORIES[nnodes], cwd=str(fakehosts.ROOT)))
+    for group in view.groups.values():
+        group[:] = [(name, {**host_data, **data}) for name, host_data in group]
+    for name, s in build(view).items():
+        short = name.split("/")[1]
+        canned = fakehosts.converged(s, files=(files or {}).get(short))
+        # the stack's own image by digest, no patch layer (the head pulled it, the workers got
+        # the head's copy)
+        canned.update(converged_image_state(s.image_ref, pulled=s.me.is_head, patched=False))
+        canned.update(ringfakes.fabric_state(nnodes, s.me.rank,
+                                             links={"addressed": True, "mtu": 9000}))  # fmt: skip
+        devices = [rdma for _, rdma, _, _ in ringfakes.plan(nnodes, s.me.rank)]
+        canned[fakehosts.RANK_RUNTIME] = fakehosts.rank_runtime(
+            "running", 3, 4, 4,
+            per_device=",".join(f"{d}:{3 + i}" for i, d in enumerate(devices)),
+            device_indexes=",".join(f"{d}:{4 + i}" for i, d in enumerate(devices)),
+            live_device_indexes=",".join(f"{d}:{4 + i}" for i, d in enumerate(devices)),
+        )  # fmt: skip
+        fakehosts.STATE[short] = canned
+
+
+def rank_restarts(r: Run, nnodes: int) -> list[str]:
+    return [c for name in names(nnodes) for c in r.commands[name]
+            if re.match(r"systemctl (stop|start) sparkrig-(head|worker)", c)]  # fmt: skip
+
+
+@pytest.mark.parametrize("nnodes", [3, 4])
+def test_a_converged_ring_changes_nothing(monkeypatch, tmp_path, nnodes):
+    converged_ring(monkeypatch, tmp_path, nnodes)
+    r = ring_run(monkeypatch, tmp_path, nnodes)
+    assert r.exit_code == 0, r.output
+    assert r.changed_ops == {} and r.uploads == {}, r.changed_ops
+    assert rank_restarts(r, nnodes) == []
+
+
+def test_a_changed_graph_file_is_written_again_and_the_ring_restarts_in_order(
+    monkeypatch, tmp_path
+):
+    """A graph file of spark-c that is not the plan's (an operator's edit, an older generator):
+    written whole again, and since NCCL read it at the engine's start, every rank stops and the
+    ring starts again last-to-first."""
+    path = "/etc/sparkrig/nccl-link-prev.xml"
+    converged_ring(monkeypatch, tmp_path, 4, files={"spark-c": {path: (b"<graphs/>\n", "644")}})
+    r = ring_run(monkeypatch, tmp_path, 4)
+    assert r.exit_code == 0, r.output
+    assert list(r.uploads) == ["@fake/spark-c"] and list(r.uploads["@fake/spark-c"]) == [path]
+    assert r.uploads["@fake/spark-c"][path].decode() == (GRAPHS / "rank2-link-prev.xml").read_text()
+    stops = [c for c in rank_restarts(r, 4) if " stop " in c]
+    assert len(stops) == 4, rank_restarts(r, 4)
+    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/service.py")]
+    started = [op for op in order if op.startswith("Start the")]
+    assert started == [
+        "Start the worker rank (rank 3 of 4)",
+        "Start the worker rank (rank 2 of 4)",
+        "Start the worker rank (rank 1 of 4)",
+        "Start the head rank",
+    ]
+    for rank, name in enumerate(names(4)):
+        assert f"systemctl start {unit_name(rank)}" in "\n".join(r.commands[name]), name

@@ -1,4 +1,5 @@
-"""Four fake Sparks in fabric_layout "ports": a ring (planned; the deploy refuses the default stack on it)."""
+"""Four fake Sparks in fabric_layout "ports": a ring (planned; the deploy refuses the default
+stack on it)."""
 
 from tests.plan.fakehosts import host
 
