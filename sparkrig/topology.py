@@ -393,14 +393,7 @@ def without_links(plan: Plan, links: Sequence[Link], names: Sequence[str] | None
     (PlanError naming it), as is a route that has no link of its function class to go by."""
     names = list(names or [f"rank {i}" for i in range(plan.nnodes)])
     gone = {(link.cable.index, link.function) for link in links}
-    problems = []
-    for cable in plan.cables:
-        if all((cable.index, f) in gone for f in (PRIMARY, TWIN)):
-            problems.append(
-                f"cable {cable.index} ({names[cable.a.rank]} port {cable.a.port} to "
-                f"{names[cable.b.rank]} port {cable.b.port}): neither function answers a "
-                "don't-fragment ping both ways; check the cable and both ports' MTU"
-            )
+    problems = [cable_down(cable, names) for cable in cables_down(plan, links)]
     if problems:
         raise PlanError(problems)
     ranks = []
@@ -443,6 +436,21 @@ def without_links(plan: Plan, links: Sequence[Link], names: Sequence[str] | None
     return replace(plan, ranks=tuple(ranks))
 
 
+def cables_down(plan: Plan, links: Sequence[Link]) -> list[Cable]:
+    """The cables both of whose function classes are among ``links``."""
+    gone = {(link.cable.index, link.function) for link in links}
+    return [c for c in plan.cables if all((c.index, f) in gone for f in (PRIMARY, TWIN))]
+
+
+def cable_down(cable: Cable, names: Sequence[str]) -> str:
+    """``cable 1 (spark-b port 0 to spark-c port 1): neither function answers ...``."""
+    return (
+        f"cable {cable.index} ({names[cable.a.rank]} port {cable.a.port} to "
+        f"{names[cable.b.rank]} port {cable.b.port}): neither function answers a "
+        "don't-fragment ping both ways; check the cable and both ports' MTU"
+    )
+
+
 def link_name(plan: Plan, link: Link, names: Sequence[str]) -> str:
     """``cable 1 twin (spark-b enP2p1s0f0np0 to spark-c enP2p1s0f1np1)``."""
     ends = []
@@ -473,7 +481,14 @@ def judge_links(
         for link in silent
     ]
     if mode == "refuse":
-        return plan, [f"{line} (fabric_link_silent = 'omit' leaves it out)" for line in said]
+        # a cable down is named whole: leaving both of its functions out cannot serve either
+        down = cables_down(plan, silent)
+        whole = {c.index for c in down}
+        return plan, [cable_down(c, names) for c in down] + [
+            f"{line} (fabric_link_silent = 'omit' leaves it out)"
+            for link, line in zip(silent, said, strict=True)
+            if link.cable.index not in whole
+        ]
     return without_links(plan, silent, names), [f"{line}: left out" for line in said]
 
 

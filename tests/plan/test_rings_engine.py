@@ -276,11 +276,13 @@ def converged_ring(
     tmp: Path,
     nnodes: int,
     files: dict[str, dict[str, tuple[bytes, str]]] | None = None,
+    handed: dict[str, dict[str, int]] | None = None,
 ) -> None:
     """Every rank of the ring converged and serving `tensorfold-ring`: its owned files rendered
     (relay, forwarding and graph files included; ``files``: some of a rank's, by short name, as
     they are instead), every function addressed at MTU 9000, each device's GID and kernel index
-    as its start gate handed them over."""
+    as its start gate handed them over (``handed``: some devices' GID index otherwise, by the
+    rank's short name and device)."""
     from pyinfra.api import State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
@@ -302,9 +304,10 @@ def converged_ring(
         canned.update(ringfakes.fabric_state(nnodes, s.me.rank,
                                              links={"addressed": True, "mtu": 9000}))  # fmt: skip
         devices = [rdma for _, rdma, _, _ in ringfakes.plan(nnodes, s.me.rank)]
+        gid = {d: 3 + i for i, d in enumerate(devices)} | (handed or {}).get(short, {})
         canned[fakehosts.RANK_RUNTIME] = fakehosts.rank_runtime(
             "running", 3, 4, 4,
-            per_device=",".join(f"{d}:{3 + i}" for i, d in enumerate(devices)),
+            per_device=",".join(f"{d}:{gid[d]}" for d in devices),
             device_indexes=",".join(f"{d}:{4 + i}" for i, d in enumerate(devices)),
             live_device_indexes=",".join(f"{d}:{4 + i}" for i, d in enumerate(devices)),
         )  # fmt: skip
@@ -349,3 +352,48 @@ def test_a_changed_graph_file_is_written_again_and_the_ring_restarts_in_order(
     ]
     for rank, name in enumerate(names(4)):
         assert f"systemctl start {unit_name(rank)}" in "\n".join(r.commands[name]), name
+
+
+def started_in_order(r: Run) -> list[str]:
+    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/service.py")]
+    return [op for op in order if op.startswith("Start the")]
+
+
+def test_a_gid_moved_on_one_port_of_one_rank_restarts_the_ring_in_order(monkeypatch, tmp_path):
+    """Item 4 of the issue: spark-c's port 1 primary (rocep1s0f1) renumbered its GID table
+    under the running rank (its live index 5, the start gate handed 9); its other devices did
+    not move. The hand-over is dropped on that rank alone and every rank restarts, last-to-first."""
+    converged_ring(monkeypatch, tmp_path, 4, handed={"spark-c": {"rocep1s0f1": 9}})
+    r = ring_run(monkeypatch, tmp_path, 4)
+    assert r.exit_code == 0, r.output
+    assert "RoCE GID index 9 on rocep1s0f1, the live table 5" in r.output
+    dropped = [n for n in names(4) if "rm -f /run/sparkrig/gid.env" in r.commands[n]]
+    assert dropped == ["@fake/spark-c"]
+    assert len([c for c in rank_restarts(r, 4) if " stop " in c]) == 4
+    assert started_in_order(r) == [
+        "Start the worker rank (rank 3 of 4)",
+        "Start the worker rank (rank 2 of 4)",
+        "Start the worker rank (rank 1 of 4)",
+        "Start the head rank",
+    ]
+
+
+def test_a_cable_pulled_from_a_serving_ring_is_refused_naming_the_cable(monkeypatch, tmp_path):
+    """Item 4 of the issue: the cable from spark-b's port 0 to spark-c's port 1 pulled under a
+    serving ring of four: both functions lose carrier and their don't-fragment pings. A ring with
+    one cable gone is a line, which the ring's engine (its relays, its graph files) cannot run
+    on: the run refuses before any change, naming the cable, and restarts nothing."""
+    cut = {"spark-b": "enp1s0f0np0,enP2p1s0f0np0", "spark-c": "enp1s0f1np1,enP2p1s0f1np1"}
+    converged_ring(monkeypatch, tmp_path, 4)
+    for short, rank in (("spark-b", 1), ("spark-c", 2)):
+        lines = []
+        for dev, _, ip, _ in ringfakes.plan(4, rank):
+            pulled = dev in cut[short].split(",")
+            lines += [f"df {dev} {int(pulled)}", f"link {dev} 0x1003 {int(not pulled)} 9000",
+                      f"addr {dev} {ip}/24"]  # fmt: skip
+        fakehosts.inject(short, {ringfakes.LINKS: [*lines, END]})
+    r = ring_run(monkeypatch, tmp_path, 4)
+    assert r.exit_code != 0
+    assert "cable 1 (@fake/spark-b port 0 to @fake/spark-c port 1)" in r.output, r.output
+    assert all(r.uploads.get(n, {}) == {} for n in names(4))
+    assert rank_restarts(r, 4) == []

@@ -453,5 +453,9 @@ def test_a_cable_with_neither_function_answering_is_refused_either_way():
     plan = derive(ring_ports(3), "198.18.0.0/21")
     with pytest.raises(PlanError, match=r"cable 2 \(spark-c port 0 to spark-a port 1\): neither"):
         judge_links(plan, {0: ["enp1s0f1np1", "enP2p1s0f1np1"]}, "omit", NAMES)
+    # refused too, named as the cable (leaving out its two functions would not serve either)
     _, problems = judge_links(plan, {0: ["enp1s0f1np1", "enP2p1s0f1np1"]}, "refuse", NAMES)
-    assert len(problems) == 2
+    assert problems == [
+        "cable 2 (spark-c port 0 to spark-a port 1): neither function answers a don't-fragment "
+        "ping both ways; check the cable and both ports' MTU"
+    ]
