@@ -1,5 +1,5 @@
-"""python3 -m lab up [--hosts N] | down | status | shape --uplink a|b (--rate R | --off) | ssh HOST
-| poweroff HOST | poweron HOST
+"""python3 -m lab up [--hosts N] [--fabric single|ports] | down | status
+| shape --uplink a|b (--rate R | --off) | ssh HOST | poweroff HOST | poweron HOST
 
 Run from the project root, as root."""
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lab import LAB_DIR, REPO, STATE_DIR, STATE_FILE, image, net, vm
+from lab import LAB_DIR, REPO, STATE_DIR, STATE_FILE, fabric, image, net, vm
 
 REGISTRY_PORT = 5000
 HUB_PORT = 8080
@@ -195,13 +195,16 @@ def _wait_port(addr: str, port: int, timeout: float = 15) -> bool:
     return False
 
 
-def up(n_hosts: int, smp: int) -> None:
+def up(n_hosts: int, smp: int, fabric_layout: str = "single") -> None:
     if n_hosts < 2:
         raise SystemExit("the lab needs at least 2 hosts (head + worker)")
+    if fabric_layout not in fabric.LAYOUTS:
+        raise SystemExit(f"--fabric: one of {', '.join(fabric.LAYOUTS)}")
     state = load_state()
     if state is not None:
         running = [h for h in state["hosts"] if alive(h.get("qemu_pid"))]
-        if running and len(state["hosts"]) == n_hosts and len(running) == n_hosts:
+        same = state.get("fabric_layout", "single") == fabric_layout
+        if running and same and len(state["hosts"]) == n_hosts and len(running) == n_hosts:
             print(f"lab already up with {n_hosts} hosts; reusing it", flush=True)
             vm.wait_ssh(state, boot_timeout(n_hosts))
             return
@@ -247,6 +250,7 @@ def up(n_hosts: int, smp: int) -> None:
         "ssh_user": "spark",
         "ssh_key": str(key),
         "known_hosts": str(known_hosts),
+        "fabric_layout": fabric_layout,
         "fabric_subnet": f"{net.FABRIC_PREFIX}.0/24",
         "fabric_mtu_bridge": net.FABRIC_MTU,
         "uplinks": {
@@ -272,9 +276,16 @@ def up(n_hosts: int, smp: int) -> None:
                 "index": idx,
                 "ssh_port": vm.SSH_PORT_BASE + i,
                 "mgmt_address": f"{net.UPLINKS['a']['prefix']}.{10 + idx}",
-                "fabric_interface": "enp1s0f1np1",
-                "fabric_address": f"{net.FABRIC_PREFIX}.{idx}/24",
-                "roce_device": "rxe0",
+                "fabric_layout": fabric_layout,
+                "lab_hosts": n_hosts,
+                # the first fabric NIC and address (the plan's first in the ports layout)
+                "fabric_interface": fabric.nics(fabric_layout, n_hosts, idx)[0].netdev,
+                "fabric_address": fabric.first_address(fabric_layout, n_hosts, idx),
+                "roce_device": fabric.nics(fabric_layout, n_hosts, idx)[0].rdma,
+                "fabric_nics": [
+                    {"netdev": n.netdev, "rdma": n.rdma, "tap": n.tap, "bridge": n.bridge}
+                    for n in fabric.nics(fabric_layout, n_hosts, idx)
+                ],
                 "uplink_interfaces": ["enP7s7", "enP9s9"],
                 "uplink_addresses": {
                     str(up["interface"]): f"{up['prefix']}.{10 + idx}"
@@ -288,7 +299,7 @@ def up(n_hosts: int, smp: int) -> None:
     save_state(state)
 
     print(f"network: namespace {net.NS}, internet address {inet}", flush=True)
-    net.create(n_hosts)
+    net.create(n_hosts, fabric_layout)
 
     # the stock stand-in, its failing and slow variants (30% slower: the bench gate's lab test)
     # and one image per engine flavour, each stack's among them
@@ -438,7 +449,12 @@ def status() -> None:
         print(
             f"{h['name']:<12} {h['role']:<6} ssh 127.0.0.1:{h['ssh_port']}  "
             f"qemu {'running' if running else 'STOPPED'}  ssh {'ok' if ok else 'NO'}  "
-            f"fabric {h['fabric_interface']} -> {h['fabric_address']}"
+            + (
+                f"fabric {h['fabric_interface']} -> {h['fabric_address']}"
+                if h.get("fabric_layout", "single") == "single"
+                else "fabric "
+                + ", ".join(f"{n['netdev']}@{n['bridge']}" for n in h.get("fabric_nics", []))
+            )
         )
     if not ok_all:
         sys.exit(1)
@@ -450,6 +466,14 @@ def main() -> None:
     p_up = sub.add_parser("up", help="build (cached) and boot the lab, wait for SSH")
     p_up.add_argument("--hosts", type=int, default=2, help="number of guests (first is head)")
     p_up.add_argument("--smp", type=int, default=1, help="vCPUs per guest")
+    p_up.add_argument(
+        "--fabric",
+        choices=fabric.LAYOUTS,
+        default="single",
+        help="single: one fabric NIC per guest on one bridge (a switch); ports: both functions "
+        "of each cabled port, each cable its own segment (a pair, or a triangle or a ring "
+        "cabled port 0 to the next guest's port 1: lab/fabric.py)",
+    )
     sub.add_parser("down", help="stop everything and delete the namespace and overlays")
     sub.add_parser("status", help="hosts, ports, SSH reachability (exit 1 if not all up)")
     p_sh = sub.add_parser("shape", help="tbf-shape traffic towards the guests on one uplink")
@@ -467,7 +491,7 @@ def main() -> None:
         raise SystemExit("the lab needs root (namespaces, taps)")
     if args.cmd == "up":
         try:
-            up(args.hosts, args.smp)
+            up(args.hosts, args.smp, args.fabric)
         except BaseException:
             print("lab up failed: run `python3 -m lab down` to clean up", file=sys.stderr)
             raise

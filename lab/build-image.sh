@@ -28,6 +28,10 @@ link() { printf '[Match]\nPath=pci-0000:00:%s.0\n[Link]\nName=%s\n' "$1" "$2" \
   >"$ROOT/etc/systemd/network/10-$2.link"; }
 link 07 enP7s7
 link 08 enp1s0f1np1
+# `lab up --fabric ports` (lab/fabric.py): both PCIe functions of both QSFP ports
+link 0a enp1s0f0np0
+link 0b enP2p1s0f0np0
+link 0c enP2p1s0f1np1
 link 09 enP9s9
 
 echo lab-guest >"$ROOT/etc/hostname"
@@ -121,22 +125,37 @@ ExecStart=/usr/local/sbin/lab-firstboot
 WantedBy=sysinit.target
 EOF
 
-# Soft-RoCE on the fabric NIC (rxe links do not survive reboot); the NIC itself stays unconfigured
+# Soft-RoCE on the fabric NICs (rxe links do not survive reboot); the NICs themselves stay
+# unconfigured. Which device on which NIC: the kernel command line's sparkrig.rxe=DEV:NETDEV,...
+# (`lab up --fabric ports`: DGX OS's RDMA device names), else rxe0 on enp1s0f1np1.
+cat >"$ROOT/usr/local/sbin/lab-rxe" <<'EOF'
+#!/bin/sh
+set -e
+map=rxe0:enp1s0f1np1
+for word in $(cat /proc/cmdline); do
+  case $word in sparkrig.rxe=*) map=${word#sparkrig.rxe=} ;; esac
+done
+modprobe rdma_rxe
+for pair in $(echo "$map" | tr , ' '); do
+  dev=${pair%%:*} netdev=${pair#*:}
+  # poll for the renamed NIC rather than bind to its device unit: under TCG on a loaded host
+  # udev can take longer than the 90 s device-job timeout, which failed this unit for the boot
+  until [ -e "/sys/class/net/$netdev" ]; do sleep 1; done
+  ip link set "$netdev" up
+  rdma link show "$dev/1" >/dev/null 2>&1 || rdma link add "$dev" type rxe netdev "$netdev"
+done
+EOF
+chmod 755 "$ROOT/usr/local/sbin/lab-rxe"
 cat >"$ROOT/etc/systemd/system/lab-rxe.service" <<'EOF'
 [Unit]
-Description=Lab Soft-RoCE device rxe0 on the fabric NIC
+Description=Lab Soft-RoCE devices on the fabric NICs
 After=systemd-udevd.service
 Before=network.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-# Poll for the renamed NIC rather than bind to its device unit: under TCG on a loaded host udev
-# can take longer than the 90 s device-job timeout, which failed this unit for the whole boot.
 TimeoutStartSec=900
-ExecStartPre=/bin/sh -c 'until [ -e /sys/class/net/enp1s0f1np1 ]; do sleep 1; done'
-ExecStart=/sbin/modprobe rdma_rxe
-ExecStart=/sbin/ip link set enp1s0f1np1 up
-ExecStart=/bin/sh -c 'rdma link show rxe0/1 >/dev/null 2>&1 || rdma link add rxe0 type rxe netdev enp1s0f1np1'
+ExecStart=/usr/local/sbin/lab-rxe
 [Install]
 WantedBy=multi-user.target
 EOF

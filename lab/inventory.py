@@ -1,7 +1,8 @@
 """pyinfra inventory for the running qemu lab: `pyinfra lab/inventory.py deploy.py`.
 
 Reads .lab/state.json (written by `python3 -m lab up`). Same host data keys as a real inventory
-(fabric_interface, fabric_address, roce_device, uplink_interfaces, ssh_*), plus the lab's knob
+(fabric_interface, fabric_address, roce_device, uplink_interfaces, ssh_*; with `lab up --fabric
+ports`: fabric_layout "ports", and on three guests and more lan_address), plus the lab's knob
 overrides as host data so they beat group_data/*.py (pyinfra lets group_data files override inline
 group data, but host data wins over both; `--data k=v` still wins over everything).
 Module-level lists are pyinfra groups: keep helpers private (leading underscore).
@@ -71,6 +72,15 @@ def _host(h: dict) -> tuple:
         "roce_device": h["roce_device"],
         "uplink_interfaces": list(h["uplink_interfaces"]),
     }
+    if h.get("fabric_layout", "single") == "ports":  # `lab up --fabric ports` (lab/fabric.py)
+        # every address derived from fabric_cidr, the RDMA devices from DGX OS's names (the
+        # guests' Soft-RoCE devices carry them); a pair names its port's primary netdev, a ring
+        # names none (both ports) and meets at the head's LAN address
+        del data["fabric_address"], data["roce_device"]
+        data["fabric_layout"] = "ports"
+        if h.get("lab_hosts", 2) > 2:
+            del data["fabric_interface"]
+            data["lan_address"] = h["mgmt_address"]
     if h["role"] == "head" and "api_forward_port" in _state:  # the control side's way to the API
         data["api_url"] = f"http://127.0.0.1:{_state['api_forward_port']}"
     data.update(_knobs)

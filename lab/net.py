@@ -4,7 +4,8 @@
 Layout inside namespace NS (the namespace itself is the router of both uplinks):
   br-a   172.30.1.1/24  uplink A + management (guests' enP7s7, default route metric 100)
   br-b   172.30.2.1/24  uplink B (guests' enP9s9, default route metric 600)
-  br-fab no address, MTU 9000, L2 only (guests' enp1s0f1np1; fabric subnet 10.200.0.0/24)
+  br-fab no address, MTU 9000, L2 only (guests' enp1s0f1np1; fabric subnet 10.200.0.0/24); in
+         fabric layout "ports" one bridge per cable and function class instead (lab/fabric.py)
   lo     also holds the "internet" address 203.0.113.1/32, where the test servers listen
 A server there sees 172.30.1.x when a guest came through uplink A and 172.30.2.x through uplink B.
 """
@@ -17,6 +18,8 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from lab import fabric
+
 NS = "sparkrig-lab"
 INTERNET = "203.0.113.1"
 FABRIC_MTU = 9000
@@ -24,7 +27,6 @@ UPLINKS = {
     "a": {"bridge": "br-a", "prefix": "172.30.1", "interface": "enP7s7", "metric": 100},
     "b": {"bridge": "br-b", "prefix": "172.30.2", "interface": "enP9s9", "metric": 600},
 }
-FABRIC_BRIDGE = "br-fab"
 FABRIC_PREFIX = "10.200.0"
 CLONE_NEWNET = 0x40000000
 
@@ -73,11 +75,13 @@ def spawn(argv: Sequence[str], log: Path, cwd: Path | None = None, in_ns: bool =
 
 
 def tap_names(idx: int) -> dict[str, str]:
-    return {"a": f"g{idx}a", "b": f"g{idx}b", "fab": f"g{idx}f"}
+    """The taps of guest ``idx``'s uplinks (its fabric NICs' are lab/fabric.py's)."""
+    return {"a": f"g{idx}a", "b": f"g{idx}b"}
 
 
-def create(n_hosts: int) -> None:
-    """Create the namespace, bridges, internet address and one tap per guest NIC."""
+def create(n_hosts: int, fabric_layout: str = "single") -> None:
+    """Create the namespace, bridges, internet address and one tap per guest NIC (the fabric's
+    segments and NICs as lab/fabric.py lays them out)."""
     sh("ip", "netns", "add", NS)
     nsip("link", "set", "lo", "up")
     sh("ip", "netns", "exec", NS, "sysctl", "-qw", "net.ipv4.ip_forward=0")
@@ -87,20 +91,20 @@ def create(n_hosts: int) -> None:
         nsip("link", "add", br, "type", "bridge")
         nsip("addr", "add", f"{up['prefix']}.1/24", "dev", br)
         nsip("link", "set", br, "up")
-    # mtu before type: `ip link add NAME type bridge mtu N` is parsed as a bridge option
-    nsip("link", "add", FABRIC_BRIDGE, "mtu", str(FABRIC_MTU), "type", "bridge")
-    nsip("link", "set", FABRIC_BRIDGE, "up")
+    for bridge in fabric.bridges(fabric_layout, n_hosts):
+        # mtu before type: `ip link add NAME type bridge mtu N` is parsed as a bridge option
+        nsip("link", "add", bridge, "mtu", str(FABRIC_MTU), "type", "bridge")
+        nsip("link", "set", bridge, "up")
     for idx in range(1, n_hosts + 1):
-        taps = tap_names(idx)
-        for kind, tap in taps.items():
+        for kind, tap in tap_names(idx).items():
             nsip("tuntap", "add", "dev", tap, "mode", "tap")
-            if kind == "fab":
-                nsip("link", "set", tap, "mtu", str(FABRIC_MTU))
-                bridge = FABRIC_BRIDGE
-            else:
-                bridge = str(UPLINKS[kind]["bridge"])
-            nsip("link", "set", tap, "master", bridge)
+            nsip("link", "set", tap, "master", str(UPLINKS[kind]["bridge"]))
             nsip("link", "set", tap, "up")
+        for nic in fabric.nics(fabric_layout, n_hosts, idx):
+            nsip("tuntap", "add", "dev", nic.tap, "mode", "tap")
+            nsip("link", "set", nic.tap, "mtu", str(FABRIC_MTU))
+            nsip("link", "set", nic.tap, "master", nic.bridge)
+            nsip("link", "set", nic.tap, "up")
 
 
 def ns_pids() -> list[int]:

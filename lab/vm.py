@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lab import STATE_DIR, net
+from lab import STATE_DIR, fabric, net
 
 MEMORY_MB = 2048
 SSH_PORT_BASE = 2221  # lab-head 127.0.0.1:2221, lab-worker1 :2222, ...
@@ -45,10 +45,13 @@ def start(host: dict[str, Any], base: Path, pubkey: str, smp: int, fresh: bool =
             check=True,
         )
     taps = net.tap_names(idx)
+    layout, n_hosts = host.get("fabric_layout", "single"), int(host.get("lab_hosts", 2))
     key_b64 = pubkey.split()[1]
+    rxe = fabric.rxe_arg(layout, n_hosts, idx)
     append = (
         "root=/dev/vda rw console=ttyS0 net.ifnames=1 quiet "
         f"sparkrig.host={host['name']} sparkrig.idx={idx} sparkrig.key={key_b64}"
+        + (f" {rxe}" if rxe else "")
     )
     argv = [
         "qemu-system-x86_64",
@@ -79,13 +82,16 @@ def start(host: dict[str, Any], base: Path, pubkey: str, smp: int, fresh: bool =
         "-nodefaults",
         "-no-user-config",
     ]
-    # addr= pins the PCI slot, which the guest's .link files turn into Spark-like names
-    for nic, (kind, slot) in enumerate((("a", 7), ("fab", 8), ("b", 9)), start=1):
+    # addr= pins the PCI slot, which the guest's .link files turn into Spark-like names; the
+    # uplinks on slots 7 and 9, the fabric NICs where lab/fabric.py puts them (8 and 10-12)
+    nics = [("a", taps["a"], 7), ("b", taps["b"], 9)]
+    nics += [(f"f{n.slot:x}", n.tap, n.slot) for n in fabric.nics(layout, n_hosts, idx)]
+    for kind, tap, slot in sorted(nics, key=lambda nic: nic[2]):
         argv += [
             "-netdev",
-            f"tap,id=n{kind},ifname={taps[kind]},script=no,downscript=no",
+            f"tap,id=n{kind},ifname={tap},script=no,downscript=no",
             "-device",
-            f"virtio-net-pci,netdev=n{kind},mac={mac(idx, nic)},addr={slot:#04x}",
+            f"virtio-net-pci,netdev=n{kind},mac={mac(idx, slot - 6)},addr={slot:#04x}",
         ]
     return net.spawn(argv, STATE_DIR / f"{host['name']}.qemu.log")
 
