@@ -65,6 +65,7 @@ STACK_REPOS = {
     # the tensorfold stack's EXL3 target and DFlash2 drafter pins
     "tensorfold": ("sparkrig-test/tiny-exl3-tensorfold", "sparkrig-test/tiny-dflash2-tensorfold"),
 }
+STACK_REPOS["tensorfold-ring"] = STACK_REPOS["tensorfold"]  # the N-rank build: the same pins
 CHUNK = 64 * 1024
 COMMIT_DATE = "2025-01-01T00:00:00.000Z"
 

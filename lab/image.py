@@ -41,13 +41,16 @@ SLOW_ENV = "STANDIN_SPEED=0.7"
 # (tag "flavour-<name>"), the same layer with only the flavour set.
 FLAVOUR_ENV = "SPARKRIG_STANDIN_ENGINE"
 STOCK_FLAVOUR = "vllm-0.33"
-FLAVOURS = ("vllm-0.33", "entrpi-fork", "sfxnz-v13", "never-ready", "tensorfold-0.6")
+FLAVOURS = (
+    "vllm-0.33", "entrpi-fork", "sfxnz-v13", "never-ready", "tensorfold-0.6", "tensorfold-tp4"
+)  # fmt: skip
 # the engine each stack runs (docs/stacks-facts.md): its stand-in image in the lab's stack_pins
 STACK_FLAVOURS = {
     "vllm-nvfp4": "vllm-0.33",
     "entrpi-exl3": "entrpi-fork",
     "sfxnz-v13": "sfxnz-v13",
     "tensorfold": "tensorfold-0.6",
+    "tensorfold-ring": "tensorfold-tp4",
 }
 # every variant prefills at a real pair's long-prompt rate: "Prefill is flat at 1,391-1,510 tok/s
 # all the way to 200K ... a 200K token prompt, the first character takes 139.2 seconds" (seed 000,

@@ -13,7 +13,8 @@ Each flavour is test data with its source:
 - ``sfxnz-v13``: the vLLM in sfxnz's v13 image (the sfxnz-v13 stack): its version is not known,
   so 0.33 plus lab/flavours/sfxnz-v13.txt (which says why it adds nothing).
 - ``tensorfold-0.6``: no vLLM at all: the `tensorfold` stack's image, whose engine is
-  lab/standin_tensorfold.py (TensorFold 0.6.0's CLI, lab/tensorfold-flags.txt).
+  lab/standin_tensorfold.py (TensorFold 0.6.0's CLI, lab/tensorfold-flags.txt);
+  ``tensorfold-tp4`` the same for the `tensorfold-ring` stack (``--tp`` up to 4).
 - ``never-ready``: an engine that boots and never serves (a stack whose engine never becomes
   ready: the lab's rollback test). It takes any argv the others take (their union), so it can
   stand in under any stack's name.
@@ -40,6 +41,7 @@ STOCK = "vllm-0.33"
 NEVER_READY = "never-ready"
 # the tensorfold stack's image: no vLLM in it (lab/standin_tensorfold.py answers as TensorFold)
 TENSORFOLD = "tensorfold-0.6"
+TENSORFOLDS = (TENSORFOLD, "tensorfold-tp4")  # the tensorfold-ring stack's: the N-rank build
 FORK_FLAVOURS = ("entrpi-fork", "sfxnz-v13")  # each: 0.33 plus flavours/<name>.txt
 FLAVOURS = (STOCK, *FORK_FLAVOURS, NEVER_READY)
 CHECKED = ("quantization", "attention-backend")  # config-stage values, in vLLM's order
@@ -95,7 +97,7 @@ def load(name: str | None = None, base: str = HERE, environ: Mapping[str, str] =
          ) -> Flavour:  # fmt: skip
     """The flavour ``name``, else the image's (``$SPARKRIG_STANDIN_ENGINE``), else stock 0.33."""
     name = name or environ.get(ENV) or STOCK
-    if name == TENSORFOLD:
+    if name in TENSORFOLDS:
         raise SystemExit("sh: 1: vllm: not found (this image's engine is TensorFold)")
     if name not in FLAVOURS:
         raise SystemExit(

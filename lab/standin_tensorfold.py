@@ -3,8 +3,11 @@
 Stdlib only; shipped beside lab/standin_vllm.py (whose HTTP, rendezvous and timed engine it
 reuses) in the lab's stand-in images, run by the image's ``/usr/local/bin/tensorfold`` wrapper.
 It answers only in the image of the ``tensorfold-0.6`` flavour ($SPARKRIG_STANDIN_ENGINE, the
-`tensorfold` stack's stand-in); in any other image there is no TensorFold (exit 127, as a shell
-finding no such command). What it mirrors, with the source read:
+`tensorfold` stack's stand-in) or of ``tensorfold-tp4`` (the `tensorfold-ring` stack's: MiaAI's
+N-rank build, whose patches 0066-0068 let ``--tp`` take 3 and 4 and ``--rank`` 2 and 3: research
+tensorfold.md, "`tensorfold serve` CLI"; the patches themselves are not in the stored sources);
+in any other image there is no TensorFold (exit 127, as a shell finding no such command). What it
+mirrors, with the source read:
 
 - The CLI (ashhart/TensorFold src/tensorfold/cli_args.py@0b3f3bbb, lab/tensorfold-flags.txt):
   ``tensorfold serve MODEL [options]``; an option the list lacks, or a second positional, stops
@@ -47,9 +50,15 @@ import standin_flavour as flavours  # noqa: E402
 import standin_vllm as base  # noqa: E402
 
 FLAVOUR = "tensorfold-0.6"
+TP4 = "tensorfold-tp4"  # the N-rank build (tensorfold-ring): the same CLI, more ranks
 FLAGS_FILE = os.path.join(flavours.HERE, "tensorfold-flags.txt")
 VERSION = "0.6.0+standin"
-CHOICES = {"--tp": ("1", "2"), "--rank": ("0", "1")}
+Choices = dict[str, tuple[str, ...]]  # option -> the values argparse accepts
+CHOICES: Choices = {"--tp": ("1", "2"), "--rank": ("0", "1")}
+CHOICES_BY_FLAVOUR: dict[str, Choices] = {
+    FLAVOUR: CHOICES,
+    TP4: {"--tp": ("1", "2", "3", "4"), "--rank": ("0", "1", "2", "3")},
+}
 USAGE = "usage: tensorfold [-h] [--version] {serve,pull,models,update,info} ..."
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -66,19 +75,23 @@ def usage_error(msg: str, prog: str = "tensorfold") -> SystemExit:
     return SystemExit(2)
 
 
-def parse(argv: list[str], flags: dict[str, str] | None = None) -> base.Options:
+def parse(
+    argv: list[str],
+    flags: dict[str, str] | None = None,
+    choices: Choices = CHOICES,
+) -> base.Options:
     """``serve MODEL --flag value ...`` read by the flag list (no abbreviations: the tests pass
     full names); unknown options and extra positionals refused as argparse refuses them."""
     flags = load_flags() if flags is None else flags
     opts = base.parse_args(argv, flags)
     if opts.unknown:
         raise usage_error(f"unrecognized arguments: {' '.join(opts.unknown)}")
-    for flag, allowed in CHOICES.items():
+    for flag, allowed in choices.items():
         v = opts.values.get(flag)
         if v is not None and v not in allowed:
-            choices = ", ".join(allowed)
+            said = ", ".join(allowed)
             raise usage_error(
-                f"argument {flag}: invalid choice: {v} (choose from {choices})", "tensorfold serve"
+                f"argument {flag}: invalid choice: {v} (choose from {said})", "tensorfold serve"
             )
     return opts
 
@@ -223,7 +236,8 @@ def run_head(opts: base.Options, timeout: float) -> int:
 
 
 def run(argv: list[str], environ: Any = os.environ) -> int:
-    if environ.get(flavours.ENV) != FLAVOUR:
+    choices = CHOICES_BY_FLAVOUR.get(environ.get(flavours.ENV, ""))
+    if choices is None:
         print("sh: 1: tensorfold: not found", file=sys.stderr)
         return 127
     if argv[:1] == ["--version"]:
@@ -233,7 +247,7 @@ def run(argv: list[str], environ: Any = os.environ) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     try:
-        opts = parse(argv)
+        opts = parse(argv, choices=choices)
     except SystemExit as exc:
         return int(exc.code or 0)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

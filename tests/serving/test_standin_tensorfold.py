@@ -135,3 +135,32 @@ def test_a_lost_rank_leaves_rank_0_saying_ok_while_requests_hang(procs, dirs) ->
     assert not isinstance(err.value, urllib.error.HTTPError)  # no answer at all, not a 500
     code, health = get_json(f"http://127.0.0.1:{api}/health")
     assert health["ok"] is True and health["requests_running"] == 1  # in flight, never moving
+
+
+def test_the_n_rank_builds_stand_in_takes_three_ranks_which_0_6_refuses(procs, dirs) -> None:
+    """The tensorfold-ring stack's image (flavour tensorfold-tp4, MiaAI's N-rank build): the
+    three ranks of a triangle start with `--tp 3`, rank 0 serves once ranks 2 and 1 joined; the
+    v1.10 image's flavour refuses the same argv as argparse would."""
+    model, _ = dirs
+    master, api = free_port(), free_port()
+
+    def ring_argv(rank: int) -> list[str]:
+        args = family.serve_args(
+            get("tensorfold-ring"), "single", rank=rank, nnodes=3, master_addr="127.0.0.1",
+            master_port=master, model_dir=str(model), engine_port=api,
+            extra_args=["--standin-delay", "0.05"],
+        )  # fmt: skip
+        return args[1:]
+
+    tp4 = {"SPARKRIG_STANDIN_ENGINE": "tensorfold-tp4"}
+    done = subprocess.run([sys.executable, STANDIN, *ring_argv(2)], capture_output=True,
+                          text=True, env={**os.environ, **FLAVOUR}, timeout=30)  # fmt: skip
+    assert done.returncode == 2 and "argument --tp: invalid choice: 3" in done.stderr
+    workers = [Proc(STANDIN, [*ring_argv(r), "--port", str(free_port())], tp4) for r in (2, 1)]
+    head = Proc(STANDIN, ring_argv(0), tp4)
+    procs += [*workers, head]
+    head.wait_for("Application startup complete.")
+    for worker in workers:
+        worker.wait_for("following rank 0")
+    code, models = get_json(f"http://127.0.0.1:{api}/v1/models")
+    assert code == 200 and models["data"]

@@ -19,7 +19,7 @@ from lab import fakehub, image
 from lab.__main__ import PIN_KEYS, repos_to_lock, stack_pins
 
 REPO = Path(__file__).resolve().parents[2]
-STACKS = ("vllm-nvfp4", "entrpi-exl3", "sfxnz-v13", "tensorfold")
+STACKS = ("vllm-nvfp4", "entrpi-exl3", "sfxnz-v13", "tensorfold", "tensorfold-ring")
 
 
 def fake_base(tmp: Path) -> Path:
@@ -58,7 +58,7 @@ def test_each_stack_runs_its_engines_flavour_baked_into_its_image(
     root, refs = registry
     assert set(refs["stack_images"]) == set(STACKS)
     want = {"vllm-nvfp4": "vllm-0.33", "entrpi-exl3": "entrpi-fork", "sfxnz-v13": "sfxnz-v13",
-            "tensorfold": "tensorfold-0.6"}  # fmt: skip
+            "tensorfold": "tensorfold-0.6", "tensorfold-ring": "tensorfold-tp4"}  # fmt: skip
     for stack, ref in refs["stack_images"].items():
         config, files = image_of(root, ref)
         assert f"SPARKRIG_STANDIN_ENGINE={want[stack]}" in config["config"]["Env"], stack
@@ -110,7 +110,7 @@ def test_the_fake_hub_has_a_model_and_drafter_per_stack(tmp_path: Path) -> None:
     assert fakehub.generate_stack_repos(str(tmp_path / "c")) == pins
 
 
-DIGEST_CHARS = "abce"
+DIGEST_CHARS = "abcef"
 IMAGES = {
     s: f"203.0.113.1:5000/glm53-standin@sha256:{c * 64}"
     for s, c in zip(STACKS, DIGEST_CHARS, strict=True)
@@ -121,7 +121,7 @@ def repos() -> dict[str, dict[str, str]]:
     return {
         s: {"model_repo": f"t/m-{s}", "model_revision": c * 40, "drafter_repo": f"t/d-{s}",
             "drafter_revision": d * 40}
-        for s, c, d in zip(STACKS, "1237", "4568", strict=True)
+        for s, c, d in zip(STACKS, "12379", "45680", strict=True)
     }  # fmt: skip
 
 
@@ -144,7 +144,7 @@ def test_every_stacks_repos_are_locked_once() -> None:
                        "drafter_repo": "t/d-vllm-nvfp4", "drafter_revision": "4" * 40},
              "stack_pins": stack_pins(IMAGES, repos(), {})}  # fmt: skip
     locked = repos_to_lock(state)
-    assert len(locked) == 8 and ("t/m-entrpi-exl3", "2" * 40) in locked
+    assert len(locked) == 10 and ("t/m-entrpi-exl3", "2" * 40) in locked
     assert repos_to_lock({"knobs": state["knobs"]}) == sorted(
         [("t/m-vllm-nvfp4", "1" * 40), ("t/d-vllm-nvfp4", "4" * 40)]
     )  # a lab from before the stacks
