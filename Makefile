@@ -3,7 +3,7 @@ PY ?= python3
 PKG := sparkrig lab files bench/chaos
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: deps deps-lab check test unit install-test deploy-lab lab-test lab-down
+.PHONY: deps deps-lab check test unit install-test deploy-lab lab-test lab-rings lab-down
 
 # Everything: the deploy, the lab and the tests (torch and vLLM CPU for the serving checks).
 deps:
@@ -79,6 +79,12 @@ deploy-lab: deps-lab
 # The qemu lab suite alone.
 lab-test: deps check
 	SPARKRIG_LAB=1 $(PYTEST) -m lab tests/lab --durations=12; rc=$$?; [ "$$SPARKRIG_LAB_KEEP" = 1 ] || $(PY) -m lab down; exit $$rc
+
+# The ring lab (issue 36, tests/lab_rings): RING_HOSTS guests in fabric_layout "ports", each cable
+# its own segment (`lab up --fabric ports`): 3 a triangle, 4 a ring of four.
+RING_HOSTS ?= 3
+lab-rings: deps check
+	SPARKRIG_LAB=1 SPARKRIG_RING_HOSTS=$(RING_HOSTS) $(PYTEST) -m lab tests/lab_rings --durations=12; rc=$$?; [ "$$SPARKRIG_LAB_KEEP" = 1 ] || $(PY) -m lab down; exit $$rc
 
 lab-down:
 	$(PY) -m lab down

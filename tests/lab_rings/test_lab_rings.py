@@ -1,0 +1,139 @@
+"""A triangle (or, SPARKRIG_RING_HOSTS=4, a ring of four) of qemu guests in fabric_layout
+"ports" (issue 36's lab): every guest with DGX OS's four fabric netdevs and Soft-RoCE devices,
+each cable's function class its own segment between two guests (lab/fabric.py). Converged from a
+fresh lab with the N-rank engine's stand-in (stack tensorfold-ring, profile single: its stand-in
+flavour tensorfold-tp4 takes --tp 3 and 4), then checked per link, then the like-port cable and
+the cut cable. Ordered: each test builds on what the one before left."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lab import fabric, net
+from tests.lab.conftest import Lab, pyinfra
+from tests.lab.test_lab import changed_ops
+from tests.lab.test_lab_stack_switch import flavour, gates_pass
+from tests.lab_rings.conftest import HOSTS
+
+pytestmark = pytest.mark.lab
+INV = "lab/inventory.py"
+RING = ("--data", "stack=tensorfold-ring", "--data", "profile=single")
+TIMES: dict[str, float] = {}
+
+
+def deploy(*args: str):
+    start = time.monotonic()
+    r = pyinfra(*args, INV, "deploy.py", *RING, timeout=5400)
+    TIMES[" ".join(args) or "run"] = time.monotonic() - start
+    return r
+
+
+def addresses(guest) -> dict[str, str]:
+    """netdev -> its IPv4 address on the guest's fabric netdevs."""
+    out = {}
+    for netdev in fabric.NETDEVS.values():
+        got = guest.sh(f"ip -4 -o addr show dev {netdev} | awk '{{print $4}}'", check=False)
+        if got.strip():
+            out[netdev] = got.split()[0].split("/")[0]
+    return out
+
+
+def test_every_guest_has_dgx_os_fabric_netdevs_with_their_soft_roce_devices(ring: Lab):
+    for g in ring.guests:
+        links = g.sh("rdma link show")
+        for nic in fabric.nics("ports", HOSTS, ring.guests.index(g) + 1):
+            assert f"link {nic.rdma}/1 " in links and f"netdev {nic.netdev}" in links, links
+
+
+def test_the_ring_converges_from_a_fresh_lab(ring: Lab):
+    r = deploy("-y")
+    assert r.rc == 0, r.output[-8000:]
+    for g in ring.guests:
+        assert flavour(g) == "tensorfold-tp4", g.name
+        assert g.sh(f"systemctl is-active {g.rank_unit}").strip() == "active"
+    gates_pass(ring)
+    print("times:", {k: round(v) for k, v in TIMES.items()})
+
+
+def test_the_next_run_changes_nothing_and_restarts_nothing(ring: Lab):
+    before = {g.name: g.unit_started(g.rank_unit) for g in ring.guests}
+    r = deploy("-y", "--json")
+    assert r.rc == 0, r.output[-4000:]
+    assert changed_ops(r.stdout) == {}
+    assert {g.name: g.unit_started(g.rank_unit) for g in ring.guests} == before
+
+
+def test_every_link_answers_a_full_mtu_dont_fragment_ping_both_ways_and_has_its_gid(ring: Lab):
+    """Per link and direction: each guest's every fabric netdev pings the far end of its cable
+    (the address on the same segment) with 8972 bytes and DF set; each RDMA device lists the
+    RoCE v2 GID of its netdev's address."""
+    held = {g.name: addresses(g) for g in ring.guests}
+    for i, g in enumerate(ring.guests):
+        for nic in fabric.nics("ports", HOSTS, i + 1):
+            (far,) = [
+                held[o.name][n.netdev]
+                for j, o in enumerate(ring.guests)
+                if j != i
+                for n in fabric.nics("ports", HOSTS, j + 1)
+                if n.bridge == nic.bridge
+            ]
+            g.sh(f"ping -M do -s 8972 -c 2 -W 2 -I {nic.netdev} {far}")
+            a, b, c, d = (int(x) for x in held[g.name][nic.netdev].split("."))
+            gid = f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+            table = g.sh(f"grep -H . /sys/class/infiniband/{nic.rdma}/ports/1/gids/*")
+            assert gid in table, (nic, table)
+
+
+def segment_taps(bridge: str) -> list[str]:
+    out = net.nsip("-o", "link", "show", "master", bridge).stdout
+    return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if line]
+
+
+def test_a_cable_moved_to_like_ports_is_refused_before_any_change(ring: Lab):
+    """Guest 2's two ports swapped at the host (its port-0 taps on cable 0's segments, where its
+    port 1 was, and the other way round): cable 0 then joins port 0 to port 0. The run refuses
+    before any change, naming the cable to move; swapped back, a run changes nothing."""
+    nics = fabric.nics("ports", HOSTS, 2)
+    # each (port, function) NIC's tap onto the segment of the same function of the other port
+    by_port = {(p, f): n for n in nics for (p, f), name in fabric.NETDEVS.items()
+               if name == n.netdev}  # fmt: skip
+    swapped = [(by_port[p, f].tap, by_port[1 - p, f].bridge) for (p, f) in by_port]
+    before = {g.name: g.unit_started(g.rank_unit) for g in ring.guests}
+    try:
+        for tap, bridge in swapped:
+            net.nsip("link", "set", tap, "master", bridge)
+        time.sleep(5)  # the neighbours' link-local answers age in
+        r = deploy("-y", "--json")
+        assert r.rc != 0
+        assert "like" in r.output and "cable" in r.output, r.output[-6000:]
+        assert {g.name: g.unit_started(g.rank_unit) for g in ring.guests} == before
+    finally:
+        for nic in nics:
+            net.nsip("link", "set", nic.tap, "master", nic.bridge)
+    time.sleep(5)
+    r = deploy("-y", "--json")
+    assert r.rc == 0, r.output[-4000:]
+
+
+def test_a_cut_cable_is_refused_naming_it(ring: Lab):
+    """Cable 1 cut (both of its segments down at the host): neither function answers a
+    don't-fragment ping, and a ring with a cable gone is refused before any change, naming
+    the cable; put back, the next run changes nothing."""
+    bridges = [fabric.cable_bridge(1, f) for f in (0, 1)]
+    try:
+        for bridge in bridges:
+            for tap in segment_taps(bridge):
+                net.nsip("link", "set", tap, "down")
+        r = deploy("-y", "--json")
+        assert r.rc != 0
+        assert "cable 1 (lab-worker1 port 0 to lab-worker2 port 1): neither function" in r.output
+    finally:
+        for bridge in bridges:
+            for tap in segment_taps(bridge):
+                net.nsip("link", "set", tap, "up")
+    time.sleep(5)
+    r = deploy("-y", "--json")
+    assert r.rc == 0, r.output[-4000:]
+    print("times:", {k: round(v) for k, v in TIMES.items()})
