@@ -95,6 +95,57 @@ def test_every_link_answers_a_full_mtu_dont_fragment_ping_both_ways_and_has_its_
             assert gid in table, (nic, table)
 
 
+def test_every_link_carries_rdma_writes_both_ways(ring: Lab):
+    """Per link and direction, the recipes' check (research rings.md, "Checks": `ib_write_bw`
+    per link both directions, ~98 Gb/s per function on Sparks): perftest between the two ends
+    of every function of every cable over their Soft-RoCE devices, the GID by value. The lab's
+    figures (Soft-RoCE under TCG) prove the path, not a speed; they are printed for docs."""
+    held = {g.name: addresses(g) for g in ring.guests}
+    figures = {}
+    for bridge in fabric.bridges("ports", HOSTS):
+        ends = [
+            (g, n)
+            for i, g in enumerate(ring.guests)
+            for n in fabric.nics("ports", HOSTS, i + 1)
+            if n.bridge == bridge
+        ]
+        for (server, snic), (client, cnic) in (ends, ends[::-1]):
+            gid = gid_index(server, snic.rdma, held[server.name][snic.netdev])
+            cgid = gid_index(client, cnic.rdma, held[client.name][cnic.netdev])
+            server.sh(
+                f"systemd-run --collect ib_write_bw -d {snic.rdma} -x {gid} "
+                "-D 3 --report_gbits -F"
+            )
+            time.sleep(3)
+            out = client.sh(
+                f"ib_write_bw -d {cnic.rdma} -x {cgid} -D 3 --report_gbits -F "
+                f"{held[server.name][snic.netdev]}",
+                timeout=180,
+            )
+            rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
+            assert rows, out
+            figures[f"{bridge} {client.name}->{server.name}"] = float(rows[-1][3])
+    assert all(v > 0 for v in figures.values()), figures
+    print("ib_write_bw Gb/s per link and direction:", figures)
+
+
+def gid_index(guest, rdma: str, ip: str) -> int:
+    """The RoCE v2 GID index of ``ip`` on ``rdma`` (the guest's sysfs table)."""
+    a, b, c, d = (int(x) for x in ip.split("."))
+    want = f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+    table = guest.sh(f"grep -H . /sys/class/infiniband/{rdma}/ports/1/gids/*")
+    for line in table.splitlines():
+        path, _, gid = line.partition(":")
+        if gid == want:
+            index = path.rsplit("/", 1)[1]
+            kind = guest.sh(
+                f"cat /sys/class/infiniband/{rdma}/ports/1/gid_attrs/types/{index}"
+            ).strip()
+            if kind == "RoCE v2":
+                return int(index)
+    raise AssertionError(f"no RoCE v2 GID for {ip} on {rdma}: {table}")
+
+
 def segment_taps(bridge: str) -> list[str]:
     out = net.nsip("-o", "link", "show", "master", bridge).stdout
     return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if line]
