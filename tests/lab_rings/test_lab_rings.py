@@ -113,8 +113,7 @@ def test_every_link_carries_rdma_writes_both_ways(ring: Lab):
             gid = gid_index(server, snic.rdma, held[server.name][snic.netdev])
             cgid = gid_index(client, cnic.rdma, held[client.name][cnic.netdev])
             server.sh(
-                f"systemd-run --collect ib_write_bw -d {snic.rdma} -x {gid} "
-                "-D 3 --report_gbits -F"
+                f"systemd-run --collect ib_write_bw -d {snic.rdma} -x {gid} -D 3 --report_gbits -F"
             )
             time.sleep(3)
             out = client.sh(
