@@ -20,7 +20,7 @@ from pyinfra.facts.server import Command
 from sparkhost import rankenv
 from sparkhost.gid import gid_index
 
-from sparkrig import hostpkg, stackfiles
+from sparkrig import hostpkg, stackfiles, topology
 from sparkrig.fabric import RoceGids, graph_volumes
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.failing import fail_host
@@ -103,10 +103,17 @@ def rendezvous_port(s: Settings) -> int:
     return s.stack.master_port or s.knobs.master_port
 
 
-def docker_run_args(s: Settings, image: str | None = None, serving: bool = True) -> list[str]:
+def docker_run_args(
+    s: Settings,
+    image: str | None = None,
+    serving: bool = True,
+    env: list[tuple[str, str]] | None = None,
+) -> list[str]:
     """``docker run`` options of a rank (docs/sources.md, "Container"), before the image name.
     ``serving``: the engine's container itself (the head's vLLM gets the API key env file), not
-    the smoke test. The entrypoint is the stack's family's; a stack's ``run_flags`` come last."""
+    the smoke test; ``env``: these variables instead of the rank's env file (and its graph
+    files: a per-link smoke test). The entrypoint is the stack's family's; a stack's
+    ``run_flags`` come last."""
     k, p = s.knobs, paths(s)
     keyed = s.stack.api_auth == "vllm-api-key"
     api_env = ["--env-file", p["api_key_env"]] if serving and keyed and api_key_file(s) else []
@@ -124,12 +131,14 @@ def docker_run_args(s: Settings, image: str | None = None, serving: bool = True)
         # not mount a sized one (podman's docs call the two options conflicting)
         "--memory", k.container_memory,
         "--memory-swap", k.container_memory,
-        "--env-file", p["env_file"],
+        *(["--env-file", p["env_file"]] if env is None else
+          [w for key, value in env for w in ("--env", f"{key}={value}")]),
         *api_env,
         "--volume", f"{k.weights_dir}:{k.weights_dir}:ro",
         *cache_volumes(s, image),
         *(stackfiles.volumes(s) if serving else []),  # the stack's files (e.g. a chat template)
-        *graph_volumes(s),  # a ring's NCCL graph files, which the env names (the smoke test too)
+        # a ring's NCCL graph files, which the env file names (the smoke test too)
+        *(graph_volumes(s) if env is None else []),
         *k.container_gpu_args,
         *entry,
     ]  # fmt: skip
@@ -158,6 +167,34 @@ def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
         package, "nccl-smoke", "--timeout", str(k.nccl_smoke_timeout_s),
         "--bytes", str(k.nccl_smoke_bytes), "--warmup", str(k.nccl_smoke_warmup),
         "--iters", str(k.nccl_smoke_iters), "--min-busbw-gbs", f"{s.busbw_floor_gbs:g}",
+    ]  # fmt: skip
+
+
+def link_smoke_run_args(s: Settings, image: str, cable: topology.Cable) -> list[str]:
+    """``docker run`` argv of the NCCL smoke test over one cable of a triangle or a ring at
+    this rank, one of its two ends (issue 36: the busbw of every link): a pair's smoke test on
+    that cable's functions (``topology.link_env``), rank 0 the cable's port-0 end, which runs it
+    in the foreground and serves the rendezvous on its primary address there; the port-1 end
+    detached (``docker wait`` reads its verdict). The floor is the pair's over both functions
+    (fabric_ports_busbw_min_gbs)."""
+    k, plan = s.knobs, s.fabric_plan
+    assert plan is not None
+    package = hostpkg.remote_dir(k.install_dir)
+    env = topology.link_env(plan, s.me.rank, cable.index, k.roce_port)
+    run = docker_run_args(s, serving=False, env=env)
+    run = run[: run.index("--entrypoint")]
+    rank = 0 if cable.a.rank == s.me.rank else 1
+    master = plan.link(cable.index, topology.PRIMARY).address(cable.a.rank).ip
+    return [
+        "docker", "run", "--detach" if rank else "--rm", "--name", SMOKE_CONTAINER, *run,
+        "--env", f"RANK={rank}", "--env", "WORLD_SIZE=2",
+        "--env", f"MASTER_ADDR={master}", "--env", f"MASTER_PORT={k.master_port + 1}",
+        "--volume", f"{package}:{package}:ro",
+        "--entrypoint", "python3", image,
+        package, "nccl-smoke", "--timeout", str(k.nccl_smoke_timeout_s),
+        "--bytes", str(k.nccl_smoke_bytes), "--warmup", str(k.nccl_smoke_warmup),
+        "--iters", str(k.nccl_smoke_iters),
+        "--min-busbw-gbs", f"{k.fabric_ports_busbw_min_gbs:g}",
     ]  # fmt: skip
 
 

@@ -804,12 +804,6 @@ GRAPH_FILE = "/nccl-graph.xml"
 RING_GRAPHS = ("/nccl-link-prev.xml", "/nccl-link-next.xml")
 
 
-def hca_list(part: RankPlan, roce_port: int = 1) -> str:
-    """NCCL_IB_HCA naming every RDMA device of the rank that faces a peer, exactly (``=``: no
-    prefix match) with its port: ``=rocep1s0f0:1,roceP2p1s0f0:1,...``."""
-    return "=" + ",".join(f"{dev}:{roce_port}" for dev in part.rdma_devices)
-
-
 def socket_ifname(plan: Plan, rank: int, uplinks: Sequence[str] = ()) -> str:
     """Where NCCL and gloo bootstrap: a pair over its primary fabric netdev (as today); three
     and more over the LAN (no fabric address reaches every rank directly: TensorFold's TP>2
@@ -821,6 +815,45 @@ def socket_ifname(plan: Plan, rank: int, uplinks: Sequence[str] = ()) -> str:
     if uplinks:
         return "=" + uplinks[0]
     return "^" + ",".join(["lo", "docker", "veth", *part.netdevs])  # prefixes left out
+
+
+# two ranks over one cable: both functions, one NIC each, primary to primary and twin to twin
+PAIR_ENV = [("NCCL_CROSS_NIC", "0"), ("NCCL_IB_MERGE_NICS", "0")]
+
+
+def ib_env(
+    ifaces: Sequence[Iface], cidr: ipaddress.IPv4Network, roce_port: int, ifname: str
+) -> list[tuple[str, str]]:
+    """NCCL over RoCE v2 on the RDMA devices of ``ifaces`` (each one's GID by value: in
+    NCCL_IB_ADDR_RANGE ``cidr``), bootstrapping on ``ifname`` (NCCL's syntax; gloo gets it too
+    unless it is an exclusion list), with sparkrig's own SPARKRIG_* lines first."""
+    env = [
+        ("SPARKRIG_FABRIC_LAYOUT", "ports"),
+        ("SPARKRIG_FABRIC_NETDEVS", ",".join(i.netdev for i in ifaces)),
+        ("SPARKRIG_ROCE_DEVICES", ",".join(i.rdma for i in ifaces)),
+        ("SPARKRIG_FABRIC_ADDRESSES", ",".join(str(i.address.ip) for i in ifaces)),
+        ("NCCL_NET", "IB"),
+        ("NCCL_IB_DISABLE", "0"),
+        ("NCCL_IB_HCA", "=" + ",".join(f"{i.rdma}:{roce_port}" for i in ifaces)),
+        ("NCCL_IB_ROCE_VERSION_NUM", "2"),
+        ("NCCL_IB_ADDR_FAMILY", "AF_INET"),
+        ("NCCL_IB_ADDR_RANGE", str(cidr)),
+        ("NCCL_SOCKET_IFNAME", ifname),
+    ]
+    if not ifname.startswith("^"):  # gloo takes interface names, not NCCL's exclusions
+        env.append(("GLOO_SOCKET_IFNAME", ifname.removeprefix("=")))
+    return env
+
+
+def link_env(plan: Plan, rank: int, cable: int, roce_port: int = 1) -> list[tuple[str, str]]:
+    """The env of a two-rank NCCL run over one cable of a triangle or a ring, at ``rank`` (one
+    of its ends): a pair's env on that cable's functions (those the plan kept), bootstrapping on
+    its first netdev there. What the per-link NCCL smoke test runs with (issue 36: the busbw of
+    every link)."""
+    ifaces = [i for i in plan.ranks[rank].ifaces if i.cable == cable]
+    if not ifaces:
+        raise ValueError(f"rank {rank} has no function of cable {cable} in the plan")
+    return ib_env(ifaces, plan.cidr, roce_port, "=" + ifaces[0].netdev) + PAIR_ENV
 
 
 def fabric_env(
@@ -840,24 +873,9 @@ def fabric_env(
     neighbours) and NCCL_IB_SUBNET_PREFIX_LEN: /24, each function's own subnet here (TensorFold
     computes a longer one only because its twins share a /24)."""
     part = plan.ranks[rank]
-    env = [
-        ("SPARKRIG_FABRIC_LAYOUT", "ports"),
-        ("SPARKRIG_FABRIC_NETDEVS", ",".join(part.netdevs)),
-        ("SPARKRIG_ROCE_DEVICES", ",".join(part.rdma_devices)),
-        ("SPARKRIG_FABRIC_ADDRESSES", ",".join(str(i.address.ip) for i in part.ifaces)),
-        ("NCCL_NET", "IB"),
-        ("NCCL_IB_DISABLE", "0"),
-        ("NCCL_IB_HCA", hca_list(part, roce_port)),
-        ("NCCL_IB_ROCE_VERSION_NUM", "2"),
-        ("NCCL_IB_ADDR_FAMILY", "AF_INET"),
-        ("NCCL_IB_ADDR_RANGE", str(plan.cidr)),
-    ]
-    ifname = socket_ifname(plan, rank, uplinks)
-    env.append(("NCCL_SOCKET_IFNAME", ifname))
-    if not ifname.startswith("^"):  # gloo takes interface names, not NCCL's exclusions
-        env.append(("GLOO_SOCKET_IFNAME", ifname.removeprefix("=")))
+    env = ib_env(part.ifaces, plan.cidr, roce_port, socket_ifname(plan, rank, uplinks))
     if plan.nnodes == 2:
-        return env + [("NCCL_CROSS_NIC", "0"), ("NCCL_IB_MERGE_NICS", "0")]
+        return env + PAIR_ENV
     env += [
         ("NCCL_CROSS_NIC", "1"),
         ("NCCL_IB_SUBNET_AWARE_ROUTING", "1"),

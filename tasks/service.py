@@ -25,6 +25,7 @@ from sparkrig.serving import (
     agent_unit_context,
     api_key_env,
     keep_helper_running,
+    link_smoke_run_args,
     pair_unit_context,
     peer_down_marked,
     rank_thawed,
@@ -288,14 +289,16 @@ pair_stopped_in_order(
 # workers' verdicts. It fails the deploy, naming the transport, when NCCL did not use IB/RoCE.
 # Without the head in the run there is no one to all-reduce with: skipped (logged above).
 smoke = knobs.nccl_smoke and head_in_run
+SMOKE_CLEAN = f"docker rm --force {SMOKE_CONTAINER} >/dev/null 2>&1 || true"
+SMOKE_VERDICT = (  # a detached smoke test's exit code and last line (its JSON)
+    f"rc=$(docker wait {SMOKE_CONTAINER}); docker logs --tail 1 {SMOKE_CONTAINER}; "
+    f"docker rm {SMOKE_CONTAINER} >/dev/null; exit $rc"
+)
 on_workers(
     is_head,
     server.shell,
     name="Launch the NCCL smoke test on the workers",
-    commands=[
-        f"docker rm --force {SMOKE_CONTAINER} >/dev/null 2>&1 || true",
-        shlex.join(smoke_run_args(settings, image, detach=True)),
-    ],
+    commands=[SMOKE_CLEAN, shlex.join(smoke_run_args(settings, image, detach=True))],
     _if=lambda: smoke and (restart() or not rank_active),
 )
 smoke_head = on_head(
@@ -311,15 +314,44 @@ smoke_workers = on_workers(
     is_head,
     server.shell,
     name="Check the NCCL smoke test on the workers",
-    commands=[
-        f"rc=$(docker wait {SMOKE_CONTAINER}); docker logs --tail 1 {SMOKE_CONTAINER}; "
-        f"docker rm {SMOKE_CONTAINER} >/dev/null; exit $rc"
-    ],
+    commands=[SMOKE_VERDICT],
     _if=lambda: smoke and (restart() or not rank_active),
     _ignore_errors=upgrading,
 )
 rolls_back.watch("NCCL smoke test", smoke_workers)
 smoke_figures().watch(host.name, smoke_head if settings.me.is_head else smoke_workers)
+# A triangle or a ring: then the same test over each cable alone, between its two ends (the busbw
+# of every link, issue 36), one cable after the other: the port-1 end launched, the port-0 end in
+# the foreground (the rendezvous on its primary address there), then the port-1 end's verdict.
+ring = settings.fabric_plan if settings.relayed else None
+for cable in host.loop(ring.cables if ring is not None else ()):
+    at = cable.end_of(settings.me.rank) if cable.touches(settings.me.rank) else None
+    port0, port1 = at is not None and at is cable.a, at is not None and at is cable.b
+    server.shell(
+        name="Launch the NCCL smoke test over one cable at its port-1 end",
+        commands=[SMOKE_CLEAN, shlex.join(link_smoke_run_args(settings, image, cable))]
+        if port1
+        else [],
+        _if=lambda port1=port1: smoke and port1 and (restart() or not rank_active),
+    )
+    rolls_back.watch(
+        "NCCL smoke test over a cable",
+        server.shell(
+            name="Run the NCCL smoke test over one cable at its port-0 end",
+            commands=[shlex.join(link_smoke_run_args(settings, image, cable))] if port0 else [],
+            _if=lambda port0=port0: smoke and port0 and (restart() or not rank_active),
+            _ignore_errors=upgrading,
+        ),
+    )
+    rolls_back.watch(
+        "NCCL smoke test over a cable",
+        server.shell(
+            name="Check the NCCL smoke test over one cable at its port-1 end",
+            commands=[SMOKE_VERDICT],
+            _if=lambda port1=port1: smoke and port1 and (restart() or not rank_active),
+            _ignore_errors=upgrading,
+        ),
+    )
 pair_started_in_order(
     settings,
     names=(

@@ -397,3 +397,37 @@ def test_a_cable_pulled_from_a_serving_ring_is_refused_naming_the_cable(monkeypa
     assert "cable 1 (@fake/spark-b port 0 to @fake/spark-c port 1)" in r.output, r.output
     assert all(r.uploads.get(n, {}) == {} for n in names(4))
     assert rank_restarts(r, 4) == []
+
+
+@pytest.mark.parametrize("nnodes", [3, 4])
+def test_after_the_rings_smoke_test_each_cable_is_smoke_tested_alone(monkeypatch, tmp_path, nnodes):
+    """Issue 36 item 2, the busbw of every link: after the all-rank smoke test, each cable's two
+    ends run the pair's smoke test over that cable's two functions alone (WORLD_SIZE 2, its
+    devices only, the rendezvous on its port-0 end's primary address), one cable after the
+    other, the floor the pair's over both functions. The addresses are ringfakes' (the rule)."""
+    r = ring_run(monkeypatch, tmp_path, nnodes)
+    assert r.exit_code == 0, r.output
+    runs = []  # (cable by its port-0 end's address, host, command) in the run's order
+    for name in names(nnodes):
+        for c in r.commands[name]:
+            if "--name sparkrig-nccl-smoke" in c and "WORLD_SIZE=2" in c:
+                runs.append((re.search(r"MASTER_ADDR=(\S+)", c)[1], name, c))
+    for cable in range(nnodes):
+        a, b = cable, (cable + 1) % nnodes  # port 0 of rank a, port 1 of rank b
+        master = ringfakes.address(nnodes, a, 0, 0)
+        (_, a_host, a_run), (_, b_host, b_run) = sorted(
+            [x for x in runs if x[0] == master], key=lambda x: "--detach" in x[2]
+        )
+        assert (a_host, b_host) == (names(nnodes)[a], names(nnodes)[b])
+        assert "--rm " in a_run and "RANK=0" in a_run and "RANK=1" in b_run
+        for run, rank, port in ((a_run, a, 0), (b_run, b, 1)):
+            hca = ",".join(f"{ringfakes.rdma(port, f)}:1" for f in (0, 1))
+            assert f" --env NCCL_IB_HCA=={hca} " in run, run
+            assert f" --env NCCL_SOCKET_IFNAME=={ringfakes.netdev(port, 0)} " in run, run
+            assert "--env-file" not in run and ".xml:" not in run  # the pair's env, no graphs
+            assert "--min-busbw-gbs 16" in run
+    # one cable after the other, each after the all-rank test
+    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/service.py")]
+    first = order.index("Check the NCCL smoke test on the workers")
+    links = [i for i, op in enumerate(order) if "over one cable" in op]
+    assert len(links) == 3 * nnodes and min(links) > first
