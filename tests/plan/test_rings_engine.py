@@ -420,12 +420,13 @@ def test_after_the_rings_smoke_test_each_cable_is_smoke_tested_alone(monkeypatch
         )
         assert (a_host, b_host) == (names(nnodes)[a], names(nnodes)[b])
         assert "--rm " in a_run and "RANK=0" in a_run and "RANK=1" in b_run
-        for run, rank, port in ((a_run, a, 0), (b_run, b, 1)):
+        for command, port in ((a_run, 0), (b_run, 1)):
             hca = ",".join(f"{ringfakes.rdma(port, f)}:1" for f in (0, 1))
-            assert f" --env NCCL_IB_HCA=={hca} " in run, run
-            assert f" --env NCCL_SOCKET_IFNAME=={ringfakes.netdev(port, 0)} " in run, run
-            assert "--env-file" not in run and ".xml:" not in run  # the pair's env, no graphs
-            assert "--min-busbw-gbs 16" in run
+            assert f" --env NCCL_IB_HCA=={hca} " in command, command
+            assert f" --env NCCL_SOCKET_IFNAME=={ringfakes.netdev(port, 0)} " in command, command
+            # the pair's env, no graph files
+            assert "--env-file" not in command and ".xml:" not in command
+            assert "--min-busbw-gbs 16" in command
     # one cable after the other, each after the all-rank test
     order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/service.py")]
     first = order.index("Check the NCCL smoke test on the workers")
