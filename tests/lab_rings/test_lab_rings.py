@@ -15,7 +15,7 @@ import pytest
 
 from lab import fabric, net
 from tests.lab.conftest import Lab, pyinfra
-from tests.lab.test_lab import changed_ops
+from tests.lab.test_lab import back_serving, changed_ops, reboot
 from tests.lab.test_lab_stack_switch import flavour, gates_pass
 from tests.lab_rings.conftest import HOSTS
 
@@ -72,6 +72,22 @@ def test_the_next_run_changes_nothing_and_restarts_nothing(ring: Lab):
     assert r.rc == 0, r.output[-4000:]
     assert changed_ops(r.stdout) == {}
     assert {g.name: g.unit_started(g.rank_unit) for g in ring.guests} == before
+
+
+def test_a_member_rebooted_comes_back_and_the_ring_serves_again(ring: Lab):
+    """Item 4 of the issue: the last worker rebooted under a serving ring. Its fabric (addresses,
+    routes, forwarding, the relay unit) comes back at boot; the head's supervisor restarts the
+    ring in order once its agent answers; a run after it changes nothing."""
+    head, member = ring.head, ring.workers[-1]
+    head_before = head.unit_started("sparkrig-head")
+    start = time.monotonic()
+    reboot(member)
+    back_serving(ring, "a ring member rebooted", start, head_before)
+    log = head.sh("journalctl -u sparkrig-supervisor --no-pager -o cat")
+    assert "restarting the pair" in log, log
+    r = deploy("-y", "--json")
+    assert r.rc == 0, r.output[-4000:]
+    assert changed_ops(r.stdout) == {}
 
 
 def test_every_link_answers_a_full_mtu_dont_fragment_ping_both_ways_and_has_its_gid(ring: Lab):
