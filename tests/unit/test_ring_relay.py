@@ -140,3 +140,66 @@ def test_rank_0_reaches_rank_2_through_a_neighbour_only_with_the_relay_rules(rin
     finally:
         server.kill()
         server.wait()
+
+
+SOURCE = Path(__file__).resolve().parents[2] / "files" / "sparkhost"
+
+
+def rendered_command(s: Settings, template: str, context: dict, job: str) -> str:
+    """The ``sparkhost pair <job>`` line of a rendered unit, run from this checkout's package."""
+    from sparkrig import hostpkg
+    from sparkrig.render import render
+
+    unit = render(template, **context)
+    line = next(x for x in unit.splitlines() if f" pair {job} " in x)
+    command = line.split("=", 1)[1]
+    return command.replace(" ".join(hostpkg.invocation(s.knobs.install_dir)),
+                           f"{sys.executable} {SOURCE}")  # fmt: skip
+
+
+def test_the_rendered_helpers_of_a_ring_reach_every_peer_and_the_heads_gate_passes(ring) -> None:
+    """Each rank's beacon as its rendered pair unit runs it (listening on every address a peer
+    dials it at, no netdev bound), with the relay unit's rules in place: the head's start gate
+    as its rendered rank unit runs it sees every worker up, rank 2 through a neighbour, and no
+    watch stops its rank."""
+    from sparkrig.serving import pair_unit_context, rank_unit_context
+
+    names, settings = ring
+    tmp = Path(tempfile.mkdtemp(prefix="sparkrig-ring-helpers-"))
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\necho true\n")  # the container runs
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "$@" >> {tmp}/systemctl.log\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    secret = tmp / "pair-token"
+    secret.write_text("0123456789abcdef" * 3 + "\n")
+    for s in settings.values():
+        for command in unit_lines(relay_unit_text(s) or "", "ExecStart="):
+            sh(names[s.me.rank], command)
+    watches = []
+    try:
+        for s in settings.values():
+            command = rendered_command(s, "sparkrig-pair.service.j2", pair_unit_context(s),
+                                       "watch")  # fmt: skip
+            env = f"env PATH={bin_dir}:$PATH SPARKRIG_RUN_DIR={tmp}/run{s.me.rank}"
+            watches.append(subprocess.Popen(
+                ["ip", "netns", "exec", names[s.me.rank], "sh", "-c", f"{env} {command}"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            ))  # fmt: skip
+        head = settings["spark-0"]
+        gate = rendered_command(
+            head, "sparkrig-rank.service.j2", rank_unit_context(head, "img", "w"), "wait"
+        ).replace(str(head.knobs.pair_grace_s), "60", 1)
+        gate = gate.replace(" --token-file /etc/sparkrig/pair-token", f" --token-file {secret}")
+        done = sh(names[0], f"env SPARKRIG_RUN_DIR={tmp}/gate {gate}", check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        said = done.stdout + done.stderr
+        workers = [head.dial(r) for r in head.workers]
+        assert "every peer is up" in said and all(w in said for w in workers), said
+        assert str(head.fabric_rank.peer_addresses[2]) in workers  # rank 2: across the ring
+        assert not (tmp / "systemctl.log").exists()  # no watch stopped its rank
+    finally:
+        for w in watches:
+            w.kill()
+            w.wait()
