@@ -209,3 +209,67 @@ def test_the_rendered_helpers_of_a_ring_reach_every_peer_and_the_heads_gate_pass
         for w in watches:
             w.kill()
             w.wait()
+
+
+@pytest.fixture
+def lan() -> Iterator[dict[str, str]]:
+    """The LAN of a triangle in network namespaces, one bridge: the head (192.168.1.10), a
+    worker (.11, a rank's lan_address) and a stranger (.250)."""
+    tag = str(os.getpid() % 10000)
+    ns = {role: f"srl{tag}{role[0]}" for role in ("head", "worker", "stranger", "bridge")}
+    addresses = {"head": "192.168.1.10", "worker": "192.168.1.11", "stranger": "192.168.1.250"}
+    try:
+        for name in ns.values():
+            subprocess.run(["ip", "netns", "add", name], check=True)
+        sh(ns["bridge"], "ip link add br0 type bridge; ip link set br0 up")
+        for i, role in enumerate(("head", "worker", "stranger")):
+            subprocess.run(["ip", "link", "add", f"srl{tag}v{i}", "netns", ns[role], "type",
+                            "veth", "peer", "name", f"p{i}", "netns", ns["bridge"]],
+                           check=True)  # fmt: skip
+            sh(ns["bridge"], f"ip link set p{i} master br0 up")
+            sh(ns[role], f"ip link set lo up; ip link set srl{tag}v{i} name enP7s7")
+            sh(ns[role], f"ip addr add {addresses[role]}/24 dev enP7s7; ip link set enP7s7 up")
+        yield ns
+    finally:
+        for name in ns.values():
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def test_the_heads_rendezvous_is_reached_from_the_ranks_lan_addresses_only(lan) -> None:
+    """A triangle meets at the head's LAN address (TensorFold's TP>2 rule): with the head's
+    rendered firewall loaded, a worker's LAN address reaches the rendezvous ports (torch's
+    TCPStore listens on the wildcard) and a stranger on the same LAN does not; a pair's
+    firewall, which has no LAN rule, lets no worker in either."""
+    from tests.unit.test_firewall import CONNECT, LISTEN
+
+    head = ring_settings(3)["spark-0"]
+    ports = [head.knobs.master_port, head.knobs.master_port + 1]
+    assert head.rendezvous_ip == "192.168.1.10"  # test_rings' lan_address of the head
+    listener = subprocess.Popen(
+        ["ip", "netns", "exec", lan["head"], sys.executable, "-c", LISTEN, *map(str, ports)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert listener.stdout is not None and listener.stdout.readline() == "ready\n"
+        tmp = Path(tempfile.mkdtemp(prefix="sparkrig-ring-lan-"))
+
+        def reaches(role: str, port: int) -> bool:
+            done = subprocess.run(
+                ["ip", "netns", "exec", lan[role], sys.executable, "-c", CONNECT,
+                 "192.168.1.10", str(port)], capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            return done.stdout.startswith("open")
+
+        ring = firewall.ruleset(head)
+        # the same table without the LAN rule: what a pair's head has
+        pair = "".join(x for x in ring.splitlines(keepends=True) if "ip saddr {" not in x)
+        assert pair.count("\n") == ring.count("\n") - 1
+        for name, rules in (("ring", ring), ("pair", pair)):
+            (tmp / f"{name}.nft").write_text(rules)
+            sh(lan["head"], f"nft -f {tmp / f'{name}.nft'}")
+            for port in ports:
+                assert reaches("worker", port) == (name == "ring"), (name, port)
+                assert not reaches("stranger", port), (name, port)
+    finally:
+        listener.kill()
+        listener.wait()
