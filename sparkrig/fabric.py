@@ -42,6 +42,7 @@ from sparkrig.topology import (
     fabric_env,
     judge_links,
     parse_probe,
+    ports_problems,
     probe_command,
     unchecked_cables,
     with_siblings,
@@ -109,7 +110,7 @@ class FabricPorts(FactBase[dict[int, Port]]):
     The host's QSFP ports as sysfs has them (fabric_layout "ports", docs/rings.md): each RDMA
     device's PCI function and netdevs, a port being a function on PCIe domain 0 and its twin on
     another domain (``topology.discover_ports``). ``topology.ports_problems`` compares them with
-    the inventory's. Not read by the deploy yet (issue 36).
+    the inventory's before any address is set (``ports_verdict``).
     """
 
     default = dict
@@ -229,10 +230,25 @@ def ports_parts(s: Settings) -> list[Part]:
     probed = tuple(f.netdev for p in with_siblings(s.me.ports).values() for f in p.functions)
     pings = tuple((i.netdev, str(i.peer_address)) for i in part.ifaces)
     return [
+        Part("fabric_ports", FabricPorts),
         Part("fabric_probe", FabricNeighbours, (("netdevs", probed),)),
         Part("fabric_links", FabricLinks, (("pings", pings), ("mtu", s.knobs.fabric_mtu))),
         *([Part("lan", LanAddresses)] if s.relayed else []),
     ]
+
+
+def ports_verdict(s: Settings, found: Mapping[int, Port]) -> tuple[list[str], list[str]]:
+    """The rank's ports as the plan has them (the inventory's names, else DGX OS's) against
+    those its sysfs shows (``FabricPorts``): (problems that refuse the run, notes). A host that
+    shows no PCI function with a PCIe twin at all (Soft-RoCE, a driver not loaded) is not
+    checked, and said so: its netdevs' absence is refused elsewhere."""
+    if not found:
+        return [], [
+            "port discovery: no RDMA device on a PCI function with a PCIe twin (sysfs): the "
+            "inventory's fabric netdev and RDMA device names are not checked against the host"
+        ]
+    problems = ports_problems(s.me.ports, found)
+    return [f"{p} (what sysfs shows: docs/rings.md)" for p in problems], []
 
 
 def lan_problems(s: Settings, held: Sequence[tuple[str, str]]) -> list[str]:

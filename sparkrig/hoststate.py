@@ -22,6 +22,7 @@ from sparkrig.fabric import (
     RELAY_UNIT_FILE,
     FabricLinks,
     FabricNeighbours,
+    FabricPorts,
     LanAddresses,
     LinkState,
     RoceGids,
@@ -45,7 +46,7 @@ from sparkrig.secretio import Held, SecretDigest
 from sparkrig.serving import rank_part
 from sparkrig.settings import Settings
 from sparkrig.stateread import CHECK, Part, StateReadFailed, Values, values_of
-from sparkrig.topology import Probe
+from sparkrig.topology import Port, Probe
 from sparkrig.weights import WeightsReport, artifacts, weights_of, weights_parts
 
 
@@ -142,6 +143,12 @@ class HostReport:
     def gids(self) -> tuple[GidEntry, ...]:
         entries: list[GidEntry] = self.values.get("gids", RoceGids)
         return tuple(entries)
+
+    @property
+    def fabric_ports(self) -> dict[int, Port]:
+        """The QSFP ports sysfs shows, by index (fabric_layout "ports")."""
+        ports: dict[int, Port] = self.values.get("fabric_ports", FabricPorts)
+        return ports
 
     @property
     def fabric_probe(self) -> dict[str, Probe]:

@@ -26,6 +26,7 @@ from sparkrig.fabric import (
     graph_texts,
     judged_plan,
     netplan_text,
+    ports_verdict,
     rank_env_written,
     relay_unit_text,
     roce_device_present,
@@ -46,7 +47,11 @@ reads = [hoststate.read(everyone[r.name]) for r in settings.ranks]
 node = reads[settings.me.rank].node
 names = [r.name for r in settings.ranks]
 
-# The cables against the plan, from every rank's probe, before any address is set.
+# This rank's ports as sysfs has them against the plan's names, then the cables against the
+# plan, from every rank's probe, before any address is set.
+named, undiscovered = ports_verdict(settings, reads[settings.me.rank].fabric_ports)
+for note in undiscovered:
+    logger.warning(f"{host.print_prefix}{note}")
 cabling, unchecked = cabling_verdict(settings, [r.fabric_probe for r in reads])
 for note in unchecked:
     logger.warning(f"{host.print_prefix}{note}")
@@ -60,7 +65,7 @@ for note in silent if not refused else []:
     logger.warning(f"{host.print_prefix}{note}")
 problems_absent(
     name="Check the fabric's cables and links against the plan before any address is set",
-    problems=cabling + refused,
+    problems=named + cabling + refused,
     heading="the fabric differs from the plan (docs/rings.md)",
     passed="every cable answers where the plan has it",
 )

@@ -432,3 +432,35 @@ def test_after_the_rings_smoke_test_each_cable_is_smoke_tested_alone(monkeypatch
     first = order.index("Check the NCCL smoke test on the workers")
     links = [i for i, op in enumerate(order) if "over one cable" in op]
     assert len(links) == 3 * nnodes and min(links) > first
+
+
+def test_names_sysfs_does_not_show_are_refused_before_any_address_naming_the_port(
+    monkeypatch, tmp_path
+):
+    """Issue 36 item 1: the inventory's port names (or DGX OS's) against what the host's sysfs
+    shows (RDMA device, PCI function, netdev, the twin on another domain): spark-b's port 1 twin
+    has another RDMA device there; the run refuses before any change, naming port and names."""
+    lines = [
+        x.replace("roceP2p1s0f1", "mlx5_3") if "enP2p1s0f1np1" in x else x
+        for x in ringfakes.sysfs_ports()
+    ]
+    fakehosts.inject("spark-b", {ringfakes.SYSFS_PORTS: lines})
+    r = ring_run(monkeypatch, tmp_path, 3)
+    assert r.exit_code != 0
+    assert (
+        "port 1 twin: the inventory says enP2p1s0f1np1 (roceP2p1s0f1), the host has "
+        "enP2p1s0f1np1 (mlx5_3): fix fabric_ports"
+    ) in r.output
+    for name in names(3):  # no fabric netdev configured anywhere
+        assert "/etc/netplan/60-sparkrig-fabric.yaml" not in r.uploads.get(name, {}), name
+        assert not [c for c in r.commands[name] if c.startswith(("nmcli", "ip addr add"))]
+
+
+def test_a_host_whose_sysfs_shows_no_twinned_port_is_not_checked_and_says_so(monkeypatch, tmp_path):
+    """Soft-RoCE (the lab) or a driver not loaded: no RDMA device on a PCI function with a
+    twin. The names are not checked against the host, and the run says so."""
+    for short in ("spark-a", "spark-b", "spark-c"):
+        fakehosts.inject(short, {ringfakes.SYSFS_PORTS: [END]})
+    r = ring_run(monkeypatch, tmp_path, 3, dry=True)
+    assert r.exit_code == 0, r.output
+    assert "port discovery: no RDMA device on a PCI function with a PCIe twin" in r.output

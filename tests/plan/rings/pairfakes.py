@@ -76,7 +76,10 @@ def gids(rank: int) -> list[str]:
 
 
 def fabric_state(rank: int, **kw: Any) -> dict[Any, Any]:
+    from tests.plan.rings.ringfakes import SYSFS_PORTS, sysfs_ports
+
     return {
+        SYSFS_PORTS: kw.get("sysfs", sysfs_ports()),
         PROBE: probe(rank, **kw.get("probe", {})),
         LINKS: links(rank, **kw.get("links", {})),
         GIDS: gids(rank),

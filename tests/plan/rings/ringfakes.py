@@ -83,6 +83,17 @@ def gids(n: int, rank: int) -> list[str]:
 
 
 LAN = re.compile(r"^ip -o -4 addr show scope global ")  # fabric.LanAddresses
+SYSFS_PORTS = re.compile(r"^for d in /sys/class/infiniband/\*; do ")  # fabric.FabricPorts
+
+
+def sysfs_ports() -> list[str]:
+    """What sysfs shows on a Spark (topology.discovery_command): each RDMA device's PCI function
+    (the twin on domain 0002) and netdev, DGX OS's names."""
+    return [
+        f"rdma {rdma(port, f)} pci {'0002' if f else '0000'}:01:00.{port} netdev {netdev(port, f)}"
+        for port in (0, 1)
+        for f in (0, 1)
+    ] + [END]
 
 
 def lan_address(rank: int) -> str:
@@ -97,6 +108,7 @@ def fabric_state(n: int, rank: int, **kw: Any) -> dict[Any, Any]:
         GIDS: gids(n, rank),
         PROVE: kw.get("prove", ""),
         LAN: kw.get("lan", [f"enP7s7 {lan_address(rank)}/24", END]),
+        SYSFS_PORTS: kw.get("sysfs", sysfs_ports()),
     }
 
 
