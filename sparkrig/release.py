@@ -404,7 +404,8 @@ def prune_weights_command(weights_dir: str, names: Sequence[str]) -> str:
     paths = []
     for name in names:
         base = shlex.quote(f"{w}/{name}")
-        paths += [base, f"{base}.stamps.json", f"{base}.fetch-status.json"]
+        # the checkout, its stamps and status, and the fetcher's flock file (fetch.py: <dest>.lock)
+        paths += [base, f"{base}.stamps.json", f"{base}.fetch-status.json", f"{base}.lock"]
     return "rm -rf " + " ".join(paths)
 
 

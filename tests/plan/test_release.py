@@ -188,7 +188,8 @@ def test_a_success_keeps_the_knobs_worth_of_releases_and_prunes_the_rest(monkeyp
             assert pruned_weights == [
                 f"rm -rf /var/lib/sparkrig/models/model-{OLD} "
                 f"/var/lib/sparkrig/models/model-{OLD}.stamps.json "
-                f"/var/lib/sparkrig/models/model-{OLD}.fetch-status.json"
+                f"/var/lib/sparkrig/models/model-{OLD}.fetch-status.json "
+                f"/var/lib/sparkrig/models/model-{OLD}.lock"
             ]
             assert any(older.image in c for c in pruned_images)
             assert [x.model_revision for x in uploaded_record(r, name)] == [fakehosts.COMMIT]

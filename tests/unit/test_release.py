@@ -227,15 +227,17 @@ def test_adopt_leaves_a_checkout_whose_revision_is_unknown_or_taken(tmp_path):
     assert "both exist" in got.stderr and (weights / "model").is_dir()
 
 
-def test_prune_removes_the_revision_its_stamps_and_status_only(tmp_path):
+def test_prune_removes_the_revision_its_stamps_status_and_fetch_lock_only(tmp_path):
     weights = tmp_path / "models"
     for c in (C1, C2):
         (weights / f"model-{c}").mkdir(parents=True)
         (weights / f"model-{c}.stamps.json").write_text("{}")
         (weights / f"model-{c}.fetch-status.json").write_text("{}")
+        (weights / f"model-{c}.lock").write_text("")  # the fetcher's flock file (lab: left over)
     assert sh(prune_weights_command(str(weights), [f"model-{C1}"])).returncode == 0
     assert sorted(p.name for p in weights.iterdir()) == [
-        f"model-{C2}", f"model-{C2}.fetch-status.json", f"model-{C2}.stamps.json"
+        f"model-{C2}", f"model-{C2}.fetch-status.json", f"model-{C2}.lock",
+        f"model-{C2}.stamps.json",
     ]  # fmt: skip
 
 
