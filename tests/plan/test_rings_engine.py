@@ -439,7 +439,8 @@ def test_names_sysfs_does_not_show_are_refused_before_any_address_naming_the_por
 ):
     """Issue 36 item 1: the inventory's port names (or DGX OS's) against what the host's sysfs
     shows (RDMA device, PCI function, netdev, the twin on another domain): spark-b's port 1 twin
-    has another RDMA device there; the run refuses before any change, naming port and names."""
+    has another RDMA device there; the fabric phase refuses before any address is set (the host
+    phase before it has run), naming port and names."""
     lines = [
         x.replace("roceP2p1s0f1", "mlx5_3") if "enP2p1s0f1np1" in x else x
         for x in ringfakes.sysfs_ports()
