@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lab import LAB_DIR, REPO, STATE_DIR, STATE_FILE, fabric, image, net, vm
+from lab import LAB_DIR, REPO, STATE_DIR, STATE_FILE, fabric, fakehub, image, net, vm
 
 REGISTRY_PORT = 5000
 HUB_PORT = 8080
@@ -158,7 +158,11 @@ def start_fakehub(state: dict[str, Any]) -> int | None:
             knobs[f"{kind}_repo"], knobs[f"{kind}_revision"] = repo, commit
         knobs_file.write_text(json.dumps(knobs, indent=2) + "\n")
     stacks_file = root / "stacks.json"
-    if not stacks_file.exists():  # a model + drafter per stack (vllm-nvfp4: the pair above)
+    # a model + drafter per stack (vllm-nvfp4: the pair above); again when a stack was added
+    stale = stacks_file.exists() and set(json.loads(stacks_file.read_text())) != set(
+        fakehub.STACK_REPOS
+    )
+    if stale or not stacks_file.exists():
         gen = subprocess.run(
             [sys.executable, str(script), "--root", str(root), "--generate-stacks"],
             capture_output=True, text=True, check=True,

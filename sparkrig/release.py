@@ -611,7 +611,11 @@ def upgrade_failed(release_change: str, previous: str) -> Generator[Any, None, N
     + previous: the previous release's label
     """
     rolls_back = rollback()
-    failed = "; ".join(rolls_back.failures()) or "a gate failed"
+    failures = rolls_back.failures()
+    if not failures:  # --dry prepares every conditional op: nothing failed, nothing to say
+        host.noop("no watched operation of the new release failed")
+        return
+    failed = "; ".join(failures)
     took = (
         f" {time.monotonic() - rolls_back.decided_at:.0f} s after the failure"
         if rolls_back.decided_at

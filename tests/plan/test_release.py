@@ -356,3 +356,13 @@ def test_the_default_stack_stops_every_rank_together_in_one_operation(monkeypatc
     assert r.exit_code == 0, r.output
     assert position(r, RESTART_STOP) < position(r, "Start the worker rank")
     assert not [op for op in r.op_order if "first" in op and RESTART_STOP in op]
+
+
+def test_a_dry_run_of_a_bare_pair_says_no_upgrade_failed(monkeypatch):
+    """--dry prepares the rollback's conditional operations too: with nothing failed, the last
+    one must not tell a reviewer that an upgrade failed and was rolled back (the ring lab's first
+    --dry, and every --dry of a bare pair, printed it)."""
+    r = run(["--dry", "tests/plan/inventory_bare.py", "deploy.py"], monkeypatch)
+    assert r.exit_code == 0, r.output
+    # (the operation's own name is in the table: "Fail the run: the upgrade failed and ...")
+    assert "upgrade failed (" not in r.output and "Rolled back:" not in r.output
