@@ -154,20 +154,10 @@ def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
     fabric_ports_busbw_min_gbs in fabric_layout "ports"),
     run by the image's python3 from the host package mounted read-only at its own path (the image
     does not carry it). Detached (workers) keeps the container for ``docker wait``."""
-    k = s.knobs
-    package = hostpkg.remote_dir(k.install_dir)
     run = docker_run_args(s, serving=False)
-    run = run[: run.index("--entrypoint")]
-    return [
-        "docker", "run", "--detach" if detach else "--rm", "--name", SMOKE_CONTAINER, *run,
-        "--env", f"RANK={s.me.rank}", "--env", f"WORLD_SIZE={s.nnodes}",
-        "--env", f"MASTER_ADDR={s.rendezvous_ip}", "--env", f"MASTER_PORT={k.master_port + 1}",
-        "--volume", f"{package}:{package}:ro",
-        "--entrypoint", "python3", image,
-        package, "nccl-smoke", "--timeout", str(k.nccl_smoke_timeout_s),
-        "--bytes", str(k.nccl_smoke_bytes), "--warmup", str(k.nccl_smoke_warmup),
-        "--iters", str(k.nccl_smoke_iters), "--min-busbw-gbs", f"{s.busbw_floor_gbs:g}",
-    ]  # fmt: skip
+    return smoke_argv(
+        s, image, run, detach, s.me.rank, s.nnodes, s.rendezvous_ip, s.busbw_floor_gbs
+    )
 
 
 def link_smoke_run_args(s: Settings, image: str, cable: topology.Cable) -> list[str]:
@@ -179,22 +169,38 @@ def link_smoke_run_args(s: Settings, image: str, cable: topology.Cable) -> list[
     (fabric_ports_busbw_min_gbs)."""
     k, plan = s.knobs, s.fabric_plan
     assert plan is not None
-    package = hostpkg.remote_dir(k.install_dir)
     env = topology.link_env(plan, s.me.rank, cable.index, k.roce_port)
     run = docker_run_args(s, serving=False, env=env)
-    run = run[: run.index("--entrypoint")]
     rank = 0 if cable.a.rank == s.me.rank else 1
-    master = plan.link(cable.index, topology.PRIMARY).address(cable.a.rank).ip
+    master = str(plan.link(cable.index, topology.PRIMARY).address(cable.a.rank).ip)
+    return smoke_argv(s, image, run, rank == 1, rank, 2, master, k.fabric_ports_busbw_min_gbs)
+
+
+def smoke_argv(
+    s: Settings,
+    image: str,
+    run: list[str],
+    detach: bool,
+    rank: int,
+    world_size: int,
+    master: str,
+    floor_gbs: float,
+) -> list[str]:
+    """The smoke test's ``docker run`` argv from the rank's options ``run`` (docker_run_args,
+    cut before its entrypoint): rank ``rank`` of ``world_size`` meeting at ``master`` on
+    master_port + 1, the host package's nccl-smoke with the knobs' sizes and ``floor_gbs``."""
+    k = s.knobs
+    package = hostpkg.remote_dir(k.install_dir)
+    run = run[: run.index("--entrypoint")]
     return [
-        "docker", "run", "--detach" if rank else "--rm", "--name", SMOKE_CONTAINER, *run,
-        "--env", f"RANK={rank}", "--env", "WORLD_SIZE=2",
+        "docker", "run", "--detach" if detach else "--rm", "--name", SMOKE_CONTAINER, *run,
+        "--env", f"RANK={rank}", "--env", f"WORLD_SIZE={world_size}",
         "--env", f"MASTER_ADDR={master}", "--env", f"MASTER_PORT={k.master_port + 1}",
         "--volume", f"{package}:{package}:ro",
         "--entrypoint", "python3", image,
         package, "nccl-smoke", "--timeout", str(k.nccl_smoke_timeout_s),
         "--bytes", str(k.nccl_smoke_bytes), "--warmup", str(k.nccl_smoke_warmup),
-        "--iters", str(k.nccl_smoke_iters),
-        "--min-busbw-gbs", f"{k.fabric_ports_busbw_min_gbs:g}",
+        "--iters", str(k.nccl_smoke_iters), "--min-busbw-gbs", f"{floor_gbs:g}",
     ]  # fmt: skip
 
 
