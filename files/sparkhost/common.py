@@ -6,8 +6,11 @@ import http.client
 import json
 import os
 import socket
+import socketserver
+import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from typing import Any
 
 VERSION = "1"
@@ -38,6 +41,15 @@ def listen_addresses(listen: str) -> list[tuple[str, int]]:
             raise ValueError(f"not ADDR:PORT: {part!r} (in {listen!r})")
         out.append((host.strip("[]"), int(port)))
     return out
+
+
+def serve_every(servers: Sequence[socketserver.BaseServer], block: bool = True) -> None:
+    """Serve every one of ``servers`` (one per address of a ``--listen`` list): each in a
+    daemon thread, or, ``block``, all but the first, which serves here until it stops."""
+    for server in servers[1:] if block else servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    if block:
+        servers[0].serve_forever()
 
 
 def bind_device(sock: socket.socket, device: str) -> None:

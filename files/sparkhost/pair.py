@@ -62,7 +62,7 @@ import urllib.error
 import urllib.request
 
 from sparkhost import pairmac, wedge
-from sparkhost.common import bind_device, device_opener, listen_addresses
+from sparkhost.common import bind_device, device_opener, listen_addresses, serve_every
 from sparkhost.common import read_text as read_flag
 from sparkhost.helperhttp import GuardedServer, Handler
 from sparkhost.units import unit_state
@@ -439,11 +439,7 @@ def serve_all(listen: str, handler: type[Handler], block: bool = True) -> None:
     """Answer ``handler`` on every address of ``listen`` (``ADDR:PORT[,ADDR:PORT...]``: each
     address a peer dials this rank at), every socket bound before any is served (a bind that
     fails raises here); ``block``: until a server stops, else in the background."""
-    servers = [GuardedServer(address, handler) for address in listen_addresses(listen)]
-    for server in servers[1:] if block else servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-    if block:
-        servers[0].serve_forever()
+    serve_every([GuardedServer(address, handler) for address in listen_addresses(listen)], block)
 
 
 def agent(args: argparse.Namespace) -> int:

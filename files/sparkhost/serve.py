@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from sparkhost.common import EXIT_OK, SO_BINDTODEVICE, VERSION, listen_addresses, log
+from sparkhost.common import EXIT_OK, SO_BINDTODEVICE, VERSION, listen_addresses, log, serve_every
 from sparkhost.lockfile import load_lock
 
 
@@ -131,8 +131,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     servers = [Srv(address, handler) for address in listen_addresses(args.listen)]
     log(f"serving {args.dir} read-only on {args.listen} for at most {args.max_seconds}s")
-    for srv in servers[1:]:
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
 
     def shutdown() -> None:
         for srv in servers:
@@ -141,7 +139,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.max_seconds:
         threading.Timer(args.max_seconds, shutdown).start()
     try:
-        servers[0].serve_forever()
+        serve_every(servers)
     except KeyboardInterrupt:
         pass
     for srv in servers:
