@@ -41,7 +41,8 @@ STOCK = "vllm-0.33"
 NEVER_READY = "never-ready"
 # the tensorfold stack's image: no vLLM in it (lab/standin_tensorfold.py answers as TensorFold)
 TENSORFOLD = "tensorfold-0.6"
-TENSORFOLDS = (TENSORFOLD, "tensorfold-tp4")  # the tensorfold-ring stack's: the N-rank build
+TENSORFOLD_TP4 = "tensorfold-tp4"  # the tensorfold-ring stack's: the N-rank build
+TENSORFOLDS = (TENSORFOLD, TENSORFOLD_TP4)
 FORK_FLAVOURS = ("entrpi-fork", "sfxnz-v13")  # each: 0.33 plus flavours/<name>.txt
 FLAVOURS = (STOCK, *FORK_FLAVOURS, NEVER_READY)
 CHECKED = ("quantization", "attention-backend")  # config-stage values, in vLLM's order

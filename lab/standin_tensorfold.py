@@ -49,8 +49,8 @@ import standin_engine as engine  # noqa: E402
 import standin_flavour as flavours  # noqa: E402
 import standin_vllm as base  # noqa: E402
 
-FLAVOUR = "tensorfold-0.6"
-TP4 = "tensorfold-tp4"  # the N-rank build (tensorfold-ring): the same CLI, more ranks
+FLAVOUR = flavours.TENSORFOLD
+TP4 = flavours.TENSORFOLD_TP4  # the N-rank build (tensorfold-ring): the same CLI, more ranks
 FLAGS_FILE = os.path.join(flavours.HERE, "tensorfold-flags.txt")
 VERSION = "0.6.0+standin"
 Choices = dict[str, tuple[str, ...]]  # option -> the values argparse accepts
