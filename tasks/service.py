@@ -289,6 +289,13 @@ pair_stopped_in_order(
 # workers' verdicts. It fails the deploy, naming the transport, when NCCL did not use IB/RoCE.
 # Without the head in the run there is no one to all-reduce with: skipped (logged above).
 smoke = knobs.nccl_smoke and head_in_run
+
+
+def smoke_due() -> bool:
+    """The smoke test runs before a pair (re)start: this run restarts it or the rank is down."""
+    return smoke and (restart() or not rank_active)
+
+
 SMOKE_CLEAN = f"docker rm --force {SMOKE_CONTAINER} >/dev/null 2>&1 || true"
 SMOKE_VERDICT = (  # a detached smoke test's exit code and last line (its JSON)
     f"rc=$(docker wait {SMOKE_CONTAINER}); docker logs --tail 1 {SMOKE_CONTAINER}; "
@@ -299,14 +306,14 @@ on_workers(
     server.shell,
     name="Launch the NCCL smoke test on the workers",
     commands=[SMOKE_CLEAN, shlex.join(smoke_run_args(settings, image, detach=True))],
-    _if=lambda: smoke and (restart() or not rank_active),
+    _if=smoke_due,
 )
 smoke_head = on_head(
     is_head,
     server.shell,
     name="Run the NCCL smoke test on the head",
     commands=[shlex.join(smoke_run_args(settings, image))],
-    _if=lambda: smoke and (restart() or not rank_active),
+    _if=smoke_due,
     _ignore_errors=upgrading,
 )
 rolls_back.watch("NCCL smoke test", smoke_head)
@@ -315,7 +322,7 @@ smoke_workers = on_workers(
     server.shell,
     name="Check the NCCL smoke test on the workers",
     commands=[SMOKE_VERDICT],
-    _if=lambda: smoke and (restart() or not rank_active),
+    _if=smoke_due,
     _ignore_errors=upgrading,
 )
 rolls_back.watch("NCCL smoke test", smoke_workers)
@@ -325,21 +332,20 @@ smoke_figures().watch(host.name, smoke_head if settings.me.is_head else smoke_wo
 # the foreground (the rendezvous on its primary address there), then the port-1 end's verdict.
 ring = settings.fabric_plan if settings.relayed else None
 for cable in host.loop(ring.cables if ring is not None else ()):
-    at = cable.end_of(settings.me.rank) if cable.touches(settings.me.rank) else None
-    port0, port1 = at is not None and at is cable.a, at is not None and at is cable.b
+    port0, port1 = cable.a.rank == settings.me.rank, cable.b.rank == settings.me.rank
     server.shell(
         name="Launch the NCCL smoke test over one cable at its port-1 end",
         commands=[SMOKE_CLEAN, shlex.join(link_smoke_run_args(settings, image, cable))]
         if port1
         else [],
-        _if=lambda port1=port1: smoke and port1 and (restart() or not rank_active),
+        _if=lambda port1=port1: port1 and smoke_due(),
     )
     rolls_back.watch(
         "NCCL smoke test over a cable",
         server.shell(
             name="Run the NCCL smoke test over one cable at its port-0 end",
             commands=[shlex.join(link_smoke_run_args(settings, image, cable))] if port0 else [],
-            _if=lambda port0=port0: smoke and port0 and (restart() or not rank_active),
+            _if=lambda port0=port0: port0 and smoke_due(),
             _ignore_errors=upgrading,
         ),
     )
@@ -348,7 +354,7 @@ for cable in host.loop(ring.cables if ring is not None else ()):
         server.shell(
             name="Check the NCCL smoke test over one cable at its port-1 end",
             commands=[SMOKE_VERDICT],
-            _if=lambda port1=port1: smoke and port1 and (restart() or not rank_active),
+            _if=lambda port1=port1: port1 and smoke_due(),
             _ignore_errors=upgrading,
         ),
     )
