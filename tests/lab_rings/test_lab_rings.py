@@ -166,45 +166,78 @@ def segment_taps(bridge: str) -> list[str]:
     return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if line]
 
 
+OWNED = "/etc/netplan /etc/sparkrig /etc/systemd/system /etc/sysctl.d /etc/nginx /opt/sparkrig"
+MARK = "/run/sparkrig-lab-mark"
+
+
+def mark(ring: Lab) -> dict[str, dict[str, str]]:
+    """Before a run that must refuse: a mark file on every guest, and its fabric addresses."""
+    for g in ring.guests:
+        g.sh(f"touch {MARK}")
+    return {g.name: addresses(g) for g in ring.guests}
+
+
+def assert_nothing_written_since(ring: Lab, held: dict[str, dict[str, str]]) -> None:
+    """No file sparkrig owns was written after the mark, and every fabric address is as it was."""
+    for g in ring.guests:
+        newer = g.sh(f"find {OWNED} -newer {MARK} 2>/dev/null; true").split()
+        assert newer == [], (g.name, newer)
+    assert {g.name: addresses(g) for g in ring.guests} == held
+
+
+def refusal(output: str) -> str:
+    """The lines of a refused run that name a cable (printed for docs/rings.md)."""
+    return "\n".join(line for line in output.splitlines() if "cable" in line)
+
+
 @pytest.mark.skipif(HOSTS == 2, reason="a pair takes any port at either end")
 def test_a_cable_moved_to_like_ports_is_refused_before_any_change(ring: Lab):
     """Guest 2's two ports swapped at the host (its port-0 taps on cable 0's segments, where its
     port 1 was, and the other way round): cable 0 then joins port 0 to port 0. The run refuses
-    before any change, naming the cable to move; swapped back, a run changes nothing."""
+    before any change, naming the cable to move. Moving a cable breaks the serving ring's links
+    (its stop-together watches take every rank down, as a pulled cable would on Sparks): that is
+    the cable's doing, not the run's, so the check is that the run wrote nothing. Swapped back,
+    the ring serves again and a run passes its gates."""
     nics = fabric.nics("ports", HOSTS, 2)
     # each (port, function) NIC's tap onto the segment of the same function of the other port
     by_port = {(p, f): n for n in nics for (p, f), name in fabric.NETDEVS.items()
                if name == n.netdev}  # fmt: skip
     swapped = [(by_port[p, f].tap, by_port[1 - p, f].bridge) for (p, f) in by_port]
-    before = {g.name: g.unit_started(g.rank_unit) for g in ring.guests}
     try:
         for tap, bridge in swapped:
             net.nsip("link", "set", tap, "master", bridge)
         time.sleep(5)  # the neighbours' link-local answers age in
+        held = mark(ring)
         r = deploy("-y", "--json")
         assert r.rc != 0
         assert "like" in r.output and "cable" in r.output, r.output[-6000:]
-        assert {g.name: g.unit_started(g.rank_unit) for g in ring.guests} == before
+        print("refused:", refusal(r.output))
+        assert_nothing_written_since(ring, held)
     finally:
         for nic in nics:
             net.nsip("link", "set", nic.tap, "master", nic.bridge)
     time.sleep(5)
     r = deploy("-y", "--json")
     assert r.rc == 0, r.output[-4000:]
+    gates_pass(ring)
 
 
 def test_a_cut_cable_is_refused_naming_it(ring: Lab):
     """A cable cut (both of its segments down at the host): neither function answers a
     don't-fragment ping, and a fabric with a cable gone is refused before any change, naming
-    the cable; put back, the next run changes nothing."""
+    the cable (the ring's watches have taken it down: the engine cannot serve on what is left);
+    put back, the ring serves again and a run passes its gates."""
     bridges = [fabric.cable_bridge(CUT, f) for f in (0, 1)]
     try:
         for bridge in bridges:
             for tap in segment_taps(bridge):
                 net.nsip("link", "set", tap, "down")
+        held = mark(ring)
         r = deploy("-y", "--json")
         assert r.rc != 0
         assert f"{CUT_SAID}: neither function" in r.output, r.output[-6000:]
+        print("refused:", refusal(r.output))
+        assert_nothing_written_since(ring, held)
     finally:
         for bridge in bridges:
             for tap in segment_taps(bridge):
@@ -212,4 +245,5 @@ def test_a_cut_cable_is_refused_naming_it(ring: Lab):
     time.sleep(5)
     r = deploy("-y", "--json")
     assert r.rc == 0, r.output[-4000:]
+    gates_pass(ring)
     print("times:", {k: round(v) for k, v in TIMES.items()})
