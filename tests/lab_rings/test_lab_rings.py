@@ -130,18 +130,35 @@ def test_every_link_carries_rdma_writes_both_ways(ring: Lab):
         for (server, snic), (client, cnic) in (ends, ends[::-1]):
             gid = gid_index(server, snic.rdma, held[server.name][snic.netdev])
             cgid = gid_index(client, cnic.rdma, held[client.name][cnic.netdev])
-            server.sh(
-                f"systemd-run --collect ib_write_bw -d {snic.rdma} -x {gid} -D 3 --report_gbits -F"
-            )
-            time.sleep(3)
-            out = client.sh(
-                f"ib_write_bw -d {cnic.rdma} -x {cgid} -D 3 --report_gbits -F "
-                f"{held[server.name][snic.netdev]}",
-                timeout=180,
-            )
+            for attempt in (1, 2):
+                server.sh(
+                    f"systemd-run --collect ib_write_bw -d {snic.rdma} -x {gid} -n 200 "
+                    "--report_gbits -F"
+                )
+                time.sleep(3)
+                run = client.run(
+                    f"ib_write_bw -d {cnic.rdma} -x {cgid} -n 200 --report_gbits -F "
+                    f"{held[server.name][snic.netdev]}",
+                    timeout=180,
+                )
+                # Soft-RoCE under TCG with four guests once failed a write mid-run ("Completion
+                # with error", status 9: a retransmit rxe's responder took as an invalid request),
+                # and once panicked a guest's kernel (rxe_receiver) under a 3 s run: a fixed 200
+                # writes, and a clean second run proves the path, said, never hidden.
+                if (
+                    run.returncode == 0
+                    or attempt == 2
+                    or "Completion with error" not in run.stdout + run.stderr
+                ):
+                    break
+                print(f"{bridge} {client.name}->{server.name}: rxe completion error, once more")
+                server.sh("pkill -x ib_write_bw || true")
+            assert run.returncode == 0, (bridge, client.name, run.stdout, run.stderr)
+            out = run.stdout
             rows = [line.split() for line in out.splitlines() if line.strip()[:1].isdigit()]
             assert rows, out
             figures[f"{bridge} {client.name}->{server.name}"] = float(rows[-1][3])
+            print(f"ib_write_bw {bridge} {client.name}->{server.name}: {rows[-1][3]} Gb/s")
     assert all(v > 0 for v in figures.values()), figures
     print("ib_write_bw Gb/s per link and direction:", figures)
 
