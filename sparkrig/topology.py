@@ -730,6 +730,31 @@ def unchecked_cables(
     return out
 
 
+def swapped_at_one_rank(
+    plan: Plan, unplanned: set[frozenset[End]]
+) -> list[tuple[int, tuple[End, End], tuple[Cable, Cable]]]:
+    """The ranks (three and more) whose two ports hold each other's cable, the likeliest slip
+    when cabling a ring: (rank, (what its port 0 and port 1 reach), (the cable each belongs to
+    by the plan)). Swapping the two ends at that rank alone puts both right."""
+    if plan.nnodes < 3:
+        return []
+    planned = {frozenset((c.a, c.b)): c for c in plan.cables}
+    reach: dict[End, End] = {}
+    for edge in unplanned:
+        x, y = tuple(edge)
+        reach[x], reach[y] = y, x
+    out = []
+    for rank in range(plan.nnodes):
+        at0, at1 = reach.get(End(rank, 0)), reach.get(End(rank, 1))
+        if at0 is None or at1 is None:
+            continue
+        c0 = planned.get(frozenset((End(rank, 1), at0)))
+        c1 = planned.get(frozenset((End(rank, 0), at1)))
+        if c0 is not None and c1 is not None:
+            out.append((rank, (at0, at1), (c0, c1)))
+    return out
+
+
 def check_cabling(
     plan: Plan,
     ports: Sequence[Mapping[int, Port]],
@@ -758,7 +783,18 @@ def check_cabling(
     cable_at = {end: c for c in plan.cables for end in (c.a, c.b)}
     seen = observed_cables(ports, probes)
     wrong_ends: set[End] = set()
-    for edge in sorted(seen - set(planned), key=lambda e: sorted((x.rank, x.port) for x in e)):
+    unplanned = seen - set(planned)
+    for rank, (at0, at1), (c0, c1) in swapped_at_one_rank(plan, unplanned):
+        unplanned -= {frozenset((End(rank, 0), at0)), frozenset((End(rank, 1), at1))}
+        wrong_ends |= {End(rank, 0), End(rank, 1), at0, at1}
+        problems.append(
+            f"{names[rank]}'s two cables are swapped (port 0 reaches {_port_name(names, at0)}, "
+            f"port 1 reaches {_port_name(names, at1)}: like-port cabling, which NCCL cannot use "
+            f"on a ring): swap the two cable ends at {names[rank]}, so that cable {c0.index} "
+            f"joins {_port_name(names, at0)} and {names[rank]} port 1, and cable {c1.index} "
+            f"{names[rank]} port 0 and {_port_name(names, at1)}"
+        )
+    for edge in sorted(unplanned, key=lambda e: sorted((x.rank, x.port) for x in e)):
         x, y = sorted(edge, key=lambda e: (e.rank, e.port))
         if x not in cable_at:  # x's port is unused by the plan: judge from y
             x, y = y, x

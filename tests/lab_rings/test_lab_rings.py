@@ -30,7 +30,10 @@ CUT_SAID = (
     else "cable 0 (lab-head port 1 to lab-worker1 port 1)"
 )
 # the like-port test swaps lab-worker1's two ports: cable 0 then reaches its port 0
-LIKE_SAID = "cable 0 must join lab-head port 0 and lab-worker1 port 1"
+LIKE_SAID = (
+    "swap the two cable ends at lab-worker1, so that cable 0 joins lab-head port 0 and "
+    "lab-worker1 port 1"
+)
 TIMES: dict[str, float] = {}
 
 
@@ -229,7 +232,7 @@ def test_a_cable_moved_to_like_ports_is_refused_before_any_change(ring: Lab):
         held = mark(ring)
         r = deploy("-y", "--json")
         assert r.rc != 0
-        said = "(like-port cabling, which NCCL cannot use on a ring"
+        said = "like-port cabling, which NCCL cannot use on a ring"
         assert said in r.output and LIKE_SAID in r.output, r.output[-6000:]
         print("refused:", refusal(r.output))
         assert_nothing_written_since(ring, held)

@@ -219,17 +219,31 @@ def test_a_ring_cabled_by_the_rule_passes(n, by_mac):
 
 
 def test_a_like_port_cable_is_refused_naming_the_cable_to_move():
-    plan = derive(ring_ports(3), "198.18.0.0/21")
-    # the triangle's cable 1 plugged p0 -> p0 at spark-c; spark-c's p1 then takes cable 2
-    cables = [((0, 0), (1, 1)), ((1, 0), (2, 0)), ((2, 1), (0, 1))]
-    problems = check_cabling(plan, ring_ports(3), probes_for(3, cables), NAMES)
-    assert problems[1] == (
+    plan = derive(ring_ports(4), "198.18.0.0/21")
+    # the ring's cable 1 plugged p0 -> p0 at spark-c (cable 2 left out): one cable to move
+    cables = [((0, 0), (1, 1)), ((1, 0), (2, 0)), ((3, 0), (0, 1))]
+    problems = check_cabling(plan, ring_ports(4), probes_for(4, cables), NAMES)
+    assert problems[0] == (
         "spark-b port 0 reaches spark-c port 0 (like-port cabling, which NCCL cannot use on a "
         "ring: port 0 of each rank goes to port 1 of the next); cable 1 must join spark-b port 0 "
         "and spark-c port 1: move the cable end at spark-c port 0 to spark-c port 1"
     )
-    assert any(p.startswith("spark-a port 1 reaches spark-c port 1 (like-port") for p in problems)
-    assert len(problems) == 2
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_a_ranks_two_cables_swapped_are_named_as_one_swap(n):
+    plan = derive(ring_ports(n), "198.18.0.0/21")
+    # spark-c's two ports swapped: its p0 takes cable 1 (from spark-b's p0), its p1 cable 2
+    cables = [((2, 0), (1, 0)) if c == ((1, 0), (2, 1)) else c for c in ring_cables(n)]
+    cables = [((2, 1), c[1]) if c[0] == (2, 0) and c[1] != (1, 0) else c for c in cables]
+    problems = check_cabling(plan, ring_ports(n), probes_for(n, cables), NAMES)
+    far = "spark-a" if n == 3 else "spark-d"
+    assert problems == [
+        f"spark-c's two cables are swapped (port 0 reaches spark-b port 0, port 1 reaches {far} "
+        "port 1: like-port cabling, which NCCL cannot use on a ring): swap the two cable ends at "
+        "spark-c, so that cable 1 joins spark-b port 0 and spark-c port 1, and cable 2 spark-c "
+        f"port 0 and {far} port 1"
+    ]
 
 
 def test_tensorfolds_mirrored_ring_of_four_is_refused():
@@ -237,7 +251,9 @@ def test_tensorfolds_mirrored_ring_of_four_is_refused():
     plan = derive(ring_ports(4), "198.18.0.0/21")
     cables = [((0, 1), (1, 1)), ((1, 0), (2, 0)), ((2, 1), (3, 1)), ((3, 0), (0, 0))]
     problems = check_cabling(plan, ring_ports(4), probes_for(4, cables), NAMES)
-    assert len(problems) == 4 and all("like-port" in p for p in problems)
+    # two swaps mend it: spark-a's two ends and spark-c's
+    assert [p.split("'")[0] for p in problems] == ["spark-a", "spark-c"]
+    assert all("like-port" in p and "swap the two cable ends" in p for p in problems)
 
 
 def test_a_wrong_neighbour_is_named():
