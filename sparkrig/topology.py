@@ -766,8 +766,12 @@ def check_cabling(
     every port it has (both, so a cable in the wrong port is seen where it is)."""
     names = list(names or [f"rank {i}" for i in range(plan.nnodes)])
     problems: list[str] = []
+    planned = {frozenset((c.a, c.b)): c for c in plan.cables}
+    cable_at = {end: c for c in plan.cables for end in (c.a, c.b)}
     for rank, by_port in enumerate(ports):
         for p, port in sorted(by_port.items()):
+            if End(rank, p) not in cable_at:
+                continue  # probed for a misplaced cable only (a pair's other port): may lack
             gone = [
                 f.netdev
                 for f in port.functions
@@ -779,8 +783,6 @@ def check_cabling(
                     f"{names[rank]}: {', '.join(gone)} (port {p}) does not exist on the host: "
                     "check fabric_ports in the inventory"
                 )
-    planned = {frozenset((c.a, c.b)): c for c in plan.cables}
-    cable_at = {end: c for c in plan.cables for end in (c.a, c.b)}
     seen = observed_cables(ports, probes)
     wrong_ends: set[End] = set()
     unplanned = seen - set(planned)

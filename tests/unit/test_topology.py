@@ -295,6 +295,23 @@ def test_a_pair_cable_in_the_other_port_is_named():
     assert check_cabling(plan, ports, probes_for(2, [((0, 1), (1, 1))]), NAMES) == []
 
 
+def test_a_pairs_other_port_may_lack_its_netdevs_but_its_own_may_not():
+    # probed only to see a cable in the wrong port: a host without it (a driver's port left
+    # out) still serves the pair on its cabled port
+    ports = ring_ports(2)
+    plan = derive(ports, "198.18.0.0/21", pair_ports=(1, 1))
+    probes = probes_for(2, [((0, 1), (1, 1))])
+    for rank in (0, 1):
+        for dev in ("enp1s0f0np0", "enP2p1s0f0np0"):
+            probes[rank][dev] = Probe(dev, None, present=False)
+    assert check_cabling(plan, ports, probes, NAMES) == []
+    probes[1]["enP2p1s0f1np1"] = Probe("enP2p1s0f1np1", None, present=False)
+    assert check_cabling(plan, ports, probes, NAMES) == [
+        "spark-b: enP2p1s0f1np1 (port 1) does not exist on the host: check fabric_ports in the "
+        "inventory"
+    ]
+
+
 # ---------------------------------------------------------------------------------------------
 # The probe: command and parser
 # ---------------------------------------------------------------------------------------------
