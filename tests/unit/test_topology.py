@@ -234,8 +234,7 @@ def test_a_like_port_cable_is_refused_naming_the_cable_to_move():
 def test_a_ranks_two_cables_swapped_are_named_as_one_swap(n):
     plan = derive(ring_ports(n), "198.18.0.0/21")
     # spark-c's two ports swapped: its p0 takes cable 1 (from spark-b's p0), its p1 cable 2
-    cables = [((2, 0), (1, 0)) if c == ((1, 0), (2, 1)) else c for c in ring_cables(n)]
-    cables = [((2, 1), c[1]) if c[0] == (2, 0) and c[1] != (1, 0) else c for c in cables]
+    cables = [tuple((r, 1 - p) if r == 2 else (r, p) for r, p in c) for c in ring_cables(n)]
     problems = check_cabling(plan, ring_ports(n), probes_for(n, cables), NAMES)
     far = "spark-a" if n == 3 else "spark-d"
     assert problems == [
