@@ -5,6 +5,9 @@
   --seed S --faults N           boot the lab, converge, then apply, run, check N faults
   --only KIND[,KIND...]         draw only these kinds (repeatable)
   --pick N[,N...]               run only these faults of the drawn sequence (a replay of some)
+  --merge DIR --merge DIR --out DIR
+                                one report of a sequence run in parts: a later part's result
+                                for a fault replaces an earlier one's (touches no lab)
 
 Run from the repository root, as root (the lab needs it). The seed is printed first; any
 campaign replays with the same --seed, --faults and --only. Reports: <out>/report.json and
@@ -19,7 +22,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.chaos import checks
+from bench.chaos import checks, report
 from bench.chaos.catalogue import CATALOGUE, WORK, fill
 from bench.chaos.draw import Draw, kinds_allowed, new_seed, plan
 from bench.chaos.runner import campaign, draw_values, placeholders
@@ -40,6 +43,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--no-converge", action="store_true", help="skip the first converge")
     ap.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
                     help="passed to every pyinfra run, e.g. stack=tensorfold")  # fmt: skip
+    ap.add_argument("--merge", action="append", default=[], type=Path, metavar="DIR",
+                    help="a part's report directory, in run order (with --out)")  # fmt: skip
     ap.add_argument("--settle", type=float, default=600, help="seconds the pair may take to serve")
     args = ap.parse_args(argv)
     args.only = [k for item in args.only for k in item.split(",") if k]
@@ -49,6 +54,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         ap.error("--pick takes fault numbers: --pick 17,39")
     if any(not 1 <= n <= args.faults for n in args.pick):
         ap.error(f"--pick: fault numbers are 1..{args.faults} (--faults)")
+    if args.merge and not args.out:
+        ap.error("--merge writes the merged report to --out DIR")
+    missing = [str(d) for d in args.merge if not (d / "report.json").is_file()]
+    if missing:
+        ap.error(f"--merge: no report.json in {', '.join(missing)}")
     return args
 
 
@@ -92,6 +102,16 @@ def main(argv: list[str]) -> int:
     if args.list:
         print_catalogue()
         return 0
+    if args.merge:
+        try:
+            result = report.merge([report.load(d / "report.json") for d in args.merge])
+        except ValueError as e:
+            raise SystemExit(f"--merge: {e}") from None
+        args.out.mkdir(parents=True, exist_ok=True)
+        js, md = result.write(args.out)
+        print(result.markdown())
+        print(f"reports: {js}, {md}")
+        return 0 if result.healed() == result.total() else 1
     try:
         kinds_allowed(args.only)
     except ValueError as e:

@@ -8,7 +8,9 @@ log."""
 from __future__ import annotations
 
 import json
+import re
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +134,58 @@ class Campaign:
         js.write_text(json.dumps(self.to_json(), indent=1) + "\n")
         md.write_text(self.markdown())
         return js, md
+
+
+def load(report_json: Path) -> Campaign:
+    """A campaign as its report.json recorded it."""
+    js = json.loads(report_json.read_text())
+    c = Campaign(js["seed"], js["faults"], js["only"], js["command"], js["started"])
+    c.stopped = js["stopped"]
+    c.results = [FaultResult(**r) for r in js["results"]]
+    return c
+
+
+def merge(parts: Sequence[Campaign]) -> Campaign:
+    """One drawn sequence run in parts (``--pick``) as one campaign: a later part's result for a
+    fault replaces an earlier part's (a replay). The parts must have drawn the same sequence."""
+    if not parts:
+        raise ValueError("nothing to merge")
+    first = parts[0]
+    for p in parts[1:]:
+        if (p.seed, drawn(p), p.only) != (first.seed, drawn(first), first.only):
+            raise ValueError(
+                f"{p.command!r} drew another sequence than {first.command!r}: "
+                "only parts of one seed, --faults and --only merge"
+            )
+    by_index: dict[int, FaultResult] = {}
+    for p in parts:
+        by_index.update((r.index, r) for r in p.results)
+    sources = "; ".join(
+        f"faults {spans(r.index for r in p.results)} from: {p.command}" for p in parts
+    )
+    base = first.command.split(" --pick")[0]
+    merged = Campaign(first.seed, drawn(first), first.only, f"{base} ({sources})", first.started)
+    merged.results = [by_index[i] for i in sorted(by_index)]
+    return merged
+
+
+def drawn(part: Campaign) -> int:
+    """How many faults the part's seed drew (its --faults); ``faults`` counts those it ran."""
+    m = re.search(r" --faults (\d+)", part.command)
+    if not m:
+        raise ValueError(f"{part.command!r} names no --faults: not a bench.chaos report")
+    return int(m.group(1))
+
+
+def spans(indexes: Iterable[int]) -> str:
+    """1,2,3,5,7,8 -> '1-3,5,7-8'."""
+    out: list[list[int]] = []
+    for i in sorted(set(indexes)):
+        if out and i == out[-1][1] + 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return ",".join(f"{a}-{b}" if a != b else f"{a}" for a, b in out)
 
 
 def _run_cell(run: dict[str, Any]) -> str:

@@ -162,6 +162,61 @@ def test_the_report_counts_healed_and_refused_and_every_drawn_fault_in_the_total
     ]
 
 
+def _part(tmp_path: Path, name: str, seed: int, results: list[FaultResult], drawn: int = 5) -> Path:
+    """A --pick part as the runner writes it: ``faults`` counts the faults it ran."""
+    command = f"python3 -m bench.chaos --seed {seed} --faults {drawn} --pick {name}"
+    c = Campaign(seed, len(results), [], command, name)
+    c.results = results
+    out = tmp_path / name
+    out.mkdir()
+    c.write(out)
+    return out
+
+
+def test_parts_of_one_sequence_merge_into_one_report_where_a_replay_replaces_its_fault(
+    tmp_path, capsys
+):
+    a = _part(tmp_path, "1-3", 9, [result(1, "docker-stopped", HEALED, 150.0),
+                                   result(2, "fabric-mtu-reset", NOT_HEALED),
+                                   result(3, "fabric-claimed-nm", REFUSED)])  # fmt: skip
+    b = _part(tmp_path, "2,4,5", 9, [result(2, "fabric-mtu-reset", HEALED, 120.0),
+                                     result(4, "docker-stopped", HEALED, 250.0),
+                                     result(5, "fabric-mtu-reset", HEALED, 180.0)])  # fmt: skip
+    out = tmp_path / "whole"
+    assert chaos_main.main(["--merge", str(a), "--merge", str(b), "--out", str(out)]) == 0
+    js = json.loads((out / "report.json").read_text())
+    assert (js["healed"], js["total"], js["not_healed"]) == (5, 5, [])
+    assert [(r["index"], r["verdict"]) for r in js["results"]] == [
+        (1, HEALED), (2, HEALED), (3, REFUSED), (4, HEALED), (5, HEALED)
+    ]  # fmt: skip
+    assert js["per_kind"]["fabric-mtu-reset"] == {
+        "n": 2, "healed": 2, "median_s": 150, "worst_s": 180
+    }  # fmt: skip
+    assert "faults 1-3 from: python3 -m bench.chaos --seed 9 --faults 5 --pick 1-3" in js["command"]
+    assert "faults 2,4-5 from:" in js["command"]
+    assert "**healed 5/5**" in (out / "report.md").read_text()
+    # the replay first, the part it replays after: the older verdict wins, and counts against
+    assert chaos_main.main(["--merge", str(b), "--merge", str(a), "--out", str(out)]) == 1
+    assert "- 2. fabric-mtu-reset on the lab-head: NOT healed" in capsys.readouterr().out
+
+
+def test_parts_of_another_sequence_or_no_report_refuse_to_merge(tmp_path):
+    a = _part(tmp_path, "a", 9, [result(1, "docker-stopped", HEALED, 150.0)])
+    for other in (
+        _part(tmp_path, "b", 10, [result(2, "docker-stopped", HEALED, 150.0)]),
+        _part(tmp_path, "c", 9, [result(2, "docker-stopped", HEALED, 150.0)], drawn=6),
+    ):
+        with pytest.raises(SystemExit, match="drew another sequence"):
+            chaos_main.main(
+                ["--merge", str(a), "--merge", str(other), "--out", str(tmp_path / "w")]
+            )
+    with pytest.raises(SystemExit):
+        chaos_main.parse(["--merge", str(tmp_path), "--out", str(tmp_path / "w")])
+    with pytest.raises(SystemExit):
+        chaos_main.parse(["--merge", str(a)])
+    assert not (tmp_path / "w").exists()
+
+
 @pytest.mark.parametrize(
     "name", ["worker-mtu-drift", "noop", "claimed-fabric-refused", "head-boot-fails"]
 )
