@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.chaos import checks, runner
-from bench.chaos.draw import Draw
+from bench.chaos.draw import CUT_AFTER_S, Draw
 from bench.chaos.report import HEALED, NOT_HEALED, REFUSED
 
 
@@ -118,7 +118,7 @@ def test_a_run_that_ends_before_its_moment_is_given_the_work_again_and_killed_wi
 ):
     fake, _, run = lab
     # the first run ends at once, before the drawn kill at 200 s; the one given the work again
-    # would take 120 s and is killed at 200/241 of the first run's length
+    # would take 120 s and is killed at 200/241 of the first 80% of the first run's length
     monkeypatch.setattr(runner, "DEPLOY", stand_in(CHANGED, sleeps=(2, 120), count=tmp_path / "n"))
     # work that belongs to one node (the head's weights) goes there, whatever node was drawn
     draw = Draw(4, "control-killed", "worker", {"work": "weights-byte-flipped-head",
@@ -130,10 +130,18 @@ def test_a_run_that_ends_before_its_moment_is_given_the_work_again_and_killed_wi
     first, killed, again = r.runs
     assert first["interrupted"].startswith("ended in 2 s, before the kill at 200 s")
     assert first["changed"] == {"lab-worker1": ["tasks/fabric.py | Apply the fabric netplan"]}
-    assert (killed["rc"], killed["interrupted"]) == (-9, "SIGKILL at 2 s")
+    moment = runner.moment_within(200, (5, 240), first["seconds"])
+    assert (killed["rc"], killed["interrupted"]) == (-9, f"SIGKILL at {moment:.0f} s")
     assert killed["seconds"] < 60
     assert (again["rc"], again["interrupted"]) == (0, "")
-    assert runner.moment_within(200, (5, 240), 2.4) == pytest.approx(2.4 * 200 / 241)
+    assert runner.moment_within(200, (5, 240), 2.4) == pytest.approx(2.4 * 0.8 * 200 / 241)
+
+
+def test_a_moment_moved_into_a_run_again_lands_in_a_somewhat_quicker_one():
+    # seed 6031's fault 33: a cut drawn at 167 s, the first run ended in 160 s, the one given the
+    # work again in 143 s: the cut must fall inside it
+    assert runner.moment_within(167, CUT_AFTER_S, 160.3) < 143.3
+    assert runner.moment_within(5, CUT_AFTER_S, 160.3) > 0
 
 
 def test_a_cut_run_cuts_the_nodes_ssh_mid_run_waits_for_it_and_runs_again(
