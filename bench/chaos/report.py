@@ -151,8 +151,9 @@ def merge(parts: Sequence[Campaign]) -> Campaign:
     if not parts:
         raise ValueError("nothing to merge")
     first = parts[0]
+    sequence = (first.seed, drawn(first), first.only)
     for p in parts[1:]:
-        if (p.seed, drawn(p), p.only) != (first.seed, drawn(first), first.only):
+        if (p.seed, drawn(p), p.only) != sequence:
             raise ValueError(
                 f"{p.command!r} drew another sequence than {first.command!r}: "
                 "only parts of one seed, --faults and --only merge"
@@ -164,7 +165,7 @@ def merge(parts: Sequence[Campaign]) -> Campaign:
         f"faults {spans(r.index for r in p.results)} from: {p.command}" for p in parts
     )
     base = first.command.split(" --pick")[0]
-    merged = Campaign(first.seed, drawn(first), first.only, f"{base} ({sources})", first.started)
+    merged = Campaign(first.seed, sequence[1], first.only, f"{base} ({sources})", first.started)
     merged.results = [by_index[i] for i in sorted(by_index)]
     return merged
 
