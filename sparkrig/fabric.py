@@ -11,6 +11,7 @@ pair). The netplan file is an owned file
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import shlex
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
@@ -474,6 +475,61 @@ def fabric_claims_displaced(
     if nm_profiles:
         moves.append("nmcli connection reload")
     yield " && ".join(moves)
+
+
+def stray_addresses(held: Sequence[str], planned: str, subnets: Sequence[str]) -> list[str]:
+    """The IPv4 addresses of ``held`` (``ip -o -4 addr`` order, "a.b.c.d/len") in one of the
+    fabric's ``subnets`` that are not ``planned``: the kernel sources a rank's fabric traffic from
+    the subnet's primary address, the first added, and the peers' firewall accepts the plan's
+    alone. Addresses outside the fabric's subnets (link-local, another network) are left alone."""
+    nets = [ipaddress.IPv4Network(n, strict=False) for n in subnets]
+    stray = []
+    for text in held:
+        try:
+            have = ipaddress.IPv4Interface(text)
+        except ValueError:
+            continue
+        if text != planned and any(have.ip in n for n in nets):
+            stray.append(text)
+    return stray
+
+
+def strays_removed_command(interface: str, stray: Sequence[str]) -> str:
+    """Each stray address deleted where the netdev still holds it (deleting a primary address
+    deletes its secondaries too, unless promote_secondaries is set)."""
+    dev = shlex.quote(interface)
+    return "; ".join(
+        f"if ip -o -4 addr show dev {dev} | awk '{{print $4}}' | grep -qxF {shlex.quote(a)}; "
+        f"then ip -4 addr del {shlex.quote(a)} dev {dev} || exit 1; fi"
+        for a in stray
+    )
+
+
+@operation()
+def fabric_addresses_owned(
+    interface: str, held: list[str], planned: str, subnets: list[str]
+) -> Generator[Any, None, None]:
+    """
+    Remove every address of the fabric's subnets that the plan does not give this netdev (one
+    added by hand, a DHCP lease, an earlier plan's): with one ordered before the plan's, the
+    rank's traffic leaves from it and the peers' firewall drops it as not a peer. The plan's
+    own address is (re)applied with the fabric's netplan after.
+
+    + interface: the fabric netdev
+    + held: its IPv4 addresses now, in the kernel's order
+    + planned: the plan's address for it ("a.b.c.d/len")
+    + subnets: the fabric's subnets (an address elsewhere is left alone)
+    """
+    stray = stray_addresses(held, planned, subnets)
+    if not stray:
+        host.noop(f"{interface} holds no fabric address but {planned}")
+        return
+    logger.warning(
+        f"{host.print_prefix}{interface}: removing {', '.join(stray)}: in the fabric's subnet "
+        f"but not the plan's {planned} (the rank's traffic would leave from it, and the peers' "
+        "firewall drops it as not a peer)"
+    )
+    yield strays_removed_command(interface, stray)
 
 
 def ping_command(interface: str, peers: list[str], mtu: int) -> str:

@@ -9,6 +9,7 @@ from sparkrig import hoststate
 from sparkrig.fabric import (
     claims_displaced_args,
     env_context,
+    fabric_addresses_owned,
     fabric_claims_displaced,
     fabric_link_raised,
     fabric_path_proven,
@@ -45,6 +46,14 @@ link_up = fabric_link_raised(
     interface=iface,
     admin_up=node.admin_up or not node.link_present,
 )
+# sparkrig owns the fabric subnet on the NIC: an address of it the plan does not give goes
+strays = fabric_addresses_owned(
+    name="Remove fabric addresses the plan does not give",
+    interface=iface,
+    held=list(node.ipv4),
+    planned=address,
+    subnets=[str(settings.fabric_network)],
+)
 link_drift = node.mtu != knobs.fabric_mtu or address not in node.ipv4
 # Not `netplan apply`: with the NetworkManager renderer it disconnects every netplan-rendered
 # device, flushes their addresses and restarts NetworkManager (docs/fabric.md). Render the
@@ -57,7 +66,13 @@ applied = server.shell(
         "nmcli connection reload",
         f"nmcli --wait 90 connection up netplan-{iface}",
     ],
-    _if=lambda: takeover.did_change() or netplan.did_change() or link_up.did_change() or link_drift,
+    _if=lambda: (
+        takeover.did_change()
+        or netplan.did_change()
+        or link_up.did_change()
+        or strays.did_change()
+        or link_drift
+    ),
 )
 pair_restart().trigger("fabric", applied)  # a re-applied fabric breaks NCCL's links
 roce = roce_device_present(

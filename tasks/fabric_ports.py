@@ -18,6 +18,7 @@ from sparkrig.fabric import (
     claims_displaced_args,
     env_context,
     env_template,
+    fabric_addresses_owned,
     fabric_claims_displaced,
     fabric_functions_proven,
     fabric_link_raised,
@@ -93,6 +94,18 @@ for iface in host.loop(part.ifaces):
             admin_up=have is None or not have.present or have.admin_up,
         )
     )
+# sparkrig owns the fabric's range on every fabric netdev: an address of it the plan does not
+# give that netdev goes (its traffic would leave from it, and the peer's firewall drops it)
+strays = [
+    fabric_addresses_owned(
+        name="Remove fabric addresses the plan does not give",
+        interface=iface.netdev,
+        held=list(have.ipv4) if (have := links.get(iface.netdev)) is not None else [],
+        planned=str(iface.address),
+        subnets=[knobs.fabric_cidr],
+    )
+    for iface in host.loop(part.ifaces)
+]
 drift = [
     i.netdev
     for i in part.ifaces
@@ -113,6 +126,7 @@ applied = server.shell(
         takeover.did_change()
         or netplan.did_change()
         or any(r.did_change() for r in raised)
+        or any(r.did_change() for r in strays)
         or bool(drift)
     ),
 )

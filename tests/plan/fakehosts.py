@@ -377,6 +377,7 @@ ROCE_WAIT = re.compile(r"^timeout 60 sh -c 'until grep -qsxF ")
 UNPAUSE = re.compile(r"^docker unpause sparkrig-rank\d+$")
 PEER_DOWN_MARK = re.compile(r"^mkdir -p /run/sparkrig && echo .* > /run/sparkrig/pair-down$")
 LINK_UP = re.compile(r"^ip link set dev \S+ up$")
+ADDR_DEL = re.compile(r"^if ip -o -4 addr show dev \S+ .*then ip -4 addr del ")
 CARRIER_WAIT = re.compile(r"^i=0; until \[ \"\$\(cat /sys/class/net/\S+/carrier ")
 
 
@@ -457,7 +458,7 @@ def bare(ip: str) -> dict[Any, Any]:
         r"^sh -c 'systemctl stop sparkrig-image-serve 2>/dev/null; ",  # serve / unserve
         r"^rm -rf /opt/sparkrig/image-build && mkdir -p -m 700 /opt/sparkrig/image-build$",
         r"^sh -c 'set -e\ndocker image inspect \S+ >/dev/null 2>&1 \|\| ",  # build
-        UNPAUSE, ROCE_RESTORE, ROCE_WAIT, PEER_DOWN_MARK, LINK_UP, CARRIER_WAIT,
+        UNPAUSE, ROCE_RESTORE, ROCE_WAIT, PEER_DOWN_MARK, LINK_UP, ADDR_DEL, CARRIER_WAIT,
         SMOKE_CLEAN, SMOKE_WORKER, SMOKE_HEAD, SMOKE_CHECK,
         PAIR_WAIT, PAIR_REQUEST, BOOT_WAIT, PRUNE, ROUTES_REPAIR,
         KEEP, RESTORE, ADOPT, PRUNE_WEIGHTS,
@@ -670,6 +671,7 @@ def converged(
     live_device_index: int = 4,
     admin_up: bool = True,
     rank_down: bool = False,
+    ipv4_before: tuple[str, ...] = (),
 ) -> dict[Any, Any]:
     """Canned facts of a rank the deploy converged: every owned file with the rendered content
     (``files`` overrides some, e.g. an older unit), its units running, the fabric up at ``mtu``,
@@ -677,7 +679,8 @@ def converged(
     table lists the fabric address now; ``env_gid_index``: what the rank's env file says;
     ``container``: its container's docker state; ``handed_gid_index``: the index its start gate
     handed over (default: the live one, as after any start); ``device_index`` and
-    ``live_device_index``: the RDMA device's kernel index handed over and now."""
+    ``live_device_index``: the RDMA device's kernel index handed over and now;
+    ``ipv4_before``: addresses the fabric NIC holds before the plan's (``ip -o -4 addr`` order)."""
     from sparkrig.image import serving_image
     from sparkrig.paths import paths
     from sparkrig.weights import artifacts
@@ -718,7 +721,7 @@ def converged(
     canned[re.compile(r"^cat /etc/sparkrig/api-key$")] = [key]
     canned[NODE] = node_report(
         mtu=mtu,
-        ipv4=s.me.fabric_address.with_prefixlen,
+        ipv4=",".join([*ipv4_before, s.me.fabric_address.with_prefixlen]),
         swappiness=k.swappiness,
         min_free_kbytes=k.min_free_kbytes or 67584,
         admin_up=admin_up,

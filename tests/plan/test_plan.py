@@ -507,6 +507,30 @@ def assert_no_restart(r: Run) -> None:
         assert not any("sparkrig-nccl-smoke" in c for c in r.commands[name])
 
 
+def test_a_fabric_address_the_plan_does_not_give_is_removed_and_named(monkeypatch):
+    """Issue 47: an address of the fabric subnet (.222) added before the plan's on the worker's
+    fabric NIC (the kernel sources the rank's traffic from it; the head's firewall drops it as
+    not a peer) is deleted by name, the fabric re-applied and the pair restarted in order; an
+    address outside the fabric's subnet (link-local, another network) stays."""
+    converge_state(**{"spark-b": {"ipv4_before": ("192.168.100.222/24", "169.254.3.1/16")}})
+    r = apply(monkeypatch)
+    worker = r.commands[WORKER]
+    removed = [c for c in worker if "ip -4 addr del" in c]
+    assert len(removed) == 1 and "192.168.100.222/24" in removed[0], worker
+    assert "169.254.3.1" not in removed[0]
+    assert "removing 192.168.100.222/24" in r.output
+    assert worker.index(removed[0]) < worker.index(UP_FABRIC)
+    assert not any("ip -4 addr del" in c for c in r.commands[HEAD])
+    assert_ordered_pair_restart(r)
+
+
+def test_an_address_outside_the_fabric_subnet_changes_nothing(monkeypatch):
+    converge_state(**{"spark-b": {"ipv4_before": ("169.254.3.1/16", "192.0.2.7/24")}})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert not [c for c in r.commands[WORKER] if ACTION.match(c)]
+
+
 def test_an_mtu_reset_alone_restarts_the_pair(monkeypatch):
     converge_state(**{"spark-b": {"mtu": 1500}})
     r = apply(monkeypatch)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkrig.fabric import ping_command
+from sparkrig.fabric import ping_command, stray_addresses
 
 PEERS = ["192.168.100.11", "192.168.100.12", "192.168.100.13"]
 
@@ -54,3 +54,20 @@ def test_every_peer_is_pinged_at_once_with_full_size_do_not_fragment_packets(tmp
 @pytest.mark.parametrize("peer", PEERS)
 def test_the_check_fails_when_any_one_peer_does_not_answer(tmp_path, peer):
     assert run_check(tmp_path, unreachable=(peer,)).returncode != 0
+
+
+def test_stray_fabric_addresses_are_those_of_the_fabric_subnet_but_the_plans():
+    """Issue 47: the NIC may hold a link-local or another network's address; only an address
+    of the fabric's subnet that the plan does not give goes, whatever its order."""
+    held = ["10.200.0.222/24", "169.254.3.1/16", "10.200.0.2/24", "10.200.0.2/16", "192.0.2.7/24"]
+    assert stray_addresses(held, "10.200.0.2/24", ["10.200.0.0/24"]) == [
+        "10.200.0.222/24",
+        "10.200.0.2/16",
+    ]
+    assert (
+        stray_addresses(["10.200.0.2/24", "192.0.2.7/24"], "10.200.0.2/24", ["10.200.0.0/24"]) == []
+    )
+    # fabric_layout "ports": the fabric's whole range, another link's address included
+    assert stray_addresses(
+        ["198.18.1.1/24", "198.18.0.1/24"], "198.18.0.1/24", ["198.18.0.0/16"]
+    ) == ["198.18.1.1/24"]
