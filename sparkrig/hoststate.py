@@ -36,7 +36,7 @@ from sparkrig.firewall import FirewallReport, firewall_of, firewall_part, rulese
 from sparkrig.front import SERVICE as FRONT_SERVICE
 from sparkrig.front import front_files, front_part
 from sparkrig.image import ImageReport, ImageState, image_of, image_part, repo_tags
-from sparkrig.node import SYSCTL_FILE, Node, NodeReport, node_part
+from sparkrig.node import SYSCTL_FILE, Clock, Node, NodeReport, clock_part, node_part
 from sparkrig.owned import OwnedReport, PathState, owned_of, paths_part, units_part
 from sparkrig.pairsecret import secret_parts
 from sparkrig.paths import paths
@@ -122,6 +122,7 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
     parts.append(front_part())
     parts.append(firewall_part())
     parts += ports_parts(s)  # fabric_layout "ports" only: the cabling probe, every link
+    parts.append(clock_part())  # last: its time is the one nearest the output's arrival
     return tuple(parts)
 
 
@@ -138,6 +139,12 @@ class HostReport:
     @property
     def node(self) -> NodeReport:
         return self.values.get("node", Node)
+
+    @property
+    def clock(self) -> float | None:
+        """Seconds this host's clock is ahead of the control machine's (None: not read)."""
+        offset: float | None = self.values.get("clock", Clock)
+        return offset
 
     @property
     def gids(self) -> tuple[GidEntry, ...]:

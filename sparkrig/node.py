@@ -6,11 +6,13 @@ command (``Node``), and the sysctl.d file sparkrig owns. Preflight judges the re
 from __future__ import annotations
 
 import shlex
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
+from sparkhost.pairmac import WINDOW_S
 
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.settings import Rank, Settings
@@ -203,3 +205,57 @@ def node_args(s: Settings, rank: Rank | None = None) -> dict[str, Any]:
 def node_part(s: Settings) -> Part:
     """The state read's part of this host's node report."""
     return Part("node", Node, tuple(sorted(node_args(s).items())))
+
+
+# ---------------------------------------------------------------------------------------------
+# The host's clock: the helpers' signed calls carry the signer's time (files/sparkhost/pairmac.py)
+# ---------------------------------------------------------------------------------------------
+
+# Two ranks further apart than half the helpers' window: a signed call between them has half its
+# window left at best (the transit and a retry take the rest), so an ordered restart may be refused.
+CLOCK_SKEW_MAX_S = WINDOW_S / 2
+
+
+class Clock(FactBase["float | None"]):
+    """
+    The host's clock against the control machine's: seconds the host is ahead (negative:
+    behind), read as the last part of the state read, so the time the output takes to arrive
+    (SSH's latency, well under a second) is the error. None: the host printed no time.
+    """
+
+    def command(self) -> str:
+        return "date +%s.%N"
+
+    def process(self, output: list[str]) -> float | None:
+        now = time.time()
+        try:
+            return float(output[-1].strip()) - now
+        except (IndexError, ValueError):
+            raise FactProcessError(f"clock: {output[-1:]!r} is not a time") from None
+
+
+def clock_part() -> Part:
+    """The state read's part of the host's clock (sparkrig/hoststate.py puts it last)."""
+    return Part("clock", Clock)
+
+
+def clock_problems(offsets: dict[str, float | None]) -> list[str]:
+    """Every two ranks whose clocks (``offsets``: seconds ahead of the control machine, by rank
+    name; None: not read) are more than ``CLOCK_SKEW_MAX_S`` apart, each named with the fix."""
+    read = {name: off for name, off in offsets.items() if off is not None}
+    out = []
+    names = list(read)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            skew = read[b] - read[a]
+            if abs(skew) <= CLOCK_SKEW_MAX_S:
+                continue
+            ahead, behind = (b, a) if skew > 0 else (a, b)
+            out.append(
+                f"clocks: {ahead} is {abs(skew):.0f} s ahead of {behind} (more than "
+                f"{CLOCK_SKEW_MAX_S:.0f} s, half the {WINDOW_S:.0f} s the helpers accept a signed "
+                "call in: an ordered restart of the pair would be refused); run `sudo timedatectl "
+                f"set-ntp true` on both, and check `timedatectl` says `System clock synchronized: "
+                "yes`"
+            )
+    return out

@@ -9,6 +9,7 @@ from sparkrig.fabric import lan_problems
 from sparkrig.failing import problems_absent
 from sparkrig.front import front_paths, key_include_lost
 from sparkrig.image import serving_tag
+from sparkrig.node import clock_problems
 from sparkrig.pairsecret import api_key, pair_secret
 from sparkrig.ports import port_problems
 from sparkrig.preflight import describe, fetch_summary, problems, warnings
@@ -62,6 +63,12 @@ if sum(fetch_bytes.values()):
 record = hoststate.read(settings).release
 kept = record.serving.label() if change(settings, record) and record.serving else ""
 found = problems(settings, node, peers, weights_to_fetch=sum(fetch_bytes.values()), kept=kept)
+# The ranks' clocks, every rank of the run against every other (the helpers' signed calls go
+# between them): each host refuses the same skew, so no rank is converged alone.
+in_run = [r for r in settings.ranks if inventory.get_host(r.name) in state.activated_hosts]
+found += clock_problems(
+    {r.name: hoststate.read(for_inventory(inventory)[r.name]).clock for r in in_run}
+)
 # The head's reach of the Hub and the image registry, asked only when it must download from
 # them (one command more then; a converged pair needs no internet and is never asked).
 base = settings.image_ref

@@ -424,6 +424,9 @@ class Agent(Handler):
     def do_POST(self) -> None:  # noqa: N802
         if not self.signed():
             return
+        if self.path == "/ping":  # an ordered restart asks every agent before it stops anything
+            self.answer(200, "ready")
+            return
         action = {"/start": ["--no-block", "start"], "/stop": ["stop"]}.get(self.path)
         if action is None:
             self.answer(404)
@@ -457,11 +460,12 @@ def signed_post(host: str, port: int, path: str, key: bytes) -> urllib.request.R
 
 
 def ask(worker: str, port: int, key: bytes, action: str, timeout: float = 180) -> bool:
-    """Ask a worker's agent to start or stop its rank (a stop returns once it is down)."""
+    """Ask a worker's agent to start or stop its rank (a stop returns once it is down), or
+    (``ping``) whether it takes a signed call at all."""
     req = signed_post(worker, port, f"/{action}", key)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return bool(r.status == 202)
+            return bool(r.status == (200 if action == "ping" else 202))
     except OSError as err:
         log(f"agent on {worker} did not {action} its rank: {refusal(err)}")
         return False
@@ -541,26 +545,51 @@ def _restart_pair(args: argparse.Namespace) -> int:
     except pairmac.SecretError as err:
         log(f"the pair is not restarted: {err}")
         return 1
+    # every agent must take a signed call before anything stops: one that refuses (a clock off
+    # by more than the window, another secret, the agent down) would leave the head stopped
+    silent = [w for w in workers if not ask(w, args.agent_port, key, "ping", timeout=10)]
+    if silent:
+        log(
+            f"the pair is not restarted, nothing was stopped: {', '.join(silent)} did not take a "
+            "signed call (its refusal above; a clock off: `timedatectl set-ntp true` on every rank)"
+        )
+        return 1
     log(f"restarting the pair: {args.head_unit}, then {', '.join(workers)}")
     mark_pair_down("ordered restart of the pair")  # so the head's stop is not an operator's
     subprocess.run(["systemctl", "stop", args.head_unit], check=False)
     if not all(ask(w, args.agent_port, key, "stop") for w in workers):
-        return 1
+        return head_back(args, "a worker did not stop")
     # --in-turn (a stack that starts its ranks last-to-first): each worker, in the order given,
     # started and seen up before the next; else every worker at once
     for turn in [[w] for w in workers] if args.in_turn else [workers]:
         if not all(ask(w, args.agent_port, key, "start") for w in turn):
-            return 1
+            return head_back(args, "a worker did not start")
         if not wait_all(turn, args.port, up=True, timeout=args.timeout):
-            log(f"{', '.join(turn) if args.in_turn else 'workers'} did not come up")
-            return 1
+            return head_back(
+                args, f"{', '.join(turn) if args.in_turn else 'workers'} did not come up"
+            )
+    head_started(args)
+    log("workers up; head starting")
+    return 0
+
+
+def head_started(args: argparse.Namespace) -> None:
     try:
         os.unlink(MARKER)
     except OSError:
         pass
     subprocess.run(["systemctl", "--no-block", "start", args.head_unit], check=False)
-    log("workers up; head starting")
-    return 0
+
+
+def head_back(args: argparse.Namespace, why: str) -> int:
+    """A restart that failed after the head stopped: the head is started again (its start gate
+    waits for the workers and asks a missing one's agent to start), never left down."""
+    head_started(args)
+    log(
+        f"the ordered restart failed ({why}): the head is starting again (its start gate "
+        "waits for the workers)"
+    )
+    return 1
 
 
 class WatchdogPolicy:

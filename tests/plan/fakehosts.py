@@ -377,6 +377,7 @@ ROCE_WAIT = re.compile(r"^timeout 60 sh -c 'until grep -qsxF ")
 UNPAUSE = re.compile(r"^docker unpause sparkrig-rank\d+$")
 PEER_DOWN_MARK = re.compile(r"^mkdir -p /run/sparkrig && echo .* > /run/sparkrig/pair-down$")
 LINK_UP = re.compile(r"^ip link set dev \S+ up$")
+CLOCK = re.compile(r"^date \+%s\.%N$")  # answered "<skew s>" (tests/plan/harness.py clock_now)
 ADDR_DEL = re.compile(r"^if ip -o -4 addr show dev \S+ .*then ip -4 addr del ")
 CARRIER_WAIT = re.compile(r"^i=0; until \[ \"\$\(cat /sys/class/net/\S+/carrier ")
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,13 @@ def batched(key: str, command: str, ask: Any) -> Answer | None:
     if key == "units":
         return _unit_states(command, ask)
     return None
+
+
+def clock_now(declared: Answer | None) -> Answer:
+    """A host's clock part: the control machine's time now, plus the skew in seconds a test
+    declares for the part's command (fakehosts.CLOCK); none declared: no skew."""
+    skew = float(declared[1].stdout_lines[0]) if declared and declared[1].stdout_lines else 0.0
+    return True, CommandOutput([OutputLine("stdout", f"{time.time() + skew:.6f}")])
 
 
 def _owned_paths(command: str, ask: Any) -> Answer:
@@ -189,7 +197,10 @@ def run(
                     got = (False, CommandOutput([]))
                 return got
 
-            got = batched(key, part, ask) or ask(part)
+            if key == "clock":
+                got = clock_now(answer(self, part))
+            else:
+                got = batched(key, part, ask) or ask(part)
             lines += [f"{stateread.PART} {key}", *got[1].stdout_lines]
             lines.append(f"{stateread.RC} {0 if got[0] else 1}")
         lines.append(END)

@@ -267,3 +267,26 @@ def test_a_head_that_cannot_reach_the_stacks_file_is_refused_before_any_change(m
     assert "file chat_template.jinja (sfxnz/GLM-5.3-Flash-NVFP4-vLLM-2x-DGX-Spark@f59cb7cc" in (
         r.output
     )
+
+
+def test_ranks_clocks_120_s_apart_are_refused_on_every_rank_naming_the_skew(monkeypatch):
+    """Issue 47: the helpers refuse a signed call more than 30 s old, so an ordered restart
+    between ranks 120 s apart would leave the pair down; preflight names both and the fix."""
+    converge_state()
+    fakehosts.inject("spark-b", {fakehosts.CLOCK: "120"})
+    r = apply(monkeypatch)
+    assert r.exit_code != 0
+    said = f"clocks: {WORKER} is 120 s ahead of {HEAD}"
+    assert said in r.output and "timedatectl set-ntp true" in r.output
+    refused = [c for cmds in r.commands.values() for c in cmds if c.endswith(">&2; exit 1")]
+    assert len(refused) == 2 and all(said in c for c in refused)
+    for name in (HEAD, WORKER):
+        assert r.uploads.get(name, {}) == {}, f"{name} was changed"
+
+
+def test_ranks_clocks_a_few_seconds_apart_pass(monkeypatch):
+    converge_state()
+    fakehosts.inject("spark-b", {fakehosts.CLOCK: "-9"})
+    r = apply(monkeypatch, "--dry")
+    assert r.exit_code == 0, r.output
+    assert "clocks:" not in r.output

@@ -873,8 +873,11 @@ def ordered_restart(monkeypatch, in_turn: bool) -> list[str]:
     return seen
 
 
+PINGS = ["ping 10.0.0.4", "ping 10.0.0.3", "ping 10.0.0.2"]
+
+
 def test_an_ordered_restart_in_turn_starts_each_worker_once_the_one_before_is_up(monkeypatch):
-    stops = ["systemctl stop sparkrig-head.service", "stop 10.0.0.4", "stop 10.0.0.3",
+    stops = [*PINGS, "systemctl stop sparkrig-head.service", "stop 10.0.0.4", "stop 10.0.0.3",
              "stop 10.0.0.2"]  # fmt: skip
     head = "systemctl --no-block start sparkrig-head.service"
     assert ordered_restart(monkeypatch, in_turn=True) == [
@@ -908,3 +911,58 @@ def test_the_heads_start_gate_in_turn_asks_only_the_first_worker_down(monkeypatc
     asked.clear(), up.clear(), looks.__setitem__(0, 0)
     assert pair.main(argv[:-1]) == 0  # without --in-turn: every one down at once, in one look
     assert asked == [(0, "10.0.0.4"), (0, "10.0.0.3"), (0, "10.0.0.2")]
+
+
+def restart_with_refusals(monkeypatch, refuse: set[str]) -> tuple[int, list[str], list[str]]:
+    """(exit, what was done, what was logged) of an ordered restart of two workers whose agents
+    refuse the actions in ``refuse`` ("ping 10.0.0.3", "stop 10.0.0.2", ...)."""
+    seen: list[str] = []
+    said: list[str] = []
+    monkeypatch.setattr(pair, "read_key", lambda path: b"k" * 32)
+    monkeypatch.setattr(pair, "mark_pair_down", lambda why: seen.append("marked"))
+    monkeypatch.setattr(pair, "log", said.append)
+    monkeypatch.setattr(pair.subprocess, "run", lambda argv, **kw: seen.append(" ".join(argv)))
+    monkeypatch.setattr(pair, "ask", lambda w, port, key, action, timeout=180: (
+        seen.append(f"{action} {w}") or f"{action} {w}" not in refuse))  # fmt: skip
+    monkeypatch.setattr(pair, "wait_all", lambda peers, port, up, timeout: True)
+    args = argparse.Namespace(
+        workers="10.0.0.3,10.0.0.2", token_file="t", head_unit="sparkrig-head.service",
+        agent_port=29601, port=29600, timeout=5, in_turn=False,
+    )  # fmt: skip
+    return pair._restart_pair(args), seen, said
+
+
+def test_an_ordered_restart_stops_nothing_while_an_agent_refuses_a_signed_call(monkeypatch):
+    """Issue 47: a worker whose clock is off refuses the head's signed calls as stale; asked
+    first, before the head stops, it leaves the pair serving."""
+    rc, seen, said = restart_with_refusals(monkeypatch, {"ping 10.0.0.2"})
+    assert rc == 1
+    assert seen == ["ping 10.0.0.3", "ping 10.0.0.2"]  # nothing stopped, nothing marked
+    assert "nothing was stopped: 10.0.0.2 did not take a signed call" in said[-1]
+
+
+def test_an_ordered_restart_a_worker_refuses_half_way_starts_the_head_again(monkeypatch):
+    rc, seen, said = restart_with_refusals(monkeypatch, {"stop 10.0.0.2"})
+    assert rc == 1
+    assert seen[-1] == "systemctl --no-block start sparkrig-head.service"
+    assert seen.index("systemctl stop sparkrig-head.service") < len(seen) - 1
+    assert "the head is starting again" in said[-1]
+
+
+def test_a_signed_call_from_a_clock_120_s_ahead_is_refused_by_a_real_agent(
+    tmp_path, fake_systemctl, monkeypatch
+):
+    """The agent itself (a subprocess, its own clock) refuses the ping of a signer 120 s ahead,
+    so the ordered restart asks nothing more of it."""
+    bin_dir, log = fake_systemctl
+    proc, port = start_agent(tmp_path, bin_dir)
+    try:
+        assert pair.ask("127.0.0.1", port, KEY, "ping", timeout=10) is True
+        ahead = time.time() + 120
+        monkeypatch.setattr(pairmac.time, "time", lambda: ahead)
+        assert pair.ask("127.0.0.1", port, KEY, "ping", timeout=10) is False
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=5)[0]
+    assert not log.exists()  # the agent started and stopped nothing
+    assert re.search(r"POST /ping from 127\.0\.0\.1 refused: stale: signed \+1[12]\d s", out), out
