@@ -696,9 +696,23 @@ def watchdog(args: argparse.Namespace) -> int:
         time.sleep(args.interval)
 
 
-def canary(command: str) -> bool:
-    """The short real completion (the gate job's probe) run while the engine is idle."""
-    return subprocess.run(command, shell=True, check=False).returncode == 0
+# the probe's exits that are the watchdog's own failure, not the engine's: 2 (sparkhost gate's
+# usage error: the API key file unreadable or empty), 126 and 127 (the program not runnable)
+OWN_EXITS = (2, 126, 127)
+
+
+def canary(command: str) -> bool | None:
+    """The short real completion (the gate job's probe) run while the engine is idle; None when
+    the probe itself could not run (``OWN_EXITS``: said in the journal, never a failed
+    completion: a deleted key file must not restart a healthy pair)."""
+    done = subprocess.run(command, shell=True, check=False, capture_output=True, text=True)
+    if done.returncode in OWN_EXITS:
+        said = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        log(f"the canary could not run (exit {done.returncode}: {said}); not the engine's failure")
+        return None
+    if done.returncode != 0:
+        log(f"the canary failed (exit {done.returncode}): {done.stdout.strip()[-300:]}")
+    return done.returncode == 0
 
 
 def fired(seen: wedge.Probe, fails: int) -> str:

@@ -181,7 +181,7 @@ def probe(
     metrics_url: str,
     clock: StallClock,
     now: float,
-    canary: Callable[[], bool],
+    canary: Callable[[], bool | None],
     read: Callable[[str], Sample] = read_metrics,
 ) -> Probe:
     """Read /metrics; in flight: judge progress; idle (or /metrics unreadable): run the canary."""
@@ -201,8 +201,13 @@ def probe(
     if sample is not None:
         why = f"idle: {sample.text()}"
     ok = canary()
-    return Probe("canary", ok, f"a short completion {'answered' if ok else 'failed'}; {why}",
-                 time.time())  # fmt: skip
+    said = {True: "answered", False: "failed", None: OWN_FAILURE}[ok]
+    return Probe("canary", ok, f"a short completion {said}; {why}", time.time())
+
+
+# the canary's outcome when the watchdog could not run it (its key unreadable, its program
+# missing): the watchdog's own failure, never counted against the engine
+OWN_FAILURE = "could not be sent (the watchdog's own failure: its key file or its program)"
 
 
 def probe_file(run_dir: str) -> str:

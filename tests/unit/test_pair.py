@@ -966,3 +966,19 @@ def test_a_signed_call_from_a_clock_120_s_ahead_is_refused_by_a_real_agent(
         out = proc.communicate(timeout=5)[0]
     assert not log.exists()  # the agent started and stopped nothing
     assert re.search(r"POST /ping from 127\.0\.0\.1 refused: stale: signed \+1[12]\d s", out), out
+
+
+def test_a_canary_whose_key_file_is_gone_is_the_watchdogs_failure_not_the_engines(tmp_path):
+    """Issue 47: the head's API key file deleted, the probe cannot authenticate: that is no
+    failed completion, and however many rounds it lasts the watchdog restarts nothing."""
+    probe = (
+        f"{sys.executable} {SOURCE} gate probe --url http://127.0.0.1:9 --model m "
+        f"--api-key-file {tmp_path / 'gone'}"
+    )
+    assert pair.canary(probe) is None
+    assert pair.canary("exit 1") is False and pair.canary("true") is True
+    assert pair.canary(f"{tmp_path}/no-such-program") is None
+    policy = pair.WatchdogPolicy(fails=3, grace=0, max_restarts=5, window=3600)
+    for t in range(10):
+        assert policy.observe(float(t), True, pair.canary(probe), health_ok=True) == ""
+    assert policy.misses == 0
