@@ -205,6 +205,33 @@ CATALOGUE: tuple[Fault, ...] = (
           "from their stamps, so the run verifies them again, which restarts the pair in order",
           "any", "rm -rf /opt/sparkrig", restarts=PAIR,
           restarts_on_target=("sparkrig-agent",)),
+    # issue 47: faults of the layers' interplay, healed once before the firewall and the front
+    # existed or never tried; appended, so the kinds before them replay unchanged with --only
+    Fault("fabric-extra-address", "a second address in front of the plan's on the fabric NIC",
+          "the worker's fabric NIC's addresses flushed, another address of the fabric subnet "
+          "(.222) added before the plan's and the RDMA device re-created (the kernel sources the "
+          "rank's traffic from .222, which the head's firewall drops as not a peer); the run "
+          "removes it by name", "worker",
+          "a={address}; rdma link delete {rdma}; ip -4 addr flush dev {iface}; "
+          "ip addr add ${a%.*}.222/${a#*/} dev {iface}; ip addr add {address} dev {iface}; "
+          "rdma link add {rdma} type rxe netdev {iface}; sleep 2; ip -o -4 addr show dev {iface}",
+          undo="a={address}; ip addr del ${a%.*}.222/${a#*/} dev {iface} 2>/dev/null; true",
+          restarts=PAIR),
+    Fault("clock-skew", "a rank's clock 120 s ahead",
+          "one rank's clock set 120 s ahead (no NTP: the helpers' signed calls between the ranks "
+          "would be refused as stale); preflight refuses it naming the skew and the fix", "any",
+          "systemctl stop systemd-timesyncd 2>/dev/null; date -s @$(( $(date +%s) + 120 )); "
+          "date", undo="date -s @$(( $(date +%s) - 120 )); date",
+          refused="clocks: "),
+    Fault("front-killed", "the API front killed", "the head's nginx SIGKILLed (the "
+          "distribution's unit has Restart=no; sparkrig's drop-in brings it back)", "head",
+          "systemctl kill -s KILL nginx.service; sleep 1; systemctl is-active nginx.service; true",
+          mode=SELF_HEAL),
+    Fault("api-key-deleted", "the head's API key file deleted and the ruleset flushed",
+          "the head's API key file deleted and `nft flush ruleset` in the same sitting: the "
+          "watchdog's canary cannot read the key (its own failure: no restart of a healthy "
+          "pair); the run puts the key back and reloads the table", "head",
+          "rm -f /etc/sparkrig/api-key; nft flush ruleset; echo deleted"),
 )  # fmt: skip
 
 BY_KIND = {f.kind: f for f in CATALOGUE}

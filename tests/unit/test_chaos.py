@@ -15,7 +15,7 @@ import pytest
 
 from bench.chaos import __main__ as chaos_main
 from bench.chaos import checks, pyinfra_output
-from bench.chaos.catalogue import CATALOGUE, KILL_RUN, PAIR, SSH_CUT, WORK
+from bench.chaos.catalogue import CATALOGUE, KILL_RUN, PAIR, SELF_HEAL, SSH_CUT, WORK
 from bench.chaos.draw import CUT_AFTER_S, CUT_FOR_S, KILL_AFTER_S, kinds_allowed, plan
 from bench.chaos.report import HEALED, NOT_HEALED, REFUSED, Campaign, FaultResult
 from bench.chaos.runner import draw_values, placeholders
@@ -52,7 +52,7 @@ ISSUE_27 = [
 ]
 # "A fault the deploy must refuse rather than heal (a foreign claim on the fabric NIC, a full
 # disk)": exactly these are marked refused.
-REFUSED_KINDS = {"disk-full", "fabric-claimed-netplan", "fabric-claimed-nm"}
+REFUSED_KINDS = {"disk-full", "fabric-claimed-netplan", "fabric-claimed-nm", "clock-skew"}
 BOUNDS = {"kill_after_s": KILL_AFTER_S, "cut_after_s": CUT_AFTER_S, "cut_for_s": CUT_FOR_S}
 
 
@@ -113,6 +113,16 @@ def test_the_catalogue_holds_every_fault_issue_27_names():
         "docker-stopped",
         "docker-restarted",
     }
+
+
+def test_the_catalogue_holds_the_faults_of_the_layers_interplay():
+    """Issue 47: the extra fabric address, a rank's clock ahead, the front killed, the API key
+    deleted; the front's kill is the drop-in's to heal by itself."""
+    kinds = {f.kind: f for f in CATALOGUE}
+    for kind in ("fabric-extra-address", "clock-skew", "front-killed", "api-key-deleted"):
+        assert kind in kinds, kind
+    assert kinds["front-killed"].mode == SELF_HEAL
+    assert kinds["fabric-extra-address"].target == "worker"
 
 
 def test_every_placeholder_a_fault_uses_is_filled():
