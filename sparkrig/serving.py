@@ -417,7 +417,28 @@ def worker_wait_args(s: Settings, ranks: Sequence[int] | None = None) -> dict[st
         "peers": [s.dial(w) for w in waited],
         "port": k.pair_port,
         "timeout": k.pair_grace_s,
+        "explain": why_command(s),
     }
+
+
+def why_command(s: Settings) -> list[str]:
+    """argv of ``sparkhost why`` on this rank (files/sparkhost/why.py): what the firewall dropped
+    on the fabric and from whom, the fabric addresses, the GID handed over, the peers' beacons
+    and the rank's last journal lines; appended to a failed boot wait or rendezvous."""
+    return hostpkg.command(
+        s.knobs.install_dir, "why", "--unit", f"{s.unit_name}.service",
+        "--interface", s.me.fabric_interface, "--peers", ",".join(s.dial(r) for r in s.others),
+        "--port", str(s.knobs.pair_port),
+    )  # fmt: skip
+
+
+def explained(command: Sequence[str], explain: Sequence[str] | None) -> StringCommand:
+    """``command``; when it fails, ``explain`` runs after it (its lines in the failure's output)
+    and the exit status stays the command's."""
+    if not explain:
+        return StringCommand(*[QuoteString(a) for a in command])
+    script = f"{shlex.join(command)} || {{ rc=$?; {shlex.join(explain)}; exit $rc; }}"
+    return StringCommand("sh", "-c", QuoteString(script))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -598,7 +619,11 @@ def stale_gid_dropped(
 
 @operation(is_idempotent=False)
 def workers_running(
-    sparkhost: list[str], peers: list[str], port: int, timeout: int
+    sparkhost: list[str],
+    peers: list[str],
+    port: int,
+    timeout: int,
+    explain: list[str] | None = None,
 ) -> Generator[Any, None, None]:
     """
     Wait until every peer rank's container runs, as its stop-together beacon on the fabric says.
@@ -609,28 +634,23 @@ def workers_running(
     + peers: fabric IPv4 addresses of the ranks to wait for
     + port: beacon port
     + timeout: seconds before giving up (fails this host)
+    + explain: argv run when the wait fails, saying why (``why_command``)
     """
-    yield StringCommand(
-        *[QuoteString(a) for a in sparkhost],
-        "pair",
-        "wait",
-        "--peers",
-        QuoteString(",".join(peers)),
-        "--port",
-        str(port),
-        "--timeout",
-        str(timeout),
-    )
+    wait = [*sparkhost, "pair", "wait", "--peers", ",".join(peers), "--port", str(port),
+            "--timeout", str(timeout)]  # fmt: skip
+    yield explained(wait, explain)
 
 
 @operation(is_idempotent=False)
-def api_serving(command: list[str]) -> Generator[Any, None, None]:
+def api_serving(command: list[str], explain: list[str] | None = None) -> Generator[Any, None, None]:
     """
     Wait for the head's API to boot, failing early when the container dies or logs an error.
 
     + command: the gate script's ``wait`` argv (prints one JSON line per boot stage)
+    + explain: argv run when the wait fails, saying why (``why_command``): a failing start never
+      ends on "container not running" alone
     """
-    yield StringCommand(*[QuoteString(a) for a in command])
+    yield explained(command, explain)
 
 
 @operation()

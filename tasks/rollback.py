@@ -19,7 +19,7 @@ from sparkrig.release import (
     rollback,
     upgrade_failed,
 )
-from sparkrig.serving import api_serving
+from sparkrig.serving import api_serving, why_command
 from sparkrig.settings import Settings
 from tasks.pair_start import pair_started_in_order
 from tasks.pair_stop import pair_stopped_in_order
@@ -73,6 +73,7 @@ def roll_back(
         api_serving,
         name="Wait for the previous release's API to finish booting",
         command=boot,
+        explain=why_command(s),
         _if=rolls_back,
     )
     on_head(

@@ -32,7 +32,13 @@ from sparkrig.release import (
     wanted,
     weights_kept,
 )
-from sparkrig.serving import api_key_file, api_serving, logs_to_read, serving_gates_passed
+from sparkrig.serving import (
+    api_key_file,
+    api_serving,
+    logs_to_read,
+    serving_gates_passed,
+    why_command,
+)
 from sparkrig.settings import api_url, current
 from tasks.rollback import roll_back
 
@@ -64,6 +70,7 @@ rolls_back.watch(
         api_serving,
         name="Wait for the head's API to finish booting",
         command=boot,
+        explain=why_command(settings),
         _if=lambda: (restart() or not was_running) and not rolls_back(),
         _ignore_errors=bool(release_change),
     ),

@@ -21,6 +21,7 @@ JOBS = {  # job -> module that runs it (its main(argv) -> exit status)
     "prep": "prep",  # the rank's start gate (fabric, GID, MemFree)
     "gate": "gate",  # the serving gates, the boot wait, the watchdog's probe
     "pair": "pair",  # stop-together, agent, supervisor, watchdog, ordered restart
+    "why": "why",  # what explains a rank that did not start (firewall drops, addresses, ...)
     "nccl-smoke": "nccl_smoke",  # one all-reduce in the serving image (runs in the container)
 }
 

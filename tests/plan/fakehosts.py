@@ -314,11 +314,15 @@ SMOKE_CLEAN = re.compile(r"^docker rm --force sparkrig-nccl-smoke >/dev/null 2>&
 SMOKE_WORKER = re.compile(r"^docker run --detach --name sparkrig-nccl-smoke ")
 SMOKE_HEAD = re.compile(r"^docker run --rm --name sparkrig-nccl-smoke ")
 SMOKE_CHECK = re.compile(r"^rc=\$\(docker wait sparkrig-nccl-smoke\); ")
-PAIR_WAIT = re.compile(rf"^{PACKAGE} pair wait --peers [\d.,]+ --port \d+ --timeout \d+$")
+# the head's waits run `sparkhost why` after them when they fail (sparkrig/serving.py explained)
+EXPLAINED = rf" \|\| \{{ rc=\$\?; {PACKAGE} why --unit .*; exit \$rc; \}}'$"
+PAIR_WAIT = re.compile(
+    rf"^sh -c '{PACKAGE} pair wait --peers [\d.,]+ --port \d+ --timeout \d+{EXPLAINED}"
+)
 # a worker's deploy without the head asks the head's supervisor for the ordered restart
 PAIR_REQUEST = re.compile(rf"^{PACKAGE} pair request --head [\d.]+ --port \d+ --agent-port \d+ ")
 ROUTES_REPAIR = re.compile(rf"^{PACKAGE} routes (--uplink=\S+ )+--repair$")  # an upgrade's repair
-BOOT_WAIT = re.compile(rf"^{PACKAGE} gate wait --url ")
+BOOT_WAIT = re.compile(rf"^sh -c '{PACKAGE} gate wait --url .*{EXPLAINED}")
 GATES = re.compile(rf"^{PACKAGE} gate gates ")
 FAIL_HOST = re.compile(r">&2; exit 1$")  # sparkrig's fail_host: a real shell exits 1 here
 PRUNE = re.compile(r"^docker image rm \S+ >/dev/null \|\| echo 'kept ")
