@@ -4,16 +4,20 @@ The pair stops in order, as the deploy's ordered restart stops it (tasks/pair_st
 supervisor and watchdog first, so nothing starts a rank again, then every rank. Then everything
 sparkrig owns goes: its units, env and secret files, lockfiles, the sysctl.d file, the kho=off GRUB
 drop-in (then update-grub; the baseline's package holds stay), the firewall's table inet sparkrig
-(its unit stopped; the ruleset file goes with config_dir), the fabric netplan file (then the
+(its unit stopped, which leaves the table, then the table deleted; the ruleset file goes with
+config_dir), the drop-ins beside the units, the fabric netplan file (then the
 fabric profiles are generated and reloaded the way tasks/fabric.py applies them, so NetworkManager
 drops sparkrig's connection and the NIC is unconfigured again), the helper programs under
 install_dir, the JIT caches and the image transfer directory, every image of image_repo and every
 base image the head pulled (its pulled-images record: each stack's, not only the current one).
 The head's API front goes: its nginx site (nginx reloads, or stops when sparkrig installed it;
-the package stays), the key include and TLS pair with config_dir. The weights stay unless
-`--data purge_weights=True`. Files that fabric_takeover moved aside stay where they are
-(/var/lib/sparkrig/displaced), for the operator to move back. Live sysctl values stay until the
-next boot. A deploy afterwards converges again."""
+the package stays), the key include and TLS pair with config_dir. The
+weights stay unless `--data purge_weights=True`. Files that fabric_takeover moved aside stay
+where they are (/var/lib/sparkrig/displaced), for the operator to move back. Live sysctl values
+stay until the next boot. A deploy afterwards converges again."""
+
+import shlex
+from pathlib import PurePosixPath
 
 from pyinfra import host, logger
 from pyinfra.facts.files import FileContents
@@ -55,13 +59,14 @@ systemd.service(name="Stop the fabric relay's DOCKER-USER rules", service=RELAY_
                 running=False, enabled=False)  # fmt: skip
 systemd.service(name="Stop the GPU clock lock (its stop resets the clocks)",
                 service="sparkrig-gpu-clock", running=False, enabled=False)  # fmt: skip
-# The firewall last of the units: its stop deletes the table inet sparkrig; a table left without
-# its unit (loaded by hand) goes too. Docker's tables and the rest of the ruleset stay.
-systemd.service(name="Stop the sparkrig firewall (its stop deletes its table)",
+# The firewall last of the units (the ranks and helpers that require it are stopped): its stop
+# deletes nothing, so the table inet sparkrig is deleted here, as is one loaded without its unit.
+# Docker's tables and the rest of the ruleset stay.
+systemd.service(name="Stop the sparkrig firewall (its stop leaves the table)",
                 service=firewall.UNIT, running=False, enabled=False)  # fmt: skip
 table_loaded = host.get_fact(firewall.FirewallState).loaded
 server.shell(
-    name="Delete the table inet sparkrig if it is still loaded",
+    name="Delete the firewall table",
     commands=[
         f"if nft list table {firewall.TABLE} >/dev/null 2>&1; "
         f"then nft delete table {firewall.TABLE}; fi"
@@ -77,15 +82,24 @@ units.append(host_paths["gpu_clock_unit"])
 units.append(firewall.UNIT_FILE)
 units.append(RELAY_UNIT_FILE)
 units.append(host_paths["rank_unit"] + PREV)  # the previous release's unit, kept by an upgrade
+# the drop-ins: the firewall's Requires= beside the rank and its helpers
+dropins = firewall.requires_dropins(settings)
+units += dropins
 removed = [
     files.file(name="Remove the sparkrig units", path=unit, present=False)
     for unit in host.loop(units)
 ]
 # A rank stopped with its peer gone exits non-zero (the worker's vLLM exits 1 on "peer lost"), so
-# systemd keeps it loaded as failed after its file went: `systemctl --failed` would list it.
+# systemd keeps it loaded as failed after its file went: `systemctl --failed` would list it. A
+# drop-in's directory goes when nothing is left in it (an operator's own drop-in keeps it).
+dropin_dirs = " ".join(sorted({shlex.quote(str(PurePosixPath(d).parent)) for d in dropins}))
 server.shell(
     name="Reload systemd after the units went and forget their failed state",
-    commands=["systemctl daemon-reload", "systemctl reset-failed 'sparkrig-*'"],
+    commands=[
+        f'for d in {dropin_dirs}; do [ ! -d "$d" ] || rmdir --ignore-fail-on-non-empty "$d"; done',
+        "systemctl daemon-reload",
+        "systemctl reset-failed 'sparkrig-*'",
+    ],
     _if=lambda: any(r.did_change() for r in removed),
 )
 

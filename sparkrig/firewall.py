@@ -11,8 +11,13 @@ head's rendezvous ports are accepted from the other ranks' LAN addresses: they m
 the head, ``api_port`` is accepted only from ``api_allow`` and loopback, and the engine behind
 the API front only from loopback. Every drop rule counts (``status.py`` shows the counters).
 
-This module renders the ruleset and the unit, reads the table's state (a part of the state read)
-and its counters (status); the operations are in tasks/firewall.py."""
+The pair fails closed: the rank and the helpers that listen on the LAN or the fabric require the
+unit and start after it (a drop-in beside each: ``requires_dropins``), so a table that failed to
+load at boot starts none of them; the unit's stop deletes nothing (docs/firewall.md, "Fail
+closed").
+
+This module renders the ruleset, the unit and the drop-ins, reads the table's state (a part of
+the state read) and its counters (status); the operations are in tasks/firewall.py."""
 
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from typing import Any
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from sparkrig.factlines import END, parse_key_values
+from sparkrig.owned import dropin_path
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
 from sparkrig.stateread import Part, Values
@@ -138,6 +144,28 @@ def ruleset(s: Settings) -> str:
 def unit(s: Settings) -> str:
     """The oneshot unit that loads the ruleset (templates/sparkrig-firewall.service.j2)."""
     return render("sparkrig-firewall.service.j2", nft=NFT, rules=ruleset_path(s))
+
+
+def requiring_units(s: Settings) -> list[str]:
+    """The units of this rank that listen on the LAN or the fabric, each required to start after
+    the firewall: the rank (torch's TCPStore listens on the wildcard), the stop-together watch
+    (the beacon), and the head's supervisor or a worker's agent. The watchdog listens on
+    nothing; the copy servers run only inside a deploy, after the firewall phase."""
+    helper = "sparkrig-supervisor" if s.me.is_head else "sparkrig-agent"
+    return [f"{s.unit_name}.service", "sparkrig-pair.service", f"{helper}.service"]
+
+
+def requires_dropins(s: Settings) -> list[str]:
+    """The drop-in beside each of ``requiring_units`` (owned whole; removed while firewall is
+    off). A drop-in, not a line of the units' templates: the knob going on or off then changes
+    no rank unit, so it restarts no rank and makes no release change."""
+    return [dropin_path(u, UNIT) for u in requiring_units(s)]
+
+
+def requires_text() -> str:
+    """Each drop-in: ``Requires=`` and ``After=`` the firewall unit
+    (templates/sparkrig-firewall-requires.conf.j2)."""
+    return render("sparkrig-firewall-requires.conf.j2", firewall_unit=f"{UNIT}.service")
 
 
 # ---------------------------------------------------------------------------------------------

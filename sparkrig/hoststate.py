@@ -32,7 +32,13 @@ from sparkrig.fabric import (
 )
 from sparkrig.firewall import UNIT as FIREWALL_UNIT
 from sparkrig.firewall import UNIT_FILE as FIREWALL_UNIT_FILE
-from sparkrig.firewall import FirewallReport, firewall_of, firewall_part, ruleset_path
+from sparkrig.firewall import (
+    FirewallReport,
+    firewall_of,
+    firewall_part,
+    requires_dropins,
+    ruleset_path,
+)
 from sparkrig.front import SERVICE as FRONT_SERVICE
 from sparkrig.front import front_files, front_part
 from sparkrig.image import ImageReport, ImageState, image_of, image_part, repo_tags
@@ -68,6 +74,7 @@ def owned_files(s: Settings) -> list[str]:
         GRUB_DROPIN,  # kho=off at the next boot (sparkrig/baseline.py), removed when unwanted
         ruleset_path(s),  # the firewall (sparkrig/firewall.py), removed while firewall is off
         FIREWALL_UNIT_FILE,
+        *requires_dropins(s),  # the rank and its helpers require the firewall unit, while it is on
     ]
     if s.fabric_plan is not None:  # fabric_layout "ports": removed while the plan relays nothing
         files += [FORWARDING_FILE, RELAY_UNIT_FILE]

@@ -1,7 +1,8 @@
 """What sparkrig owns on a host, as pyinfra's ``files.put``, ``files.directory``, ``files.file``
 and ``systemd.service`` do it (same commands, same ``--diff`` output, same no-op reasons), but
 decided from the host's one state read (sparkrig/stateread.py) instead of facts per operation:
-whole files (text, secrets, programs), directories, and the deploy's systemd units."""
+whole files (text, secrets, programs, systemd drop-ins), directories, and the deploy's systemd
+units."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import shlex
 from collections.abc import Generator
 from dataclasses import dataclass, replace
 from io import BytesIO
+from pathlib import PurePosixPath
 from typing import Any
 
 from pyinfra import host, logger
@@ -319,6 +321,38 @@ def owned_put(
     yield FileUploadCommand(BytesIO(data), dest, remote_temp_filename=host.get_temp_filename(dest))
     yield file_utils.chown(dest, user, group)
     yield file_utils.chmod(dest, want_mode)
+
+
+SYSTEMD_DIR = "/etc/systemd/system"
+
+
+def dropin_path(unit: str, name: str) -> str:
+    """Where sparkrig's systemd drop-in ``name`` (without ``.conf``) of ``unit`` (with
+    ``.service``) lives: beside a unit the deploy does not write (the distribution's
+    ``nginx.service``: docs/front.md) or beside its own, for what another phase decides (the
+    firewall's ``Requires=`` on the rank and its helpers: docs/firewall.md)."""
+    return f"{SYSTEMD_DIR}/{unit}.d/{name}.conf"
+
+
+@operation()
+def dropin_present(text: str, dest: str) -> Generator[Any, None, None]:
+    """
+    Own a systemd drop-in whole (``file_present``'s commands and ``--diff`` output, 0644 root),
+    its ``.d`` directory made first when the drop-in is not there (and left when it goes: the
+    operator's own drop-ins may live in it). It counts from ``systemctl daemon-reload``, which
+    the phase owning it sends.
+
+    + text: the drop-in's content
+    + dest: its path (``dropin_path``)
+    """
+    commands = owned_put(text.encode(), dest, "644", "root", "root")
+    if owned_of(read_here("paths")).file(dest) is None:
+        # its upload drawn first, so that owned_put has said "Will create" and shown the diff
+        # (pyinfra's --dry draws only an operation's first command)
+        upload = next(commands)
+        yield StringCommand("mkdir", "-p", QuoteString(str(PurePosixPath(dest).parent)))
+        yield upload
+    yield from commands
 
 
 @operation()

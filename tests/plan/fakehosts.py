@@ -445,6 +445,9 @@ def bare(ip: str) -> dict[Any, Any]:
     actions = [
         FAIL_HOST,
         rf"^(chown root:root|chmod [0-7]{{3}}|mkdir -p) {OURS}$",
+        r"^mkdir -p /etc/systemd/system/[\w.-]+\.service\.d$",  # a drop-in's (sparkrig/owned.py)
+        # uninstall.py: the drop-ins' directories left empty
+        r'^for d in (/etc/systemd/system/[\w.-]+\.service\.d ?)+; do \[ ! -d "\$d" \] \|\| rmdir ',
         rf"^install -m 600 -o root -g root /dev/null {OURS}$",
         rf"^mv -f {OURS} {OURS}$",  # secret_installed: the 0600 temp file renamed over the secret
         rf"^rm -f {OURS}$",
@@ -615,6 +618,8 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
 
         text[firewall.ruleset_path(s)] = (firewall.ruleset(s), "644")
         text[firewall.UNIT_FILE] = (firewall.unit(s), "644")
+        for dropin in firewall.requires_dropins(s):
+            text[dropin] = (firewall.requires_text(), "644")
     if k.gpu_clock_max_mhz is not None:
         text[p["gpu_clock_unit"]] = (
             render("sparkrig-gpu-clock.service.j2", unit=s.unit_name, mhz=k.gpu_clock_max_mhz),

@@ -126,3 +126,27 @@ def test_uninstall_removes_every_base_the_head_pulled_not_only_the_current(monke
         removals = [c for c in head if c.startswith(f"docker image rm {ref} >/dev/null")]
         assert len(removals) == 1, ref
     assert not any(c.startswith(f"docker image rm {old}") for c in worker)
+
+
+def test_uninstall_deletes_the_firewall_table_and_removes_every_drop_in(monkeypatch):
+    """The firewall unit's stop leaves the table (fail closed): uninstall deletes it itself, after
+    the ranks and the unit stopped; the drop-ins beside the rank and its helpers go, then their
+    directories when empty, then systemd reloads."""
+    from sparkrig import firewall
+
+    converge_state()
+    r = uninstall(monkeypatch, "-y")
+    assert r.exit_code == 0, r.output
+    delete = "if nft list table inet sparkrig >/dev/null 2>&1; then nft delete table inet sparkrig"
+    for name, s in fakehosts.settings_of(INVENTORY).items():
+        cmds = r.commands[name]
+        deleted = [i for i, c in enumerate(cmds) if c.startswith(delete)]
+        assert deleted, name
+        assert cmds.index(f"systemctl stop {s.unit_name}.service") < deleted[0]
+        assert cmds.index("systemctl stop sparkrig-firewall.service") < deleted[0]
+        dropins = firewall.requires_dropins(s)
+        for path in dropins:
+            assert cmds.index(f"rm -f {path}") < cmds.index("systemctl daemon-reload"), path
+        rmdir = next(i for i, c in enumerate(cmds) if c.startswith("for d in "))
+        assert all(p.rsplit("/", 1)[0] in cmds[rmdir] for p in dropins)
+        assert rmdir < cmds.index("systemctl daemon-reload")

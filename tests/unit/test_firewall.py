@@ -108,14 +108,36 @@ def test_api_allow_is_made_canonical() -> None:
     ]
 
 
-def test_unit_loads_checks_and_deletes_only_its_table() -> None:
+def test_unit_loads_and_checks_only_its_table_and_its_stop_opens_nothing() -> None:
     text = firewall.unit(ranks()[0])
     assert "ExecStart=/usr/sbin/nft -f /etc/sparkrig/firewall.nft" in text
     assert "ExecStartPre=/usr/sbin/nft -c -f /etc/sparkrig/firewall.nft" in text
     assert "ExecReload=/usr/sbin/nft -c -f /etc/sparkrig/firewall.nft" in text
-    assert "ExecStop=/usr/sbin/nft delete table inet sparkrig" in text
     assert "Before=network-pre.target" in text and "WantedBy=multi-user.target" in text
     assert "flush ruleset" not in text
+    # fail closed: stopping the unit leaves the table (the deploy deletes it when firewall is off)
+    assert "ExecStop" not in text and "delete table" not in text
+
+
+def test_the_rank_and_its_listening_helpers_require_the_firewall_and_start_after_it() -> None:
+    head, worker = ranks()
+    text = firewall.requires_text()
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    assert lines == [
+        "[Unit]",
+        "Requires=sparkrig-firewall.service",
+        "After=sparkrig-firewall.service",
+    ]
+    assert firewall.requiring_units(head) == [
+        "sparkrig-head.service", "sparkrig-pair.service", "sparkrig-supervisor.service"
+    ]  # fmt: skip
+    assert firewall.requiring_units(worker) == [
+        "sparkrig-worker.service", "sparkrig-pair.service", "sparkrig-agent.service"
+    ]  # fmt: skip
+    assert firewall.requires_dropins(worker) == [
+        f"/etc/systemd/system/{unit}.d/sparkrig-firewall.conf"
+        for unit in ("sparkrig-worker.service", "sparkrig-pair.service", "sparkrig-agent.service")
+    ]
 
 
 def test_counters_parsed_from_nft_list() -> None:

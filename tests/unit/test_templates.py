@@ -42,6 +42,8 @@ def owned_files(s: Settings) -> dict[str, str]:
         **({"sparkrig-api.conf": front.site_text(s)} if s.me.is_head else {}),
         "firewall.nft": firewall.ruleset(s),
         "sparkrig-firewall.service": firewall.unit(s),
+        # beside the rank and its listening helpers (the same text for each)
+        "sparkrig-firewall-requires.conf": firewall.requires_text(),
     }
 
 
