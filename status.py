@@ -10,7 +10,9 @@ command that is not a read is `printf ... >&2; exit 1`. The head adds the restar
 and watchdog used in their windows (they write their budget to /run/sparkrig) and the watchdog's
 last probe (sparkhost.wedge), and MemFree is judged against the start gate's floor when a rank is
 down. Each rank adds its firewall's drop counters (a second read: ``nft list table``); the table
-missing while the knob firewall is on is off."""
+missing while the knob firewall is on is off. A rank with anything off adds what explains it
+(``sparkhost why``: the sources its firewall dropped on the fabric, its fabric addresses, the
+GID handed over, the peers' beacons, its journal), as a failed start prints it."""
 
 import shlex
 import time
@@ -23,7 +25,7 @@ from sparkrig.firewall import FirewallCounters, counter_problems, counters_line
 from sparkrig.gates import gate_command, gates_passed, parse_gate_lines
 from sparkrig.image import serving_image
 from sparkrig.paths import paths
-from sparkrig.serving import api_key_file
+from sparkrig.serving import api_key_file, why_command
 from sparkrig.settings import current
 from sparkrig.status import (
     RankStatus,
@@ -56,6 +58,11 @@ logger.info(
     f"{host.print_prefix}rank{settings.me.rank} {counters_line(settings.knobs.firewall, counters)}"
 )
 off += counter_problems(settings.knobs.firewall, counters)
+# a rank with anything off: what explains it, as a failed start prints it (sparkhost why)
+if off:
+    why = host.get_fact(Command, command=shlex.join(why_command(settings)) + " 2>&1 || true")
+    for finding in (why or "").splitlines():
+        logger.info(f"{host.print_prefix}rank{settings.me.rank} {finding}")
 
 if settings.me.is_head:
     knobs = settings.knobs

@@ -5,16 +5,16 @@ supervisor and watchdog first, so nothing starts a rank again, then every rank. 
 sparkrig owns goes: its units, env and secret files, lockfiles, the sysctl.d file, the kho=off GRUB
 drop-in (then update-grub; the baseline's package holds stay), the firewall's table inet sparkrig
 (its unit stopped, which leaves the table, then the table deleted; the ruleset file goes with
-config_dir), the drop-ins beside the units, the fabric netplan file (then the
+config_dir), the drop-ins beside the units and nginx.service, the fabric netplan file (then the
 fabric profiles are generated and reloaded the way tasks/fabric.py applies them, so NetworkManager
 drops sparkrig's connection and the NIC is unconfigured again), the helper programs under
 install_dir, the JIT caches and the image transfer directory, every image of image_repo and every
-base image the head pulled (its pulled-images record: each stack's, not only the current one).
-The head's API front goes: its nginx site (nginx reloads, or stops when sparkrig installed it;
-the package stays), the key include and TLS pair with config_dir. The
-weights stay unless `--data purge_weights=True`. Files that fabric_takeover moved aside stay
-where they are (/var/lib/sparkrig/displaced), for the operator to move back. Live sysctl values
-stay until the next boot. A deploy afterwards converges again."""
+base image the head pulled (its pulled-images record: each stack's, not only the current one). The
+head's API front goes: its nginx site and restart drop-in (nginx reloads, or stops when sparkrig
+installed it; the package stays), the key include and TLS pair with config_dir. The weights stay
+unless `--data purge_weights=True`. Files that fabric_takeover moved aside stay where they are
+(/var/lib/sparkrig/displaced), for the operator to move back. Live sysctl values stay until the
+next boot. A deploy afterwards converges again."""
 
 import shlex
 from pathlib import PurePosixPath
@@ -26,7 +26,7 @@ from pyinfra.operations import files, server, systemd
 from sparkrig import firewall
 from sparkrig.baseline import GRUB_DROPIN
 from sparkrig.fabric import DISPLACED_DIR, FORWARDING_FILE, RELAY_UNIT, RELAY_UNIT_FILE
-from sparkrig.front import INSTALLED_MARK, SITE
+from sparkrig.front import INSTALLED_MARK, RESTART_DROPIN, SITE
 from sparkrig.image import ImageState, old_images_pruned, prune_commands, serving_tag
 from sparkrig.node import SYSCTL_FILE
 from sparkrig.paths import paths
@@ -82,8 +82,9 @@ units.append(host_paths["gpu_clock_unit"])
 units.append(firewall.UNIT_FILE)
 units.append(RELAY_UNIT_FILE)
 units.append(host_paths["rank_unit"] + PREV)  # the previous release's unit, kept by an upgrade
-# the drop-ins: the firewall's Requires= beside the rank and its helpers
-dropins = firewall.requires_dropins(settings)
+# the drop-ins: the firewall's Requires= beside the rank and its helpers, the front's restart
+# beside nginx.service (the head's; absent on a worker)
+dropins = [*firewall.requires_dropins(settings), RESTART_DROPIN]
 units += dropins
 removed = [
     files.file(name="Remove the sparkrig units", path=unit, present=False)

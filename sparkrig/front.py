@@ -7,9 +7,9 @@ inference), ``/tokenize``, ``/metrics`` and the docs answer anyone (docs/attack-
 Ubuntu's main, with a per-address connection cap, ``nginx -t`` before a reload, and a config
 that is static text (docs/front.md, "Why nginx").
 
-What lives here: the paths, the builders of the site file and of the key include (pure), the
-front's files as a run wants them (``wanted_files``), the state read's part saying whether nginx
-is installed, and the operation that installs it."""
+What lives here: the paths, the builders of the site file, of the key include and of nginx's
+restart drop-in (pure), the front's files as a run wants them (``wanted_files``), the state
+read's part saying whether nginx is installed, and the operation that installs it."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.factlines import END
-from sparkrig.owned import PathState, file_absent, file_present, secret_installed
+from sparkrig.owned import PathState, dropin_path, file_absent, file_present, secret_installed
 from sparkrig.pairsecret import API_ROTATE_HOW, Secret
 from sparkrig.paths import paths
 from sparkrig.render import base_context, render
@@ -35,6 +35,10 @@ from sparkrig.stateread import Part, Values, read_here
 PACKAGE = "nginx"  # Debian's and Ubuntu's nginx (nginx-common, the binary at /usr/sbin/nginx)
 SERVICE = "nginx.service"
 SITE = "/etc/nginx/conf.d/sparkrig-api.conf"  # conf.d: Debian's default site stays untouched
+# nginx.service is the distribution's (Restart=no): the front's restart is a drop-in beside it
+RESTART_DROPIN = dropin_path(SERVICE, "sparkrig")
+RESTART_S = 2  # a killed front answers again within seconds (a rank container takes ~2 min)
+START_LIMIT = (5, 60)  # starts, seconds: a front failing this often is given up (a broken config)
 # set when the deploy installed nginx (uninstall then stops it; an operator's nginx keeps running)
 INSTALLED_MARK = "/var/lib/sparkrig/nginx-installed-by-sparkrig"
 # RFC 6750's b64token: the characters a Bearer credential may hold (the key include's regex
@@ -43,10 +47,12 @@ TOKEN68 = re.compile(r"[A-Za-z0-9._~+/-]+=*")
 
 
 def front_paths(s: Settings) -> dict[str, str]:
-    """The front's files on the head: the site, the key include and the TLS pair."""
+    """The front's files on the head: the site, the key include, the TLS pair and nginx's
+    restart drop-in."""
     d = s.knobs.config_dir
     return {
         "site": SITE,
+        "restart_dropin": RESTART_DROPIN,
         "key_include": f"{d}/api-front-key.conf",
         "tls_cert": f"{d}/api-front.crt",
         "tls_key": f"{d}/api-front.key",
@@ -81,6 +87,14 @@ def site_context(s: Settings) -> dict[str, Any]:
 def site_text(s: Settings) -> str:
     """The nginx site file of the head's front."""
     return render("sparkrig-api.conf.j2", **site_context(s))
+
+
+def restart_dropin_text() -> str:
+    """nginx.service's drop-in that restarts a killed or crashed front (templates/
+    nginx-restart.conf.j2): ``Restart=on-failure`` after ``RESTART_S``, given up after
+    ``START_LIMIT``."""
+    burst, interval = START_LIMIT
+    return render("nginx-restart.conf.j2", restart_s=RESTART_S, burst=burst, interval=interval)
 
 
 def key_include_text(key: str) -> str:

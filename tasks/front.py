@@ -2,15 +2,22 @@
 engine on 127.0.0.1:engine_port; every route but a plain GET /health needs the API key. Runs after
 the service phase (the engine's key is decided there, once per run) and before the gates, which
 go through the front. The site file, the key include and the TLS pair are owned whole; the whole
-nginx config is checked (`nginx -t`) before a reload, and nginx reloads only when one changed."""
+nginx config is checked (`nginx -t`) before a reload, and nginx reloads only when one changed.
+nginx.service gets a drop-in of sparkrig's, so a killed or crashed front comes back by itself."""
 
 from pyinfra import host, inventory
 from pyinfra.operations import server
 
 from sparkrig import hoststate
-from sparkrig.front import SERVICE, front_package_installed, wanted_files
+from sparkrig.front import (
+    RESTART_DROPIN,
+    SERVICE,
+    front_package_installed,
+    restart_dropin_text,
+    wanted_files,
+)
 from sparkrig.ordering import on_head
-from sparkrig.owned import unit_state_set
+from sparkrig.owned import dropin_present, unit_state_set
 from sparkrig.pairsecret import api_key
 from sparkrig.settings import current, for_inventory
 
@@ -19,6 +26,22 @@ is_head = settings.me.is_head
 head_knobs = for_inventory(inventory)[settings.head.name].knobs
 
 on_head(is_head, front_package_installed, name="Install nginx for the API front")
+# The distribution's nginx.service never restarts (Restart=no): the drop-in restarts a front
+# that was killed or crashed (docs/front.md), effective from systemd's reload, no nginx restart.
+restart_dropin = on_head(
+    is_head,
+    dropin_present,
+    name="Restart the API front when it dies (nginx.service drop-in)",
+    text=restart_dropin_text(),
+    dest=RESTART_DROPIN,
+)
+on_head(
+    is_head,
+    server.shell,
+    name="Reload systemd after the API front's drop-in changed",
+    commands=["systemctl daemon-reload"],
+    _if=restart_dropin.did_change,
+)
 api = api_key(settings, hoststate.values)
 # The key include, the TLS pair and the site, each owned whole, in that order, by one operation
 # (sparkrig/front.py wanted_files: a secret is never diffed, a file not wanted is removed).

@@ -167,6 +167,9 @@ UNITS_KNOWN = [
 NODE = re.compile(r"^sh -c '\nd=\S+; while \[ ! -d \"\$d\" \]")
 GIDS = re.compile(r"^grep -H \. /sys/class/infiniband/\*/ports/\*/gids/\* ")
 RANK_STATUS = re.compile(r"echo \"gid_env=\$\(sed ")  # status.py's one read per rank
+# status.py's read of what explains a rank with something off (files/sparkhost/why.py)
+WHY = re.compile(r"^/usr/bin/python3 \S+/lib/sparkhost why --unit \S+ .* 2>&1 \|\| true$")
+WHY_SAYS = ["why: firewall: nothing dropped on the fabric", "why: peer 192.168.100.10: beacon up"]
 RANK_RUNTIME = re.compile(r'^echo "container=\$\(timeout 20 docker inspect ')  # serving.RankRuntime
 PAIR_SECRET = re.compile(r"^if \[ -s /etc/sparkrig/pair-token \]; then sha256sum ")  # its digest
 API_KEY = re.compile(r"^if \[ -s /etc/sparkrig/api-key \]; then sha256sum ")  # the head's key's
@@ -415,6 +418,7 @@ def bare(ip: str) -> dict[Any, Any]:
         # facts: nothing of sparkrig there yet; the fabric link is up at MTU 1500, no address
         NODE: node_report(),
         RANK_STATUS: rank_status(unit_ActiveState="inactive", unit_SubState="dead", mtu=1500),
+        WHY: WHY_SAYS,
         PAIR_SECRET: held(""),  # no secret installed
         API_KEY: held(""),  # no API key installed
         API_KEY_ENV: [END],
@@ -544,7 +548,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     """path -> (content, mode) of every file the deploy owns on this rank, made by the same
     functions the tasks call (render + the context builders, the programs, the lockfiles)."""
     from sparkrig.fabric import env_context, env_template, netplan_text
-    from sparkrig.front import front_paths, key_include_text, site_text
+    from sparkrig.front import front_paths, key_include_text, restart_dropin_text, site_text
     from sparkrig.image import serving_image
     from sparkrig.pairsecret import control_token
     from sparkrig.paths import paths
@@ -593,6 +597,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     if s.me.is_head:
         front = front_paths(s)
         text[front["site"]] = (site_text(s), "644")
+        text[front["restart_dropin"]] = (restart_dropin_text(), "644")
         if k.api_auth:
             text[front["key_include"]] = (key_include_text(control_token(k.api_key_file)), "600")
         text[p["restart_script"]] = (
@@ -756,6 +761,7 @@ def converged(
     canned[FIREWALL] = firewall_state(loaded=s.knobs.firewall)
     canned[FIREWALL_COUNTERS] = firewall_listing(s) if s.knobs.firewall else ["table=absent"]
     canned[RELEASE] = converged_release(s, owned)
+    canned[WHY] = WHY_SAYS
     canned[RANK_STATUS] = rank_status(
         unit_ActiveState="active",
         unit_SubState="running",

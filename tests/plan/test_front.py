@@ -1,5 +1,6 @@
-"""The API front in the plan (tasks/front.py, docs/front.md): a bare head gets nginx, the site and
-the key include, the config checked before a reload; a converged head does nothing; a rotated key
+"""The API front in the plan (tasks/front.py, docs/front.md): a bare head gets nginx, its restart
+drop-in, the site and the key include, the config checked before a reload; a converged head does
+nothing; a head lacking the drop-in gets it and a systemd reload, no nginx restart; a rotated key
 reaches the include and reloads nginx; no --dry --diff output carries the key; a head missing the
 include whose key the control side has no copy of is refused alone, naming api_key_file."""
 
@@ -12,6 +13,7 @@ from tests.plan.test_plan import ACTION, HEAD, WORKER, apply, converge_state
 SITE = "/etc/nginx/conf.d/sparkrig-api.conf"
 INCLUDE = "/etc/sparkrig/api-front-key.conf"
 HELD = open("tests/plan/api-key").read().strip()
+DROPIN = "/etc/systemd/system/nginx.service.d/sparkrig.conf"
 CHECK, RELOAD = "nginx -t -q", "systemctl reload nginx.service"
 
 
@@ -21,10 +23,13 @@ def test_a_bare_head_gets_nginx_and_the_front_and_the_key_never_shows(monkeypatc
     assert f"Will create {SITE}" in r.output
     assert "+     server 127.0.0.1:8001;" in r.output  # the site diffed in full
     assert f"Will write {INCLUDE} (secret: content not shown)" in r.output
+    assert f"Will create {DROPIN}" in r.output and "+ StartLimitBurst=5" in r.output
     assert HELD not in r.output
     front = [op for op in r.changed_ops[HEAD] if op.startswith("tasks/front.py")]
     assert front == [
         "tasks/front.py | Install nginx for the API front",
+        "tasks/front.py | Restart the API front when it dies (nginx.service drop-in)",
+        "tasks/front.py | Reload systemd after the API front's drop-in changed",
         "tasks/front.py | Install the API front's key include",
         "tasks/front.py | Install the API front's nginx site",
         "tasks/front.py | Check the whole nginx config before the front reloads",
@@ -53,6 +58,26 @@ def test_a_changed_site_is_checked_then_reloaded_never_restarting_the_pair(monke
     assert r.uploads[HEAD][SITE].startswith(b"# sparkrig's API front on @fake/spark-a")
     assert head.index(CHECK) < head.index(RELOAD)
     assert "systemctl stop sparkrig-head.service" not in head
+
+
+def test_a_head_lacking_the_restart_drop_in_gets_it_then_a_systemd_reload_not_an_nginx_one(
+    monkeypatch,
+):
+    converge_state()
+    fakehosts.inject("spark-a", {fakehosts.owned_of(DROPIN): ""})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    head = r.commands[HEAD]
+    text = r.uploads[HEAD][DROPIN].decode()
+    assert "Restart=on-failure" in text and "RestartSec=2" in text
+    made = head.index("mkdir -p /etc/systemd/system/nginx.service.d")
+    assert made < head.index("systemctl daemon-reload")
+    # effective from systemd's reload: the running front is neither reloaded nor restarted
+    assert CHECK not in head and RELOAD not in head
+    assert not [c for c in head if c.startswith("systemctl restart")], head
+    assert "systemctl stop sparkrig-head.service" not in head
+    assert DROPIN not in r.uploads.get(WORKER, {})  # a worker has no front
+    assert not [c for c in r.commands[WORKER] if ACTION.search(c)]
 
 
 def test_a_rotated_key_reaches_the_front_and_no_output(monkeypatch, tmp_path):

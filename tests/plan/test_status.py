@@ -47,6 +47,9 @@ def test_what_is_off_fails_that_rank_by_name_and_sends_nothing_that_changes_it(m
     failed = [c for c in r.commands[WORKER] if fakehosts.FAIL_HOST.search(c)]
     assert len(failed) == 1 and "MTU 1500" in failed[0]
     assert not [c for c in r.commands[HEAD] if fakehosts.FAIL_HOST.search(c)]
+    # issue 47: the rank that is off says why, as a failed start does; the one that is not, not
+    assert "rank1 why: firewall: nothing dropped on the fabric" in r.output
+    assert not any(fakehosts.WHY.search(c) for c in r.commands[HEAD])
 
 
 def test_limit_worker_reads_the_worker_alone(monkeypatch):

@@ -130,9 +130,11 @@ def test_uninstall_removes_every_base_the_head_pulled_not_only_the_current(monke
 
 def test_uninstall_deletes_the_firewall_table_and_removes_every_drop_in(monkeypatch):
     """The firewall unit's stop leaves the table (fail closed): uninstall deletes it itself, after
-    the ranks and the unit stopped; the drop-ins beside the rank and its helpers go, then their
-    directories when empty, then systemd reloads."""
+    the ranks and the unit stopped; the drop-ins go (the firewall's beside the rank and its
+    helpers, the front's beside nginx.service), then their directories when empty, then systemd
+    reloads."""
     from sparkrig import firewall
+    from sparkrig.front import RESTART_DROPIN
 
     converge_state()
     r = uninstall(monkeypatch, "-y")
@@ -144,9 +146,10 @@ def test_uninstall_deletes_the_firewall_table_and_removes_every_drop_in(monkeypa
         assert deleted, name
         assert cmds.index(f"systemctl stop {s.unit_name}.service") < deleted[0]
         assert cmds.index("systemctl stop sparkrig-firewall.service") < deleted[0]
-        dropins = firewall.requires_dropins(s)
+        dropins = firewall.requires_dropins(s) + ([RESTART_DROPIN] if s.me.is_head else [])
         for path in dropins:
             assert cmds.index(f"rm -f {path}") < cmds.index("systemctl daemon-reload"), path
         rmdir = next(i for i, c in enumerate(cmds) if c.startswith("for d in "))
         assert all(p.rsplit("/", 1)[0] in cmds[rmdir] for p in dropins)
         assert rmdir < cmds.index("systemctl daemon-reload")
+    assert f"rm -f {RESTART_DROPIN}" not in r.commands[WORKER]  # a worker has no front

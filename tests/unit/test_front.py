@@ -94,3 +94,18 @@ def test_the_front_files_in_order_each_with_its_operation(tmp_path: Path) -> Non
     s = build(cluster(2, api_auth=False))["spark-0"]
     off = front.wanted_files(s, s.knobs, None)[0]
     assert off.operation() == (file_absent, {"path": "/etc/sparkrig/api-front-key.conf"})
+
+
+def test_nginx_gets_a_restart_drop_in_that_comes_back_from_a_kill_and_gives_up_on_a_loop() -> None:
+    text = front.restart_dropin_text()
+    lines = directives(text)
+    # on-failure covers SIGKILL (an unclean signal: `systemctl kill -s KILL nginx.service`)
+    assert "Restart=on-failure" in lines and "RestartSec=2" in lines
+    assert lines.index("[Service]") < lines.index("Restart=on-failure")
+    # a broken config is given up after 5 starts in 60 s, not restarted forever
+    assert lines[:3] == ["[Unit]", "StartLimitIntervalSec=60", "StartLimitBurst=5"]
+    assert front.RESTART_DROPIN == "/etc/systemd/system/nginx.service.d/sparkrig.conf"
+    # owned on the head alone (the state read lists it), none on a worker
+    settings = build(cluster(2))
+    assert front.RESTART_DROPIN in front.front_files(settings["spark-0"])
+    assert front.front_files(settings["spark-1"]) == []

@@ -39,7 +39,14 @@ def owned_files(s: Settings) -> dict[str, str]:
         "sparkrig-pair.service": render("sparkrig-pair.service.j2", **pair_unit_context(s)),
         "90-sparkrig-kho.cfg": grub_text(),  # written where the kernel has KHO (kho_off)
         # the head's API front (sparkrig/front.py); workers have none
-        **({"sparkrig-api.conf": front.site_text(s)} if s.me.is_head else {}),
+        **(
+            {
+                "sparkrig-api.conf": front.site_text(s),
+                "nginx-restart.conf": front.restart_dropin_text(),
+            }
+            if s.me.is_head
+            else {}
+        ),
         "firewall.nft": firewall.ruleset(s),
         "sparkrig-firewall.service": firewall.unit(s),
         # beside the rank and its listening helpers (the same text for each)
