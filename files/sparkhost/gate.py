@@ -378,6 +378,12 @@ def wait_ready(
         sleep(interval)
 
 
+def restart_lock() -> str:
+    from sparkhost.pair import RESTART_LOCK
+
+    return RESTART_LOCK
+
+
 # --- CLI ------------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sparkhost gate", description=__doc__.split("\n")[0])
@@ -389,6 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--timeout", type=float, default=120.0 if name != "wait" else 3600.0)
         if name == "gates":
             p.add_argument("--only", default=",".join(GATES))
+            # the ordered-restart lock the gates hold (a restart in flight is waited for)
+            p.add_argument("--restart-lock", default=restart_lock())
+            p.add_argument("--restart-wait", type=float, default=900.0)
         if name != "wait":  # /health, all `wait` asks for, is not behind the key in vLLM
             p.add_argument("--api-key-file", help="file holding the API key (Bearer)")
         if name == "wait":
@@ -413,7 +422,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError) as err:
             ap.error(f"cannot read the API key: {err}")
     keyed = bool(a.api_key_file)
-    results = run_gates(a.url, a.model, gates, fetch=fetch, timeout=a.timeout, keyed=keyed)
-    for r in results:
-        print(r.to_json(), flush=True)
-    return 0 if all(r.ok for r in results) else 1
+
+    def gated() -> int:
+        results = run_gates(a.url, a.model, gates, fetch=fetch, timeout=a.timeout, keyed=keyed)
+        for r in results:
+            print(r.to_json(), flush=True)
+        return 0 if all(r.ok for r in results) else 1
+
+    if a.cmd == "probe":  # the watchdog's own: it holds no lock its restarts take
+        return gated()
+    ready = lambda: wait_ready(a.url, None, a.restart_wait, 5.0, emit=lambda line: None)  # noqa: E731
+    return held_against_restarts(gated, ready, a.restart_lock, a.restart_wait)
+
+
+def held_against_restarts(
+    gated: Callable[[], int], ready: Callable[[], int], lock_path: str, wait_s: float
+) -> int:
+    """``gated()`` while holding the pair's ordered-restart lock (files/sparkhost/pair.py), so
+    neither the watchdog nor the supervisor restarts the pair under the gates; a restart in
+    flight is waited for (up to ``wait_s``), then the boot it started (``ready``). Without the
+    lock (another user's run dir) the gates run as they are."""
+    from sparkhost.pair import RestartLock
+
+    lock = RestartLock(lock_path)
+    try:
+        free = lock.acquire()
+        if not free and lock.acquire(timeout=wait_s):
+            ready()
+    except OSError:
+        return gated()
+    try:
+        return gated()
+    finally:
+        lock.release()

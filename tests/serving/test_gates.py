@@ -373,3 +373,34 @@ def test_an_unreadable_or_empty_key_file_fails_before_any_request(
     out = run_cli(gates.gate_command("/x", recorder.port, "m", key_file=str(key_file)))
     assert out.returncode == 2 and "cannot read the API key" in out.stderr
     assert recorder.seen == []
+
+
+def test_the_gates_wait_for_a_restart_in_flight_then_its_boot_and_hold_the_lock(tmp_path):
+    """Issue 47: a run never races a restart it did not order: the gates wait while the
+    watchdog or the supervisor holds the ordered-restart lock, then for the boot it started,
+    and hold the lock themselves, so neither restarts the pair under them."""
+    import threading
+
+    from sparkhost import gate as gate_script
+    from sparkhost.pair import RestartLock
+
+    path = str(tmp_path / "restart.lock")
+    theirs = RestartLock(path)
+    assert theirs.acquire()
+    seen: list[str] = []
+    threading.Timer(1.0, lambda: (seen.append("their restart done"), theirs.release())).start()
+
+    def gated() -> int:
+        seen.append("gates")
+        assert not RestartLock(path).acquire(), "the gates run without the lock"
+        return 0
+
+    rc = gate_script.held_against_restarts(gated, lambda: seen.append("ready") or 0, path, 30)
+    assert rc == 0
+    assert seen == ["their restart done", "ready", "gates"]
+    assert RestartLock(path).acquire()  # released after
+    seen.clear()
+    assert (
+        gate_script.held_against_restarts(gated, lambda: seen.append("ready") or 0, path, 30) == 0
+    )
+    assert seen == ["gates"]  # nothing in flight: no boot wait
