@@ -195,6 +195,22 @@ def test_every_route_but_health_needs_the_key(stack: tuple[Engine, int]) -> None
     assert ask(port, "/health/x")[0] == 401 and ask(port, "/healthz")[0] == 401
 
 
+@pytest.mark.parametrize(
+    "path",
+    ["/metrics/../health", "/metrics%2F..%2Fhealth", "/v1/../health", "/metrics/./../health"],
+)
+def test_a_path_that_normalises_to_health_reaches_health_itself(
+    stack: tuple[Engine, int], path: str
+) -> None:
+    """Issue 48: nginx matches `location = /health` on the normalised path; the engine must
+    receive /health itself, never the raw path its /metrics route would answer without a key."""
+    engine, port = stack
+    engine.seen.clear()
+    status, _, _ = ask(port, path)
+    assert all(seen == "/health" for _, seen, _ in engine.seen), engine.seen
+    assert status in (200, 400, 401), status
+
+
 def test_streaming_chunks_arrive_unbuffered(stack: tuple[Engine, int]) -> None:
     """Each SSE event reaches the client when the engine sends it. (nginx 1.22 passed them on
     in time here with proxy_buffering on too, so the site's directives are also checked as
