@@ -467,7 +467,8 @@ def ask(worker: str, port: int, key: bytes, action: str, timeout: float = 180) -
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return bool(r.status == (200 if action == "ping" else 202))
     except OSError as err:
-        log(f"agent on {worker} did not {action} its rank: {refusal(err)}")
+        what = "take a signed call" if action == "ping" else f"{action} its rank"
+        log(f"agent on {worker} did not {what}: {refusal(err)}")
         return False
 
 
