@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sparkhost import tokenfile
+from sparkhost.pair import RESTART_LOCK, RestartLock
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_MODEL = "glm-5.3-flash"
@@ -378,12 +379,6 @@ def wait_ready(
         sleep(interval)
 
 
-def restart_lock() -> str:
-    from sparkhost.pair import RESTART_LOCK
-
-    return RESTART_LOCK
-
-
 # --- CLI ------------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sparkhost gate", description=__doc__.split("\n")[0])
@@ -396,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "gates":
             p.add_argument("--only", default=",".join(GATES))
             # the ordered-restart lock the gates hold (a restart in flight is waited for)
-            p.add_argument("--restart-lock", default=restart_lock())
+            p.add_argument("--restart-lock", default=RESTART_LOCK)
             p.add_argument("--restart-wait", type=float, default=900.0)
         if name != "wait":  # /health, all `wait` asks for, is not behind the key in vLLM
             p.add_argument("--api-key-file", help="file holding the API key (Bearer)")
@@ -442,8 +437,6 @@ def held_against_restarts(
     neither the watchdog nor the supervisor restarts the pair under the gates; a restart in
     flight is waited for (up to ``wait_s``), then the boot it started (``ready``). Without the
     lock (another user's run dir) the gates run as they are."""
-    from sparkhost.pair import RestartLock
-
     lock = RestartLock(lock_path)
     try:
         free = lock.acquire()

@@ -18,6 +18,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 
 from sparkhost import rankenv
+from sparkhost.pair import beacon_probe
 
 TABLE = "inet sparkrig"
 DROPPED_SET = "fabric_dropped"
@@ -97,8 +98,6 @@ def journal_lines(unit: str, lines: int, run: Run = run) -> list[str]:
 
 
 def findings(args: argparse.Namespace) -> list[str]:
-    from sparkhost.pair import beacon_probe
-
     peers = [p for p in args.peers.split(",") if p]
     out = firewall_lines(peers)
     out += address_lines(args.interface)
