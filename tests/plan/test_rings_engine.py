@@ -465,3 +465,30 @@ def test_a_host_whose_sysfs_shows_no_twinned_port_is_not_checked_and_says_so(mon
     r = ring_run(monkeypatch, tmp_path, 3, dry=True)
     assert r.exit_code == 0, r.output
     assert "port discovery: no RDMA device on a PCI function with a PCIe twin" in r.output
+
+
+def test_a_stray_fabric_address_on_one_function_of_a_triangle_is_removed_by_name(
+    monkeypatch, tmp_path
+):
+    """Issue 47 on a triangle: spark-b's first function holds another address of the fabric's
+    range before the plan's; it alone is deleted, that netdev's profile applied again, the ring
+    restarted in order; no other rank's address is touched."""
+    converged_ring(monkeypatch, tmp_path, 3)
+    dev, _, ip, _ = ringfakes.plan(3, 1)[0]
+    stray = ip.rsplit(".", 1)[0] + ".222/24"
+    lines = ringfakes.links(3, 1, addressed=True, mtu=9000)
+    first = lines.index(f"addr {dev} {ip}/24")
+    fakehosts.inject("spark-b", {ringfakes.LINKS: [*lines[:first], f"addr {dev} {stray}",
+                                                   *lines[first:]]})  # fmt: skip
+    r = ring_run(monkeypatch, tmp_path, 3)
+    assert r.exit_code == 0, r.output
+    deleted = [c for name in names(3) for c in r.commands[name] if "ip -4 addr del" in c]
+    assert len(deleted) == 1 and f"ip -4 addr del {stray} dev {dev}" in deleted[0], deleted
+    assert deleted[0] in r.commands["@fake/spark-b"]
+    assert f"{dev}: removing {stray}" in r.output
+    assert f"nmcli --wait 90 connection up netplan-{dev}" in r.commands["@fake/spark-b"]
+    assert started_in_order(r) == [
+        "Start the worker rank (rank 2 of 3)",
+        "Start the worker rank (rank 1 of 3)",
+        "Start the head rank",
+    ]
