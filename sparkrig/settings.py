@@ -74,6 +74,7 @@ RETIRED_KEYS = {
 # The knobs a stack pins (its declaration's image, model and drafter): each defaults to None, "the
 # selected stack's pin"; stack_pins[<stack>] overrides them per stack, with these keys.
 # A browser origin as the Origin header carries it: scheme, host (name, IPv4, [IPv6]), port
+SAFE_PATH_RE = re.compile(r"/[A-Za-z0-9._/-]*")  # an owned path knob (see _absolute)
 ORIGIN_RE = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
 
 PIN_KEYS = ("base_image", "model_repo", "model_revision", "drafter_repo", "drafter_revision")
@@ -298,6 +299,13 @@ class Knobs(BaseModel):
     def _absolute(cls, value: str) -> str:
         if not PurePosixPath(value).is_absolute():
             raise ValueError(f"must be an absolute path, not {value!r}")
+        # these paths reach unit files, shell commands and the watchdog's probe unquoted in
+        # places: letters, digits and . _ - / only (no `$(`, quote, space or newline)
+        if not SAFE_PATH_RE.fullmatch(value) or "/../" in f"{value}/":
+            raise ValueError(
+                f"{value!r}: only letters, digits and . _ - / (no spaces, quotes, `$`, `..` or "
+                "newlines: the path lands in unit files and shell commands)"
+            )
         return value
 
     @field_validator("fabric_cidr")
@@ -327,6 +335,11 @@ class Knobs(BaseModel):
     def _non_empty(cls, value: list[str]) -> list[str]:
         if any(not token for token in value):
             raise ValueError("empty argument")
+        for token in value:  # a newline would split the rank unit's ExecStart into two lines
+            if any(not c.isprintable() for c in token):
+                raise ValueError(
+                    f"{token!r}: a control character (newline, tab, ...) in an argument"
+                )
         return value
 
     @field_validator("api_cors_origins")

@@ -464,3 +464,27 @@ def test_front_knobs_accept_origins_and_a_tls_pair():
     edit(view, "head", 0, tls_cert="certs/api.pem", tls_key="certs/api.key")
     settings = build(view)
     assert settings["spark-0"].knobs.tls_key == "certs/api.key"
+
+
+@pytest.mark.parametrize(
+    ("knob", "value"),
+    [
+        ("install_dir", "/opt/x$(touch /tmp/pwn)"),
+        ("config_dir", "/etc/spark rig"),
+        ("weights_dir", "/var/lib/'models"),
+        ("cache_dir", "/var/cache/../etc"),
+        ("install_dir", "/opt/x\nExecStartPre=/bin/true"),
+    ],
+)
+def test_a_path_knob_with_shell_or_unit_syntax_is_refused(knob, value):
+    """Issue 48: the path knobs land in unit files and shell commands; one that could inject
+    is refused by name before any host is touched."""
+    with pytest.raises(DeployError, match=knob):
+        build(cluster(**{knob: value}))
+
+
+def test_an_extra_serve_arg_with_a_newline_is_refused():
+    """A newline would end the rank unit's ExecStart and start a line of its own."""
+    with pytest.raises(DeployError, match="control character"):
+        build(cluster(extra_serve_args=["--foo", "bar\nExecStartPost=/bin/sh"]))
+    build(cluster(extra_serve_args=["--max-num-seqs", "8"]))
