@@ -18,10 +18,11 @@ CONTAINER_CAPS = ("IPC_LOCK",)  # NCCL/RDMA memlock; nothing else (docs/hardenin
 
 
 def bound_ports(s: Settings) -> list[int]:
-    """The TCP ports the rank's engine binds in the container (host network): the API and the
+    """The TCP ports the rank's engine binds in the container (host network): its own API port
+    behind the front (``engine_port``: api_port is nginx's, outside the container) and the
     rendezvous; the smoke test uses the rendezvous + 1."""
     k = s.knobs
-    return [k.api_port, k.master_port, k.master_port + 1]
+    return [k.engine_port, k.master_port, k.master_port + 1]
 
 
 def container_caps(s: Settings) -> list[str]:
