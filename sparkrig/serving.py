@@ -356,7 +356,7 @@ def watchdog_unit_context(s: Settings) -> dict[str, Any]:
         "restart_args": restart_args(s),
         # the watchdog judges the engine itself, on its loopback port (not through the API
         # front: a front down is not a wedged engine, and restarting the pair would not fix it)
-        "probe": " ".join(
+        "probe": shlex.join(
             probe_command(
                 k.install_dir, k.engine_port, k.served_model_name, key_file=api_key_file(s)
             )

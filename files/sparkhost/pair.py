@@ -52,6 +52,7 @@ import argparse
 import fcntl
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -706,7 +707,16 @@ def canary(command: str) -> bool | None:
     """The short real completion (the gate job's probe) run while the engine is idle; None when
     the probe itself could not run (``OWN_EXITS``: said in the journal, never a failed
     completion: a deleted key file must not restart a healthy pair)."""
-    done = subprocess.run(command, shell=True, check=False, capture_output=True, text=True)
+    try:  # an argv (shlex-joined in the unit), never a shell: nothing in it is interpreted
+        done = subprocess.run(
+            shlex.split(command), check=False, capture_output=True, text=True, timeout=300
+        )
+    except (OSError, ValueError, subprocess.TimeoutExpired) as err:
+        if isinstance(err, subprocess.TimeoutExpired):
+            log("the canary failed: no answer in 300 s")
+            return False
+        log(f"the canary could not run ({err}); not the engine's failure")
+        return None
     if done.returncode in OWN_EXITS:
         said = (done.stderr.strip().splitlines() or ["no message"])[-1]
         log(f"the canary could not run (exit {done.returncode}: {said}); not the engine's failure")

@@ -976,7 +976,11 @@ def test_a_canary_whose_key_file_is_gone_is_the_watchdogs_failure_not_the_engine
         f"--api-key-file {tmp_path / 'gone'}"
     )
     assert pair.canary(probe) is None
-    assert pair.canary("exit 1") is False and pair.canary("true") is True
+    assert pair.canary("false") is False and pair.canary("true") is True
+    # an argv, never a shell: `;` and `$(...)` are arguments, not commands
+    assert pair.canary(f"echo ok; touch {tmp_path / 'pwn'}") is True
+    assert pair.canary(f"echo $(touch {tmp_path / 'pwn'})") is True
+    assert not (tmp_path / "pwn").exists()
     assert pair.canary(f"{tmp_path}/no-such-program") is None
     policy = pair.WatchdogPolicy(fails=3, grace=0, max_restarts=5, window=3600)
     for t in range(10):
