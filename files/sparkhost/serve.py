@@ -20,11 +20,15 @@ from urllib.parse import unquote, urlsplit
 from sparkhost.common import EXIT_OK, SO_BINDTODEVICE, VERSION, listen_addresses, log, serve_every
 from sparkhost.lockfile import load_lock
 
+MAX_CONNECTIONS = 32  # far above the few workers that copy at once; a flood is turned away
+IDLE_TIMEOUT_S = 60.0  # a connection that sends or takes nothing this long is closed
+
 
 class ServeHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "sparkrig-serve/" + VERSION
-    root = "/"
+    timeout = IDLE_TIMEOUT_S
+    root = "/"  # the served directory, symlinks resolved
     allowed: set[str] | None = None
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
@@ -43,6 +47,8 @@ class ServeHandler(BaseHTTPRequestHandler):
 
     def _serve(self, head: bool) -> None:
         rel = unquote(urlsplit(self.path).path).lstrip("/")
+        if any(not c.isprintable() for c in rel):  # %00 and the like: no file has that name
+            return self._fail(400)
         parts = rel.split("/")
         if (
             not rel
@@ -54,6 +60,9 @@ class ServeHandler(BaseHTTPRequestHandler):
         ):
             return self._fail(404)
         full = os.path.join(self.root, rel)
+        # a symlink is never followed out of the served directory (nor is one served at all)
+        if os.path.realpath(full) != os.path.normpath(full):
+            return self._fail(404)
         try:
             fh = open(full, "rb")
         except OSError:
@@ -114,9 +123,12 @@ def allowed_paths(lock: str | None, lock_in: list[str]) -> set[str] | None:
     return allowed
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def make_servers(args: argparse.Namespace) -> list[ThreadingHTTPServer]:
+    """Every listener of ``args`` (bound, not yet serving), at most MAX_CONNECTIONS at once."""
     allowed = allowed_paths(args.lock, args.lock_in or [])
-    handler = type("H", (ServeHandler,), {"root": os.path.abspath(args.dir), "allowed": allowed})
+    root = os.path.realpath(args.dir)
+    handler = type("H", (ServeHandler,), {"root": root, "allowed": allowed})
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
     class Srv(ThreadingHTTPServer):
         daemon_threads = True
@@ -129,7 +141,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 )
             super().server_bind()
 
-    servers = [Srv(address, handler) for address in listen_addresses(args.listen)]
+        def process_request(self, request: Any, client_address: Any) -> None:
+            if not slots.acquire(blocking=False):
+                self.shutdown_request(request)  # full: closed at once, nothing read
+                return
+            super().process_request(request, client_address)
+
+        def process_request_thread(self, request: Any, client_address: Any) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                slots.release()
+
+    return [Srv(address, handler) for address in listen_addresses(args.listen)]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    servers = make_servers(args)
     log(f"serving {args.dir} read-only on {args.listen} for at most {args.max_seconds}s")
 
     def shutdown() -> None:
