@@ -37,8 +37,12 @@ from sparkrig.status import (
     line,
     probe_line,
     problems,
+    without_confirmation,
 )
 
+# Read-only (tests/plan/test_status.py only_reads): pyinfra's "Press enter to execute..." would
+# confirm nothing and, with stdin closed (cron, a pipe), end in EOFError; it is skipped here.
+without_confirmation()
 settings = current()
 host_paths = paths(settings)
 state = host.get_fact(

@@ -442,3 +442,14 @@ def line(s: Settings, st: RankState, verified: str) -> str:
             else ""
         )
     )
+
+
+def without_confirmation() -> None:
+    """No "Press enter to execute..." for this run (status.py: it only reads). pyinfra 3.10 asks
+    whenever -y is not given (pyinfra_cli/cli.py ``_do_confirm``, looked up at call time), so
+    that prompt is answered yes for this process; under the API (no CLI) it does nothing."""
+    import sys
+
+    cli = sys.modules.get("pyinfra_cli.cli")
+    if cli is not None and hasattr(cli, "_do_confirm"):
+        setattr(cli, "_do_confirm", lambda msg: True)  # noqa: B010 (a module found at run time)

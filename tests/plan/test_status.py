@@ -156,3 +156,13 @@ def test_memfree_of_a_down_rank_is_judged_against_the_start_gates_floor(
     said = f"MemFree {memfree_gib:.1f} GiB is below the start gate's floor 100.0 GiB"
     assert (said in r.output) == off, r.output
     assert "(start floor 102400 MiB)" in r.output
+
+
+def test_status_asks_nothing_and_ends_cleanly_with_stdin_closed(monkeypatch):
+    """Issue 49: read-only, so no "Press enter to execute..." even without -y; with stdin closed
+    (cron, `< /dev/null`) pyinfra's prompt ended in EOFError."""
+    converge_state()
+    r = run([INVENTORY, "status.py"], monkeypatch, stdin="")
+    assert r.exit_code == 0, r.output
+    assert "Press enter" not in r.output and r.exception is None, r.output
+    only_reads(r)
