@@ -30,12 +30,16 @@ def refuse_unordered_run(params: dict[str, object] | None = None) -> None:
     """Raise DeployError when the pyinfra command line asks for ``--serial`` or ``--no-wait``.
 
     pyinfra 3.10 keeps neither in its state or config: they are arguments of the CLI's
-    ``_main`` (pyinfra_cli/cli.py), so they are read from the running click command."""
+    ``_main`` (pyinfra_cli/cli.py). They are read from the running click command where it is
+    visible, and from the ``pyinfra`` process's own argv: the CLI loads the deploy file in a
+    gevent greenlet, where click's context (a thread-local, which gevent makes per greenlet) is
+    None."""
     if params is None:
         import click
 
         ctx = click.get_current_context(silent=True)
         params = dict(ctx.params) if ctx is not None else {}
+        params.update({k: True for k in argv_options(sys.argv)})
     asked = [reason for key, reason in ORDER_BREAKING.items() if params.get(key)]
     if asked:
         raise DeployError(
@@ -44,6 +48,16 @@ def refuse_unordered_run(params: dict[str, object] | None = None) -> None:
             + ". Every host must run the same operations in step so the workers' ranks start "
             "before the head's (worker-before-head); run without --serial and --no-wait."
         )
+
+
+def argv_options(argv: list[str]) -> list[str]:
+    """The ORDER_BREAKING options in the argv of a ``pyinfra`` process (none in any other: a
+    test runner's own argv says nothing of pyinfra's). Options end at ``--``."""
+    program = argv[0] if argv else ""
+    if Path(program).name != "pyinfra" and "pyinfra_cli" not in program:
+        return []
+    given = argv[1 : argv.index("--")] if "--" in argv else argv[1:]
+    return [key for key in ORDER_BREAKING if f"--{key.replace('_', '-')}" in given]
 
 
 def index_deploy_files(root: Path = REPO) -> None:

@@ -94,3 +94,23 @@ def test_a_rollback_keeps_one_sequence_and_acts_on_each_role_alone(monkeypatch):
         }
         assert ran[acting], f"{op}: not run on the {role}"
         assert not ran[other], f"{op}: run beside the {role}"
+
+
+@pytest.mark.parametrize("option", ["--serial", "--no-wait"])
+def test_the_pyinfra_executable_refuses_serial_and_no_wait(option, tmp_path):
+    """Issue 49: the real CLI loads deploy.py in a gevent greenlet where click's context is
+    None; the refusal must hold there too, not only in the in-process harness above."""
+    import shutil
+    import subprocess
+
+    from sparkrig import REPO
+
+    exe = shutil.which("pyinfra")
+    assert exe is not None, "pyinfra is not installed (scripts/install-deps.sh)"
+    done = subprocess.run(
+        [exe, "-y", option, INVENTORY, "deploy.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, said
+    assert "sparkrig refuses this run" in said and option in said, said
