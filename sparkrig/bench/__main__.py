@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         seed004.Seed004() if args.protocol == seed004.NAME else protocol_of(args)
     )
     ep = Endpoint(url, model, key)
+    why = ep.unanswered()
+    if why:  # one line, nothing measured, nothing written
+        print(f"bench: {why}; nothing measured, nothing written", file=sys.stderr)
+        return 1
     started = time.time()
     print(f"bench: {url} model {model} profile {profile or '-'} stack {stack or '-'}; protocol "
           f"{args.protocol} {proto.as_dict()}", flush=True)  # fmt: skip

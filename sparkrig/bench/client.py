@@ -83,6 +83,24 @@ class Endpoint:
         r.raise_for_status()
         return r.json()
 
+    def unanswered(self) -> str:
+        """Why the endpoint does not serve the model ('' when /v1/models lists it): the one line
+        the bench says before it measures anything or writes any file."""
+        try:
+            data = self.get_json("/v1/models").get("data") or []
+        except requests.HTTPError as err:
+            code = err.response.status_code if err.response is not None else "?"
+            hint = " (the API key: --api-key-file)" if code == 401 else ""
+            return f"{self.url}/v1/models answered HTTP {code}{hint}"
+        except requests.RequestException as err:
+            return f"{self.url} does not answer ({type(err).__name__}: {err})"
+        except (ValueError, AttributeError):
+            return f"{self.url}/v1/models answered no model list"
+        ids = [m.get("id") for m in data if isinstance(m, dict)]
+        if self.model not in ids:
+            return f"{self.url} serves {', '.join(map(str, ids)) or 'no model'}, not {self.model}"
+        return ""
+
     def max_model_len(self) -> int | None:
         """What /v1/models reports for the model (vLLM adds max_model_len); None if not."""
         try:
