@@ -225,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lockfile: {e}", file=sys.stderr)
         return 1
     except Exception as e:  # hub errors: print the class and message, never the token
-        print(f"lockfile: {type(e).__name__}: {e}", file=sys.stderr)
+        print(
+            f"lockfile: {args.repo}@{args.revision} from {args.endpoint} (--endpoint): "
+            f"{type(e).__name__}: {e}",
+            file=sys.stderr,
+        )
         return 1
     if why := hubtoken.missing_for(args.repo, lock["gated"], args.endpoint):
         print(f"lockfile: {why}", file=sys.stderr)

@@ -188,3 +188,21 @@ def test_lockfiles_are_named_per_repo_and_the_legacy_name_is_still_read(tmp_path
     assert lock_path(d, nvidia) == tmp_path / lock_name(nvidia)  # another owner's: not taken
     (tmp_path / lock_name(libertai)).write_text("{}")
     assert lock_path(d, libertai) == tmp_path / lock_name(libertai)  # the per-repo name first
+
+
+def test_cli_refresh_against_an_endpoint_that_does_not_answer_names_it(tmp_path):
+    """Issue 49: offline, the error named neither the endpoint nor the knob that sets it."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    r = subprocess.run(
+        [sys.executable, "-m", "sparkrig.lockfile", "refresh", "--repo", "o/m",
+         "--endpoint", url, "--out", str(tmp_path / "m.lock.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "HF_HOME": str(tmp_path / "no-login"), "HF_HUB_OFFLINE": "0"},
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert f"from {url} (--endpoint)" in r.stderr, r.stderr
+    assert not (tmp_path / "m.lock.json").exists()
