@@ -1,0 +1,24 @@
+"""``python3 -m sparkrig COMMAND [ARGS]``: the operator's commands beside the deploy.
+
+logs    each rank's engine and helper journals (sparkrig/logs.py)
+"""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {"logs": "sparkrig.logs"}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in COMMANDS:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    import importlib
+
+    rc: int = importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
