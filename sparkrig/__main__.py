@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = {"logs": "sparkrig.logs"}
+COMMANDS = {"check": "sparkrig.check", "logs": "sparkrig.logs"}
 
 
 def main(argv: list[str]) -> int:

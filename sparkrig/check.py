@@ -1,0 +1,97 @@
+"""``python3 -m sparkrig check [inventory.py] [--data KEY=VALUE ...]``: every refusal that needs
+no host, offline, in seconds: the inventory and group_data validated as the deploy validates them
+(sparkrig/settings.py ``for_inventory``: knobs, types, groups, fabric addresses, the stack and
+its profile, the lockfiles and the Hub token) and each host's pinned SSH host key present,
+``--data`` applied as pyinfra applies it. It
+connects to nothing; exit 0 when nothing is refused, 1 with each refusal as a sentence."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pyinfra.api.exceptions import DeployError
+
+from sparkrig.settings import for_inventory
+
+
+def overrides(pairs: Sequence[str]) -> dict[str, object]:
+    """``--data KEY=VALUE`` as pyinfra's CLI reads it (pyinfra_cli.util.parse_cli_arg)."""
+    from pyinfra_cli.util import parse_cli_arg
+
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"check: --data wants KEY=VALUE, not {pair!r}")
+        out[key] = parse_cli_arg(value)
+    return out
+
+
+def host_key_problems(inventory: Any) -> list[str]:
+    """Each host whose pinned host key is missing: with ``ssh_known_hosts_file`` set (and strict
+    checking, as sparkrig's inventories set it) the first SSH connection would be refused."""
+    out = []
+    for host in inventory:
+        data = host.data.dict()
+        known = data.get("ssh_known_hosts_file")
+        if not known:
+            continue
+        name = str(data.get("ssh_hostname") or host.name)
+        port = int(data.get("ssh_port") or 22)
+        entry = name if port == 22 else f"[{name}]:{port}"
+        path = os.path.expanduser(str(known))
+        found = (
+            os.path.isfile(path)
+            and subprocess.run(
+                ["ssh-keygen", "-F", entry, "-f", path], capture_output=True
+            ).returncode
+            == 0
+        )
+        if not found:
+            out.append(
+                f"{host.name}: no host key for {entry} in {known} (ssh_known_hosts_file); pin it "
+                f"once you trust it: `ssh-keyscan -p {port} {name} >> {known}`, then compare its "
+                "fingerprint with the box's own (`ssh-keygen -lf "
+                "/etc/ssh/ssh_host_ed25519_key.pub` at its console)"
+            )
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python3 -m sparkrig check", description=__doc__.split("\n")[0]
+    )
+    ap.add_argument("inventory", nargs="?", default="inventory.py")
+    ap.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args(argv)
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    with ctx_state.use(State()):  # pyinfra's CLI loads inventories inside a state
+        inventory = make_inventory(args.inventory, cwd=".", override_data=overrides(args.data))
+        problems = []
+        try:
+            settings = for_inventory(inventory)
+        except DeployError as err:
+            problems.append(str(err))
+        problems += host_key_problems(inventory)
+        if problems:
+            print(f"check: {args.inventory} is refused:\n" + "\n".join(problems), file=sys.stderr)
+            return 1
+    s = next(iter(settings.values()))
+    print(
+        f"check: {args.inventory}: {len(settings)} ranks, stack {s.knobs.stack}, profile "
+        f"{s.knobs.profile}: nothing refused that needs no host (the deploy's preflight checks "
+        "the hosts themselves)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""``python3 -m sparkrig check`` (sparkrig/check.py): the refusals that need no host, offline,
+as the deploy would say them: a misspelled knob, a wrong type, a missing pinned host key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE = "tests/plan/inventory_state.py"  # @fake hosts: nothing to connect to
+
+
+def check(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sparkrig", "check", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_a_good_inventory_passes_offline():
+    done = check(FAKE)
+    assert done.returncode == 0, done.stderr
+    assert "2 ranks" in done.stdout
+
+
+def test_a_misspelled_knob_and_a_wrong_type_are_refused_offline():
+    done = check(FAKE, "--data", "profil=guard")
+    assert done.returncode == 1
+    assert "profil: unknown key; did you mean 'profile'?" in done.stderr
+    done = check(FAKE, "--data", "fabric_mtu=lots")
+    assert done.returncode == 1 and "fabric_mtu" in done.stderr, done.stderr
+
+
+def test_a_host_key_not_pinned_is_refused_offline(tmp_path):
+    inv = tmp_path / "inventory.py"
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    inv.write_text(
+        "from tests.plan.inventory_state import head, worker\n"
+        f"head = [(n, {{**d, 'ssh_hostname': '198.51.100.7', 'ssh_port': 2222,"
+        f" 'ssh_known_hosts_file': {str(known)!r}}}) for n, d in head]\n"
+    )
+    done = check(str(inv))
+    assert done.returncode == 1
+    assert f"no host key for [198.51.100.7]:2222 in {known}" in done.stderr, done.stderr
+    assert "ssh-keyscan -p 2222 198.51.100.7" in done.stderr
