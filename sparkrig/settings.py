@@ -742,6 +742,27 @@ def _fmt(host: str, err: ValidationError) -> list[str]:
     return out
 
 
+def said_once(problems: list[str], hosts: list[str]) -> list[str]:
+    """``problems`` with one said of every host (group_data, --data: "<host>: <why>" once per
+    host) said once, as "every host: <why>"; order kept, at the first host's place."""
+    by_text: dict[str, set[str]] = {}
+    for p in problems:
+        name, sep, text = p.partition(": ")
+        if sep and name in hosts:
+            by_text.setdefault(text, set()).add(name)
+    everyone = {text for text, names in by_text.items() if len(hosts) > 1 and names == set(hosts)}
+    out: list[str] = []
+    for p in problems:
+        name, _, text = p.partition(": ")
+        if text in everyone and name in hosts:
+            line = f"every host: {text}"
+            if line not in out:
+                out.append(line)
+        else:
+            out.append(p)
+    return out
+
+
 def build(view: InventoryView) -> dict[str, Settings]:
     """Validate the whole inventory; return Settings per host name or raise one DeployError."""
     problems: list[str] = []
@@ -821,7 +842,8 @@ def build(view: InventoryView) -> dict[str, Settings]:
     if not problems and first is not None and first.fabric_layout == "ports":
         problems.extend(fabric_env_refusals(ranks, first))
     if problems:
-        raise DeployError("invalid inventory or data:\n  " + "\n  ".join(problems))
+        said = said_once(problems, [n for n, _ in [*heads, *workers]])
+        raise DeployError("invalid inventory or data:\n  " + "\n  ".join(said))
 
     as_tuple = tuple(ranks)
     return {r.name: Settings(me=r, ranks=as_tuple, knobs=knobs[r.name]) for r in ranks}

@@ -97,7 +97,7 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
         ),
         (
             lambda v: [edit(v, g, 0, base_image=STOCK) for g in ("head", "worker")],
-            f"spark-0: base_image: {STOCK} is known not to work: the stock vLLM image",
+            f"every host: base_image: {STOCK} is known not to work: the stock vLLM image",
         ),
         (
             lambda v: [
@@ -110,7 +110,7 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
             lambda v: [
                 edit(v, g, 0, watchdog=True, watchdog_grace_s=1800) for g in ("head", "worker")
             ],
-            "spark-0: watchdog_grace_s: 1800 is below ready_timeout_s 3600",
+            "every host: watchdog_grace_s: 1800 is below ready_timeout_s 3600",
         ),
         (
             lambda v: edit(v, "head", 0, watchdog_stall_s=60),
@@ -118,7 +118,7 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
         ),
         (
             lambda v: [edit(v, g, 0, gpu_clock_max_mhz=50) for g in ("head", "worker")],
-            "spark-0: gpu_clock_max_mhz: Input should be greater than or equal to 100",
+            "every host: gpu_clock_max_mhz: Input should be greater than or equal to 100",
         ),
         (
             lambda v: edit(v, "worker", 0, gpu_clock_max_mhz=2400),
@@ -142,7 +142,7 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
         ),
         (
             lambda v: [edit(v, g, 0, engine_port=8000) for g in ("head", "worker")],
-            "spark-0: api_port, engine_port, master_port (+1 for the smoke test), pair_port",
+            "every host: api_port, engine_port, master_port (+1 for the smoke test), pair_port",
         ),
         (
             lambda v: edit(v, "head", 0, tls_cert="certs/api.pem"),
@@ -221,7 +221,7 @@ def test_a_knob_missing_from_group_data_is_an_error_not_a_silent_default(default
     for group in ("head", "worker"):
         name, data = view.groups[group][0]
         view.groups[group][0] = (name, {k: v for k, v in data.items() if k != "pair_grace_s"})
-    assert "spark-0: pair_grace_s: Field required" in problems(view)
+    assert "every host: pair_grace_s: Field required" in problems(view)
 
 
 @pytest.mark.parametrize(
@@ -322,7 +322,7 @@ def test_an_unknown_stack_is_refused_naming_the_declared_ones():
     from sparkrig.stacks import STACKS
 
     text = problems(cluster(2, stack="vllm-fp8"))
-    assert "spark-0: stack: unknown stack 'vllm-fp8'; choose one of " in text
+    assert "every host: stack: unknown stack 'vllm-fp8'; choose one of " in text
     assert all(name in text for name in STACKS)
 
 
@@ -382,7 +382,7 @@ def test_pins_precedence_knob_over_stack_pins_over_the_declaration(monkeypatch):
 def test_a_stack_with_no_image_is_refused_before_any_host_naming_why(monkeypatch):
     other_stack(monkeypatch, image=None, image_note="no published image: build the v8 chain")
     text = problems(cluster(2, base_image=None, stack="test-other"))
-    assert "spark-0: base_image: missing: stack 'test-other' declares no image" in text
+    assert "every host: base_image: missing: stack 'test-other' declares no image" in text
     assert "no published image: build the v8 chain" in text
     assert "stack_pins['test-other']['base_image']" in text
     pins = {"test-other": {"base_image": DIGEST}}
@@ -488,3 +488,16 @@ def test_an_extra_serve_arg_with_a_newline_is_refused():
     with pytest.raises(DeployError, match="control character"):
         build(cluster(extra_serve_args=["--foo", "bar\nExecStartPost=/bin/sh"]))
     build(cluster(extra_serve_args=["--max-num-seqs", "8"]))
+
+
+def test_a_problem_of_every_host_is_said_once_and_one_of_a_host_names_it():
+    """Issue 49: group_data and --data apply to every host; their refusal is one line, not one
+    per host; a problem of one host still names it."""
+    from sparkrig.settings import said_once
+
+    hosts = ["spark-0", "spark-1"]
+    got = said_once(["spark-0: profil: unknown key", "spark-1: profil: unknown key",
+                     "spark-1: api_port: 9000 differs", "inventory: no worker"], hosts)  # fmt: skip
+    assert got == ["every host: profil: unknown key", "spark-1: api_port: 9000 differs",
+                   "inventory: no worker"]  # fmt: skip
+    assert said_once(["spark-0: x"], ["spark-0"]) == ["spark-0: x"]
