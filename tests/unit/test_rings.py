@@ -161,7 +161,7 @@ def test_fabric_ports_names_what_dgx_os_names_cannot_derive():
         ),
         (
             lambda v: [edit(v, i, fabric_cidr="198.18.0.1/21") for i in (0, 1)],
-            "spark-0: fabric_cidr: not an IPv4 network",
+            "every host: fabric_cidr: not an IPv4 network",
         ),
     ],
 )
