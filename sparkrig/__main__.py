@@ -1,5 +1,7 @@
 """``python3 -m sparkrig COMMAND [ARGS]``: the operator's commands beside the deploy.
 
+init    an inventory from the boxes themselves: host keys pinned, fabric found (sparkrig/init.py)
+check   every refusal that needs no host, offline (sparkrig/check.py)
 logs    each rank's engine and helper journals (sparkrig/logs.py)
 """
 
@@ -7,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = {"check": "sparkrig.check", "logs": "sparkrig.logs"}
+COMMANDS = {"init": "sparkrig.init", "check": "sparkrig.check", "logs": "sparkrig.logs"}
 
 
 def main(argv: list[str]) -> int:
