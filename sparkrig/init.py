@@ -21,15 +21,18 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparkhost.pairmac import WINDOW_S
 
 from sparkrig import baseline, probe
+from sparkrig.check import host_key_problems, overrides
+from sparkrig.node import NodeReport
+from sparkrig.preflight import disk_problem
 from sparkrig.probe import Probe
-
-if TYPE_CHECKING:
-    from sparkrig.settings import Settings
+from sparkrig.reach import Reach, hub_url, registry_url
+from sparkrig.settings import Settings, for_inventory
+from sparkrig.weights import artifacts
 
 SSH_TIMEOUT_S = 20
 _USER = re.compile(r"^[a-z_][a-z0-9_.-]*$")
@@ -266,7 +269,6 @@ def box_todo(t: Target, p: Probe, fabric: str | None, ours: str | None) -> list[
 
 def head_reach(t: Target, known_hosts: str, key: str | None, urls: dict[str, str]) -> list[str]:
     """What the head cannot reach of ``urls`` (url -> what it needs from it)."""
-    from sparkrig.reach import Reach
 
     cmd = Reach().command(tuple(urls)).get_raw_value()
     got = subprocess.run([*ssh_base(t, known_hosts, key), cmd], capture_output=True, text=True,
@@ -293,13 +295,6 @@ def checked(out: Path, targets: list[Target], probes: list[Probe], known_hosts: 
     from pyinfra.api.exceptions import DeployError
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
-
-    from sparkrig.check import host_key_problems
-    from sparkrig.node import NodeReport
-    from sparkrig.preflight import disk_problem
-    from sparkrig.reach import hub_url, registry_url
-    from sparkrig.settings import for_inventory
-    from sparkrig.weights import artifacts
 
     with ctx_state.use(State()):
         inventory = make_inventory(str(out), cwd=".")
@@ -342,7 +337,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(str(err))
     if len(targets) < 2:
         ap.error("name two boxes or more: the head first, then each worker")
-    from sparkrig.check import overrides
 
     knobs = overrides(args.set)
     known = Path(args.known_hosts)
