@@ -30,6 +30,7 @@ from sparkrig.owned import file_present, unit_state_set
 from sparkrig.paths import paths
 from sparkrig.render import base_context, render
 from sparkrig.settings import Rank, Settings
+from sparkrig.shown import ShownCommand
 from sparkrig.stacks.families import tensorfold, vllm
 from sparkrig.stateread import Part, Values, read_here
 
@@ -433,12 +434,12 @@ def why_command(s: Settings) -> list[str]:
 
 
 def explained(command: Sequence[str], explain: Sequence[str] | None) -> StringCommand:
-    """``command``; when it fails, ``explain`` runs after it (its lines in the failure's output)
-    and the exit status stays the command's."""
+    """``command``, its lines shown as they come (a boot's stages); when it fails, ``explain``
+    runs after it (its lines in the failure's output) and the exit status stays the command's."""
     if not explain:
-        return StringCommand(*[QuoteString(a) for a in command])
+        return ShownCommand(*[QuoteString(a) for a in command])
     script = f"{shlex.join(command)} || {{ rc=$?; {shlex.join(explain)}; exit $rc; }}"
-    return StringCommand("sh", "-c", QuoteString(script))
+    return ShownCommand("sh", "-c", QuoteString(script))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,10 @@ from sparkrig.hostpkg import PYTHON
 from sparkrig.hubtoken import hub_token
 from sparkrig.paths import revision_dir
 from sparkrig.settings import Settings
+from sparkrig.shown import ShownCommand
 from sparkrig.stateread import Part, Values, read_here
+
+PROGRESS_EVERY_S = 60  # a fetch's progress line in the deploy's output: one a minute at most
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,8 @@ def weights_present(
     Make ``dest`` hold every file of the lockfile, sha256-verified, fetching what is missing.
 
     The fetch runs as a transient systemd unit, so it survives a dropped SSH session or a
-    Ctrl-C of pyinfra; the deploy follows its progress lines and a re-run re-attaches to it.
+    Ctrl-C of pyinfra; the deploy prints its progress lines (bytes, rate per uplink, ETA) at
+    every verbosity, one a minute at most, and a re-run re-attaches to it.
     Verified files are confirmed by their stamps: a change here is a real fetch (a restart
     trigger); a full re-hash is ``weights_rehashed``, run before this and never a trigger.
 
@@ -207,8 +211,9 @@ def weights_present(
         return
     logger.info(f"{host.print_prefix}{dest}: {summary}")
     fetch = [*fetcher, "fetch", "--lock", lock, "--dest", dest, "--verify", "quick", *source]
-    follow = [*fetcher, "follow", "--unit", unit, "--status", f"{dest}.fetch-status.json"]
-    yield StringCommand(transient_command(unit, fetch, replace=False), "&&", shlex.join(follow))
+    follow = [*fetcher, "follow", "--unit", unit, "--status", f"{dest}.fetch-status.json",
+              "--print-every", str(PROGRESS_EVERY_S)]  # fmt: skip
+    yield ShownCommand(transient_command(unit, fetch, replace=False), "&&", shlex.join(follow))
 
 
 @operation(is_idempotent=False)

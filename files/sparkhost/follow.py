@@ -17,6 +17,7 @@ from sparkhost.units import pid_alive, unit_active, unit_main_pid
 def cmd_follow(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.timeout if args.timeout else None
     last = None
+    printed_at = -1e18
     alive: Callable[[dict[str, Any] | None], bool]
     if args.unit:
         alive = lambda s: unit_active(args.unit)  # noqa: E731
@@ -34,9 +35,11 @@ def cmd_follow(args: argparse.Namespace) -> int:
                 s = None  # a previous run's status: the running fetch has not written yet
         if s is not None:
             line = progress_line(s)
-            if line != last:
+            ended = s.get("state") in ("done", "failed")
+            due = time.monotonic() - printed_at >= args.print_every
+            if line != last and (due or ended):
                 print(line, flush=True)
-                last = line
+                last, printed_at = line, time.monotonic()
             if s.get("state") == "done":
                 return EXIT_OK
             if s.get("state") == "failed":
@@ -66,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     fo.add_argument("--status", required=True)
     fo.add_argument("--unit", help="systemd unit to watch (else the pid in the status)")
     fo.add_argument("--interval", type=float, default=10.0)
+    fo.add_argument("--print-every", type=float, default=0.0,
+                    help="seconds between progress lines (the last always printed)")  # fmt: skip
     fo.add_argument("--timeout", type=float, default=0.0)
     return fo
 

@@ -101,6 +101,8 @@ class Run:
     commands: dict[str, list[str]]
     uploads: dict[str, dict[str, bytes]]
     stdin: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # (command, its stdin)
+    # per host: the commands whose output pyinfra was told to print as it came (sparkrig/shown.py)
+    shown: dict[str, list[str]] = field(default_factory=dict)
     op_order: list[str] = field(default_factory=list)
     # per host: ops that executed commands (apply) or would change (--dry)
     changed_ops: dict[str, list[str]] = field(default_factory=dict)
@@ -135,10 +137,14 @@ def run(
 
     shell = FakeConnector.run_shell_command
     stdin_seen: dict[str, list[tuple[str, str]]] = {}  # host -> (command, stdin) of each command
+    shown: dict[str, list[str]] = {}
 
     def run_shell_command(self: FakeConnector, command: Any, *a: Any, **k: Any) -> Any:
         """A secret written through stdin (sparkrig/secretio.py) lands in ``uploads`` at its
         destination, as an upload would; ``fail_upload`` fails it."""
+        if k.get("print_output"):
+            text = command if isinstance(command, str) else command.get_masked_value()
+            shown.setdefault(self.host.name, []).append(text)
         fed = k.get("_stdin")
         if fed is None and hasattr(command, "connector_arguments"):
             fed = command.connector_arguments.get("_stdin")
@@ -255,6 +261,7 @@ def run(
         commands=commands,
         uploads=uploads,
         stdin=stdin_seen,
+        shown=shown,
         op_order=op_order,
         changed_ops=changed,
         host_ops=host_ops,

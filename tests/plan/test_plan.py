@@ -427,6 +427,16 @@ def test_weights_come_over_both_uplinks_to_the_head_then_over_the_fabric(monkeyp
     assert order == sorted(order)
 
 
+def test_the_fetch_and_the_boot_print_their_progress_at_ordinary_verbosity(monkeypatch):
+    r = apply(monkeypatch)  # no -v: pyinfra prints no other command's output
+    assert r.exit_code == 0, r.output
+    for name in (HEAD, WORKER):
+        follows = [c for c in r.shown.get(name, []) if " follow " in c]
+        assert follows and "--print-every 60" in follows[0], r.shown.get(name)
+    assert any(" wait " in c for c in r.shown[HEAD])  # the boot's stages, the peers' wait
+    assert all(" follow " in c or " wait " in c for c in r.shown[HEAD]), r.shown[HEAD]
+
+
 def test_nccl_smoke_test_runs_workers_first_before_a_pair_start_and_not_when_converged(monkeypatch):
     r = apply(monkeypatch)
     assert r.exit_code == 0, r.output
