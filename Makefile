@@ -46,7 +46,8 @@ test: deps check
 
 # The lab tests CI runs, in the suite's order: the NetworkManager guests, a bad inventory reaching
 # no host, --dry --diff, the first converge and what it must leave (verify, weights, the five
-# gates through the API front, the API key), the no-op second run, a rank on another kernel
+# gates through the API front, the API key), the no-op second run, init's inventory deploying as
+# written (another no-op run, through it), a rank on another kernel
 # release refused, a new host package on the head (the pair keeps serving), then the front's 401
 # without the key from the LAN and a stranger on the LAN reaching no pair port (issue 35; 78 s on
 # the lab: the stranger reaches the head since the uplink tables hold their subnet, 2551007).
@@ -58,6 +59,7 @@ test: deps check
 # uninstall, the stack switches (entrpi-exl3, tensorfold), the firewall, hardening and secrets.
 LAB_CI := dgx_os_network_stack or bad_inventory or dry_diff or first_converge or \
 	converged_hosts_verify or weights_came or five_gates or api_needs or second_run or \
+	init_writes_an_inventory or \
 	another_kernel_release or new_host_package or without_the_key_the_lan or \
 	a_stranger_reaches_no_pair_port
 
