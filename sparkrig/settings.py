@@ -28,7 +28,7 @@ from pyinfra.api.exceptions import DeployError
 
 from sparkrig import hubtoken, lockfile, topology
 from sparkrig.runscope import once_per_run
-from sparkrig.stacks import STACKS, get
+from sparkrig.stacks import DEFAULT_STACK, STACKS, get
 from sparkrig.stacks.base import Pin, Stack
 from sparkrig.stacks.families.tensorfold import fabric_env_problems
 
@@ -251,9 +251,10 @@ class Knobs(BaseModel):
         recipe that serves one configuration: that one), so `--data stack=<name>` alone switches."""
         if isinstance(data, dict) and data.get("profile") is None and "stack" in data:
             try:
-                data = {**data, "profile": get(data["stack"]).own_profile}
-            except (ValueError, TypeError):
-                pass  # an unknown stack: its own error names the choices
+                own = get(data["stack"]).own_profile
+            except (ValueError, TypeError):  # an unknown stack: its own error names the choices,
+                own = get(DEFAULT_STACK).own_profile  # and an unset profile is no second one
+            data = {**data, "profile": own}
         return data
 
     @field_validator("model_revision", "drafter_revision")

@@ -324,6 +324,7 @@ def test_an_unknown_stack_is_refused_naming_the_declared_ones():
     text = problems(cluster(2, stack="vllm-fp8"))
     assert "every host: stack: unknown stack 'vllm-fp8'; choose one of " in text
     assert all(name in text for name in STACKS)
+    assert "profile" not in text  # profile None is the stack's own: no second, misleading error
 
 
 def test_the_stack_must_be_the_same_on_every_host(monkeypatch):
