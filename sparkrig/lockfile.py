@@ -8,7 +8,13 @@ sorted and stable, so a weights change shows up in review as a diff. The host-si
 
     python3 -m sparkrig.lockfile refresh --repo ORG/NAME --revision main \
         --endpoint https://huggingface.co --out locks/ORG--NAME.lock.json
+    python3 -m sparkrig.lockfile refresh --stack vllm-nvfp4 --lockfile-dir locks
     python3 -m sparkrig.lockfile show locks/ORG--NAME.lock.json
+
+``--stack NAME`` makes every lockfile the stack declares (sparkrig/stacks/: its model and its
+drafter, whichever profile loads it), each as ``--repo`` would, into ``--lockfile-dir``. A pin
+the operator set (model_revision, stack_pins) is not the declaration's: the deploy's refusal
+then gives that lockfile's own ``--repo`` command.
 
 Only huggingface_hub's metadata calls are used (``model_info`` to resolve the revision and read
 whether the repo is gated, ``list_repo_tree(recursive=True, expand=True)`` for the file list). The
@@ -23,7 +29,8 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable
+import textwrap
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +39,8 @@ from sparkhost import lockfile as host_lockfile
 from sparkhost.lockfile import HEX40, LOCK_VERSION, LockfileError, validate
 
 from sparkrig import hubtoken
+from sparkrig.stacks import STACKS, get
+from sparkrig.stacks.base import Pin
 
 
 def _entries_from_tree(items: Iterable[Any]) -> list[dict[str, Any]]:
@@ -169,6 +178,29 @@ def lock_path(lockfile_dir: str, repo: str) -> Path:
     return legacy if owner == repo else path
 
 
+def refresh_command(lockfile_dir: str, repo: str, revision: str, endpoint: str) -> str:
+    """The command that makes the lockfile of ``repo`` at ``revision`` where the deploy reads it."""
+    return (
+        f"python3 -m sparkrig.lockfile refresh --repo {repo} --revision {revision} "
+        f"--endpoint {endpoint} --out {Path(lockfile_dir) / lock_name(repo)}"
+    )
+
+
+def stack_refresh_command(stack: str, lockfile_dir: str, endpoint: str) -> str:
+    """The command that makes every lockfile ``stack`` declares (``declared``) at once."""
+    return (
+        f"python3 -m sparkrig.lockfile refresh --stack {stack} --endpoint {endpoint} "
+        f"--lockfile-dir {lockfile_dir}"
+    )
+
+
+def declared(stack: str) -> list[Pin]:
+    """The artifacts ``stack`` declares, each pinned by a lockfile: its model and its drafter
+    (whether or not the selected profile loads it: a profile change then needs no new one)."""
+    st = get(stack)
+    return [p for p in (st.model, st.drafter) if p is not None]
+
+
 def checked(
     lockfile_dir: str, repo: str, revision: str, endpoint: str
 ) -> tuple[str, dict[str, Any]]:
@@ -176,10 +208,7 @@ def checked(
     pinned ``revision``; DeployError naming the command that makes it when it is missing, bad or
     for another commit (the deploy stops before any host command)."""
     path = lock_path(lockfile_dir, repo)
-    refresh = (
-        f"python3 -m sparkrig.lockfile refresh --repo {repo} --revision {revision} "
-        f"--endpoint {endpoint} --out {Path(lockfile_dir) / lock_name(repo)}"
-    )
+    refresh = refresh_command(lockfile_dir, repo, revision, endpoint)
     if not path.exists():
         raise DeployError(f"no lockfile {path} for {repo}; make it with:\n  {refresh}")
     try:
@@ -194,44 +223,53 @@ def checked(
     return path.read_text(), lock
 
 
+def checked_all(
+    lockfile_dir: str, wanted: Iterable[tuple[str, str]], endpoint: str
+) -> tuple[dict[str, dict[str, Any]], list[tuple[str, str, str]]]:
+    """Every (repo, revision) of ``wanted`` checked as ``checked`` checks one: the lockfiles that
+    pass, by repo, and (repo, revision, why) for each that does not, all of them at once (one
+    refusal per run cost the operator a run per artifact)."""
+    locks: dict[str, dict[str, Any]] = {}
+    refused = []
+    for repo, revision in wanted:
+        try:
+            locks[repo] = checked(lockfile_dir, repo, revision, endpoint)[1]
+        except DeployError as err:
+            refused.append((repo, revision, str(err)))
+    return locks, refused
+
+
+def refusal(problems: Sequence[str], at_once: str | None = None) -> str:
+    """One error for every lockfile problem, each its own sentence with its command;
+    ``at_once``: one command that fixes them all (``stack_refresh_command``)."""
+    if len(problems) == 1 and at_once is None:
+        return problems[0]
+    lines = [f"{len(problems)} lockfile problems, each with its fix:"]
+    lines += [textwrap.indent(p, "  ") for p in problems]
+    if at_once:
+        lines.append(f"  or make all of them at once with:\n    {at_once}")
+    return "\n".join(lines)
+
+
 def _gib(n: int) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m sparkrig.lockfile", description=__doc__)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("refresh", help="(re)make a lockfile from the Hub's metadata")
-    r.add_argument("--repo", required=True)
-    r.add_argument("--revision", default="main", help="branch, tag or commit (resolved)")
-    r.add_argument("--endpoint", default="https://huggingface.co")
-    r.add_argument("--repo-type", default="model", choices=["model", "dataset"])
-    r.add_argument("--out", help="lockfile path (default locks/<owner>--<name>.lock.json)")
-    sh = sub.add_parser("show", help="summarise a lockfile")
-    sh.add_argument("lock")
-    args = ap.parse_args(argv)
-
-    if args.cmd == "show":
-        lock = load(args.lock)
-        print(json.dumps(summary(lock), sort_keys=True))
-        return 0
-
-    out = args.out or os.path.join("locks", lock_name(args.repo))
+def refresh(repo: str, revision: str, endpoint: str, repo_type: str, out: str) -> int:
+    """Make one lockfile from the Hub and say what changed against the one at ``out``; 1 (with
+    the reason on stderr) when the Hub or the token refuses it."""
     try:
-        lock = build_lock(
-            args.repo, args.revision, args.endpoint, hubtoken.hub_token(), args.repo_type
-        )
+        lock = build_lock(repo, revision, endpoint, hubtoken.hub_token(), repo_type)
     except LockfileError as e:
         print(f"lockfile: {e}", file=sys.stderr)
         return 1
     except Exception as e:  # hub errors: print the class and message, never the token
         print(
-            f"lockfile: {args.repo}@{args.revision} from {args.endpoint} (--endpoint): "
-            f"{type(e).__name__}: {e}",
+            f"lockfile: {repo}@{revision} from {endpoint} (--endpoint): {type(e).__name__}: {e}",
             file=sys.stderr,
         )
         return 1
-    if why := hubtoken.missing_for(args.repo, lock["gated"], args.endpoint):
+    if why := hubtoken.missing_for(repo, lock["gated"], endpoint):
         print(f"lockfile: {why}", file=sys.stderr)
         return 1
     old = None
@@ -253,6 +291,54 @@ def main(argv: list[str] | None = None) -> int:
         for p in d[k]:
             print(f"  {k}: {p}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python3 -m sparkrig.lockfile",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("refresh", help="(re)make a lockfile, or a stack's, from the Hub's metadata")
+    which = r.add_mutually_exclusive_group(required=True)
+    which.add_argument("--repo", help="one repository (owner/name)")
+    which.add_argument(
+        "--stack", choices=sorted(STACKS), help="every lockfile a stack declares (sparkrig/stacks/)"
+    )
+    r.add_argument("--revision", help="--repo: branch, tag or commit (resolved; default main)")
+    r.add_argument("--endpoint", default="https://huggingface.co")
+    r.add_argument("--repo-type", default="model", choices=["model", "dataset"])
+    r.add_argument("--out", help="--repo: lockfile path (default locks/<owner>--<name>.lock.json)")
+    r.add_argument("--lockfile-dir", default="locks", help="--stack: where (knob lockfile_dir)")
+    sh = sub.add_parser("show", help="summarise a lockfile")
+    sh.add_argument("lock")
+    args = ap.parse_args(argv)
+
+    if args.cmd == "show":
+        lock = load(args.lock)
+        print(json.dumps(summary(lock), sort_keys=True))
+        return 0
+
+    if args.stack is None:
+        out = args.out or os.path.join("locks", lock_name(args.repo))
+        return refresh(args.repo, args.revision or "main", args.endpoint, args.repo_type, out)
+    if args.revision or args.out:
+        ap.error("--stack takes each revision from the declaration and writes into --lockfile-dir")
+    failed = [
+        pin.repo
+        for pin in declared(args.stack)
+        if refresh(
+            pin.repo,
+            pin.revision,
+            args.endpoint,
+            "model",  # a stack pins Hub models (Pin)
+            str(Path(args.lockfile_dir) / lock_name(pin.repo)),
+        )
+    ]
+    if failed:
+        print(f"lockfile: stack {args.stack}: not made: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1191,6 +1191,37 @@ def not_applied(settings: dict[str, Settings]) -> str | None:
     )
 
 
+def lockfile_refusal(settings: dict[str, Settings]) -> str | None:
+    """Every lockfile the run needs that is missing, stale or gated without a Hub token, in one
+    error (each with the command that fixes it), or None. Missing lockfiles that are all the
+    stack's declared pins get one command more that makes every one of them."""
+    problems: list[str] = []
+    locks_refused: set[tuple[str, str, str]] = set()
+    declared_only = True
+    for s in settings.values():
+        k = s.knobs
+        wanted = [(repo, revision) for _, repo, revision in s.locked_artifacts]
+        locks, refused = lockfile.checked_all(k.lockfile_dir, wanted, k.hub_endpoint)
+        pins = {(p.repo, p.revision) for p in lockfile.declared(k.stack)}
+        for repo, revision, why in refused:
+            locks_refused.add((k.lockfile_dir, repo, revision))
+            declared_only = declared_only and (repo, revision) in pins
+            problems += [why] if why not in problems else []
+        for repo, lock in locks.items():
+            gated = hubtoken.missing_for(repo, lock.get("gated"), k.hub_endpoint)
+            problems += [gated] if gated and gated not in problems else []
+    if not problems:
+        return None
+    k = next(iter(settings.values())).knobs
+    one_dir = {d for d, _, _ in locks_refused} == {k.lockfile_dir}
+    at_once = (
+        lockfile.stack_refresh_command(k.stack, k.lockfile_dir, k.hub_endpoint)
+        if len(locks_refused) > 1 and declared_only and one_dir
+        else None
+    )
+    return lockfile.refusal(problems, at_once)
+
+
 def for_inventory(inventory: Any) -> dict[str, Settings]:
     """Validate once per inventory object (the deploy file runs once per host), lockfiles
     included: a missing or stale lockfile, or a gated repo with no Hub token on this machine,
@@ -1200,12 +1231,8 @@ def for_inventory(inventory: Any) -> dict[str, Settings]:
         settings = build(view_of(inventory))
         if why := not_applied(settings):
             raise DeployError(why)
-        for s in settings.values():  # DeployError naming the lockfile and the command to make it
-            for _, repo, revision in s.locked_artifacts:
-                endpoint = s.knobs.hub_endpoint
-                _, lock = lockfile.checked(s.knobs.lockfile_dir, repo, revision, endpoint)
-                if why := hubtoken.missing_for(repo, lock.get("gated"), endpoint):
-                    raise DeployError(why)
+        if why := lockfile_refusal(settings):
+            raise DeployError(why)
         return settings
 
     return once_per_run("settings", inventory, validate)

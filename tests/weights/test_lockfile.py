@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from sparkrig.stacks.base import Pin
+from tests import teststacks
+
 from .conftest import FETCH, ROOT, Hub, fakehub, lockfile
 
 
@@ -206,3 +209,31 @@ def test_cli_refresh_against_an_endpoint_that_does_not_answer_names_it(tmp_path)
     assert r.returncode == 1
     assert f"from {url} (--endpoint)" in r.stderr, r.stderr
     assert not (tmp_path / "m.lock.json").exists()
+
+
+def test_cli_refresh_stack_makes_every_lockfile_the_stack_declares(
+    hub_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """`refresh --stack NAME`: the stack's model and drafter, each at its pin, where the deploy
+    reads them, so the deploy's lockfile check passes after one command (issue 49)."""
+    commit = {r: json.loads((hub_root / r / fakehub.META).read_text())["commit"]
+              for r in (fakehub.MODEL_REPO, fakehub.DRAFTER_REPO)}  # fmt: skip
+    teststacks.register(
+        monkeypatch, "test-fakehub", model=Pin(fakehub.MODEL_REPO, commit[fakehub.MODEL_REPO]),
+        drafter=Pin(fakehub.DRAFTER_REPO, commit[fakehub.DRAFTER_REPO]),
+    )  # fmt: skip
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    locks = tmp_path / "locks"
+    h = Hub(hub_root)
+    try:
+        rc = lockfile.main(["refresh", "--stack", "test-fakehub", "--endpoint", h.url,
+                            "--lockfile-dir", str(locks)])  # fmt: skip
+    finally:
+        h.close()
+    assert rc == 0, capsys.readouterr().err
+    made = sorted(p.name for p in locks.iterdir())
+    assert made == sorted(lockfile.lock_name(r) for r in commit)
+    found, refused = lockfile.checked_all(str(locks), commit.items(), h.url)
+    assert refused == [] and {r: lock["commit"] for r, lock in found.items()} == commit
+    with pytest.raises(SystemExit):  # the declaration's revisions, into --lockfile-dir only
+        lockfile.main(["refresh", "--stack", "test-fakehub", "--revision", "main"])
