@@ -167,8 +167,10 @@ known_bad_baselines = [  # known-bad combinations, each with its reason and sour
             "kexec handover is on (the 7.0 kernels enable it by default, e.g. 7.0.0-1019-nvidia): "
             "its ~9.3 GiB of scratch pageblocks cannot be pinned long-term, so NCCL's memory "
             "registration fails (ibv_reg_mr_iova2: Cannot allocate memory); 6.17 kernels work. "
-            "Boot with kho=off: sparkrig writes /etc/default/grub.d/90-sparkrig-kho.cfg once "
-            "this check passes, so add it by hand now (docs/baseline.md), update-grub, reboot"
+            "Boot with kho=off: sparkrig writes its GRUB drop-in only once this check passes, so "
+            "put it there by hand on this Spark (docs/baseline.md): `echo "
+            "'GRUB_CMDLINE_LINUX=\"$GRUB_CMDLINE_LINUX kho=off\"' | sudo tee "
+            "/etc/default/grub.d/90-sparkrig-kho.cfg && sudo update-grub && sudo reboot`"
         ),
         "source": "https://github.com/MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks/issues/14",
     },

@@ -77,6 +77,9 @@ def test_a_known_bad_combination_is_refused_with_its_reason_and_source(monkeypat
     assert "known-bad baseline (kernel 7.0.0-1019-nvidia" in failed[0]
     assert "ibv_reg_mr_iova2: Cannot allocate memory" in failed[0]
     assert "MiaAI-Lab/DeepSeek-v4.1-Flash-DGX-Sparks/issues/14" in failed[0]
+    # the fix as a command: this run cannot write the drop-in (issue 49: the refusal gave none)
+    grub = "sudo tee /etc/default/grub.d/90-sparkrig-kho.cfg && sudo update-grub && sudo reboot"
+    assert f"""`echo 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX kho=off"' | {grub}`""" in r.output
 
 
 def test_the_same_kernel_booted_with_kho_off_passes_and_keeps_its_drop_in(monkeypatch):
