@@ -63,7 +63,7 @@ IMAGE_CHAIN = (
     "nightlies and NCCL/CUTLASS wheels, so it needs network at build (sparkrig builds with "
     "--network none). Build it yourself (docs/stacks.md, 'sfxnz-v13'), push it to a registry "
     "the head can pull from, and give it by digest: base_image or "
-    "stack_pins['sfxnz-v13']['image'] = 'registry/glm53-sm121-v13@sha256:<64 hex>'"
+    "stack_pins['sfxnz-v13']['base_image'] = 'registry/glm53-sm121-v13@sha256:<64 hex>'"
 )
 
 # Read only by the image's own patch layers (run.sh refuses any GLM53_* on an image not named

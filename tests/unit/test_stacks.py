@@ -4,10 +4,12 @@ family adapter's argv built from a declaration."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
 
+from sparkrig.settings import PIN_KEYS
 from sparkrig.stacks import DEFAULT_STACK, STACKS, get
 from sparkrig.stacks.base import Profile
 from sparkrig.stacks.families import vllm
@@ -21,6 +23,14 @@ def test_the_default_stack_is_declared_and_an_unknown_name_lists_the_declared_on
     assert all(name == stack.name for name, stack in STACKS.items())
     with pytest.raises(ValueError, match="unknown stack 'nope'; choose one of .*vllm-nvfp4"):
         get("nope")
+
+
+def test_an_image_note_names_only_pin_keys_the_settings_take():
+    """A note that tells the operator to set ``stack_pins[...]['image']`` sends them to a key the
+    settings refuse (PIN_KEYS: base_image, ...)."""
+    for stack in STACKS.values():
+        named = re.findall(r"stack_pins\[[^]]+\]\[['\"](\w+)['\"]\]", stack.image_note)
+        assert set(named) <= set(PIN_KEYS), (stack.name, named)
 
 
 def test_the_default_stacks_image_and_pins_are_pinned():
