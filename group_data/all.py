@@ -28,7 +28,7 @@ drafter_license_accepted = False  # drafter is CC BY-NC-ND 4.0: set True to fetc
 # Hub token: the one huggingface_hub finds on the control machine (HF_TOKEN, else the file
 # `hf auth login` writes), copied 0600 to the head; no knob (sparkrig/hubtoken.py)
 weights_verify = "quick"  # stamps (quick) or re-hash everything (full: refused while a rank serves)
-lockfile_dir = "locks"  # control-side directory holding <repo>.lock.json lockfiles
+lockfile_dir = "locks"  # control-side directory of <owner>--<name>.lock.json (refresh --stack)
 purge_weights = False  # uninstall.py: True removes weights_dir too (kept by default)
 keep_releases = 2  # releases (image, weights) kept after an upgrade passed its gates; 1: the new
 bench_gate = True  # a changed release must reach 1 - bench_tolerance of the previous one's bench
