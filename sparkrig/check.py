@@ -39,7 +39,7 @@ def host_key_problems(inventory: Any) -> list[str]:
     for host in inventory:
         data = host.data.dict()
         known = data.get("ssh_known_hosts_file")
-        if not known:
+        if not known or host.name.startswith("@"):  # "@local", "@fake/...": not over SSH
             continue
         name = str(data.get("ssh_hostname") or host.name)
         port = int(data.get("ssh_port") or 22)
@@ -55,11 +55,52 @@ def host_key_problems(inventory: Any) -> list[str]:
         if not found:
             out.append(
                 f"{host.name}: no host key for {entry} in {known} (ssh_known_hosts_file); pin it "
-                f"once you trust it: `ssh-keyscan -p {port} {name} >> {known}`, then compare its "
-                "fingerprint with the box's own (`ssh-keygen -lf "
-                "/etc/ssh/ssh_host_ed25519_key.pub` at its console)"
+                f"once you trust it: `python3 -m sparkrig init` pins every box's, or `ssh-keyscan "
+                f"-p {port} {name} >> {known}`; then compare its fingerprint with the box's own "
+                "(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` at its console)"
             )
     return out
+
+
+def refusals(inventory_file: str, data: Sequence[str], group_data: Sequence[str] = (),
+             cwd: str = ".") -> tuple[list[str], dict[str, Any]]:  # fmt: skip
+    """Every refusal of the inventory that needs no host (each a sentence), and its settings
+    per host (empty when refused)."""
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    with ctx_state.use(State()):  # pyinfra's CLI loads inventories inside a state
+        inventory = make_inventory(inventory_file, cwd=cwd, override_data=overrides(data),
+                                   group_data_directories=tuple(group_data) or None)  # fmt: skip
+        problems = []
+        settings: dict[str, Any] = {}
+        try:
+            settings = for_inventory(inventory)
+        except DeployError as err:
+            problems.append(str(err))
+        problems += host_key_problems(inventory)
+    return problems, settings
+
+
+def refuse_before_connecting() -> None:
+    """The deploy's first step (config.py, which pyinfra loads before it reads the inventory
+    or connects): ``pyinfra INVENTORY deploy.py`` with a refusal that needs no host stops here,
+    offline, each reason a sentence, exit 1. Any other command, or no pyinfra CLI, passes."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    params = ctx.params if ctx is not None else {}
+    operations = [os.path.basename(str(o)) for o in params.get("operations") or ()]
+    if operations != ["deploy.py"] or not params.get("inventory"):
+        return
+    inventory = str(params["inventory"])
+    problems, _ = refusals(inventory, params.get("data") or (), params.get("group_data") or (),
+                           cwd=str(params.get("chdir") or "."))  # fmt: skip
+    if problems:
+        click.echo(f"sparkrig: {inventory} is refused before any host is reached:", err=True)
+        click.echo("\n".join(problems), err=True)
+        raise SystemExit(1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -69,21 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("inventory", nargs="?", default="inventory.py")
     ap.add_argument("--data", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
-    from pyinfra.api import State
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
-
-    with ctx_state.use(State()):  # pyinfra's CLI loads inventories inside a state
-        inventory = make_inventory(args.inventory, cwd=".", override_data=overrides(args.data))
-        problems = []
-        try:
-            settings = for_inventory(inventory)
-        except DeployError as err:
-            problems.append(str(err))
-        problems += host_key_problems(inventory)
-        if problems:
-            print(f"check: {args.inventory} is refused:\n" + "\n".join(problems), file=sys.stderr)
-            return 1
+    problems, settings = refusals(args.inventory, args.data)
+    if problems:
+        print(f"check: {args.inventory} is refused:\n" + "\n".join(problems), file=sys.stderr)
+        return 1
     s = next(iter(settings.values()))
     print(
         f"check: {args.inventory}: {len(settings)} ranks, stack {s.knobs.stack}, profile "
