@@ -34,3 +34,20 @@ def missing_for(repo: str, gated: object, endpoint: str) -> str | None:
         f"{repo} is gated on the Hub ({gated} approval) and no Hub token was found: {LOG_IN}; "
         f"its page: {page}"
     )
+
+
+def in_clear(repo: str, gated: object, endpoint: str) -> str | None:
+    """Why the token may not go to ``endpoint``: a gated ``repo``'s fetch sends it, and a plain
+    ``http://`` endpoint off loopback carries it across the network in clear. None when not."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(endpoint).hostname or ""
+    if not gated or not endpoint.startswith("http://") or hub_token() is None:
+        return None
+    if host == "localhost" or host.startswith("127.") or host == "::1":
+        return None
+    return (
+        f"{repo} is gated, so the head's fetch sends the Hub token to hub_endpoint {endpoint}, "
+        "which is plain HTTP: the token would cross the network in clear; use the https:// "
+        "address of the Hub or of the mirror"
+    )

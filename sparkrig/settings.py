@@ -1208,8 +1208,12 @@ def lockfile_refusal(settings: dict[str, Settings]) -> str | None:
             declared_only = declared_only and (repo, revision) in pins
             problems += [why] if why not in problems else []
         for repo, lock in locks.items():
-            gated = hubtoken.missing_for(repo, lock.get("gated"), k.hub_endpoint)
-            problems += [gated] if gated and gated not in problems else []
+            gated = lock.get("gated")
+            for said in (
+                hubtoken.missing_for(repo, gated, k.hub_endpoint),
+                hubtoken.in_clear(repo, gated, k.hub_endpoint),
+            ):
+                problems += [said] if said and said not in problems else []
     if not problems:
         return None
     k = next(iter(settings.values())).knobs

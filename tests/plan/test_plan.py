@@ -788,6 +788,17 @@ def test_a_gated_repo_without_a_hub_token_is_refused_before_any_command(monkeypa
     assert ok.exit_code == 0, ok.output
 
 
+def test_a_gated_repos_token_never_goes_to_a_plain_http_hub_endpoint(monkeypatch, tmp_path):
+    gated_locks(tmp_path)
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "t" * 30)
+    args = ["--data", f"lockfile_dir={tmp_path}", "--data", "hub_endpoint=http://mirror.lan:8080"]
+    r = run([*args, "-y", INVENTORY, "deploy.py"], monkeypatch)
+    text = str(r.exception) + r.output
+    assert r.exit_code != 0
+    assert "sends the Hub token to hub_endpoint http://mirror.lan:8080" in text, text
+    assert all(cmds == [] for cmds in r.commands.values()), r.commands
+
+
 API_KEY, API_ENV = "/etc/sparkrig/api-key", "/etc/sparkrig/api-key.env"
 HEAD_UNIT = "/etc/systemd/system/sparkrig-head.service"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import huggingface_hub.constants
 import pytest
 
-from sparkrig.hubtoken import hub_token, missing_for
+from sparkrig.hubtoken import hub_token, in_clear, missing_for
 
 REPO = "org/gated-model"
 
@@ -50,3 +50,14 @@ def test_a_token_or_an_open_repo_is_not_refused(monkeypatch, login_file):
     assert missing_for(REPO, None, "https://huggingface.co") is None  # a lockfile from before
     login_file.write_text("hf_x\n")
     assert missing_for(REPO, "manual", "https://huggingface.co") is None
+
+
+def test_the_token_never_goes_to_a_plain_http_endpoint_off_loopback(monkeypatch, login_file):
+    login_file.write_text("hf_x\n")
+    why = in_clear(REPO, "manual", "http://mirror.example.lan:8080")
+    assert why is not None and "in clear" in why and "https://" in why
+    assert in_clear(REPO, "manual", "https://mirror.example.lan") is None
+    assert in_clear(REPO, "manual", "http://127.0.0.1:8080") is None  # never leaves the machine
+    assert in_clear(REPO, False, "http://mirror.example.lan") is None  # an open repo: no token
+    login_file.unlink()
+    assert in_clear(REPO, "manual", "http://mirror.example.lan") is None  # no token to send
