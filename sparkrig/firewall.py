@@ -29,7 +29,7 @@ from typing import Any
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from sparkrig.factlines import END, parse_key_values
-from sparkrig.owned import dropin_path
+from sparkrig.owned import apt_installed_command, dropin_path
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
 from sparkrig.stateread import Part, Values
@@ -40,7 +40,7 @@ UNIT_FILE = f"/etc/systemd/system/{UNIT}.service"
 NFT = "/usr/sbin/nft"
 # The nft binary only: nftables.service stays disabled (its stop and its default
 # /etc/nftables.conf flush the whole ruleset, docker's rules included: docs/firewall.md).
-INSTALL = "DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nftables"
+INSTALL = apt_installed_command("nftables")
 
 
 def ruleset_path(s: Settings) -> str:

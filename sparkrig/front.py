@@ -25,7 +25,14 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.factlines import END
-from sparkrig.owned import PathState, dropin_path, file_absent, file_present, secret_installed
+from sparkrig.owned import (
+    PathState,
+    apt_installed_command,
+    dropin_path,
+    file_absent,
+    file_present,
+    secret_installed,
+)
 from sparkrig.pairsecret import API_ROTATE_HOW, Secret
 from sparkrig.paths import paths
 from sparkrig.render import base_context, render
@@ -202,25 +209,40 @@ def key_include_lost(s: Settings, api: Secret | None, include: PathState | None)
 # ---------------------------------------------------------------------------------------------
 
 
-class FrontPackage(FactBase[bool]):
+@dataclass(frozen=True)
+class FrontPackageReport:
+    installed: bool = False
+    archive: str = ""  # when nginx is missing: the first package archive apt reads, its URI
+
+
+# the first URI of apt's sources (one-line .list files and deb822 .sources alike)
+ARCHIVE_URI = (
+    "cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources "
+    "2>/dev/null | grep -vE '^[[:space:]]*#' | grep -oE 'https?://[^[:space:]]+' | head -n1"
+)
+
+
+class FrontPackage(FactBase[FrontPackageReport]):
     """
     Whether the distribution's nginx is installed (dpkg says ``install ok installed`` and the
-    binary is there). Returns True or False.
+    binary is there), and when it is not, where apt would fetch it from.
     """
 
-    default = bool
+    default = FrontPackageReport
 
     def command(self) -> str:
         return (
             f"if dpkg-query -W -f='${{Status}}' {PACKAGE} 2>/dev/null "
             "| grep -q 'ok installed' && [ -x /usr/sbin/nginx ]; "
-            f"then echo nginx=installed; else echo nginx=missing; fi; echo '{END}'"
+            f'then echo nginx=installed; else echo nginx=missing; echo "archive=$({ARCHIVE_URI})"; '
+            f"fi; echo '{END}'"
         )
 
-    def process(self, output: list[str]) -> bool:
+    def process(self, output: list[str]) -> FrontPackageReport:
         if END not in output:
             raise FactProcessError("front: ended early (no end marker)")
-        return "nginx=installed" in output
+        archive = next((x[8:] for x in output if x.startswith("archive=")), "")
+        return FrontPackageReport("nginx=installed" in output, archive)
 
 
 def front_part() -> Part:
@@ -229,10 +251,17 @@ def front_part() -> Part:
 
 
 def installed(values: Values) -> bool:
-    return bool(values.get("front", FrontPackage))
+    report: FrontPackageReport = values.get("front", FrontPackage)
+    return report.installed
 
 
-INSTALL = f"DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {PACKAGE}"
+def archive_of(values: Values) -> str:
+    """The package archive the head would install nginx from ("" when nginx is installed)."""
+    report: FrontPackageReport = values.get("front", FrontPackage)
+    return "" if report.installed else report.archive
+
+
+INSTALL = apt_installed_command(PACKAGE)
 
 
 @operation()

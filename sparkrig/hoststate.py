@@ -40,7 +40,7 @@ from sparkrig.firewall import (
     ruleset_path,
 )
 from sparkrig.front import SERVICE as FRONT_SERVICE
-from sparkrig.front import front_files, front_part
+from sparkrig.front import archive_of, front_files, front_part
 from sparkrig.image import ImageReport, ImageState, image_of, image_part, repo_tags
 from sparkrig.node import SYSCTL_FILE, Clock, Node, NodeReport, clock_part, node_part
 from sparkrig.owned import OwnedReport, PathState, owned_of, paths_part, units_part
@@ -146,6 +146,11 @@ class HostReport:
     @property
     def node(self) -> NodeReport:
         return self.values.get("node", Node)
+
+    @property
+    def front_archive(self) -> str:
+        """The package archive the head installs nginx from ("" when nginx is installed)."""
+        return archive_of(self.values)
 
     @property
     def clock(self) -> float | None:

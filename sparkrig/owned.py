@@ -35,6 +35,13 @@ from sparkrig.stateread import NotDeclared, Part, Values, read_here
 # ---------------------------------------------------------------------------------------------
 
 
+def apt_installed_command(package: str) -> str:
+    """The shell command installing a distribution ``package``: apt's lists as they are, and
+    only when that fails (lists older than the archive: a 404) updated first."""
+    install = f"DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {package}"
+    return f"{{ {install} || {{ apt-get update && {install}; }}; }}"
+
+
 @dataclass(frozen=True)
 class PathState:
     """What ``stat`` says of a path sparkrig owns; ``sha256`` only for regular files."""

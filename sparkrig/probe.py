@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from sparkrig import baseline
 from sparkrig.factlines import END, parse_key_values
+from sparkrig.front import ARCHIVE_URI
 
 DEFAULT_FABRIC = ipaddress.IPv4Interface("192.168.100.10/24")  # inventory.py's own example plan
 WEIGHTS_PARENT = "/var/lib"  # where the weights land (/var/lib/sparkrig/models)
@@ -57,10 +58,7 @@ for f in /lib/netplan/*.yaml /etc/netplan/*.yaml /run/netplan/*.yaml; do  # root
     { [ -r "$f" ] || [ -n "$S" ] || { echo "netplan_unread=$f"; continue; }; }
   echo "netplan=$f|$(echo "$n" | sort -u | paste -sd, -)"
 done
-for f in /etc/apt/sources.list /etc/apt/sources.list.d/*; do
-  [ -f "$f" ] && grep -vE '^[[:space:]]*#' "$f" | grep -oE 'https?://[^[:space:]]+' | head -n1 |
-    sed 's/^/archive=/'
-done
+echo "archive=$(@ARCHIVE_URI@)"
 """
 
 
@@ -108,7 +106,7 @@ class Probe:
     routes: tuple[Route, ...] = ()
     netplan: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (file, the netdev names it holds)
     netplan_unread: tuple[str, ...] = ()  # files only root reads, and sudo asks a password
-    archives: tuple[str, ...] = ()  # the package archives apt reads, first URI of each file
+    archives: tuple[str, ...] = ()  # the package archive apt reads first (front.ARCHIVE_URI)
     base: baseline.BaselineReport = field(default_factory=baseline.BaselineReport)
 
     def claims_of(self, netdev: str) -> list[str]:
@@ -118,7 +116,8 @@ class Probe:
 
 def script() -> str:
     """The probe's shell script: init's own reads, then the baseline's (kernel, KHO)."""
-    return _PROBE.replace("@WEIGHTS_PARENT@", WEIGHTS_PARENT) + baseline.script("lo", None)
+    probe = _PROBE.replace("@WEIGHTS_PARENT@", WEIGHTS_PARENT).replace("@ARCHIVE_URI@", ARCHIVE_URI)
+    return probe + baseline.script("lo", None)
 
 
 def _listed(lines: list[str], key: str) -> list[list[str]]:
@@ -142,7 +141,7 @@ def parse(lines: list[str]) -> Probe:
         (f[0], tuple(n for n in f[1].split(",") if n)) for f in _listed(lines, "netplan")
     )
     unread = tuple(line.partition("=")[2] for line in lines if line.startswith("netplan_unread="))
-    archives = tuple(dict.fromkeys(line[8:] for line in lines if line.startswith("archive=")))
+    archives = tuple(x[8:] for x in lines if x.startswith("archive=") and x[8:])
     return Probe(
         hostname=raw.get("hostname", ""),
         user=raw.get("user", ""),

@@ -95,9 +95,18 @@ class Reach(FactBase[tuple[Reached, ...]]):
         return tuple(out)
 
 
-def wanted_urls(s: Settings, weights_missing: bool, image_missing: bool) -> dict[str, str]:
-    """url -> what the head must download from it and what else to check there."""
+def wanted_urls(
+    s: Settings, weights_missing: bool, image_missing: bool, archive: str = ""
+) -> dict[str, str]:
+    """url -> what the head must download from it and what else to check there (``archive``:
+    the package archive apt installs the missing nginx from; "" when nothing is installed)."""
     k, urls = s.knobs, {}
+    if archive:
+        urls[archive] = (
+            "nginx, the API front, from its package archive (apt-get install nginx; apt "
+            "goes through its own proxy settings: if the head reaches it only through those, "
+            "set reach_check = False)"
+        )
     if weights_missing:
         urls[hub_url(s)] = (
             f"the weights from the Hub (hub_endpoint {k.hub_endpoint}; the fetcher connects "

@@ -80,6 +80,7 @@ if settings.me.is_head and settings.knobs.reach_check:
         settings,
         weights_missing=sum(fetch_bytes.values()) > 0,
         image_missing=held_image.needs_registry(base),
+        archive=hoststate.read(settings).front_archive,
     )
     wanted.update(stackfiles.wanted_urls(settings))  # the stack's files the head still lacks
     if wanted:

@@ -190,7 +190,7 @@ RELEASE = re.compile(re.escape(LISTING))  # the release record and weights_dir's
 BASELINE = re.compile(r"^sh -c 'k=; read -r k < /proc/sys/kernel/osrelease")  # sparkrig/baseline
 REACH = re.compile(r"^/usr/bin/python3 -c '\nimport ssl, sys, urllib")  # sparkrig/reach.py
 FRONT = re.compile(r"^if dpkg-query -W -f='\$\{Status\}' nginx ")  # sparkrig/front.py
-FRONT_INSTALL = re.compile(r"^sh -c 'set -e; DEBIAN_FRONTEND=noninteractive apt-get install ")
+FRONT_INSTALL = re.compile(r"^sh -c 'set -e; \{ DEBIAN_FRONTEND=noninteractive apt-get install ")
 FRONT_CHECK = re.compile(r"^nginx -t -q$")
 FRONT_ASIDE = re.compile(r"^grep -qF -- '--host 127\.0\.0\.1' ")
 FRONT_OFF = re.compile(r"^if \[ -e /var/lib/sparkrig/nginx-installed-by-sparkrig \]; then ")
@@ -224,13 +224,14 @@ def firewall_listing(s: Settings, dropped: int = 0) -> list[str]:
 
 HUB_API = "https://huggingface.co/api/models/LibertAIDAI/GLM-5.3-Flash-NVFP4"
 REGISTRY_API = "https://registry.example/v2/"
+ARCHIVE = "http://ports.ubuntu.com/ubuntu-ports/"  # DGX OS's apt archive (Ubuntu on arm64)
 
 
-def reached(hub: str = "401", registry: str = "401") -> list[str]:
+def reached(hub: str = "401", registry: str = "401", archive: str = "200") -> list[str]:
     """sparkrig.reach.Reach's output: ``ok <url> <status>`` or ``fail <url> <why>`` (a status
     is a number, anything else a reason the URL was not reached)."""
     out = []
-    for url, said in ((HUB_API, hub), (REGISTRY_API, registry)):
+    for url, said in ((HUB_API, hub), (REGISTRY_API, registry), (ARCHIVE, archive)):
         out.append(f"{'ok' if said.isdigit() else 'fail'} {url} {said}")
     return [*out, END]
 
@@ -427,7 +428,7 @@ def bare(ip: str) -> dict[Any, Any]:
         BASELINE: baseline_report(),  # DGX OS as shipped: nothing held, no KHO in the kernel
         GIDS: gid_table(HCA, "enp1s0f1np1", ip),  # the GID appears once the address is applied
         PORTS: [END],  # nothing listens on sparkrig's ports
-        FRONT: ["nginx=missing", END],  # DGX OS ships no nginx
+        FRONT: ["nginx=missing", f"archive={ARCHIVE}", END],  # DGX OS ships no nginx
         FIREWALL: firewall_state(),  # nft installed (DGX OS, the lab), no sparkrig table
         FIREWALL_COUNTERS: ["table=absent"],
         REACH: reached(),  # the head reaches the Hub and the registry
@@ -480,7 +481,7 @@ def bare(ip: str) -> dict[Any, Any]:
         r"^/usr/sbin/nft -c -f /etc/sparkrig/firewall\.nft$",  # checked before it is loaded
         r"^if /usr/sbin/nft list table inet sparkrig ",  # the table deleted (firewall off)
         r"^if nft list table inet sparkrig ",  # uninstall.py: a table left without its unit
-        r"^DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nftables$",
+        r"^\{ DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nftables ",
     ]  # fmt: skip
     for action in actions:
         matcher = action if isinstance(action, re.Pattern) else re.compile(action)

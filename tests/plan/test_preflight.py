@@ -124,8 +124,13 @@ def reach_commands(r) -> list[str]:
             f"the head does not reach {fakehosts.REGISTRY_API} (timed out) and must download the "
             "base image registry.example/vllm from its registry",
         ),
+        (
+            {"archive": DNS},
+            f"the head does not reach {fakehosts.ARCHIVE} ({DNS}) and must download nginx, the "
+            "API front, from its package archive",
+        ),
     ],
-    ids=["hub", "registry"],
+    ids=["hub", "registry", "archive"],
 )
 def test_a_first_deploy_the_head_cannot_download_for_is_refused(monkeypatch, reached, message):
     fakehosts.inject("spark-a", {fakehosts.REACH: fakehosts.reached(**reached)})
