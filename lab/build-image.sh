@@ -11,6 +11,14 @@ PACKAGES="systemd systemd-sysv udev dbus kmod netplan.io network-manager openssh
   iproute2 iputils-ping curl ca-certificates procps linux-image-amd64 initramfs-tools
   nginx nftables"
 umask 022
+# The chroot's maintainer scripts (debootstrap's second stage's too) must not see the host's
+# environment: a TMPDIR naming a folder the image lacks fails their mktemp (openssh-server's).
+unset TMPDIR TMP TEMP
+in_root() {
+  chroot "$ROOT" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+    DEBIAN_FRONTEND=noninteractive ${http_proxy:+http_proxy=$http_proxy} \
+    ${https_proxy:+https_proxy=$https_proxy} "$@"
+}
 
 rm -rf "$ROOT"
 mkdir -p "$ROOT"
@@ -43,20 +51,20 @@ cat >"$ROOT/etc/docker/daemon.json" <<'EOF'
 {"insecure-registries": ["203.0.113.1:5000"], "dns": ["203.0.113.1"]}
 EOF
 
-chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive apt-get update -q
-chroot "$ROOT" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+in_root apt-get update -q
+in_root apt-get install -y -q --no-install-recommends \
   $PACKAGES
 
 # unprivileged ping as on DGX OS (libcap2-bin arrived after iputils-ping was configured)
-chroot "$ROOT" setcap cap_net_raw+ep /usr/bin/ping
+in_root setcap cap_net_raw+ep /usr/bin/ping
 
 # operator account: passwordless sudo, key injected at boot from the kernel command line
-chroot "$ROOT" useradd -m -s /bin/bash -G sudo,docker spark
+in_root useradd -m -s /bin/bash -G sudo,docker spark
 echo 'spark ALL=(ALL) NOPASSWD:ALL' >"$ROOT/etc/sudoers.d/spark"
 chmod 440 "$ROOT/etc/sudoers.d/spark"
 : >"$ROOT/etc/machine-id"
 rm -f "$ROOT"/etc/ssh/ssh_host_*
-chroot "$ROOT" ssh-keygen -A -q   # same host keys on every guest; known_hosts written by the lab
+in_root ssh-keygen -A -q   # same host keys on every guest; known_hosts written by the lab
 printf 'PasswordAuthentication no\nUseDNS no\n' >"$ROOT/etc/ssh/sshd_config.d/lab.conf"
 
 # per-guest identity from the kernel command line: sparkrig.host= sparkrig.idx= sparkrig.key=
@@ -179,17 +187,17 @@ chmod 600 "$ROOT/etc/netplan/01-network-manager-all.yaml"
 mkdir -p "$ROOT/etc/NetworkManager/conf.d"
 printf '[main]\nno-auto-default=*\n' >"$ROOT/etc/NetworkManager/conf.d/90-lab-no-auto-default.conf"
 
-chroot "$ROOT" systemctl enable lab-firstboot.service lab-rxe.service NetworkManager.service \
+in_root systemctl enable lab-firstboot.service lab-rxe.service NetworkManager.service \
   ssh.service docker.service
-chroot "$ROOT" systemctl disable systemd-networkd.service systemd-networkd.socket 2>/dev/null || true
+in_root systemctl disable systemd-networkd.service systemd-networkd.socket 2>/dev/null || true
 # nginx (the API front) and nftables (sparkrig's firewall) are in the image only because the guests
 # have no internet to install them from; as on a fresh DGX OS, neither runs until the deploy says so
-chroot "$ROOT" systemctl disable nginx.service nftables.service 2>/dev/null || true
-chroot "$ROOT" systemctl mask systemd-networkd-wait-online.service apt-daily.timer \
+in_root systemctl disable nginx.service nftables.service 2>/dev/null || true
+in_root systemctl mask systemd-networkd-wait-online.service apt-daily.timer \
   apt-daily-upgrade.timer e2scrub_reap.service
-echo 'root:lab' | chroot "$ROOT" chpasswd   # console login only (serial log)
+echo 'root:lab' | in_root chpasswd   # console login only (serial log)
 
-chroot "$ROOT" apt-get clean
+in_root apt-get clean
 rm -rf "$ROOT"/var/lib/apt/lists/* "$ROOT/usr/sbin/policy-rc.d"
 # no DNS in the lab (debootstrap copied the build host's resolver): fail fast, never time out
 rm -f "$ROOT/etc/resolv.conf"
