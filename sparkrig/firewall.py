@@ -41,6 +41,9 @@ NFT = "/usr/sbin/nft"
 # The nft binary only: nftables.service stays disabled (its stop and its default
 # /etc/nftables.conf flush the whole ruleset, docker's rules included: docs/firewall.md).
 INSTALL = apt_installed_command("nftables")
+# Linux's default net.ipv4.ip_local_port_range (Ubuntu's and DGX OS's): where a socket bound to
+# port 0 listens, as NCCL's and gloo's bootstrap do
+EPHEMERAL_PORTS = "32768-60999"
 
 
 def ruleset_path(s: Settings) -> str:
@@ -117,6 +120,15 @@ def rendezvous_on_lan(s: Settings) -> tuple[list[int], list[str]]:
     return sorted(ports), [str(r.lan_address) for r in s.others if r.lan_address is not None]
 
 
+def lan_ranks(s: Settings) -> list[str]:
+    """In a triangle or a ring, every other rank's LAN address: NCCL's and gloo's bootstrap
+    sockets are on the LAN there (NCCL_SOCKET_IFNAME excludes the fabric: sparkrig/topology.py),
+    each rank's reached by every other; elsewhere none (the bootstrap is on the fabric)."""
+    if not s.relayed:
+        return []
+    return [str(r.lan_address) for r in s.others if r.lan_address is not None]
+
+
 def ruleset_context(s: Settings) -> dict[str, Any]:
     v4, v6 = api_networks(s)
     netdevs, own, peers = fabric_sides(s)
@@ -126,9 +138,11 @@ def ruleset_context(s: Settings) -> dict[str, Any]:
         "peers": peers,
         "lan_ports": lan_ports,
         "lan_peers": lan_peers,
+        "lan_ranks": lan_ranks(s),
         "fabric_iif": nft_set(netdevs, quoted=True),
         "fabric_own": nft_set(own),
         "fabric_ports": sorted(fabric_ports(s)),
+        "ephemeral": EPHEMERAL_PORTS,
         "api_port": s.knobs.api_port if s.me.is_head else None,
         "engine_port": engine_port(s),
         "api_allow4": v4,

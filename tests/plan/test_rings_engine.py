@@ -238,7 +238,8 @@ def test_the_ranks_meet_at_the_heads_lan_address_and_only_the_ranks_reach_it(
 ):
     """TensorFold's TP>2 rule (research tensorfold.md: config.sh): `--master` is the head's LAN
     address on every rank, NCCL and gloo bootstrap on the LAN; the head's firewall accepts the
-    rendezvous ports from the other ranks' LAN addresses alone, a worker's accepts none."""
+    rendezvous ports from the other ranks' LAN addresses alone, a worker's accepts none; every
+    rank's accepts the bootstrap's ephemeral ports from the other ranks' LAN addresses alone."""
     r = ring_run(monkeypatch, tmp_path, nnodes)
     assert r.exit_code == 0, r.output
     lan = ringfakes.lan_address
@@ -257,6 +258,9 @@ def test_the_ranks_meet_at_the_heads_lan_address_and_only_the_ranks_reach_it(
         # ... before the drop of the pair's ports off the fabric
         if rank == 0:
             assert rules.index(accept) < rules.index("pair ports off the fabric")
+        # NCCL's and gloo's bootstrap on ephemeral ports: every rank's, from every other rank
+        bootstrap = f"tcp dport 32768-60999 ip saddr {{ {others} }} accept"
+        assert rules.index(bootstrap) < rules.index("ephemeral ports: not a rank"), rules
 
 
 def test_a_lan_address_the_rank_does_not_hold_is_refused_before_any_change(monkeypatch, tmp_path):

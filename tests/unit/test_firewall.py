@@ -44,7 +44,7 @@ def test_head_ruleset_names_the_peer_the_ports_and_api_allow() -> None:
     assert "policy accept;" in text
     # every drop counts (status.py reads the counters by their comments)
     drops = [line for line in text.splitlines() if line.strip().endswith('"') and " drop " in line]
-    assert len(drops) == 5 and all("counter drop comment" in d for d in drops)
+    assert len(drops) == 6 and all("counter drop comment" in d for d in drops)
     assert 'tcp dport 8001 counter drop comment "engine port off loopback"' in text
 
 
@@ -310,3 +310,39 @@ def test_api_allow_admits_its_networks(lan: Lan, tmp_path: Path) -> None:
     assert lan.reaches(lan.stranger, RANK_UPLINK, 8000)
     lan.load(firewall.ruleset(ranks(api_allow=[])[0]), tmp_path)  # reloaded in place
     assert not lan.reaches(lan.stranger, RANK_UPLINK, 8000)
+
+
+LISTEN6 = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+s.bind(("::", int(sys.argv[1]))); s.listen(16)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_bootstrap_socket_on_an_ephemeral_port_answers_the_ranks_only(lan: Lan, tmp_path: Path):
+    """NCCL's and gloo's bootstrap listen on ephemeral ports on any address ([::] here, which
+    IPv4 reaches too): the peer reaches it over the fabric, a stranger on the LAN does not, and
+    this host's own connections out (to the stranger's port 40001) still get their replies."""
+    listener = subprocess.Popen(
+        ["ip", "netns", "exec", lan.rank, sys.executable, "-c", LISTEN6, "40000"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    out = subprocess.Popen(
+        ["ip", "netns", "exec", lan.stranger, sys.executable, "-c", LISTEN, "40001"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert listener.stdout is not None and listener.stdout.readline() == "ready\n"
+        assert out.stdout is not None and out.stdout.readline() == "ready\n"
+        assert lan.reaches(lan.stranger, RANK_UPLINK, 40000)  # no firewall: open to the LAN
+        lan.load(firewall.ruleset(ranks()[0]), tmp_path)
+        assert not lan.reaches(lan.stranger, RANK_UPLINK, 40000)
+        assert lan.reaches(lan.peer, "192.168.100.10", 40000)
+        assert lan.reaches(lan.rank, STRANGER, 40001)  # its reply lands on an ephemeral port
+    finally:
+        for proc in (listener, out):
+            proc.kill()
+            proc.wait()
