@@ -162,8 +162,8 @@ def test_the_readme_stacks_table_has_its_columns_and_a_row_per_declared_stack() 
 
     text = (REPO / "README.md").read_text().split("\n## Stacks\n", 1)[1].split("\n## ", 1)[0]
     header = (
-        "| stack | engine | recipe / source (image; weights; drafter) "
-        "| published figures (source) |"
+        "| stack | engine | recipe: image; weights; drafter | pick it for | needs "
+        "| a switch downloads | published figures, tok/s (source) |"
     )
     assert header in text
     for name in ALL:
