@@ -24,12 +24,12 @@ from pyinfra.facts.server import Command
 from sparkhost import rankenv
 from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
 
+from sparkrig.engines import engine_of
 from sparkrig.factlines import END
 from sparkrig.failing import fail_host
 from sparkrig.owned import file_present, owned_of
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
-from sparkrig.stacks.families.tensorfold import ring_graph_files
 from sparkrig.stateread import Part, read_here
 from sparkrig.topology import (
     GRAPH_FILE,
@@ -370,12 +370,12 @@ def graph_paths(s: Settings) -> dict[str, str]:
 def graph_texts(s: Settings, plan: Plan | None = None) -> dict[str, str]:
     """host path -> content of this rank's NCCL graph files, from ``plan`` (fabric_layout "ports"
     after ``judged_plan``; default the whole plan): a ring of four and more only, whose env names
-    them (``topology.fabric_env``); {} for a pair or a triangle. Built by the TensorFold family
-    (``ring_graph_files``), the only engine that runs on a ring."""
+    them (``topology.fabric_env``); {} for a pair or a triangle. Built by the stack's engine
+    (``graph_files``: the engine's NCCL reads them)."""
     plan = plan or s.fabric_plan
     if plan is None or not plan.relays:
         return {}
-    files = ring_graph_files(plan, s.me.rank)
+    files = engine_of(s.stack).graph_files(plan, s.me.rank)
     return {host: files[container] for container, host in graph_paths(s).items()}
 
 

@@ -1,6 +1,6 @@
 """Serve profiles of the default stack (``vllm-nvfp4``): the `vllm serve` command line of every
 rank, as a pure function of typed inputs. The declaration lives in sparkrig/stacks/vllm_nvfp4.py
-and the argv builder in sparkrig/stacks/families/vllm.py; this module keeps their names for the
+and the argv builder in sparkrig/engines/vllm.py; this module keeps their names for the
 callers that speak of one stack (the serving tests, the stand-in's checks).
 
 Numbers and flags: docs/sources.md, "vLLM serve flags and profiles". Every profile carries the
@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparkrig.engines import vllm
+from sparkrig.engines.vllm import DEFAULT_HOST, DISTRIBUTED_FLAGS, flag_value
 from sparkrig.stacks.base import Profile
-from sparkrig.stacks.families import vllm
-from sparkrig.stacks.families.vllm import DEFAULT_HOST, DISTRIBUTED_FLAGS, flag_value
 from sparkrig.stacks.vllm_nvfp4 import (
     BLOCK_SIZE,
     GPU_MEMORY_UTILIZATION,
@@ -85,5 +85,5 @@ def speculative_config(profile: str, drafter_dir: str | None = None) -> str | No
 
 
 def serve_args(profile: str, **kw: Any) -> list[str]:
-    """argv of one rank of the default stack (``families/vllm.py serve_args``'s keywords)."""
+    """argv of one rank of the default stack (``engines/vllm.py serve_args``'s keywords)."""
     return vllm.serve_args(NVFP4, profile, **kw)

@@ -3,7 +3,7 @@ template contexts), the stop-together and restart helpers, and the operations th
 pair in order and prove it serves (beacon wait, boot wait, the five gates).
 
 The gate logic is files/sparkhost/gate.py (its command lines: sparkrig/gates.py); the serve flags
-are the selected stack's (sparkrig/stacks/, built by its family's adapter: stacks/families/)."""
+are the selected stack's (sparkrig/stacks/, built by its family's engine: sparkrig/engines/)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from pyinfra.facts.server import Command
 from sparkhost import rankenv
 from sparkhost.gid import gid_index
 
-from sparkrig import hostpkg, stackfiles, topology
+from sparkrig import engines, hostpkg, stackfiles, topology
+from sparkrig.engines import engine_of, vllm
 from sparkrig.fabric import RoceGids, graph_volumes
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.failing import fail_host
@@ -31,7 +32,6 @@ from sparkrig.paths import paths
 from sparkrig.render import base_context, render
 from sparkrig.settings import Rank, Settings
 from sparkrig.shown import ShownCommand
-from sparkrig.stacks.families import tensorfold, vllm
 from sparkrig.stateread import Part, Values, read_here
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
@@ -99,9 +99,9 @@ def api_key_env(key: str) -> str:
 
 
 def rendezvous_port(s: Settings) -> int:
-    """The engine's rendezvous port on the head's fabric address: the stack's own (TensorFold's
-    29551), else the knob master_port."""
-    return s.stack.master_port or s.knobs.master_port
+    """The engine's rendezvous port on the head's fabric address, by the engine's rule (the
+    stack's own, as TensorFold's 29551, else the knob master_port)."""
+    return engine_of(s.stack).rendezvous_port(s.stack, s.knobs.master_port)
 
 
 def docker_run_args(
@@ -113,14 +113,12 @@ def docker_run_args(
     """``docker run`` options of a rank (docs/sources.md, "Container"), before the image name.
     ``serving``: the engine's container itself (the head's vLLM gets the API key env file), not
     the smoke test; ``env``: these variables instead of the rank's env file (and its graph
-    files: a per-link smoke test). The entrypoint is the stack's family's; a stack's
-    ``run_flags`` come last."""
+    files: a per-link smoke test). The stack's engine's ``run_flags`` come last (its entrypoint
+    and, where the engine passes them, the stack's own ``run_flags``)."""
     k, p = s.knobs, paths(s)
     keyed = s.stack.api_auth == "vllm-api-key"
     api_env = ["--env-file", p["api_key_env"]] if serving and keyed and api_key_file(s) else []
-    entry = ["--entrypoint", "vllm"]
-    if s.stack.family == "tensorfold":
-        entry = tensorfold.run_flags(s.stack)
+    entry = engine_of(s.stack).run_flags(s.stack)
     args = [
         "--network", "host",
         "--ipc", "host",
@@ -206,38 +204,23 @@ def smoke_argv(
 
 
 def rank_serve_args(s: Settings) -> list[str]:
-    """The rank's engine argv after the image's entrypoint, from the stack's family adapter."""
+    """The rank's engine argv after the entrypoint's program, from the stack's engine."""
     k, p = s.knobs, paths(s)
-    if s.stack.family == "tensorfold":
-        return tensorfold.serve_args(
-            s.stack,
-            k.profile,
-            rank=s.me.rank,
-            nnodes=s.nnodes,
-            master_addr=s.rendezvous_ip,
-            master_port=rendezvous_port(s),
-            model_dir=p["model_dir"],
-            engine_port=s.knobs.engine_port,
-            served_name=k.served_model_name,
-            drafter_dir=p["drafter_dir"] if s.needs_drafter else None,
-            extra_args=k.extra_serve_args,
-            thinking=k.thinking_default,
-        )[1:]  # the entrypoint is `tensorfold`
-    argv = vllm.serve_args(
+    argv = engine_of(s.stack).serve_args(
         s.stack,
         k.profile,
         rank=s.me.rank,
         nnodes=s.nnodes,
         master_addr=s.rendezvous_ip,
-        master_port=k.master_port,
+        master_port=rendezvous_port(s),
         model_dir=p["model_dir"],
-        api_port=k.engine_port,  # the engine on the head's loopback; the front serves api_port
+        engine_port=k.engine_port,  # the engine on the head's loopback; the front serves api_port
         served_name=k.served_model_name,
         drafter_dir=p["drafter_dir"] if s.needs_drafter else None,
         extra_args=k.extra_serve_args,
         thinking=k.thinking_default,
     )
-    return argv[1:]  # the entrypoint is `vllm`
+    return argv[1:]  # the entrypoint's program (run_flags' --entrypoint)
 
 
 def memory_floor_gib(s: Settings) -> float | None:
@@ -364,7 +347,7 @@ def watchdog_unit_context(s: Settings) -> dict[str, Any]:
         ),
         "health_url": f"http://127.0.0.1:{k.engine_port}/health",
         "metrics_url": progress_url(s),
-        "progress_parser": s.stack.progress_parser,
+        "progress_parser": engines.progress_parser(s.stack),
         "stall": k.watchdog_stall_s,
         "interval": k.watchdog_interval_s,
         "fails": k.watchdog_fails,

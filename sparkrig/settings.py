@@ -27,10 +27,10 @@ from pydantic import (
 from pyinfra.api.exceptions import DeployError
 
 from sparkrig import hubtoken, lockfile, topology
+from sparkrig.engines import engine_of
 from sparkrig.runscope import once_per_run
 from sparkrig.stacks import DEFAULT_STACK, STACKS, get
 from sparkrig.stacks.base import Pin, Stack
-from sparkrig.stacks.families.tensorfold import fabric_env_problems
 
 HEAD_GROUP = "head"
 WORKER_GROUP = "worker"
@@ -58,10 +58,6 @@ HOST_KEYS = (
     "fabric_ports",  # fabric_layout "ports": the rank's QSFP ports by index (FabricPort)
     "lan_address",  # a triangle or a ring: the rank's LAN IPv4 address (the rendezvous's)
 )
-# What vLLM's tensor parallel divides by the rank count with no remainder: GLM-5.3-Flash's
-# num_attention_heads = num_key_value_heads = 64 (docs/rings.md "Why TP=3 is hard": stock vLLM
-# rejects TP3 for a 64-head model, vllm-project/vllm#52435)
-GLM53_ATTENTION_HEADS = 64
 # Host data pyinfra 3.10's connectors read without declaring it in their ``data_meta``:
 # pyinfra/connectors/chroot.py (chroot_directory), dockerssh.py (docker_image, docker_container_id).
 PYINFRA_UNDECLARED_KEYS = ("chroot_directory", "docker_image", "docker_container_id")
@@ -1004,18 +1000,13 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                     )
             problems.extend(_stack_problems(name, k))
             declared = get(k.stack).nodes
-            if (
-                name == first_name
-                and get(k.stack).family == "vllm"
-                and ranks
-                and GLM53_ATTENTION_HEADS % len(ranks)
-            ):
-                problems.append(
-                    f"{name}: stack: {k.stack!r} is vLLM tensor parallel over every rank, and "
-                    f"GLM-5.3-Flash's {GLM53_ATTENTION_HEADS} attention heads are not divisible by "
-                    f'{len(ranks)} (vLLM splits them evenly; docs/rings.md "vLLM on three '
-                    'Sparks"): use 2 or 4 Sparks, or a stack that serves on 3'
-                )
+            split = (
+                engine_of(get(k.stack)).topology_problem(get(k.stack), len(ranks))
+                if name == first_name and ranks
+                else None
+            )
+            if split:
+                problems.append(f"{name}: stack: {k.stack!r} {split}")
             elif declared and ranks and len(ranks) not in declared:
                 serving = [n for n, st in STACKS.items() if len(ranks) in st.nodes]
                 problems.append(
@@ -1067,7 +1058,7 @@ def rank_fabric_env(plan: topology.Plan, r: Rank, k: Knobs) -> list[tuple[str, s
 
 def fabric_env_refusals(ranks: list[Rank], k: Knobs) -> list[str]:
     """The engine's needs (``Stack.fabric_env_needs``) checked against every rank's fabric env
-    before any host is touched (``families/tensorfold.py`` ``fabric_env_problems``): one line
+    before any host is touched (the engine's ``fabric_env_problems``): one line
     per problem, naming the rank and the key (and the knob nccl_env where it set the value)."""
     stack = get(k.stack).at(len(ranks))
     if not stack.fabric_env_needs.get(len(ranks)):
@@ -1075,7 +1066,8 @@ def fabric_env_refusals(ranks: list[Rank], k: Knobs) -> list[str]:
     plan = fabric_plan(ranks, k.fabric_cidr)
     out = []
     for r in ranks:
-        for problem in fabric_env_problems(stack, len(ranks), rank_fabric_env(plan, r, k)):
+        env = rank_fabric_env(plan, r, k)
+        for problem in engine_of(stack).fabric_env_problems(stack, len(ranks), env):
             key = re.split(r"[= :]", problem, maxsplit=1)[0]
             knob = " (set by the knob nccl_env)" if key in k.nccl_env else ""
             out.append(
@@ -1176,13 +1168,7 @@ def not_applied(settings: dict[str, Settings]) -> str | None:
     engines = ring_engines(s.nnodes)
     if s.knobs.stack in engines:
         return None
-    why = (
-        "stock NCCL dies in ncclTransportTreeConnect ('unhandled system error') on a switchless "
-        "ring of four and needs NCCL_ALGO=Ring with a patched NCCL (NCCL_SKIP_TREE_CONNECT), "
-        "which no vLLM stack here ships (docs/rings.md; research rings.md [I2, S13])"
-        if s.stack.family == "vllm"
-        else "its ranks' env is not the fabric plan's (it declares no fabric_layout 'ports')"
-    )
+    why = engine_of(s.stack).ring_refusal(s.stack)
     return (
         f"fabric_layout 'ports' with {s.nnodes} ranks: stack {s.knobs.stack!r} does not run on a "
         f"triangle or a switchless ring: {why}; use stack "

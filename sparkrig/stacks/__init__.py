@@ -1,7 +1,7 @@
 """The stacks sparkrig deploys, by the name the `stack` knob takes (docs/stacks.md).
 
 Adding a stack is adding one module here with one ``Stack`` value and one line in ``STACKS``;
-a new engine family also adds one adapter under ``families/``."""
+a new engine family also adds one module under ``sparkrig/engines/``."""
 
 from __future__ import annotations
 

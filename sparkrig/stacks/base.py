@@ -1,11 +1,11 @@
 """What a stack declares: one frozen value per way of serving GLM-5.3-Flash on the pair.
 
-A stack is an engine family (its adapter builds argv, readiness, metrics: ``families/``), an image
-pinned by digest (with sparkrig's patch layer or none), a model and a drafter at pinned commits,
-per-rank environment, the API port and how the API is authenticated, its gates, what the watchdog
-reads for progress, its memory gate, the caches a rank mounts, the stop order and the figures it
-is expected to reach, each with its source. Adding a stack is adding one declaration (one module
-of ``sparkrig/stacks/``); a new engine family adds one adapter.
+A stack is an engine family (its engine builds argv, readiness, metrics: ``sparkrig/engines/``),
+an image pinned by digest (with sparkrig's patch layer or none), a model and a drafter at pinned
+commits, per-rank environment, how the API is authenticated, its gates, what the watchdog reads
+for progress, its memory gate, the caches a rank mounts, the stop order and the figures it is
+expected to reach, each with its source. Adding a stack is adding one declaration (one module of
+``sparkrig/stacks/``); a new engine family adds one module of ``sparkrig/engines/``.
 
 This module knows no domain beyond the declaration itself: no settings, no pyinfra.
 """
@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-Family = Literal["vllm", "tensorfold"]
+# The engine family: a key of sparkrig.engines.ENGINES (its adapter), e.g. "vllm", "tensorfold"
+Family = str
 # What a stack's memory gate measures (the stacks disagree: docs/stacks.md):
 # memfree: /proc/meminfo MemFree (sparkrig's own start gate, today's default);
 # used: free(1)'s "used" column must stay below the floor (Entrpi's 6 GB preflight);
@@ -50,7 +51,7 @@ class Pin:
 @dataclass(frozen=True)
 class Profile:
     """One serve profile of a stack (the knob ``profile``): the numbers its engine is started
-    with. The family adapter turns them into flags (vLLM: ``families/vllm.py``); a number left
+    with. The family adapter turns them into flags (vLLM: ``engines/vllm.py``); a number left
     None adds no flag (a recipe that sets its limits in ``serve_flags`` declares only its
     speculation here)."""
 
@@ -160,8 +161,9 @@ class Stack:
     api_auth: ApiAuth = "vllm-api-key"
     readiness_path: str = "/health"
     progress_metrics: tuple[str, ...] = ()  # /metrics names whose movement the watchdog reads
-    # the watchdog's progress reader (wedge.PARSERS) and the engine path it reads
-    progress_parser: ProgressParser = "vllm-metrics"
+    # the watchdog's progress reader (wedge.PARSERS; None: the engine's, engines.progress_parser)
+    # and the engine path it reads
+    progress_parser: ProgressParser | None = None
     progress_path: str = "/metrics"
     # the torch/TCPStore rendezvous port the stack's engine uses on the head's fabric address;
     # None: the master_port knob (vLLM's)
@@ -174,7 +176,7 @@ class Stack:
     # fabric plan (topology.fabric_env) names "ports"
     fabric_layouts: tuple[str, ...] = ()
     # what the engine needs in each rank's fabric env (topology.fabric_env), by rank count: checked
-    # against it (families/tensorfold.py fabric_env_problems), never written by the stack
+    # against it (engines/tensorfold.py fabric_env_problems), never written by the stack
     fabric_env_needs: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
     # docker run options the recipe gives every rank beyond sparkrig's own (e.g. --shm-size)
     run_flags: tuple[str, ...] = ()

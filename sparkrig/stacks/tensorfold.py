@@ -1,7 +1,7 @@
 """Stack `tensorfold`: MiaAI's TensorFold recipe (EXL3 4bpw target, DFlash2 drafter) on the pair.
 
 A second engine family (not vLLM): ``tensorfold serve`` on every rank, argv by
-``families/tensorfold.py``. Every value below was read at its source; docs/stacks.md
+``engines/tensorfold.py``. Every value below was read at its source; docs/stacks.md
 ("tensorfold") has each with its source and the choices sparkrig made. Short names:
 
 - CONFIG: MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks-TensorFold

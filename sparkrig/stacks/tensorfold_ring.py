@@ -15,14 +15,14 @@ Why a stack of its own, not the `tensorfold` stack's image chosen by the rank co
   record's stack name then says which build served;
 - the pair's declaration, its tests and every golden stay as they are.
 
-Both share the engine family (``families/tensorfold.py``), the weights and their lockfiles. What
+Both share the engine family (``engines/tensorfold.py``), the weights and their lockfiles. What
 differs by rank count (TensorFold's engine over the LAN-rendezvoused triangle or ring) is in
 ``env_by_nodes`` (``Stack.at``) and in each figure's ``nodes``.
 
 The per-rank fabric env (NCCL over every device facing a peer, TF_ROCE_HCA, the ring's graph
 files) is the fabric layer's (``topology.fabric_env``, from the plan); this declaration lists
 what the engine needs in it (``fabric_env_needs``, each value with its source) and
-``families/tensorfold.py`` checks one against the other and builds the ring's graph files.
+``engines/tensorfold.py`` checks one against the other and builds the ring's graph files.
 
 Short names of the sources:
 

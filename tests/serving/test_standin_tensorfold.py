@@ -20,8 +20,8 @@ import pytest
 from serving_helpers import REPO, Proc, free_port
 from sparkhost import wedge
 
+from sparkrig.engines import tensorfold as family
 from sparkrig.stacks import get
-from sparkrig.stacks.families import tensorfold as family
 
 STANDIN = str(REPO / "lab" / "standin_tensorfold.py")
 FLAVOUR = {"SPARKRIG_STANDIN_ENGINE": "tensorfold-0.6"}

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import DeployError
 
+from sparkrig.engines import tensorfold as family
 from sparkrig.settings import COMMIT_RE, DIGEST_REF_RE, build
 from sparkrig.stacks import get
-from sparkrig.stacks.families import tensorfold as family
 from tests.unit.conftest import cluster
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,10 +13,10 @@ import pytest
 
 from sparkrig import topology
 from sparkrig.bench import published
+from sparkrig.engines import tensorfold as family
 from sparkrig.serving import rank_serve_args
 from sparkrig.settings import DIGEST_REF_RE, build, not_applied
 from sparkrig.stacks import STACKS, get
-from sparkrig.stacks.families import tensorfold as family
 from tests.stacks.test_stack_tensorfold import CHOICES, HEAD_IP, KNOWN, value
 from tests.unit.test_rings import ports_cluster, problems
 

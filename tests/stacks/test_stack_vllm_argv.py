@@ -19,10 +19,10 @@ import pytest
 from stack_helpers import DECLARED, REPO, fork_only
 from vllm_helpers import vllm_cpu
 
+from sparkrig.engines import vllm as vllm_family
 from sparkrig.profiles import flag_value
 from sparkrig.scripts import load_script
 from sparkrig.stacks.base import Stack
-from sparkrig.stacks.families import vllm as vllm_family
 
 VLLM_STACKS = [s for s in DECLARED.values() if s.family == "vllm"]
 IDS = [s.name for s in VLLM_STACKS]
@@ -54,7 +54,7 @@ def chat_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def argv(stack: Stack, nnodes: int, rank: int, chat_template: Path) -> list[str]:
     """`vllm serve` argv (without the entrypoint) of one rank, as the vllm family adapter
-    (sparkrig/stacks/families/vllm.py) builds it for the stack's one profile; the head's
+    (sparkrig/engines/vllm.py) builds it for the stack's one profile; the head's
     container path of a --chat-template is replaced by a real file (vLLM checks it exists)."""
     cmd = vllm_family.serve_args(
         stack, next(iter(stack.profiles)), rank=rank, nnodes=nnodes,

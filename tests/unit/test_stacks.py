@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import pytest
 
+from sparkrig.engines import vllm
 from sparkrig.settings import PIN_KEYS
 from sparkrig.stacks import DEFAULT_STACK, STACKS, get
 from sparkrig.stacks.base import Profile
-from sparkrig.stacks.families import vllm
 from sparkrig.stacks.vllm_nvfp4 import STACK as NVFP4
 
 RANK = dict(nnodes=2, master_addr="192.168.100.10", master_port=29521, model_dir="/m")

@@ -75,10 +75,12 @@ def test_ok_alone_is_not_progress_and_a_missing_counter_is_an_error() -> None:
 
 
 def test_the_parsers_are_named_as_the_stacks_declare_them() -> None:
+    from sparkrig.engines import ENGINES, progress_parser
     from sparkrig.stacks import STACKS
 
     assert set(wedge.PARSERS) == {"vllm-metrics", "tensorfold-health"}
-    assert {s.progress_parser for s in STACKS.values()} <= set(wedge.PARSERS)
+    assert {progress_parser(s) for s in STACKS.values()} <= set(wedge.PARSERS)
+    assert {e.progress_parser for e in ENGINES.values()} <= set(wedge.PARSERS)
 
 
 def read_tf(url: str) -> wedge.Sample:

@@ -1,5 +1,5 @@
 """The vLLM family: the `vllm serve` command line of every rank, as a pure function of a stack's
-declaration and typed inputs (moved here from sparkrig/profiles.py, generalised by the stack).
+declaration and typed inputs, and the family's ``Engine`` (``ENGINE``: sparkrig/engines/base.py).
 
 The family adds what every vLLM stack on the pair needs: tensor parallel over the nodes with the
 mp executor and ``--nnodes/--node-rank/--master-addr/--master-port`` (no Ray); then the stack's
@@ -7,15 +7,19 @@ own flags (``Stack.serve_flags``, every rank), the profile's numbers, its specul
 processors, the chat template's thinking default and the stack's ``head_flags`` on rank 0, the API
 flags (``--host 127.0.0.1 --port <engine_port> --served-model-name``, docs off) on rank 0 and
 ``--headless`` on the workers, and the operator's ``extra_serve_args`` last (argparse keeps the
-last value of a flag)."""
+last value of a flag).
+
+vLLM splits the attention heads evenly over the ranks (GLM-5.3-Flash's 64: no three-rank pair) and
+runs on no triangle or switchless ring (stock NCCL's tree connect, docs/rings.md)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from sparkrig import topology
+from sparkrig.engines.checks import check_inputs, check_port, check_rank
 from sparkrig.stacks.base import Profile, Stack
-from sparkrig.stacks.families.checks import check_inputs, check_port, check_rank
 
 # The fallback when a stack's argv sets no --gpu-memory-utilization (the memory gate derives its
 # floor from it): the value most recipes pass (docs/sources.md, "vLLM serve flags and profiles").
@@ -26,6 +30,17 @@ GPU_MEMORY_UTILIZATION = "0.85"
 DEFAULT_HOST = "127.0.0.1"
 # FastAPI's /docs, /redoc and /openapi.json off (vLLM 0.33 launchers/app.py): nothing to browse
 DOCS_OFF_FLAG = "--disable-fastapi-docs"
+
+ENTRYPOINT = "vllm"
+# What vLLM's tensor parallel divides by the rank count with no remainder: GLM-5.3-Flash's
+# num_attention_heads = num_key_value_heads = 64 (docs/rings.md "Why TP=3 is hard": stock vLLM
+# rejects TP3 for a 64-head model, vllm-project/vllm#52435)
+GLM53_ATTENTION_HEADS = 64
+RING_REFUSAL = (
+    "stock NCCL dies in ncclTransportTreeConnect ('unhandled system error') on a switchless "
+    "ring of four and needs NCCL_ALGO=Ring with a patched NCCL (NCCL_SKIP_TREE_CONNECT), "
+    "which no vLLM stack here ships (docs/rings.md; research rings.md [I2, S13])"
+)
 
 # Flags the family puts on every rank of every vLLM stack (tests check each argv carries them).
 DISTRIBUTED_FLAGS: tuple[str, ...] = (
@@ -96,7 +111,7 @@ def serve_args(
     check_port("api_port", api_port)
     check_inputs(model_dir, extra_args)
 
-    args = ["vllm", "serve", model_dir]
+    args = [ENTRYPOINT, "serve", model_dir]
     args += [
         "--tensor-parallel-size", str(nnodes),
         "--distributed-executor-backend", "mp",
@@ -139,3 +154,71 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
 def gpu_memory_utilization(args: Sequence[str]) -> str:
     """The --gpu-memory-utilization a rank's argv starts vLLM with (the memory gate's input)."""
     return flag_value(args, "--gpu-memory-utilization") or GPU_MEMORY_UTILIZATION
+
+
+class VllmEngine:
+    """The vLLM family as an ``Engine`` (sparkrig/engines/base.py)."""
+
+    family = "vllm"
+    progress_parser = "vllm-metrics"  # Prometheus /metrics
+
+    def run_flags(self, stack: Stack) -> list[str]:
+        return ["--entrypoint", ENTRYPOINT]
+
+    def serve_args(
+        self,
+        stack: Stack,
+        profile: str,
+        *,
+        rank: int,
+        nnodes: int,
+        master_addr: str,
+        master_port: int,
+        model_dir: str,
+        engine_port: int,
+        served_name: str,
+        drafter_dir: str | None,
+        extra_args: Sequence[str],
+        thinking: bool | None,
+    ) -> list[str]:
+        return serve_args(
+            stack,
+            profile,
+            rank=rank,
+            nnodes=nnodes,
+            master_addr=master_addr,
+            master_port=master_port,
+            model_dir=model_dir,
+            api_port=engine_port,  # the engine on the head's loopback; the front serves api_port
+            served_name=served_name,
+            drafter_dir=drafter_dir,
+            extra_args=extra_args,
+            thinking=thinking,
+        )
+
+    def rendezvous_port(self, stack: Stack, master_port: int) -> int:
+        return stack.master_port or master_port
+
+    def topology_problem(self, stack: Stack, nnodes: int) -> str | None:
+        if not GLM53_ATTENTION_HEADS % nnodes:
+            return None
+        return (
+            "is vLLM tensor parallel over every rank, and "
+            f"GLM-5.3-Flash's {GLM53_ATTENTION_HEADS} attention heads are not divisible by "
+            f'{nnodes} (vLLM splits them evenly; docs/rings.md "vLLM on three '
+            'Sparks"): use 2 or 4 Sparks, or a stack that serves on 3'
+        )
+
+    def ring_refusal(self, stack: Stack) -> str:
+        return RING_REFUSAL
+
+    def fabric_env_problems(
+        self, stack: Stack, nnodes: int, fabric_env: Sequence[tuple[str, str]]
+    ) -> list[str]:
+        return []  # a vLLM rank takes the fabric env as it is
+
+    def graph_files(self, plan: topology.Plan, rank: int) -> Mapping[str, str]:
+        raise ValueError("vLLM runs on no ring: it has no graph files")
+
+
+ENGINE = VllmEngine()

@@ -1,5 +1,5 @@
 """The TensorFold family: the `tensorfold serve` command line of every rank, as a pure function of
-a stack's declaration and typed inputs (the vLLM family's shape: ``families/vllm.py``).
+a stack's declaration and typed inputs (the vLLM family's shape: ``engines/vllm.py``).
 
 Every rank runs the same command (TensorFold's CLI: "run the same command on each") with its own
 ``--rank``: ``tensorfold serve <snapshot> --tp N --rank i --master <head fabric address>
@@ -20,6 +20,8 @@ On three and more ranks the engine's fabric env is the fabric layer's (``topolog
 ``fabric_env_problems`` checks it against what the stack needs, ``ring_graph_files`` builds a
 ring rank's NCCL graph files from the plan, in the format of MiaAI's generator (scripts/nodes.sh
 ``graph_xml`` at 14a5e91c, stored copy id 71619227959).
+
+``ENGINE`` is the family as an ``Engine`` (sparkrig/engines/base.py).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sparkrig import topology
+from sparkrig.engines.checks import check_inputs, check_port, check_rank
 from sparkrig.stacks.base import Stack
-from sparkrig.stacks.families.checks import check_inputs, check_port, check_rank
 
 ENTRYPOINT = "tensorfold"
 ENGINE_HOST = "127.0.0.1"  # the engine has no key: only the front on the head reaches it
@@ -231,3 +233,64 @@ def ring_graph_files(plan: topology.Plan, rank: int, channels: int = 4) -> Mappi
         link_prev: graph_xml(devices, toward(prev), 1, channels),
         link_next: graph_xml(devices, toward(nxt), 0, channels),
     }
+
+
+class TensorFoldEngine:
+    """The TensorFold family as an ``Engine`` (sparkrig/engines/base.py)."""
+
+    family = "tensorfold"
+    progress_parser = "tensorfold-health"  # the /health JSON counters
+
+    def run_flags(self, stack: Stack) -> list[str]:
+        return run_flags(stack)
+
+    def serve_args(
+        self,
+        stack: Stack,
+        profile: str,
+        *,
+        rank: int,
+        nnodes: int,
+        master_addr: str,
+        master_port: int,
+        model_dir: str,
+        engine_port: int,
+        served_name: str,
+        drafter_dir: str | None,
+        extra_args: Sequence[str],
+        thinking: bool | None,
+    ) -> list[str]:
+        return serve_args(
+            stack,
+            profile,
+            rank=rank,
+            nnodes=nnodes,
+            master_addr=master_addr,
+            master_port=master_port,
+            model_dir=model_dir,
+            engine_port=engine_port,
+            served_name=served_name,
+            drafter_dir=drafter_dir,
+            extra_args=extra_args,
+            thinking=thinking,
+        )
+
+    def rendezvous_port(self, stack: Stack, master_port: int) -> int:
+        return stack.master_port or master_port  # the stack's own (29551), else the knob
+
+    def topology_problem(self, stack: Stack, nnodes: int) -> str | None:
+        return None  # the build's --tp range is the stack's ``nodes``
+
+    def ring_refusal(self, stack: Stack) -> str:
+        return "its ranks' env is not the fabric plan's (it declares no fabric_layout 'ports')"
+
+    def fabric_env_problems(
+        self, stack: Stack, nnodes: int, fabric_env: Sequence[tuple[str, str]]
+    ) -> list[str]:
+        return fabric_env_problems(stack, nnodes, fabric_env)
+
+    def graph_files(self, plan: topology.Plan, rank: int) -> Mapping[str, str]:
+        return ring_graph_files(plan, rank)
+
+
+ENGINE = TensorFoldEngine()
