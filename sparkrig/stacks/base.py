@@ -157,7 +157,6 @@ class Stack:
     # the recipe's own flags for every rank (the family adapter adds the rest)
     serve_flags: tuple[str, ...] = ()
     head_flags: tuple[str, ...] = ()  # flags only rank 0 gets (e.g. a chat template)
-    api_port: int = 8000
     api_auth: ApiAuth = "vllm-api-key"
     readiness_path: str = "/health"
     progress_metrics: tuple[str, ...] = ()  # /metrics names whose movement the watchdog reads

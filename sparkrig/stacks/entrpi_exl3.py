@@ -157,7 +157,8 @@ STACK = Stack(
             doc="DFlash2 MXFP8 drafter, 7 tokens: the launcher's speculative config",
         )
     },
-    api_port=8000,  # install.sh PORT default; the frozen launcher copy's 8888 is its own change
+    # the recipe's API port, install.sh's PORT default, is 8000 as the api_port knob's (the frozen
+    # launcher copy's 8888 is its own change)
     # the kit sets no key; stock vLLM's VLLM_API_KEY route (whether the fork kept vLLM's
     # authentication middleware unchanged was not read: lead)
     api_auth="vllm-api-key",

@@ -154,7 +154,6 @@ STACK = Stack(
             doc="DFlash2 drafter, 7 tokens: run.sh's speculative config",
         )
     },
-    api_port=8000,
     api_auth="vllm-api-key",  # run.sh sets no key; stock vLLM's VLLM_API_KEY route
     readiness_path="/health",  # stock vLLM's route (run.sh polls /v1/models)
     progress_metrics=(RUNNING, GENERATION_TOKENS, PROMPT_TOKENS),  # stock vLLM names

@@ -123,7 +123,6 @@ STACK = Stack(
     # START's SERVE_ARGS beside what the adapter adds: the reply budget and images (VISION=1)
     serve_flags=("--max-tokens", "32768", "--vision"),
     head_flags=(),
-    api_port=8000,
     api_auth="front",
     # rank 0 starts HTTP only after the engine loaded (CLI); START polls /v1/models
     readiness_path="/v1/models",

@@ -180,7 +180,6 @@ STACK = Stack(
     profiles=PROFILES,
     default_profile="shared",
     serve_flags=pair.STACK.serve_flags,  # --max-tokens 32768 --vision (CONFIG: MAX_TOKENS, VISION)
-    api_port=8000,
     api_auth="front",
     readiness_path="/v1/models",
     progress_parser="tensorfold-health",

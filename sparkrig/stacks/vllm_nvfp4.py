@@ -146,7 +146,6 @@ STACK = Stack(
         "marlin",
         "--enforce-eager",
     ),  # fmt: skip
-    api_port=8000,
     api_auth="vllm-api-key",
     readiness_path="/health",
     progress_metrics=(
