@@ -23,6 +23,7 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError
+from sparkhost.gate import REFUSED_PATH
 
 from sparkrig.factlines import END
 from sparkrig.owned import (
@@ -88,6 +89,7 @@ def site_context(s: Settings) -> dict[str, Any]:
         "tls": tls,
         "tls_cert": p["tls_cert"] if tls else "",
         "tls_key": p["tls_key"] if tls else "",
+        "refused_path": REFUSED_PATH,
     }
 
 

@@ -7,8 +7,8 @@
         /v1/models lists NAME; "17*23" answers 391; a tool call with tool_choice=required whose
         tool_calls[0].function.arguments is a JSON object; locked: /invocations and /tokenize
         (routes vLLM's own key does not guard) answer 401 to a request without the key, i.e.
-        the API front checks it (docs/front.md). Without --api-key-file (api_auth off) the
-        locked gate passes, saying the API is open.
+        the API front checks it (docs/front.md), and every LOCKED_SPELLINGS is refused.
+        Without --api-key-file (api_auth off) the locked gate passes, saying the API is open.
     sparkhost gate wait [--url URL] [--container NAME] [--timeout S] [--interval S]
         Poll /health until 200, printing a JSON progress line whenever the boot stage read from
         `docker logs --tail` of the container changes. Exit 0 ready, 1 container gone or an
@@ -47,6 +47,14 @@ GATES = ("health", "models", "math", "tool", "locked")
 # Routes outside vLLM's guarded prefixes (/v1 /v2 /inference /cohere) that a request without the
 # key must not reach: /invocations is full inference (docs/attack-surface-facts.md 1.1)
 LOCKED_ROUTES = ("/invocations", "/tokenize")
+# The front's answer to a path spelled with '..' or an encoded '.', '/' or NUL (400, before any
+# location: templates/sparkrig-api.conf.j2), and the spellings the locked gate tries without
+# the key: each reaches a keyed route through /health's location, or a keyed route another way
+REFUSED_PATH = "refused path: '..' or an encoded '.', '/' or NUL"
+LOCKED_SPELLINGS = (
+    "/metrics/../health", "/metrics%2F..%2Fhealth", "/metrics/./../health", "/v1/../metrics",
+    "/%2e%2e/metrics", "/health%2F..%2Fmetrics", "/metrics%00",
+)  # fmt: skip
 MATH_PROMPT = "What is 17*23? Reply with the number only."
 MATH_ANSWER = "391"
 TOOL_NAME = "get_weather"
@@ -217,11 +225,22 @@ def parse_tool(status: int, body: str, name: str = TOOL_NAME) -> GateResult:
     return GateResult("tool", True, f"{name}({json.dumps(args, ensure_ascii=False)})")
 
 
+def refused(route: str, status: int, body: str) -> bool:
+    """The front refused ``route`` without the key: 401, or a 400 of the front's for a path
+    spelled with '..' or an encoded '.', '/' or NUL: sparkrig's (REFUSED_PATH), or nginx's own
+    page for a path it cannot normalise (``/%2e%2e/metrics`` climbs above the root). A 400 of
+    the engine's own is an answer."""
+    if status == 401:
+        return True
+    by_nginx = "<center>nginx</center>" in body and "400 Bad Request" in body
+    return route in LOCKED_SPELLINGS and status == 400 and (REFUSED_PATH in body or by_nginx)
+
+
 def parse_locked(answers: Sequence[tuple[str, int, str]]) -> GateResult:
     """The locked gate from (route, status, body) of requests sent without the key: every route
-    must answer 401 (the front's refusal); anything else means the engine is reachable bare."""
-    open_routes = [f"{route} {status or 'unreachable'}" for route, status, _ in answers
-                   if status != 401]  # fmt: skip
+    must be refused by the front; anything else means the engine is reachable bare."""
+    open_routes = [f"{route} {status or 'unreachable'}" for route, status, body in answers
+                   if not refused(route, status, body)]  # fmt: skip
     if open_routes:
         return GateResult("locked", False, "without the key: " + ", ".join(open_routes))
     return GateResult("locked", True, " ".join(r for r, _, _ in answers) + " 401 without the key")
@@ -290,7 +309,9 @@ def run_gate(
         res = GateResult("locked", True, "api_auth off: the API is open, no key to check")
     elif gate == "locked":  # plain http: never the key, whatever fetch sends
         res = parse_locked([(route, *http(base + route, math_payload(model), 10.0))
-                            for route in LOCKED_ROUTES])  # fmt: skip
+                            for route in LOCKED_ROUTES]
+                           + [(route, *http(base + route, None, 10.0))
+                              for route in LOCKED_SPELLINGS])  # fmt: skip
     else:
         raise ValueError(f"unknown gate {gate!r}")
     res.ms = int((time.monotonic() - t0) * 1000)

@@ -211,6 +211,30 @@ def test_a_path_that_normalises_to_health_reaches_health_itself(
     assert status in (200, 400, 401), status
 
 
+def test_every_spelling_around_a_keyed_route_is_refused_and_reaches_nothing(
+    stack: tuple[Engine, int],
+) -> None:
+    """What the locked gate tries (sparkhost gate LOCKED_SPELLINGS), and other spellings: a
+    path with '..' or an encoded '.', '/' or NUL gets a 400 of the front before any location
+    (sparkrig's, or nginx's own for a path that climbs above the root), with the key or
+    without, and the locked gate counts it refused; the engine sees none. A query string is not
+    judged."""
+    from sparkhost.gate import LOCKED_SPELLINGS, REFUSED_PATH, refused
+
+    engine, port = stack
+    engine.seen.clear()
+    for path in (*LOCKED_SPELLINGS, "/v1/models/%2E%2E/%2e%2e/metrics", "/invocations/.."):
+        for key in (None, f"Bearer {KEY}"):
+            status, _, body = ask(port, path, key=key)
+            assert status == 400, (path, key, status)
+        if path in LOCKED_SPELLINGS:
+            assert refused(path, status, body.decode()), (path, body)
+    said = ask(port, "/metrics/../health")[2]
+    assert json.loads(said) == {"error": REFUSED_PATH}  # sparkrig's refusal, as JSON
+    assert engine.seen == []
+    assert ask(port, "/v1/models?after=a%2Fb..c", key=f"Bearer {KEY}")[0] == 200
+
+
 def test_streaming_chunks_arrive_unbuffered(stack: tuple[Engine, int]) -> None:
     """Each SSE event reaches the client when the engine sends it. (nginx 1.22 passed them on
     in time here with proxy_buffering on too, so the site's directives are also checked as

@@ -252,6 +252,19 @@ def test_locked_passes_only_when_every_open_route_answers_401() -> None:
     assert not gates.parse_locked([("/invocations", 403, "")]).ok  # only the front's 401
 
 
+def test_locked_fails_when_a_spelling_around_a_keyed_route_answers_without_the_key() -> None:
+    closed = [("/invocations", 401, ""), ("/tokenize", 401, "")]
+    refusal = json.dumps({"error": script.REFUSED_PATH})
+    spelled = [(route, 400, refusal) for route in script.LOCKED_SPELLINGS]
+    assert gates.parse_locked(closed + spelled).ok
+    metrics = "# HELP vllm:num_requests_running ..."
+    bare = gates.parse_locked([*closed, ("/metrics/../health", 200, metrics), *spelled[1:]])
+    assert not bare.ok and "/metrics/../health 200" in bare.detail
+    # a 400 of the engine's own (not the front's refusal) is an answer, not a refusal
+    engine_400 = [(route, 400, '{"detail": "bad"}') for route in script.LOCKED_SPELLINGS]
+    assert not gates.parse_locked(closed + engine_400).ok
+
+
 def test_cli_stage(tmp_path: Any) -> None:
     import subprocess
     import sys
@@ -284,12 +297,16 @@ class Recorder:
                 code = 200
                 if self.path in script.LOCKED_ROUTES and front[0]:
                     code = 200 if self.headers.get("Authorization") else 401
+                if self.path in script.LOCKED_SPELLINGS and front[0]:
+                    code = 400  # the front's refusal of a path spelled around a route
                 if self.path == "/v1/models":
                     out = json.dumps({"data": [{"id": "m"}]})
                 elif self.path == "/v1/chat/completions" and body.get("tools"):
                     out = tool_msg('{"city": "Tokyo"}')
                 elif self.path == "/v1/chat/completions":
                     out = chat({"role": "assistant", "content": "391"})
+                elif code == 400:
+                    out = json.dumps({"error": script.REFUSED_PATH})
                 else:
                     out = ""
                 data = out.encode()
@@ -337,7 +354,7 @@ def test_the_gates_and_the_watchdog_probe_send_the_key_read_from_its_file(
     assert out.returncode == 0, out.stdout + out.stderr
     assert [p for p, _ in recorder.seen] == ["/health", "/v1/models", "/v1/chat/completions",
                                             "/v1/chat/completions", "/invocations",
-                                            "/tokenize"]  # fmt: skip
+                                            "/tokenize", *script.LOCKED_SPELLINGS]  # fmt: skip
     assert {h for p, h in recorder.seen[:4]} == {f"Bearer {key}"}
     assert {h for p, h in recorder.seen[4:]} == {None}  # the locked gate never sends the key
     recorder.seen.clear()
