@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from sparkrig.fabric import DISPLACED_DIR
 from sparkrig.node import NodeReport
 from sparkrig.serving import memory_floor_gib  # the start gate's own rule
@@ -38,6 +40,8 @@ def warnings(s: Settings, node: NodeReport, peers: dict[str, NodeReport]) -> lis
         out.append("nvidia-smi reports no GPU (a DGX Spark has one GB10)")
     elif "12.1" not in node.gpu:
         out.append(f"GPU {node.gpu!r} is not compute capability 12.1 (GB10)")
+    if s.me.is_head and (clear := in_clear(s)):
+        out.append(clear)
     for name, peer in peers.items():
         if peer.driver != node.driver:
             out.append(
@@ -45,6 +49,27 @@ def warnings(s: Settings, node: NodeReport, peers: dict[str, NodeReport]) -> lis
                 f"{name} has {peer.driver or 'none'} (580.x is known good)"
             )
     return out
+
+
+def _loopback(network: str) -> bool:
+    net = ipaddress.ip_network(network)
+    loop = ipaddress.ip_network("127.0.0.0/8" if net.version == 4 else "::1/128")
+    return net.subnet_of(loop)  # type: ignore[arg-type]
+
+
+def in_clear(s: Settings) -> str | None:
+    """The API key, the prompts and the answers would cross a network in clear: the front
+    serves plain HTTP (no tls_cert) to addresses beyond loopback (api_allow)."""
+    k = s.knobs
+    beyond = [n for n in k.api_allow if not _loopback(n)]
+    if k.tls_cert is not None or not beyond:
+        return None
+    what = "the API key, every prompt and every answer" if k.api_auth else "every prompt and answer"
+    return (
+        f"the API front serves plain HTTP to {', '.join(beyond)} (api_allow): {what} cross the "
+        "network in clear; set tls_cert and tls_key (docs/front.md), or api_allow = "
+        '["127.0.0.0/8"] to serve this host alone'
+    )
 
 
 def fetch_summary(fetch_bytes: dict[str, int]) -> str:

@@ -109,3 +109,16 @@ def test_nginx_gets_a_restart_drop_in_that_comes_back_from_a_kill_and_gives_up_o
     settings = build(cluster(2))
     assert front.RESTART_DROPIN in front.front_files(settings["spark-0"])
     assert front.front_files(settings["spark-1"]) == []
+
+
+def test_preflight_warns_when_the_key_would_cross_the_lan_in_clear(tmp_path) -> None:
+    from sparkrig.preflight import in_clear
+
+    said = in_clear(build(cluster(2))["spark-0"])  # the defaults: plain HTTP to the private ranges
+    assert said is not None and "the API key, every prompt and every answer" in said
+    assert "192.168.0.0/16" in said and "set tls_cert and tls_key" in said
+    assert in_clear(build(cluster(2, api_allow=["127.0.0.0/8", "::1/128"]))["spark-0"]) is None
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("cert")
+    key.write_text("key")
+    assert in_clear(build(cluster(2, tls_cert=str(cert), tls_key=str(key)))["spark-0"]) is None
