@@ -17,9 +17,8 @@ v1.10 build, stack `tensorfold`); the tp4 branch's N-rank build (stack `tensorfo
 3 and 4 (MiaAI's patches 0066-0068; its nodes.sh ``check_workers``: TP 2, 3 or 4).
 
 On three and more ranks the engine's fabric env is the fabric layer's (``topology.fabric_env``):
-``fabric_env_problems`` checks it against what the stack needs, ``ring_graph_files`` builds a
-ring rank's NCCL graph files from the plan, in the format of MiaAI's generator (scripts/nodes.sh
-``graph_xml`` at 14a5e91c, stored copy id 71619227959).
+``fabric_env_problems`` checks it against what the stack needs; a ring rank's NCCL graph files
+are ``engines/nccl.py``'s (NCCL reads them, whichever engine runs it).
 
 ``ENGINE`` is the family as an ``Engine`` (sparkrig/engines/base.py).
 """
@@ -30,6 +29,7 @@ from collections.abc import Mapping, Sequence
 
 from sparkrig import topology
 from sparkrig.engines.checks import check_inputs, check_port, check_rank
+from sparkrig.engines.nccl import ring_graph_files
 from sparkrig.stacks.base import Stack
 
 ENTRYPOINT = "tensorfold"
@@ -139,7 +139,7 @@ def unknown_flags(argv: Sequence[str], known: dict[str, int]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Three ranks and more: the fabric env the engine needs, the ring's NCCL graph files
+# Three ranks and more: the fabric env the engine needs
 # ---------------------------------------------------------------------------------------------
 
 
@@ -175,64 +175,6 @@ def fabric_env_problems(
         if key in env and env[key] != value:
             problems.append(f"{key}: the stack sets {value!r}, the fabric env {env[key]!r}")
     return problems
-
-
-def graph_xml(devices: Sequence[str], toward: Sequence[str], comm_rank: int, channels: int = 4
-              ) -> str:  # fmt: skip
-    """One NCCL graph file as MiaAI's ``graph_xml`` writes it: ``channels`` ring channels, each
-    listening on a device toward the peer (the devices ``toward`` it in turn), numbered by its
-    place in ``devices`` (NCCL_IB_HCA's list), the GPU at rank ``comm_rank`` of the
-    communicator; the ring and its split pattern (ids 0 and 1), three empty graphs after."""
-    if not toward:
-        raise ValueError("no RoCE device toward the peer")
-    lines = ['<graphs version="1">']
-    channel = []
-    for k in range(channels):
-        d = toward[k % len(toward)]
-        idx = max((n for n, name in enumerate(devices) if name == d), default=-1)
-        channel.append(
-            f'    <channel><net dev="{idx}"/><gpu dev="0" rank="{comm_rank}"/>'
-            f'<net dev="{idx}"/></channel>'
-        )
-    for gid, pattern in ((0, 4), (1, 3)):
-        lines.append(
-            f'  <graph id="{gid}" pattern="{pattern}" crossnic="1" nchannels="{channels}" '
-            'speedintra="12" speedinter="12" latencyinter="0" typeintra="LOC" typeinter="P2C" '
-            'samechannels="1">'
-        )
-        lines += channel
-        lines.append("  </graph>")
-    for gid, pattern in ((4, 6), (2, 3), (3, 5)):
-        lines.append(
-            f'  <graph id="{gid}" pattern="{pattern}" crossnic="0" nchannels="0" speedintra="0" '
-            'speedinter="0" latencyinter="0" typeintra="LOC" typeinter="LOC" samechannels="0"/>'
-        )
-    lines.append("</graphs>")
-    return "\n".join(lines) + "\n"
-
-
-def ring_graph_files(plan: topology.Plan, rank: int, channels: int = 4) -> Mapping[str, str]:
-    """A ring rank's three NCCL graph files by their container path (``topology.GRAPH_FILE``,
-    ``topology.RING_GRAPHS``), as MiaAI's ``ring_graphs``: the ring (this rank's own rank,
-    listening toward the previous rank), and patch 0076's two-rank links to the previous rank
-    (this rank is the link's rank 1) and to the next (its rank 0). Only a ring of four and more
-    has them (a triangle's every peer is on a cable of its own)."""
-    if not plan.relays:
-        raise ValueError(f"a plan of {plan.nnodes} ranks is no ring: it has no graph files")
-    part = plan.ranks[rank]
-    n = plan.nnodes
-    prev, nxt = (rank - 1) % n, (rank + 1) % n
-
-    def toward(peer: int) -> list[str]:
-        return [i.rdma for i in part.facing(peer)]
-
-    devices = part.rdma_devices
-    link_prev, link_next = topology.RING_GRAPHS
-    return {
-        topology.GRAPH_FILE: graph_xml(devices, toward(prev), rank, channels),
-        link_prev: graph_xml(devices, toward(prev), 1, channels),
-        link_next: graph_xml(devices, toward(nxt), 0, channels),
-    }
 
 
 class TensorFoldEngine:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 
 from sparkrig import topology
 from sparkrig.engines.checks import check_inputs, check_port, check_rank
+from sparkrig.engines.nccl import ring_graph_files
 from sparkrig.stacks.base import Profile, Stack
 
 # The fallback when a stack's argv sets no --gpu-memory-utilization (the memory gate derives its
@@ -218,7 +219,8 @@ class VllmEngine:
         return []  # a vLLM rank takes the fabric env as it is
 
     def graph_files(self, plan: topology.Plan, rank: int) -> Mapping[str, str]:
-        raise ValueError("vLLM runs on no ring: it has no graph files")
+        # settings refuse vLLM on a ring; the fabric phase still plans the files NCCL would read
+        return ring_graph_files(plan, rank)
 
 
 ENGINE = VllmEngine()
