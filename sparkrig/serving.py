@@ -22,6 +22,7 @@ from sparkhost.gid import gid_index
 
 from sparkrig import engines, hostpkg, stackfiles, topology
 from sparkrig.engines import engine_of, vllm
+from sparkrig.engines.base import ServeRequest
 from sparkrig.fabric import RoceGids, graph_volumes
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.failing import fail_host
@@ -206,9 +207,7 @@ def smoke_argv(
 def rank_serve_args(s: Settings) -> list[str]:
     """The rank's engine argv after the entrypoint's program, from the stack's engine."""
     k, p = s.knobs, paths(s)
-    argv = engine_of(s.stack).serve_args(
-        s.stack,
-        k.profile,
+    request = ServeRequest(
         rank=s.me.rank,
         nnodes=s.nnodes,
         master_addr=s.rendezvous_ip,
@@ -220,6 +219,7 @@ def rank_serve_args(s: Settings) -> list[str]:
         extra_args=k.extra_serve_args,
         thinking=k.thinking_default,
     )
+    argv = engine_of(s.stack).serve_args(s.stack, k.profile, request)
     return argv[1:]  # the entrypoint's program (run_flags' --entrypoint)
 
 

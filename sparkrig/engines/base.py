@@ -6,11 +6,34 @@ them by family name (``ENGINES``) and finds a stack's (``engine_of``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from sparkrig import topology
 from sparkrig.stacks.base import Stack
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    """What a rank's serve argv is made of, whatever the engine: rank ``rank`` of ``nnodes``
+    meeting at ``master_addr:master_port``, rank 0's API on loopback ``engine_port``."""
+
+    rank: int
+    nnodes: int
+    master_addr: str
+    master_port: int
+    model_dir: str
+    engine_port: int
+    served_name: str
+    drafter_dir: str | None
+    extra_args: Sequence[str]
+    thinking: bool | None
+
+    def fields(self) -> dict[str, Any]:
+        """The request as keyword arguments (the engines' module-level ``serve_args``)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 class Engine(Protocol):
@@ -32,24 +55,9 @@ class Engine(Protocol):
         family passes them, and ``--entrypoint <the engine's program>``."""
         ...
 
-    def serve_args(
-        self,
-        stack: Stack,
-        profile: str,
-        *,
-        rank: int,
-        nnodes: int,
-        master_addr: str,
-        master_port: int,
-        model_dir: str,
-        engine_port: int,
-        served_name: str,
-        drafter_dir: str | None,
-        extra_args: Sequence[str],
-        thinking: bool | None,
-    ) -> list[str]:
-        """One rank's argv, the entrypoint's program first: rank ``rank`` of ``nnodes`` meeting
-        at ``master_addr:master_port``, rank 0's API on loopback ``engine_port``."""
+    def serve_args(self, stack: Stack, profile: str, request: ServeRequest) -> list[str]:
+        """One rank's argv, the entrypoint's program first (``ServeRequest`` says which rank,
+        where the ranks meet and where rank 0's API listens)."""
         ...
 
     def rendezvous_port(self, stack: Stack, master_port: int) -> int:

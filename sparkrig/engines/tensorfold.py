@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from sparkrig import topology
+from sparkrig.engines.base import ServeRequest
 from sparkrig.engines.checks import check_inputs, check_port, check_rank
 from sparkrig.engines.nccl import ring_graph_files
 from sparkrig.stacks.base import Stack
@@ -186,36 +187,8 @@ class TensorFoldEngine:
     def run_flags(self, stack: Stack) -> list[str]:
         return run_flags(stack)
 
-    def serve_args(
-        self,
-        stack: Stack,
-        profile: str,
-        *,
-        rank: int,
-        nnodes: int,
-        master_addr: str,
-        master_port: int,
-        model_dir: str,
-        engine_port: int,
-        served_name: str,
-        drafter_dir: str | None,
-        extra_args: Sequence[str],
-        thinking: bool | None,
-    ) -> list[str]:
-        return serve_args(
-            stack,
-            profile,
-            rank=rank,
-            nnodes=nnodes,
-            master_addr=master_addr,
-            master_port=master_port,
-            model_dir=model_dir,
-            engine_port=engine_port,
-            served_name=served_name,
-            drafter_dir=drafter_dir,
-            extra_args=extra_args,
-            thinking=thinking,
-        )
+    def serve_args(self, stack: Stack, profile: str, request: ServeRequest) -> list[str]:
+        return serve_args(stack, profile, **request.fields())
 
     def rendezvous_port(self, stack: Stack, master_port: int) -> int:
         return stack.master_port or master_port  # the stack's own (29551), else the knob

@@ -12,6 +12,7 @@ from pyinfra.api.exceptions import DeployError
 
 from sparkrig import engines, topology
 from sparkrig.engines import ENGINES, engine_of
+from sparkrig.engines.base import ServeRequest
 from sparkrig.paths import paths
 from sparkrig.render import render
 from sparkrig.serving import (
@@ -37,27 +38,13 @@ class FakeFold:
     def run_flags(self, stack: Stack) -> list[str]:
         return ["--shm-size", "1g", "--entrypoint", "fakefold"]
 
-    def serve_args(
-        self,
-        stack: Stack,
-        profile: str,
-        *,
-        rank: int,
-        nnodes: int,
-        master_addr: str,
-        master_port: int,
-        model_dir: str,
-        engine_port: int,
-        served_name: str,
-        drafter_dir: str | None,
-        extra_args: Sequence[str],
-        thinking: bool | None,
-    ) -> list[str]:
-        args = ["fakefold", "run", model_dir, f"--rank={rank}/{nnodes}"]
-        args += [f"--meet={master_addr}:{master_port}", *stack.serve_flags]
-        if rank == 0:
-            args += [f"--listen=127.0.0.1:{engine_port}", f"--name={served_name}"]
-        return [*args, *extra_args]
+    def serve_args(self, stack: Stack, profile: str, request: ServeRequest) -> list[str]:
+        r = request
+        args = ["fakefold", "run", r.model_dir, f"--rank={r.rank}/{r.nnodes}"]
+        args += [f"--meet={r.master_addr}:{r.master_port}", *stack.serve_flags]
+        if r.rank == 0:
+            args += [f"--listen=127.0.0.1:{r.engine_port}", f"--name={r.served_name}"]
+        return [*args, *r.extra_args]
 
     def rendezvous_port(self, stack: Stack, master_port: int) -> int:
         return master_port + 100
