@@ -27,6 +27,7 @@ from sparkhost.pairmac import WINDOW_S
 
 from sparkrig import baseline, probe
 from sparkrig.check import host_key_problems, overrides
+from sparkrig.logs import ssh_argv
 from sparkrig.node import NodeReport
 from sparkrig.preflight import disk_problem
 from sparkrig.probe import Probe
@@ -67,12 +68,12 @@ class InitError(Exception):
 
 
 def ssh_base(t: Target, known_hosts: str, key: str | None) -> list[str]:
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_TIMEOUT_S}"]
-    argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes"]
-    argv += ["-p", str(t.port)]
-    if key:
-        argv += ["-i", key]
-    return [*argv, f"{t.user}@{t.host}" if t.user else t.host]
+    """``ssh`` to the box as an inventory naming it would (``logs.ssh_argv``: batch mode, the
+    pinned host keys, strictly), with a connect timeout: a box that is off fails init fast."""
+    data = {"ssh_hostname": t.host, "ssh_port": t.port, "ssh_user": t.user, "ssh_key": key,
+            "ssh_known_hosts_file": known_hosts}  # fmt: skip
+    argv = list(ssh_argv(data, t.host))
+    return [argv[0], "-o", f"ConnectTimeout={SSH_TIMEOUT_S}", *argv[1:]]
 
 
 def scanned_keys(t: Target) -> list[str]:
