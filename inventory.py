@@ -41,7 +41,7 @@ head = [
             # Weights download lanes, one per uplink, each with an IPv4 address and a gateway;
             # absent: one lane over the default route. Wi-Fi (wlP9s9) only once it is configured.
             # "uplink_interfaces": ["enP7s7", "wlP9s9"],
-            # "api_url": "http://spark-a.local:8000",  # how the bench reaches the API (default)
+            # "api_url": "https://spark-a.local:8000",  # how the bench reaches the API (default)
             **KNOWN_HOSTS,
         },
     ),

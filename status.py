@@ -22,6 +22,7 @@ from pyinfra.facts.server import Command
 
 from sparkrig.failing import problems_absent
 from sparkrig.firewall import FirewallCounters, counter_problems, counters_line
+from sparkrig.front import loopback_tls
 from sparkrig.gates import gate_command, gates_passed, parse_gate_lines
 from sparkrig.image import serving_image
 from sparkrig.paths import paths
@@ -71,7 +72,11 @@ if off:
 if settings.me.is_head:
     knobs = settings.knobs
     command = gate_command(
-        knobs.install_dir, knobs.api_port, knobs.served_model_name, key_file=api_key_file(settings)
+        knobs.install_dir,
+        knobs.api_port,
+        knobs.served_model_name,
+        key_file=api_key_file(settings),
+        tls=loopback_tls(settings),
     )
     output = host.get_fact(Command, command=shlex.join(command) + " 2>&1 || true") or ""
     results = parse_gate_lines(output)

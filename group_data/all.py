@@ -102,7 +102,13 @@ api_key_rotate = False  # True for one run: a new API key on the head, its servi
 engine_port = 8001  # the engine's own port, loopback only on the head; differs from api_port
 api_cors_origins = []  # browser origins let in cross-origin ("https://host[:port]"); []: no CORS
 api_conn_per_ip = 64  # in-flight requests one client address may hold at the front (429 beyond)
-tls_cert = None  # control-side path of a PEM certificate chain: the front serves HTTPS; None: HTTP
+# HTTPS by default: without tls_cert, a CA of the pair's own (docs/front.md "TLS") issues the
+# front's certificate; clients trust <api_tls_dir>/ca.crt
+api_tls = True  # False: plain HTTP (the key, prompts and answers cross the network in clear)
+api_tls_dir = ".sparkrig/tls"  # control side: the pair's CA and the front's certificate
+api_tls_names = []  # extra DNS names or addresses clients dial the head by (its own are in)
+api_tls_rotate = False  # True for one run: a new CA (clients must trust the new ca.crt)
+tls_cert = None  # control-side path of the operator's PEM certificate chain, instead of the CA's
 tls_key = None  # control-side path of its PEM private key (0600); set with tls_cert or not at all
 master_port = 29521  # torch distributed rendezvous port on the head's fabric address
 pair_port = 29600  # rank liveness beacon on each fabric address (stop-together)

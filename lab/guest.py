@@ -19,6 +19,12 @@ from typing import Any
 from lab import REPO, STATE_FILE
 
 API_KEY = "/etc/sparkrig/api-key"  # api_auth is on by default: the head's key file
+# the front serves HTTPS by default: the pair's CA the deploy installs for the head's gates
+API_CA = "/etc/sparkrig/api-ca.crt"
+HEAD_API = "https://127.0.0.1:8000"  # the head's front from the head itself
+CURL = f"curl --cacert {API_CA}"  # curl on the head, the front's certificate verified
+GATE_URL = f"--url {HEAD_API} --ca-file {API_CA}"  # sparkhost gate's way to the front
+CONTROL_CA = REPO / ".sparkrig" / "tls" / "ca.crt"  # the pair's CA as clients get it (api_tls_dir)
 SPARKHOST = "/usr/bin/python3 /opt/sparkrig/lib/sparkhost"  # runs each job (sparkrig/hostpkg.py)
 
 
@@ -161,7 +167,7 @@ def gid_index_for(guest: Guest, ip: str) -> int:
 def serving(head: Guest) -> bool:
     """The head's API answers a completion (the gates' own probe, with the head's key)."""
     out = head.sh(
-        f"{SPARKHOST} gate probe --url http://127.0.0.1:8000 "
+        f"{SPARKHOST} gate probe {GATE_URL} "
         f"--model glm-5.3-flash --timeout 10 --api-key-file {API_KEY} >/dev/null 2>&1 "
         "&& echo ok || true",
         check=False,

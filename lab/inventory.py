@@ -82,8 +82,10 @@ def _host(h: dict) -> tuple:
             del data["fabric_interface"]
             data["lan_address"] = h["mgmt_address"]
     if h["role"] == "head" and "api_forward_port" in _state:  # the control side's way to the API
-        data["api_url"] = f"http://127.0.0.1:{_state['api_forward_port']}"
+        data["api_url"] = f"https://127.0.0.1:{_state['api_forward_port']}"
     data.update(_knobs)
+    if h["role"] == "head":  # clients on the uplinks dial the head by its uplink addresses
+        data["api_tls_names"] = sorted(h.get("uplink_addresses", {}).values())
     return (h["name"], data)
 
 

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from lab import net
-from lab.guest import lab_state
+from lab.guest import CONTROL_CA, lab_state
 
 NS = "sparkrig-lab-stranger"
 HOST = 250  # the stranger's host number in uplink A's subnet
@@ -34,11 +34,12 @@ except OSError as err:
 """
 
 _HTTP = r"""
-import json, sys, urllib.error, urllib.request
-method, url, *headers = sys.argv[1:]
+import json, ssl, sys, urllib.error, urllib.request
+cafile, method, url, *headers = sys.argv[1:]
 req = urllib.request.Request(url, method=method, headers=dict(h.split(": ", 1) for h in headers))
+context = ssl.create_default_context(cafile=cafile)  # a client of the pair: trusts its CA only
 try:
-    with urllib.request.urlopen(req, timeout=5) as r:
+    with urllib.request.urlopen(req, timeout=5, context=context) as r:
         print(json.dumps([r.status, dict(r.headers)]))
 except urllib.error.HTTPError as err:
     print(json.dumps([err.code, dict(err.headers)]))
@@ -92,9 +93,11 @@ def reaches(addr: str, port: int, timeout: float = 3.0) -> bool:
 
 
 def http(url: str, *headers: str, method: str = "GET") -> tuple[int, dict[str, str]]:
-    """The HTTP status (0: no answer) and response headers the stranger gets for ``url``."""
+    """The HTTP status (0: no answer, a certificate that fails too) and response headers the
+    stranger gets for ``url``; an https URL is verified against the pair's CA on the control
+    machine, host name included."""
     out = net.sh("ip", "netns", "exec", NS, sys.executable, "-c", _HTTP,
-                 method, url, *headers).stdout  # fmt: skip
+                 str(CONTROL_CA), method, url, *headers).stdout  # fmt: skip
     status, got = json.loads(out or "[0, {}]")
     return int(status), {str(k).lower(): str(v) for k, v in got.items()}
 

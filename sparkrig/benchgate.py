@@ -54,6 +54,7 @@ class Target:
     model: str
     key_file: str | None  # the control side's copy of the API key; None: api_auth is off
     profile: str
+    ca_file: str | None = None  # the pair's CA an https url is verified with; None: system trust
 
 
 def figures_of(result: dict[str, Any]) -> dict[str, Any]:
@@ -134,6 +135,8 @@ def bench_argv(target: Target, json_path: Path) -> list[str]:
     ]  # fmt: skip
     if target.key_file:
         argv += ["--api-key-file", str(Path(target.key_file).resolve())]
+    if target.ca_file:
+        argv += ["--cacert", str(Path(target.ca_file).resolve())]
     return argv
 
 

@@ -26,6 +26,8 @@ from pyinfra.api.exceptions import FactProcessError
 from sparkhost.gate import REFUSED_PATH
 
 from sparkrig.factlines import END
+from sparkrig.fronttls import FrontTls, head_ca_path, head_cert_path, uses_pair_ca
+from sparkrig.gates import LoopbackTls
 from sparkrig.owned import (
     PathState,
     apt_installed_command,
@@ -62,9 +64,19 @@ def front_paths(s: Settings) -> dict[str, str]:
         "site": SITE,
         "restart_dropin": RESTART_DROPIN,
         "key_include": f"{d}/api-front-key.conf",
-        "tls_cert": f"{d}/api-front.crt",
+        "tls_cert": head_cert_path(s),
         "tls_key": f"{d}/api-front.key",
+        "tls_ca": head_ca_path(s),
     }
+
+
+def loopback_tls(s: Settings) -> LoopbackTls | None:
+    """How the head's own gates reach its front: None over HTTP (api_tls off), else verified
+    with the pair's CA installed beside the front, or unverified for the operator's
+    certificate."""
+    if not s.knobs.api_tls:
+        return None
+    return LoopbackTls(head_ca_path(s) if uses_pair_ca(s) else "")
 
 
 def front_files(s: Settings) -> list[str]:
@@ -77,7 +89,7 @@ def front_files(s: Settings) -> list[str]:
 def site_context(s: Settings) -> dict[str, Any]:
     """The site template's context (templates/sparkrig-api.conf.j2)."""
     k, p = s.knobs, front_paths(s)
-    tls = k.tls_cert is not None
+    tls = k.api_tls
     return {
         **base_context(s),
         "api_port": k.api_port,
@@ -159,14 +171,18 @@ class FrontFile:
         return op, {"text": self.text, "dest": self.dest}
 
 
-def wanted_files(s: Settings, head: Knobs, api: Secret | None) -> list[FrontFile]:
-    """The front's files in the order the phase owns them: the key include, the TLS pair, the
-    site. ``head``: the head's knobs (the key and TLS are the head's business); ``api``: the
-    run's API key (sparkrig/pairsecret.py). The include is installed when the key is known here,
-    removed while ``api_auth`` is off, and left alone when the head's key is known by digest
-    only (preflight refuses a head lacking it: ``key_include_lost``). The TLS pair is installed
-    when both knobs are set, removed otherwise. ValueError naming the knob for a TLS file that
-    cannot be read or a key that is no Bearer token."""
+def wanted_files(
+    s: Settings, head: Knobs, api: Secret | None, tls: FrontTls | None
+) -> list[FrontFile]:
+    """The front's files in the order the phase owns them: the key include, the TLS pair (and
+    the pair's CA certificate), the site. ``head``: the head's knobs (the key and TLS are the
+    head's business); ``api``: the run's API key (sparkrig/pairsecret.py); ``tls``: the run's
+    certificate from the pair's CA (sparkrig/fronttls.py). The include is installed when the
+    key is known here, removed while ``api_auth`` is off, and left alone when the head's key is
+    known by digest only (preflight refuses a head lacking it: ``key_include_lost``). The TLS
+    pair is the operator's (tls_cert, tls_key) or the pair's CA's, and removed while ``api_tls``
+    is off. ValueError naming the knob for a TLS file that cannot be read or a key that is no
+    Bearer token."""
     p = front_paths(s)
     files: list[FrontFile] = []
     if head.api_auth and api is not None and api.token:
@@ -176,13 +192,24 @@ def wanted_files(s: Settings, head: Knobs, api: Secret | None) -> list[FrontFile
     elif not head.api_auth:
         off = "Remove the API front's key include while api_auth is off"
         files.append(FrontFile(off, p["key_include"]))
+    cert_name, key_name = (
+        "Install the API front's TLS certificate",
+        "Install the API front's TLS key",
+    )
     if head.tls_cert is not None and head.tls_key is not None:
         cert, key = tls_text(head.tls_cert, "tls_cert"), tls_text(head.tls_key, "tls_key")
-        files.append(FrontFile("Install the API front's TLS certificate", p["tls_cert"], cert))
-        files.append(FrontFile("Install the API front's TLS key", p["tls_key"], key, secret=True))
-    else:
+        files.append(FrontFile(cert_name, p["tls_cert"], cert))
+        files.append(FrontFile(key_name, p["tls_key"], key, secret=True))
+        files.append(FrontFile("Remove the pair's CA while the front serves the operator's "
+                               "certificate", p["tls_ca"]))  # fmt: skip
+    elif head.api_tls and tls is not None and tls.cert:
+        files.append(FrontFile(cert_name, p["tls_cert"], tls.cert))
+        files.append(FrontFile(key_name, p["tls_key"], tls.key, secret=True))
+        files.append(FrontFile("Install the pair's CA for the head's own gates", p["tls_ca"],
+                               tls.ca_cert))  # fmt: skip
+    elif not head.api_tls:
         http = "Remove the API front's TLS files while it serves HTTP"
-        files += [FrontFile(http, p["tls_cert"]), FrontFile(http, p["tls_key"])]
+        files += [FrontFile(http, p[f]) for f in ("tls_cert", "tls_key", "tls_ca")]
     files.append(FrontFile("Install the API front's nginx site", p["site"], site_text(s)))
     return files
 

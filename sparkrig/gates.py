@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sparkhost import gate as _impl
@@ -69,8 +70,24 @@ def parse_locked(answers: Sequence[tuple[str, int, str]]) -> Any:
 
 
 # --- the script on the head -----------------------------------------------------------------------
-def local_url(api_port: int) -> str:
-    return f"http://127.0.0.1:{api_port}"
+@dataclass(frozen=True)
+class LoopbackTls:
+    """How the head's own gates speak TLS to its front on loopback: verified against the pair's
+    CA (``ca_file``), or, for the operator's certificate (issued for the names clients dial,
+    not for 127.0.0.1), unverified: that connection never leaves the head."""
+
+    ca_file: str = ""
+
+    def args(self) -> list[str]:
+        return ["--ca-file", self.ca_file] if self.ca_file else ["--tls-unverified"]
+
+
+def local_url(api_port: int, tls: LoopbackTls | None = None) -> str:
+    return f"{'https' if tls else 'http'}://127.0.0.1:{api_port}"
+
+
+def _url_args(api_port: int, tls: LoopbackTls | None) -> list[str]:
+    return ["--url", local_url(api_port, tls), *(tls.args() if tls else [])]
 
 
 def gate_command(
@@ -80,15 +97,17 @@ def gate_command(
     gates: Sequence[str] = GATES,
     timeout: float = 120.0,
     key_file: str | None = None,
+    tls: LoopbackTls | None = None,
 ) -> list[str]:
     """argv that runs the gates on the head; stdout is one JSON line per gate, exit 1 on failure.
-    ``key_file``: the API key file the script reads (the key itself never reaches an argv)."""
+    ``key_file``: the API key file the script reads (the key itself never reaches an argv);
+    ``tls``: the front serves HTTPS (None: HTTP)."""
     bad = set(gates) - set(GATES)
     if bad:
         raise ValueError(f"unknown gate(s): {sorted(bad)}")
     return hostpkg.command(
         install_dir, "gate", "gates",
-        "--url", local_url(api_port), "--model", served_name,
+        *_url_args(api_port, tls), "--model", served_name,
         "--only", ",".join(gates), "--timeout", f"{timeout:g}", *_key_args(key_file),
     )  # fmt: skip
 
@@ -103,10 +122,11 @@ def wait_command(
     container: str | None,
     timeout: float = 3600.0,
     interval: float = 10.0,
+    tls: LoopbackTls | None = None,
 ) -> list[str]:
     """argv that waits for /health on the head, printing JSON stage lines as the boot moves on.
     Exit 0 ready, 1 container gone / error line in its log, 2 timeout."""
-    argv = hostpkg.command(install_dir, "gate", "wait", "--url", local_url(api_port),
+    argv = hostpkg.command(install_dir, "gate", "wait", *_url_args(api_port, tls),
                            "--timeout", f"{timeout:g}", "--interval", f"{interval:g}")  # fmt: skip
     if container:
         argv += ["--container", container]

@@ -41,6 +41,7 @@ from sparkrig.firewall import (
 )
 from sparkrig.front import SERVICE as FRONT_SERVICE
 from sparkrig.front import archive_of, front_files, front_part
+from sparkrig.fronttls import tls_parts
 from sparkrig.image import ImageReport, ImageState, image_of, image_part, repo_tags
 from sparkrig.node import SYSCTL_FILE, Clock, Node, NodeReport, clock_part, node_part
 from sparkrig.owned import OwnedReport, PathState, owned_of, paths_part, units_part
@@ -127,6 +128,7 @@ def parts_of(s: Settings) -> tuple[Part, ...]:
     parts.append(rank_part(s))
     parts.append(ports_part(s))
     parts.append(front_part())
+    parts += tls_parts(s)
     parts.append(firewall_part())
     parts += ports_parts(s)  # fabric_layout "ports" only: the cabling probe, every link
     parts.append(clock_part())  # last: its time is the one nearest the output's arrival

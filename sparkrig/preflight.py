@@ -59,16 +59,16 @@ def _loopback(network: str) -> bool:
 
 def in_clear(s: Settings) -> str | None:
     """The API key, the prompts and the answers would cross a network in clear: the front
-    serves plain HTTP (no tls_cert) to addresses beyond loopback (api_allow)."""
+    serves plain HTTP (api_tls off) to addresses beyond loopback (api_allow)."""
     k = s.knobs
     beyond = [n for n in k.api_allow if not _loopback(n)]
-    if k.tls_cert is not None or not beyond:
+    if k.api_tls or not beyond:
         return None
     what = "the API key, every prompt and every answer" if k.api_auth else "every prompt and answer"
     return (
-        f"the API front serves plain HTTP to {', '.join(beyond)} (api_allow): {what} cross the "
-        "network in clear; set tls_cert and tls_key (docs/front.md), or api_allow = "
-        '["127.0.0.0/8"] to serve this host alone'
+        f"the API front serves plain HTTP to {', '.join(beyond)} (api_allow, api_tls = False): "
+        f"{what} cross the network in clear; set api_tls = True (the pair's own CA, or tls_cert "
+        'and tls_key: docs/front.md), or api_allow = ["127.0.0.0/8"] to serve this host alone'
     )
 
 

@@ -69,9 +69,12 @@ RETIRED_KEYS = {
 
 # The knobs a stack pins (its declaration's image, model and drafter): each defaults to None, "the
 # selected stack's pin"; stack_pins[<stack>] overrides them per stack, with these keys.
-# A browser origin as the Origin header carries it: scheme, host (name, IPv4, [IPv6]), port
 SAFE_PATH_RE = re.compile(r"/[A-Za-z0-9._/-]*")  # an owned path knob (see _absolute)
+# A browser origin as the Origin header carries it: scheme, host (name, IPv4, [IPv6]), port
 ORIGIN_RE = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
+# a name a certificate may carry: a DNS name (no wildcard) or an IPv4/IPv6 address
+DNS_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+DNS_OR_IP = re.compile(rf"{DNS_LABEL}(\.{DNS_LABEL})*|[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*")
 
 PIN_KEYS = ("base_image", "model_repo", "model_revision", "drafter_repo", "drafter_revision")
 
@@ -196,6 +199,10 @@ class Knobs(BaseModel):
     engine_port: int = _cluster(ge=1, le=65535)
     api_cors_origins: list[str] = _cluster()
     api_conn_per_ip: int = Field(ge=1, le=65535)
+    api_tls: bool = _cluster()
+    api_tls_dir: str = Field(min_length=1)
+    api_tls_names: list[str]
+    api_tls_rotate: bool
     tls_cert: str | None = Field(min_length=1)
     tls_key: str | None = Field(min_length=1)
     master_port: int = _cluster(ge=1, le=65535)
@@ -355,10 +362,26 @@ class Knobs(BaseModel):
         if (self.tls_cert is None) != (self.tls_key is None):
             given = "tls_cert" if self.tls_cert is not None else "tls_key"
             raise ValueError(
-                f"{given} is set alone: the front serves HTTPS with tls_cert and tls_key together, "
-                "HTTP with neither"
+                f"{given} is set alone: the front serves the operator's certificate with "
+                "tls_cert and tls_key together, the pair's CA's with neither"
+            )
+        if not self.api_tls and self.tls_cert is not None:
+            raise ValueError(
+                "tls_cert is set while api_tls = False: the front serves plain HTTP then; "
+                "drop tls_cert and tls_key, or set api_tls = True"
             )
         return self
+
+    @field_validator("api_tls_names")
+    @classmethod
+    def _tls_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not DNS_OR_IP.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is neither a DNS name nor an IP address (letters, digits, '-' "
+                    "and '.', or an IPv4/IPv6 address; no wildcard)"
+                )
+        return value
 
     @field_validator("api_allow", mode="before")
     @classmethod
@@ -958,6 +981,15 @@ def _interface(value: Any) -> ipaddress.IPv4Interface:
 
 def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
     problems: list[str] = []
+    head = ranks[0] if ranks and ranks[0].rank == 0 else None
+    if head is not None and head.api_url and head.name in knobs:
+        scheme = api_scheme(knobs[head.name])
+        if not head.api_url.startswith(f"{scheme}://"):
+            how = "api_tls = True: the pair's CA" if scheme == "https" else "api_tls = False"
+            problems.append(
+                f"{head.name}: api_url: {head.api_url} is not {scheme}:// but the front serves "
+                f"{scheme.upper()} ({how}); write {scheme}://..., or change api_tls"
+            )
     layout = next(iter(knobs.values())).fabric_layout if knobs else "single"
     real = [r for r in ranks if r.fabric_address.network.prefixlen < 32]
     seen: dict[str, str] = {}
@@ -1228,11 +1260,25 @@ def for_inventory(inventory: Any) -> dict[str, Settings]:
     return once_per_run("settings", inventory, validate)
 
 
+def api_scheme(k: Knobs) -> str:
+    """What the front speaks: HTTPS unless ``api_tls`` is off."""
+    return "https" if k.api_tls else "http"
+
+
 def api_url(s: Settings) -> str:
     """The head's API as the control machine reaches it: the head's host data ``api_url``
-    (the lab forwards the port to loopback), else http://<its ssh_hostname or inventory
-    name>:<api_port>. The bench and the release's bench gate both measure this."""
-    return (s.head.api_url or f"http://{s.head.address}:{s.knobs.api_port}").rstrip("/")
+    (the lab forwards the port to loopback), else https://<its ssh_hostname or inventory
+    name>:<api_port> (http:// with api_tls off). The bench and the release's bench gate both
+    measure this."""
+    default = f"{api_scheme(s.knobs)}://{s.head.address}:{s.knobs.api_port}"
+    return (s.head.api_url or default).rstrip("/")
+
+
+def api_ca_file(s: Settings) -> str | None:
+    """The CA a client of the head's API verifies it with: the pair's own (``api_tls_dir``)
+    unless the operator's certificate (tls_cert) or plain HTTP; None: the system's trust."""
+    k = s.knobs
+    return f"{k.api_tls_dir.rstrip('/')}/ca.crt" if k.api_tls and k.tls_cert is None else None
 
 
 def api_target(inventory: Any) -> dict[str, Any]:
@@ -1248,5 +1294,6 @@ def api_target(inventory: Any) -> dict[str, Any]:
         "model": k.served_model_name,
         "profile": k.profile,
         "api_key_file": k.api_key_file if k.api_auth else None,
+        "ca_file": api_ca_file(s),
         "nnodes": s.nnodes,
     }

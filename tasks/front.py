@@ -16,6 +16,7 @@ from sparkrig.front import (
     restart_dropin_text,
     wanted_files,
 )
+from sparkrig.fronttls import pair_tls
 from sparkrig.ordering import on_head
 from sparkrig.owned import dropin_present, unit_state_set
 from sparkrig.pairsecret import api_key
@@ -43,10 +44,13 @@ on_head(
     _if=restart_dropin.did_change,
 )
 api = api_key(settings, hoststate.values)
+tls = pair_tls(
+    settings, hoststate.values
+)  # the pair's CA's certificate (preflight refused a lost CA)
 # The key include, the TLS pair and the site, each owned whole, in that order, by one operation
 # (sparkrig/front.py wanted_files: a secret is never diffed, a file not wanted is removed).
 changed = []
-for f in host.loop(wanted_files(settings, head_knobs, api)):
+for f in host.loop(wanted_files(settings, head_knobs, api, tls)):
     op, args = f.operation()
     changed.append(on_head(is_head, op, name=f.name, **args))
 

@@ -8,6 +8,7 @@ from sparkrig import baseline, hoststate, stackfiles
 from sparkrig.fabric import lan_problems
 from sparkrig.failing import problems_absent
 from sparkrig.front import front_paths, key_include_lost
+from sparkrig.fronttls import pair_tls
 from sparkrig.image import serving_tag
 from sparkrig.node import clock_problems
 from sparkrig.pairsecret import api_key, pair_secret
@@ -41,6 +42,10 @@ if api is not None and api.warning and settings.me.is_head:
     logger.warning(f"{host.print_prefix}{api.warning}")
 if api is not None and api.source and settings.me.is_head:
     logger.info(f"{host.print_prefix}API key: {api.source}")
+# The front's certificate from the pair's CA on the control side (made or issued when needed).
+tls = pair_tls(settings, hoststate.values) if settings.me.is_head else None
+if tls is not None and tls.said:
+    logger.info(f"{host.print_prefix}API front's TLS: {tls.said}")
 
 
 # The weights' bytes still to fetch here, from the lockfiles: a checkout already verified at the
@@ -96,6 +101,7 @@ if not ports.checked:
     logger.warning(f"{host.print_prefix}ports not checked: ss (iproute2) is not installed")
 found += [secret.problem] if secret.problem else []
 found += [api.problem] if api is not None and api.problem else []
+found += [tls.problem] if tls is not None and tls.problem else []
 # The front's key include (head only): missing while the head's key is known by digest only.
 include = (
     hoststate.read(settings).file(front_paths(settings)["key_include"])

@@ -15,6 +15,7 @@ from pyinfra import host, inventory, state
 from sparkrig import hoststate
 from sparkrig.benchgate import Target, bench_figures, release_bench_passed
 from sparkrig.busbw import smoke_figures
+from sparkrig.front import loopback_tls
 from sparkrig.gates import gate_command, wait_command
 from sparkrig.image import images_to_keep, old_images_pruned
 from sparkrig.ordering import on_head
@@ -39,7 +40,7 @@ from sparkrig.serving import (
     serving_gates_passed,
     why_command,
 )
-from sparkrig.settings import api_url, current
+from sparkrig.settings import api_ca_file, api_url, current
 from tasks.rollback import roll_back
 
 settings = current()
@@ -59,9 +60,14 @@ boot = wait_command(
     settings.container_name,
     timeout=knobs.ready_timeout_s,
     interval=5,
+    tls=loopback_tls(settings),
 )
 gates = gate_command(
-    knobs.install_dir, knobs.api_port, knobs.served_model_name, key_file=api_key_file(settings)
+    knobs.install_dir,
+    knobs.api_port,
+    knobs.served_model_name,
+    key_file=api_key_file(settings),
+    tls=loopback_tls(settings),
 )
 rolls_back.watch(
     "boot",
@@ -107,6 +113,7 @@ rolls_back.watch(
             model=knobs.served_model_name,
             key_file=knobs.api_key_file if knobs.api_auth else None,
             profile=knobs.profile,
+            ca_file=api_ca_file(settings),
         ),
         previous=bench_to_reach(wanted(settings), record),
         tolerance=knobs.bench_tolerance,

@@ -52,9 +52,10 @@ ORDER = (
     "echo container=$(docker inspect -f '{{.State.Running}} {{.State.Paused}}' {container} 2>&1)"
 )
 COMPLETION = (
-    "printf 'Authorization: Bearer %s\\n' {key} | curl -s -m 60 -H @- "
+    "printf 'Authorization: Bearer %s\\n' {key} "
+    "| curl --cacert /etc/sparkrig/api-ca.crt -s -m 60 -H @- "
     "-H 'Content-Type: application/json' --data-binary {body} "
-    "http://127.0.0.1:8000/v1/chat/completions"
+    "https://127.0.0.1:8000/v1/chat/completions"
 )
 FABRIC = (
     "echo mtu=$(cat /sys/class/net/{iface}/mtu); echo swappiness=$(sysctl -n vm.swappiness); "

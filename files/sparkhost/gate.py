@@ -16,10 +16,13 @@
     sparkhost gate probe [--url URL] [--model NAME] [--api-key-file FILE]
         The watchdog probe: the math gate alone (a real completion; /health lies, §8.2).
 
---api-key-file: the API key (the file holds the key alone, 0600 root), sent as
-`Authorization: Bearer <key>` on every request; read from the file, never from argv.
     sparkhost gate stage < LOG
         Print the latest recognised boot stage of a log read from stdin.
+
+--api-key-file: the API key (the file holds the key alone, 0600 root), sent as
+`Authorization: Bearer <key>` on every request; read from the file, never from argv.
+--ca-file FILE: an https --url's certificate is checked against this CA (the pair's own);
+--tls-unverified: https on loopback with the operator's certificate, not checked.
 
 The same parsers back sparkrig/gates.py on the control side.
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import ssl
 import subprocess
 import sys
 import time
@@ -248,10 +252,15 @@ def parse_locked(answers: Sequence[tuple[str, int, str]]) -> GateResult:
 
 # --- HTTP -----------------------------------------------------------------------------------------
 def http(
-    url: str, payload: dict[str, Any] | None = None, timeout: float = 60.0, api_key: str = ""
+    url: str,
+    payload: dict[str, Any] | None = None,
+    timeout: float = 60.0,
+    api_key: str = "",
+    context: ssl.SSLContext | None = None,
 ) -> tuple[int, str]:
     """(status, body); status 0 when the server could not be reached. ``api_key``: sent as
-    ``Authorization: Bearer`` (vLLM checks it on /v1/*, not on /health)."""
+    ``Authorization: Bearer`` (vLLM checks it on /v1/*, not on /health); ``context``: how an
+    https URL's certificate is checked (``tls_context``)."""
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
     if data is not None:
@@ -259,7 +268,7 @@ def http(
     if api_key:
         req.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
             return resp.status, resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace")
@@ -276,13 +285,28 @@ def read_api_key(path: str) -> str:
     return tokenfile.read_secret(path, required=True) or ""
 
 
-def authed_http(api_key: str) -> Fetch:
-    """``http`` sending ``api_key`` on every request."""
+def authed_http(api_key: str, context: ssl.SSLContext | None = None) -> Fetch:
+    """``http`` sending ``api_key`` (none when "") on every request, over ``context``."""
 
     def fetch(url: str, payload: dict[str, Any] | None, timeout: float) -> tuple[int, str]:
-        return http(url, payload, timeout, api_key)
+        return http(url, payload, timeout, api_key, context)
 
     return fetch
+
+
+def tls_context(ca_file: str | None, unverified: bool = False) -> ssl.SSLContext | None:
+    """The front's certificate checked against the pair's CA (``ca_file``), host name included
+    (the head's certificate names 127.0.0.1); ``unverified``: the operator's certificate, issued
+    for the names clients dial, not loopback (the connection never leaves the host). None: the
+    system's trust."""
+    if ca_file:
+        return ssl.create_default_context(cafile=ca_file)
+    if unverified:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    return None
 
 
 def run_gate(
@@ -292,9 +316,11 @@ def run_gate(
     fetch: Fetch = http,
     timeout: float = 120.0,
     keyed: bool = True,
+    bare: Fetch = http,
 ) -> GateResult:
     """One gate. ``keyed``: the API has a key (the locked gate then asks, without it, that the
-    routes vLLM leaves open answer 401; an open API passes it)."""
+    routes vLLM leaves open answer 401; an open API passes it); ``bare``: ``fetch`` without the
+    key (the locked gate's)."""
     t0 = time.monotonic()
     base = url.rstrip("/")
     if gate == "health":
@@ -307,10 +333,10 @@ def run_gate(
         res = parse_tool(*fetch(base + "/v1/chat/completions", tool_payload(model), timeout))
     elif gate == "locked" and not keyed:
         res = GateResult("locked", True, "api_auth off: the API is open, no key to check")
-    elif gate == "locked":  # plain http: never the key, whatever fetch sends
-        res = parse_locked([(route, *http(base + route, math_payload(model), 10.0))
+    elif gate == "locked":  # bare: never the key, whatever fetch sends
+        res = parse_locked([(route, *bare(base + route, math_payload(model), 10.0))
                             for route in LOCKED_ROUTES]
-                           + [(route, *http(base + route, None, 10.0))
+                           + [(route, *bare(base + route, None, 10.0))
                               for route in LOCKED_SPELLINGS])  # fmt: skip
     else:
         raise ValueError(f"unknown gate {gate!r}")
@@ -325,6 +351,7 @@ def run_gates(
     fetch: Fetch = http,
     timeout: float = 120.0,
     keyed: bool = True,
+    bare: Fetch = http,
 ) -> list[GateResult]:
     """Run the gates in order; after a failed /health the others are not attempted."""
     out: list[GateResult] = []
@@ -332,7 +359,7 @@ def run_gates(
         if out and out[0].gate == "health" and not out[0].ok:
             out.append(GateResult(g, False, "skipped: /health failed"))
             continue
-        out.append(run_gate(g, url, model, fetch, timeout, keyed))
+        out.append(run_gate(g, url, model, fetch, timeout, keyed, bare))
     return out
 
 
@@ -407,6 +434,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("gates", "wait", "probe"):
         p = sub.add_parser(name)
         p.add_argument("--url", default=DEFAULT_URL)
+        # an https --url: the pair's CA to verify the front with, or the operator's certificate
+        p.add_argument("--ca-file", help="PEM CA the front's certificate is checked against")
+        p.add_argument("--tls-unverified", action="store_true", help="https on loopback, unchecked")
         p.add_argument("--model", default=DEFAULT_MODEL)
         p.add_argument("--timeout", type=float, default=120.0 if name != "wait" else 3600.0)
         if name == "gates":
@@ -425,29 +455,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines = sys.stdin.read().splitlines()
         print(json.dumps({"stage": boot_stage(lines), "errors": boot_errors(lines)[-5:]}))
         return 0
+    try:
+        context = tls_context(a.ca_file, a.tls_unverified)
+    except (OSError, ssl.SSLError) as err:
+        ap.error(f"cannot read the CA file {a.ca_file}: {err}")
+    bare = authed_http("", context)
     if a.cmd == "wait":
-        return wait_ready(a.url, a.container, a.timeout, a.interval)
+        return wait_ready(a.url, a.container, a.timeout, a.interval, fetch=bare)
     gates = ("math",) if a.cmd == "probe" else tuple(g for g in a.only.split(",") if g)
     unknown = set(gates) - set(GATES)
     if unknown:
         ap.error(f"unknown gate(s): {', '.join(sorted(unknown))}")
-    fetch: Fetch = http
+    fetch: Fetch = bare
     if a.api_key_file:
         try:
-            fetch = authed_http(read_api_key(a.api_key_file))
+            fetch = authed_http(read_api_key(a.api_key_file), context)
         except (OSError, ValueError) as err:
             ap.error(f"cannot read the API key: {err}")
     keyed = bool(a.api_key_file)
 
     def gated() -> int:
-        results = run_gates(a.url, a.model, gates, fetch=fetch, timeout=a.timeout, keyed=keyed)
+        results = run_gates(
+            a.url, a.model, gates, fetch=fetch, timeout=a.timeout, keyed=keyed, bare=bare
+        )
         for r in results:
             print(r.to_json(), flush=True)
         return 0 if all(r.ok for r in results) else 1
 
     if a.cmd == "probe":  # the watchdog's own: it holds no lock its restarts take
         return gated()
-    ready = lambda: wait_ready(a.url, None, a.restart_wait, 5.0, emit=lambda line: None)  # noqa: E731
+    ready = lambda: wait_ready(a.url, None, a.restart_wait, 5.0, bare, emit=lambda line: None)  # noqa: E731
     return held_against_restarts(gated, ready, a.restart_lock, a.restart_wait)
 
 

@@ -1,7 +1,8 @@
 """python3 -m sparkrig.bench: the seeds' measurement protocols against the pair or any endpoint.
 
     python3 -m sparkrig.bench --inventory inventory.py          # the head the deploy made
-    python3 -m sparkrig.bench --url http://host:8000 --model NAME [--api-key-file F] [--profile P]
+    python3 -m sparkrig.bench --url https://host:8000 --model NAME [--api-key-file F] [--cacert CA]
+                               [--profile P]
     python3 -m sparkrig.bench ... --protocol seed004 --stack NAME   # seed 004's protocol
     python3 -m sparkrig.bench compare A.json B.json ...          # results side by side
 
@@ -50,6 +51,8 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--url", help="an OpenAI-compatible endpoint, e.g. http://host:8000")
     p.add_argument("--model", help="served model name (with --url)")
     p.add_argument("--api-key-file", help="file holding the API key (sent as a Bearer token)")
+    p.add_argument("--cacert", help="CA file an https URL's certificate is checked against "
+                   "(with --inventory, default: the pair's, api_tls_dir/ca.crt)")  # fmt: skip
     p.add_argument("--profile", choices=PROFILES, help="compare with this profile's figures")
     p.add_argument("--protocol", choices=PROTOCOLS, default="seed000",
                    help="seed000: seeds 000/003's (default); seed004: seed 004's")  # fmt: skip
@@ -105,12 +108,14 @@ def main(argv: list[str] | None = None) -> int:
         t = target.read(args.inventory, Path.cwd())
         url, model, profile = t["url"], args.model or t["model"], args.profile or t["profile"]
         key_file = args.api_key_file or t["api_key_file"]
+        ca_file = args.cacert or t.get("ca_file")
         stack = measured_stack(args.stack, t)
         nnodes = args.nnodes or t.get("nnodes")
     else:
         if not args.model:
             parser().error("--url needs --model (the served model name)")
         url, model, profile, key_file = args.url, args.model, args.profile, args.api_key_file
+        ca_file = args.cacert
         stack, nnodes = args.stack, args.nnodes
     try:
         key = read_api_key(key_file) if key_file else ""
@@ -120,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     proto: Protocol | seed004.Seed004 = (
         seed004.Seed004() if args.protocol == seed004.NAME else protocol_of(args)
     )
-    ep = Endpoint(url, model, key)
+    ep = Endpoint(url, model, key, verify=ca_file or True)
     why = ep.unanswered()
     if why:  # one line, nothing measured, nothing written
         print(f"bench: {why}; nothing measured, nothing written", file=sys.stderr)

@@ -59,6 +59,8 @@ class Endpoint:
     timeout_s: float = 1800.0  # a 200K prompt's prefill took 139 s on the pair (seed 000)
     record: Recorder | None = None  # sees every request body the bench sends (the suite checks
     # them against vLLM's own request models)
+    verify: str | bool = True  # an https URL's certificate: checked against this CA file, or
+    # the system's trust (True)
     _sessions: dict[int, requests.Session] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -75,11 +77,11 @@ class Endpoint:
             self.record(path, json.loads(json.dumps(body)))
         return requests.post(
             self.url + path, json=body, headers=self._headers(), stream=stream,
-            timeout=(10.0, self.timeout_s),
+            timeout=(10.0, self.timeout_s), verify=self.verify,
         )  # fmt: skip
 
     def get_json(self, path: str) -> Any:
-        r = requests.get(self.url + path, headers=self._headers(), timeout=30.0)
+        r = requests.get(self.url + path, headers=self._headers(), timeout=30.0, verify=self.verify)
         r.raise_for_status()
         return r.json()
 

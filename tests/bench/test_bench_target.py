@@ -13,9 +13,10 @@ from sparkrig.bench import target
 
 def test_the_inventory_gives_the_heads_url_model_profile_stack_and_key_file() -> None:
     t = target.read("inventory.py", REPO)
-    assert t == {"stack": "vllm-nvfp4", "url": "http://spark-a.local:8000",
+    assert t == {"stack": "vllm-nvfp4", "url": "https://spark-a.local:8000",
                  "model": "glm-5.3-flash", "profile": "shared",
-                 "api_key_file": ".sparkrig/api-key", "nnodes": 2}  # fmt: skip
+                 "api_key_file": ".sparkrig/api-key", "ca_file": ".sparkrig/tls/ca.crt",
+                 "nnodes": 2}  # fmt: skip
     assert "gevent" not in sys.modules or not __import__("gevent.monkey").monkey.is_module_patched(
         "socket"
     )  # this process stays unpatched

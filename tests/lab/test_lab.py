@@ -15,7 +15,16 @@ import time
 import pytest
 from sparkhost import rankenv, wedge
 
-from lab.guest import API_KEY, SPARKHOST, gid_index_for, gid_table, serving
+from lab.guest import (
+    API_KEY,
+    CURL,
+    GATE_URL,
+    HEAD_API,
+    SPARKHOST,
+    gid_index_for,
+    gid_table,
+    serving,
+)
 from lab.image import PREFILL_ENV
 from tests.lab.conftest import ROOT, STATE, Lab, pyinfra
 
@@ -192,8 +201,7 @@ def test_weights_came_once_over_both_uplinks_then_over_the_fabric(lab: Lab):
 
 def test_the_five_gates_pass_and_the_head_started_right_after_the_workers(lab: Lab):
     out = lab.head.sh(
-        f"{SPARKHOST} gate gates --url http://127.0.0.1:8000 "
-        f"--model glm-5.3-flash --api-key-file {API_KEY}"
+        f"{SPARKHOST} gate gates {GATE_URL} --model glm-5.3-flash --api-key-file {API_KEY}"
     )
     gates = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     print("gates:", gates)
@@ -230,22 +238,21 @@ def test_the_api_needs_the_key_and_the_key_is_in_no_unit_argv_or_ps(lab: Lab):
         {"model": "glm-5.3-flash", "messages": [{"role": "user", "content": "17*23"}]}
     )
     post = (
-        "curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' "
-        f"--data-binary '{math}' http://127.0.0.1:8000/v1/chat/completions"
+        f"{CURL} -s -o /dev/null -w '%{{http_code}}' -H 'Content-Type: application/json' "
+        f"--data-binary '{math}' {HEAD_API}/v1/chat/completions"
     )
     assert head.sh(post).strip() == "401"
     wrong = post.replace("curl -s", "curl -s -H 'Authorization: Bearer wrong'")
     assert head.sh(wrong).strip() == "401"
     # the README's way for a client on the head: the key from the file, not typed into argv
     with_key = f"printf 'Authorization: Bearer %s\\n' \"$(cat {API_KEY})\" | " + post.replace(
-        "curl -s", "curl -s -H @-"
+        f"{CURL} -s", f"{CURL} -s -H @-"
     )
     assert head.sh(with_key).strip() == "200"
-    health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health"
+    health = f"{CURL} -s -o /dev/null -w '%{{http_code}}' {HEAD_API}/health"
     assert head.sh(health).strip() == "200"  # /health is not behind the key, as in vLLM
     out = head.sh(
-        f"{SPARKHOST} gate gates --url http://127.0.0.1:8000 "
-        f"--model glm-5.3-flash --api-key-file {API_KEY}"
+        f"{SPARKHOST} gate gates {GATE_URL} --model glm-5.3-flash --api-key-file {API_KEY}"
     )
     gates = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert len(gates) == 5 and all(g["ok"] for g in gates), gates
@@ -411,9 +418,9 @@ def test_a_second_operator_keeps_the_api_key_and_gets_a_copy_for_clients(lab: La
     assert not (clone / "pair-token").exists()
     math = json.dumps({"model": "glm-5.3-flash", "messages": [{"role": "user", "content": "2+2"}]})
     post = (
-        f"printf 'Authorization: Bearer %s\\n' '{first}' | curl -s -H @- -o /dev/null "
+        f"printf 'Authorization: Bearer %s\\n' '{first}' | {CURL} -s -H @- -o /dev/null "
         "-w '%{http_code}' -H 'Content-Type: application/json' "
-        f"--data-binary '{math}' http://127.0.0.1:8000/v1/chat/completions"
+        f"--data-binary '{math}' {HEAD_API}/v1/chat/completions"
     )
     assert head.sh(post).strip() == "200"  # the first clone's clients keep working
 
@@ -566,9 +573,12 @@ PREFILL_TOK_S = float(PREFILL_ENV.partition("=")[2])  # what every lab image pre
 LONG_PROMPT = 200_000  # the stand-in's tokens: "a" is one, "17*23" three
 PROBE_FILE = "/run/sparkrig/watchdog-probe.json"  # the watchdog's last probe (sparkhost.wedge)
 CHAT = (
-    "curl -s -m {limit:.0f} -o /dev/null -w '%{{http_code}}' -H 'Expect:' -H \"Authorization: "
-    "Bearer $(cat " + API_KEY + ")\" -H 'Content-Type: application/json' -d @{body} "
-    "http://127.0.0.1:8000/v1/chat/completions"
+    CURL + " -s -m {limit:.0f} -o /dev/null -w '%{{http_code}}' -H 'Expect:' -H \"Authorization: "
+    "Bearer $(cat "
+    + API_KEY
+    + ")\" -H 'Content-Type: application/json' -d @{body} "
+    + HEAD_API
+    + "/v1/chat/completions"
 )
 
 
@@ -590,7 +600,7 @@ def chat_in_background(head, name: str, content_expr: str, limit: float, **extra
 
 
 def head_metrics(head) -> wedge.Sample:
-    return wedge.parse_metrics(head.sh("curl -s -m 10 http://127.0.0.1:8000/metrics"))
+    return wedge.parse_metrics(head.sh(f"{CURL} -s -m 10 {HEAD_API}/metrics"))
 
 
 def guest_clock(guest) -> float:
@@ -679,7 +689,7 @@ def test_a_wedged_engine_is_restarted_within_stall_s_plus_an_interval(lab: Lab):
     start = time.monotonic()
     head.sh("docker kill -s USR1 sparkrig-rank0 >/dev/null")
     wedged_at = guest_clock(head)
-    health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health"
+    health = f"{CURL} -s -o /dev/null -w '%{{http_code}}' {HEAD_API}/health"
     assert head.sh(health).strip() == "200"  # what /health says of a wedged engine
     frozen = head_metrics(head)
     time.sleep(2)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 from lab import stranger
-from lab.guest import serving
+from lab.guest import CONTROL_CA, serving
 from tests.lab.conftest import STATE, Lab, pyinfra
 from tests.lab.test_lab import changed_ops, reboot, wait_for
 
@@ -53,9 +54,10 @@ def dropped(guest) -> dict[str, int]:
 
 def control_api_status(path: str = "/health") -> int:
     """The head's API as the control machine reaches it (the lab's forward)."""
-    url = f"http://127.0.0.1:{lab_state()['api_forward_port']}{path}"
+    url = f"https://127.0.0.1:{lab_state()['api_forward_port']}{path}"
+    context = ssl.create_default_context(cafile=str(CONTROL_CA))
     try:
-        with urllib.request.urlopen(url, timeout=10) as r:
+        with urllib.request.urlopen(url, timeout=10, context=context) as r:
             return int(r.status)
     except urllib.error.HTTPError as err:
         return int(err.code)
@@ -105,7 +107,7 @@ def test_a_stranger_reaches_no_pair_port_and_the_pair_keeps_serving(lab: Lab, la
 def test_api_port_answers_only_api_allow(lab: Lab, lan: str):
     head = lab.head
     rank_before = head.unit_started("sparkrig-head")
-    api = f"http://{uplink(0)}:8000/health"
+    api = f"https://{uplink(0)}:8000/health"
     assert stranger.http_status(api) == 200  # the default: the private ranges (172.16/12)
     r = pyinfra("-y", "--json", INV, "deploy.py", "--data", f"api_allow={ROUTER}/32")
     assert r.rc == 0, r.output[-6000:]

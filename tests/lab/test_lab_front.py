@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import ssl
+import subprocess
 import time
 
 import pytest
 
-from lab.guest import API_KEY, SPARKHOST, control_api_key
+from lab import REPO
+from lab.guest import API_CA, API_KEY, CONTROL_CA, SPARKHOST, control_api_key
 from tests.lab.conftest import STATE, Lab, pyinfra
 
 pytestmark = pytest.mark.lab
@@ -35,9 +38,18 @@ def head_uplink(lab: Lab) -> str:
     return str(json.loads(STATE.read_text())["hosts"][0]["mgmt_address"])
 
 
+def connect(timeout: float) -> http.client.HTTPSConnection:
+    """The control side's connection through the forwarder, the front's certificate verified
+    against the pair's CA (as the README's curl --cacert does)."""
+    context = ssl.create_default_context(cafile=str(CONTROL_CA))
+    return http.client.HTTPSConnection(
+        "127.0.0.1", forward_port(), timeout=timeout, context=context
+    )
+
+
 def ask(path: str, method: str = "GET", key: str | None = None, body: object = None) -> int:
     """One request from the control side through the forwarder (the head's uplink, api_port)."""
-    conn = http.client.HTTPConnection("127.0.0.1", forward_port(), timeout=60)
+    conn = connect(60)
     headers = {"Content-Type": "application/json"}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
@@ -84,7 +96,7 @@ def test_without_the_key_the_lan_gets_401_with_it_200(lab: Lab):
 
 def test_a_stream_arrives_in_pieces_through_the_front(lab: Lab):
     key = control_api_key().read_text().strip()
-    conn = http.client.HTTPConnection("127.0.0.1", forward_port(), timeout=120)
+    conn = connect(120)
     body = {**CHAT, "stream": True, "max_tokens": 64, "ignore_eos": True,
             "messages": [{"role": "user", "content": "Tell a long story."}]}  # fmt: skip
     t0 = time.monotonic()
@@ -116,9 +128,10 @@ def test_the_engine_port_answers_no_other_host(lab: Lab):
             f"http://{address}:{ENGINE_PORT}/health || true"
         ).strip()
         assert code == "000", (address, code)  # refused: nothing listens there
+        # the key is what is judged here, not the certificate (the worker has no CA of the pair)
         front = worker.sh(
-            f"curl -s -o /dev/null -m 5 -w '%{{http_code}}' -X POST "
-            f"http://{address}:{API_PORT}/invocations || true"
+            f"curl -k -s -o /dev/null -m 5 -w '%{{http_code}}' -X POST "
+            f"https://{address}:{API_PORT}/invocations || true"
         ).strip()
         assert front == "401", (address, front)
     # on the head itself the engine answers on loopback (the watchdog reads it there)
@@ -130,10 +143,37 @@ def test_the_engine_port_answers_no_other_host(lab: Lab):
 
 def test_the_five_gates_pass_through_the_front(lab: Lab):
     out = lab.head.sh(
-        f"{SPARKHOST} gate gates --url "
-        f"http://127.0.0.1:{API_PORT} --model {MODEL} --api-key-file {API_KEY}"
+        f"{SPARKHOST} gate gates --url https://127.0.0.1:{API_PORT} --ca-file {API_CA} "
+        f"--model {MODEL} --api-key-file {API_KEY}"
     )
     gates = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [(g["gate"], g["ok"]) for g in gates] == [
         ("health", True), ("models", True), ("math", True), ("tool", True), ("locked", True),
     ]  # fmt: skip
+
+
+def readme_curl() -> str:
+    """The README's completion command (quick start, step 8), its continuations joined."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("curl --cacert"))
+    command = []
+    for line in lines[start:]:
+        command.append(line.strip().removesuffix("\\").strip())
+        if not line.rstrip().endswith("\\"):
+            break
+    return " ".join(command)
+
+
+def test_the_readmes_curl_verifies_the_front_with_the_pairs_ca(lab: Lab):
+    command = readme_curl()
+    assert "--cacert .sparkrig/tls/ca.crt https://spark-a.local:8000/" in command
+    lab_command = command.replace(
+        "https://spark-a.local:8000", f"https://127.0.0.1:{forward_port()}"
+    )
+    out = subprocess.run(["sh", "-c", lab_command], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["choices"][0]["message"]["content"], out.stdout
+    # the same command trusting the system's CAs alone fails: the certificate is the pair's
+    bare = lab_command.replace("--cacert .sparkrig/tls/ca.crt ", "")
+    refused = subprocess.run(["sh", "-c", bare], cwd=REPO, capture_output=True, text=True)
+    assert refused.returncode == 60, (refused.returncode, refused.stderr)  # curl: peer cert

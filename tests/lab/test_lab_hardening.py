@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from lab.guest import API_KEY, SPARKHOST
+from lab.guest import API_KEY, GATE_URL, SPARKHOST
 from tests.lab.conftest import Lab
 
 pytestmark = pytest.mark.lab
@@ -66,8 +66,7 @@ def test_helper_units_run_sandboxed(lab: Lab):
 
 def test_the_pair_serves_under_the_sandbox(lab: Lab):
     out = lab.head.sh(
-        f"{SPARKHOST} gate gates --url http://127.0.0.1:8000 --model glm-5.3-flash "
-        f"--api-key-file {API_KEY}"
+        f"{SPARKHOST} gate gates {GATE_URL} --model glm-5.3-flash --api-key-file {API_KEY}"
     )
     gates = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert gates and all(g["ok"] for g in gates), gates

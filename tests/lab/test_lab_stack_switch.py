@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from lab.guest import API_KEY, SPARKHOST
+from lab.guest import API_KEY, GATE_URL, SPARKHOST
 from tests.lab.conftest import ROOT, STATE, Lab, pyinfra
 
 pytestmark = pytest.mark.lab
@@ -41,8 +41,7 @@ def flavour(guest) -> str:
 
 def gates_pass(lab: Lab) -> list[dict]:
     out = lab.head.sh(
-        f"{SPARKHOST} gate gates --url http://127.0.0.1:8000 --model glm-5.3-flash "
-        f"--api-key-file {API_KEY}"
+        f"{SPARKHOST} gate gates {GATE_URL} --model glm-5.3-flash --api-key-file {API_KEY}"
     )
     gates = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert len(gates) == 5 and all(g["ok"] for g in gates), gates

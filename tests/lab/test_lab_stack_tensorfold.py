@@ -23,7 +23,7 @@ from sparkhost import wedge
 
 from bench.chaos.draw import plan
 from bench.chaos.runner import campaign
-from lab.guest import API_KEY
+from lab.guest import API_KEY, CURL, HEAD_API
 from tests.lab.conftest import ROOT, Lab, pyinfra
 from tests.lab.test_lab import (
     INTERVAL_S,
@@ -64,7 +64,7 @@ def tf_health(head) -> wedge.Sample:
 
 def http_code(guest, url: str, key: bool = False) -> str:
     auth = f' -H "Authorization: Bearer $(cat {API_KEY})"' if key else ""
-    return guest.sh(f"curl -s -m 10 -o /dev/null -w '%{{http_code}}'{auth} {url}").strip()
+    return guest.sh(f"{CURL} -s -m 10 -o /dev/null -w '%{{http_code}}'{auth} {url}").strip()
 
 
 def listening_ports(guest) -> str:
@@ -87,8 +87,8 @@ def test_switch_to_tensorfold_gates_pass_through_the_front_and_rank_1_serves_no_
     digest = lab_state()["stack_images"][STACK].rpartition("sha256:")[2]
     assert running_image(head).endswith(f"base-{digest}")
     # the key: the front answers 401 without it, the engine's answer with it
-    assert http_code(head, "http://127.0.0.1:8000/v1/models") == "401"
-    assert http_code(head, "http://127.0.0.1:8000/v1/models", key=True) == "200"
+    assert http_code(head, f"{HEAD_API}/v1/models") == "401"
+    assert http_code(head, f"{HEAD_API}/v1/models", key=True) == "200"
     # the engine: loopback on the head only, no key of its own; rank 1 listens on nothing
     assert f"127.0.0.1:{ENGINE_PORT}" in listening_ports(head)
     assert f"0.0.0.0:{ENGINE_PORT}" not in listening_ports(head)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from sparkhost.gate import LOCKED_SPELLINGS
 
 from lab import stranger
 from lab.guest import SPARKHOST, Guest, control_api_key, serving
@@ -53,7 +54,7 @@ def test_the_pair_converged_and_the_stranger_is_on_the_lan(lab: Lab, lan: str):
 
 
 def test_the_api_without_the_key_is_401_and_cors_is_refused(lab: Lab, lan: str):
-    api = f"http://{head_uplink()}:{API_PORT}"
+    api = f"https://{head_uplink()}:{API_PORT}"
     json_type = "Content-Type: application/json"
     for path, method in (
         ("/invocations", "POST"),
@@ -78,6 +79,16 @@ def test_the_api_without_the_key_is_401_and_cors_is_refused(lab: Lab, lan: str):
     status, headers = stranger.http(api + "/v1/models", auth, f"Origin: {FOREIGN}")
     assert status == 200
     assert "access-control-allow-origin" not in headers
+
+
+def test_no_spelling_of_a_keyed_route_answers_the_lan_without_the_key(lab: Lab, lan: str):
+    api = f"https://{head_uplink()}:{API_PORT}"
+    said = {path: stranger.http_status(api + path) for path in LOCKED_SPELLINGS}
+    print(f"spellings from the uplink: {said}")
+    assert all(status in (400, 401) for status in said.values()), said
+    assert stranger.http_status(api + "/health") == 200  # the one route without the key
+    # over the LAN the front speaks TLS only: plain HTTP on its port is answered 400
+    assert stranger.http_status(f"http://{head_uplink()}:{API_PORT}/health") == 400
 
 
 _SIGN = r"""

@@ -29,6 +29,8 @@ from tests.image.fakeimage import converged_image_state, image_state
 ROOT = Path(__file__).resolve().parents[2]
 STATE: dict[str, dict[Any, Any]] = {}  # host -> canned responses, set by tests
 IMAGE = "registry.example/vllm@sha256:" + "ab" * 32
+# the pair's CA of the fake pairs: made by the first plan of a session (git ignores it)
+TLS_DIR = "tests/plan/tls"
 COMMIT = "caca4e6a4ebbd66f159d3d2fc256683fd6e27177"  # tests/plan/locks
 HCA = "rocep1s0f1"
 
@@ -174,6 +176,7 @@ RANK_RUNTIME = re.compile(r'^echo "container=\$\(timeout 20 docker inspect ')  #
 PAIR_SECRET = re.compile(r"^if \[ -s /etc/sparkrig/pair-token \]; then sha256sum ")  # its digest
 API_KEY = re.compile(r"^if \[ -s /etc/sparkrig/api-key \]; then sha256sum ")  # the head's key's
 API_KEY_ENV = re.compile(r"^if \[ -s /etc/sparkrig/api-key.env \]; then sha256sum ")  # vLLM's
+FRONT_CERT = re.compile(r"^if \[ -s /etc/sparkrig/api-front.crt \]; then sha256sum ")  # the front's
 SECRET_WRITE = re.compile(r"^sh -c 'umask 077 && t=")  # a secret written through stdin (secretio)
 SECRET_READ = re.compile(r"^cat /etc/sparkrig/")  # a secret read at apply time, never printed
 
@@ -423,6 +426,7 @@ def bare(ip: str) -> dict[Any, Any]:
         PAIR_SECRET: held(""),  # no secret installed
         API_KEY: held(""),  # no API key installed
         API_KEY_ENV: [END],
+        FRONT_CERT: [END],
         SECRET_WRITE: "",
         RELEASE: release_state(),  # no release record, weights_dir empty
         BASELINE: baseline_report(),  # DGX OS as shipped: nothing held, no KHO in the kernel
@@ -517,6 +521,7 @@ def host(
             "lockfile_dir": "tests/plan/locks",
             "pair_token_file": "tests/plan/pair-token",
             "api_key_file": "tests/plan/api-key",
+            "api_tls_dir": TLS_DIR,
             **data,
         },
     )
@@ -550,6 +555,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     functions the tasks call (render + the context builders, the programs, the lockfiles)."""
     from sparkrig.fabric import env_context, env_template, netplan_text
     from sparkrig.front import front_paths, key_include_text, restart_dropin_text, site_text
+    from sparkrig.fronttls import TlsFiles, decide, tls_names, uses_pair_ca
     from sparkrig.image import serving_image
     from sparkrig.pairsecret import control_token
     from sparkrig.paths import paths
@@ -601,6 +607,11 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
         text[front["restart_dropin"]] = (restart_dropin_text(), "644")
         if k.api_auth:
             text[front["key_include"]] = (key_include_text(control_token(k.api_key_file)), "600")
+        if uses_pair_ca(s):  # the pair's CA, made by the first plan of the session
+            tls = decide(TlsFiles(Path(k.api_tls_dir)), tls_names(s), s.me.name, False, False)
+            text[front["tls_cert"]] = (tls.cert, "644")
+            text[front["tls_key"]] = (tls.key, "600")
+            text[front["tls_ca"]] = (tls.ca_cert, "644")
         text[p["restart_script"]] = (
             render("sparkrig-restart-pair.j2", **base_context(s), restart_args=restart_args(s)),
             "755",
@@ -697,6 +708,7 @@ def converged(
     handed over (default: the live one, as after any start); ``device_index`` and
     ``live_device_index``: the RDMA device's kernel index handed over and now;
     ``ipv4_before``: addresses the fabric NIC holds before the plan's (``ip -o -4 addr`` order)."""
+    from sparkrig.front import front_paths
     from sparkrig.image import serving_image
     from sparkrig.paths import paths
     from sparkrig.weights import artifacts
@@ -733,6 +745,8 @@ def converged(
     canned[API_KEY] = held(key)
     env = owned.get(paths(s)["api_key_env"], (b"", ""))[0].decode()
     canned[API_KEY_ENV] = [hashlib.sha256(env.encode()).hexdigest(), "1", END] if env else [END]
+    cert = owned.get(front_paths(s)["tls_cert"], (b"", ""))[0]
+    canned[FRONT_CERT] = [hashlib.sha256(cert).hexdigest(), "1", END] if cert else [END]
     canned[re.compile(r"^cat /etc/sparkrig/pair-token$")] = [secret]  # apply-time reads
     canned[re.compile(r"^cat /etc/sparkrig/api-key$")] = [key]
     canned[NODE] = node_report(

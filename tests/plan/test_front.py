@@ -7,6 +7,7 @@ include whose key the control side has no copy of is refused alone, naming api_k
 from __future__ import annotations
 
 from tests.plan import fakehosts
+from tests.plan.fakehosts import ROOT
 from tests.plan.harness import run
 from tests.plan.test_plan import ACTION, HEAD, WORKER, apply, converge_state
 
@@ -15,6 +16,8 @@ INCLUDE = "/etc/sparkrig/api-front-key.conf"
 HELD = open("tests/plan/api-key").read().strip()
 DROPIN = "/etc/systemd/system/nginx.service.d/sparkrig.conf"
 CHECK, RELOAD = "nginx -t -q", "systemctl reload nginx.service"
+TLS_CERT, TLS_KEY = "/etc/sparkrig/api-front.crt", "/etc/sparkrig/api-front.key"
+TLS_CA = "/etc/sparkrig/api-ca.crt"
 
 
 def test_a_bare_head_gets_nginx_and_the_front_and_the_key_never_shows(monkeypatch):
@@ -25,12 +28,21 @@ def test_a_bare_head_gets_nginx_and_the_front_and_the_key_never_shows(monkeypatc
     assert f"Will write {INCLUDE} (secret: content not shown)" in r.output
     assert f"Will create {DROPIN}" in r.output and "+ StartLimitBurst=5" in r.output
     assert HELD not in r.output
+    # HTTPS by default: the pair's CA's certificate, the key a secret, the CA for the head's gates
+    assert "+     listen 8000 ssl default_server;" in r.output
+    assert f"Will write {TLS_KEY} (secret: content not shown)" in r.output
+    assert f"Will create {TLS_CA}" in r.output and f"Will create {TLS_CERT}" in r.output
+    tls_key = (ROOT / fakehosts.TLS_DIR / "front.key").read_text()
+    assert tls_key.splitlines()[1] not in r.output
     front = [op for op in r.changed_ops[HEAD] if op.startswith("tasks/front.py")]
     assert front == [
         "tasks/front.py | Install nginx for the API front",
         "tasks/front.py | Restart the API front when it dies (nginx.service drop-in)",
         "tasks/front.py | Reload systemd after the API front's drop-in changed",
         "tasks/front.py | Install the API front's key include",
+        "tasks/front.py | Install the API front's TLS certificate",
+        "tasks/front.py | Install the API front's TLS key",
+        "tasks/front.py | Install the pair's CA for the head's own gates",
         "tasks/front.py | Install the API front's nginx site",
         "tasks/front.py | Check the whole nginx config before the front reloads",
         "tasks/front.py | Run the API front",
@@ -111,3 +123,39 @@ def test_a_head_missing_the_include_whose_key_the_control_side_lacks_fails_alone
     assert HEAD not in r.uploads and not [c for c in r.commands[HEAD] if ACTION.search(c)]
     assert f"[{HEAD}] failed" in r.output and f"[{WORKER}] failed" not in r.output
     assert HELD not in r.output
+
+
+def test_a_control_machine_without_the_pairs_ca_is_refused_while_the_head_serves_one(
+    monkeypatch, tmp_path
+):
+    converge_state()  # the head serves a certificate of the pair's CA
+    fresh = tmp_path / "fresh-clone-tls"
+    r = apply(monkeypatch, "--data", f"api_tls_dir={fresh}")
+    assert r.exit_code != 0, r.output
+    assert f"{fresh}/ca.key is missing" in r.output and "api_tls_rotate = True" in r.output
+    assert not fresh.exists()  # no new CA behind the clients' backs
+    assert HEAD not in r.uploads and not [c for c in r.commands[HEAD] if ACTION.search(c)]
+    assert f"[{WORKER}] failed" not in r.output
+
+
+def test_rotating_the_ca_issues_a_new_certificate_and_reloads_the_front(monkeypatch, tmp_path):
+    converge_state()
+    fresh = tmp_path / "rotated-tls"
+    r = apply(monkeypatch, "--data", f"api_tls_dir={fresh}", "--data", "api_tls_rotate=True")
+    assert r.exit_code == 0, r.output
+    assert r.uploads[HEAD][TLS_CERT] == (fresh / "front.crt").read_bytes()
+    assert r.uploads[HEAD][TLS_CA] == (fresh / "ca.crt").read_bytes()
+    head = r.commands[HEAD]
+    assert head.index(CHECK) < head.index(RELOAD)
+    assert "systemctl stop sparkrig-head.service" not in head  # the engine is not the front's
+    assert (fresh / "front.key").read_text().splitlines()[1] not in r.output
+
+
+def test_api_tls_off_serves_http_and_removes_the_tls_files(monkeypatch):
+    converge_state()
+    r = apply(monkeypatch, "--data", "api_tls=False")
+    assert r.exit_code == 0, r.output
+    head = r.commands[HEAD]
+    assert "listen 8000 default_server;" in r.uploads[HEAD][SITE].decode()
+    for path in (TLS_CERT, TLS_KEY, TLS_CA):
+        assert any(c.startswith("rm") and path in c for c in head), (path, head)

@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 from serving_helpers import REPO, free_port, load_path
+from sparkhost import gate
 
-from sparkrig import front
+from sparkrig import front, fronttls
 from sparkrig.settings import Settings, build
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
@@ -35,7 +36,9 @@ OPEN_ROUTES = ("/invocations", "/tokenize", "/v1/models", "/metrics", "/docs")
 
 
 def settings(**knobs: Any) -> Settings:
+    """A pair's head; plain HTTP unless the test asks for TLS (the routes are the same)."""
     unit = load_path("unit_conftest", REPO / "tests" / "unit" / "conftest.py")
+    knobs.setdefault("api_tls", "tls_cert" in knobs)
     return build(unit.cluster(2, **knobs))["spark-0"]
 
 
@@ -326,6 +329,43 @@ def test_tls_when_a_certificate_is_given(tmp_path: Path) -> None:
         assert ask(api, "/invocations", "POST", tls=True)[0] == 401
         assert ask(api, "/invocations", "POST", key=f"Bearer {KEY}", tls=True)[0] == 200
         assert ask(api, "/health")[0] == 400  # plain HTTP on the TLS port: nginx refuses it
+    finally:
+        nginx.stop()
+        engine.close()
+
+
+def verified(port: int, ca: Path, path: str, key: str | None = None) -> int:
+    """The status of GET ``path`` over https to 127.0.0.1, the certificate checked against
+    ``ca`` with its host name, as curl --cacert and requests(verify=ca) check it."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
+    conn.request("GET", path, headers={"Authorization": key} if key else {})
+    status = conn.getresponse().status
+    conn.close()
+    return status
+
+
+def test_https_by_default_with_the_pairs_ca(tmp_path: Path) -> None:
+    api, engine_port = free_port(), free_port()
+    engine = Engine(engine_port)
+    s = settings(api_port=api, engine_port=engine_port, api_tls=True)
+    assert s.knobs.api_tls and s.knobs.tls_cert is None
+    files = fronttls.TlsFiles(tmp_path / "tls")
+    made = fronttls.decide(files, fronttls.tls_names(s), "spark-0", False, False)
+    assert "made the pair's CA" in made.said and not made.problem
+    nginx = Front(tmp_path, s, tls=(files.cert, files.key))
+    try:
+        assert verified(api, files.ca_cert, "/v1/models") == 401
+        assert verified(api, files.ca_cert, "/v1/models", f"Bearer {KEY}") == 200
+        # the head's own gates: the host package's client with --ca-file
+        context = gate.tls_context(str(files.ca_cert))
+        assert gate.http(f"https://127.0.0.1:{api}/health", context=context)[0] == 200
+        # another CA's clients are turned away: the certificate is the pair's, not anyone's
+        other = fronttls.TlsFiles(tmp_path / "other")
+        fronttls.decide(other, fronttls.tls_names(s), "elsewhere", False, False)
+        with pytest.raises(ssl.SSLCertVerificationError):
+            verified(api, other.ca_cert, "/health")
+        assert gate.http(f"https://127.0.0.1:{api}/health")[0] == 0  # the system's trust: no
     finally:
         nginx.stop()
         engine.close()

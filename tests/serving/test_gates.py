@@ -135,6 +135,22 @@ def test_commands_are_argv_and_shell() -> None:
     assert "probe" in gates.probe_command("/opt/sparkrig", 8000, "m")
 
 
+def test_the_heads_gates_speak_https_to_the_front_with_the_pairs_ca() -> None:
+    ca = gates.LoopbackTls("/etc/sparkrig/api-ca.crt")
+    argv = gates.gate_command("/opt/sparkrig", 8000, "m", tls=ca)
+    at = argv.index("--url")
+    assert argv[at : at + 4] == [
+        "--url", "https://127.0.0.1:8000", "--ca-file", "/etc/sparkrig/api-ca.crt",
+    ]  # fmt: skip
+    wait = gates.wait_command("/opt/sparkrig", 8000, "c", tls=gates.LoopbackTls())
+    assert "https://127.0.0.1:8000" in wait and "--tls-unverified" in wait
+    # what the host package makes of them (argparse: an unknown flag would exit 2)
+    from sparkhost import gate
+
+    assert gate.tls_context("", unverified=True).verify_mode.name == "CERT_NONE"
+    assert gate.tls_context(None) is None  # plain: the system's trust
+
+
 def test_parse_gate_lines() -> None:
     out = '{"gate": "health", "ok": true, "detail": "/health 200", "ms": 3}\ngarbage\n\n'
     res = gates.parse_gate_lines(out)

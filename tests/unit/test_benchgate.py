@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparkrig import benchgate as bg
-from sparkrig.settings import api_url, build
+from sparkrig.settings import api_ca_file, api_url, build
 from tests.unit.conftest import cluster
 from tests.unit.test_settings import edit, problems
 
@@ -72,7 +72,7 @@ def test_a_shortfall_records_nothing_and_says_the_tolerance() -> None:
 
 
 def test_the_bench_runs_as_a_child_with_the_key_as_an_absolute_file_name(tmp_path: Path) -> None:
-    target = bg.Target("http://h:8000", "m", ".sparkrig/api-key", "shared")
+    target = bg.Target("https://h:8000", "m", ".sparkrig/api-key", "shared")
     argv = bg.bench_argv(target, tmp_path / "r.json")
     assert argv[1:4] == ["-m", "sparkrig.bench", "--short"]
     assert argv[argv.index("--api-key-file") + 1] == str(Path(".sparkrig/api-key").resolve())
@@ -80,12 +80,35 @@ def test_the_bench_runs_as_a_child_with_the_key_as_an_absolute_file_name(tmp_pat
 
 
 def test_the_heads_api_url_defaults_to_its_ssh_hostname_or_name_and_can_be_set() -> None:
-    assert api_url(build(cluster(2))["spark-1"]) == "http://spark-0:8000"
+    assert api_url(build(cluster(2))["spark-1"]) == "https://spark-0:8000"
     view = edit(cluster(2), "head", 0, ssh_hostname="10.0.0.5", api_port=8080)
     view = edit(view, "worker", 0, api_port=8080)
-    assert api_url(build(view)["spark-1"]) == "http://10.0.0.5:8080"
-    view = edit(cluster(2), "head", 0, api_url="http://127.0.0.1:28000/")
-    assert api_url(build(view)["spark-1"]) == "http://127.0.0.1:28000"
+    assert api_url(build(view)["spark-1"]) == "https://10.0.0.5:8080"
+    view = edit(cluster(2), "head", 0, api_url="https://127.0.0.1:28000/")
+    assert api_url(build(view)["spark-1"]) == "https://127.0.0.1:28000"
+    plain = edit(edit(cluster(2), "head", 0, api_tls=False), "worker", 0, api_tls=False)
+    assert api_url(build(plain)["spark-1"]) == "http://spark-0:8000"
+
+
+def test_an_api_url_of_the_other_scheme_is_refused() -> None:
+    said = problems(edit(cluster(2), "head", 0, api_url="http://127.0.0.1:28000"))
+    assert (
+        "spark-0: api_url: http://127.0.0.1:28000 is not https:// but the front serves HTTPS"
+        in said
+    )
+    view = edit(edit(cluster(2), "head", 0, api_url="https://h:1", api_tls=False), "worker", 0,
+                api_tls=False)  # fmt: skip
+    assert "is not http:// but the front serves HTTP (api_tls = False)" in problems(view)
+
+
+def test_the_bench_verifies_the_front_with_the_pairs_ca(tmp_path: Path) -> None:
+    s = build(cluster(2))["spark-1"]
+    assert api_ca_file(s) == ".sparkrig/tls/ca.crt"
+    target = bg.Target("https://h:8000", "m", None, "shared", ca_file=api_ca_file(s))
+    argv = bg.bench_argv(target, tmp_path / "r.json")
+    assert argv[argv.index("--cacert") + 1] == str(Path(".sparkrig/tls/ca.crt").resolve())
+    own = edit(cluster(2), "head", 0, tls_cert="c.pem", tls_key="k.pem")
+    assert api_ca_file(build(own)["spark-0"]) is None  # the operator's: the system's trust
 
 
 @pytest.mark.parametrize("bad", ["127.0.0.1:8000", "ftp://h", "http://"])

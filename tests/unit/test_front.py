@@ -10,6 +10,7 @@ from pathlib import Path
 from conftest import cluster
 
 from sparkrig import front
+from sparkrig.fronttls import FrontTls
 from sparkrig.owned import file_absent, file_present, secret_installed
 from sparkrig.pairsecret import Secret
 from sparkrig.settings import build
@@ -25,14 +26,17 @@ def directives(text: str) -> list[str]:
 
 def test_the_site_proxies_to_the_loopback_engine_with_streaming_intact() -> None:
     lines = directives(site())
-    assert "listen 8000 default_server;" in lines
+    assert "listen 8000 ssl default_server;" in lines  # HTTPS by default
+    assert "ssl_certificate /etc/sparkrig/api-front.crt;" in lines
+    assert "listen 8000 default_server;" in directives(site(api_tls=False))
     assert "server 127.0.0.1:8001;" in lines
     for d in ("proxy_buffering off;", "proxy_request_buffering off;", "proxy_http_version 1.1;",
               'proxy_set_header Connection "";', "proxy_read_timeout 3600s;",
               "limit_conn sparkrig_api_perip 64;", "limit_conn_status 429;",
               "include /etc/sparkrig/api-front-key.conf;", "server_tokens off;"):  # fmt: skip
         assert d in lines, d
-    assert not any(ln.startswith(("ssl_", "map $http_origin")) for ln in lines)
+    assert not any(ln.startswith("map $http_origin") for ln in lines)
+    assert not any(ln.startswith("ssl_") for ln in directives(site(api_tls=False)))
     assert not any("Access-Control-Allow-Origin $" in ln for ln in lines)  # no CORS
 
 
@@ -69,30 +73,44 @@ def test_the_front_files_in_order_each_with_its_operation(tmp_path: Path) -> Non
     key.write_text("-----BEGIN PRIVATE KEY-----\ny\n")
     s = build(cluster(2, tls_cert=str(cert), tls_key=str(key)))["spark-0"]
     known = Secret("ab" * 24, "made")
-    files = front.wanted_files(s, s.knobs, known)
+    files = front.wanted_files(s, s.knobs, known, None)
     assert [(f.dest, f.operation()[0]) for f in files] == [
         ("/etc/sparkrig/api-front-key.conf", secret_installed),
         ("/etc/sparkrig/api-front.crt", file_present),
         ("/etc/sparkrig/api-front.key", secret_installed),
+        ("/etc/sparkrig/api-ca.crt", file_absent),  # the operator's: no CA of the pair's
         (front.SITE, file_present),
     ]
     assert files[0].operation()[1]["text"] == front.key_include_text("ab" * 24)
     assert files[2].operation()[1] == {"text": key.read_text(), "dest": files[2].dest}
-    # HTTP, the head's key known by digest only: the include left alone, the TLS pair removed
+    # the default: the pair's CA's certificate, its key a secret, the CA for the head's gates
     s = build(cluster(2))["spark-0"]
+    tls = FrontTls("CERT", "KEY", "CA", "AB:CD")
+    files = front.wanted_files(s, s.knobs, known, tls)
+    assert [(f.dest, f.operation()) for f in files[1:4]] == [
+        ("/etc/sparkrig/api-front.crt", (file_present, {"text": "CERT", "dest": files[1].dest})),
+        ("/etc/sparkrig/api-front.key", (secret_installed, {"text": "KEY", "dest": files[2].dest})),
+        ("/etc/sparkrig/api-ca.crt", (file_present, {"text": "CA", "dest": files[3].dest})),
+    ]
+    # HTTP, the head's key known by digest only: the include left alone, the TLS files removed
+    s = build(cluster(2, api_tls=False))["spark-0"]
     digest_only = Secret("", "held", sha256="0" * 64, holder="spark-0")
-    files = front.wanted_files(s, s.knobs, digest_only)
+    files = front.wanted_files(s, s.knobs, digest_only, None)
     http = "Remove the API front's TLS files while it serves HTTP"
     p = front.front_paths(s)
     site = {"text": front.site_text(s), "dest": front.SITE}
     assert [(f.name, f.operation()) for f in files] == [
         (http, (file_absent, {"path": p["tls_cert"]})),
         (http, (file_absent, {"path": p["tls_key"]})),
+        (http, (file_absent, {"path": p["tls_ca"]})),
         ("Install the API front's nginx site", (file_present, site)),
     ]
+    # a refused decision (a lost CA: preflight fails the head) leaves the TLS files alone
+    refused = front.wanted_files(s := build(cluster(2))["spark-0"], s.knobs, known, FrontTls())
+    assert [f.dest for f in refused] == ["/etc/sparkrig/api-front-key.conf", front.SITE]
     # api_auth off: the include removed
     s = build(cluster(2, api_auth=False))["spark-0"]
-    off = front.wanted_files(s, s.knobs, None)[0]
+    off = front.wanted_files(s, s.knobs, None, None)[0]
     assert off.operation() == (file_absent, {"path": "/etc/sparkrig/api-front-key.conf"})
 
 
@@ -114,10 +132,12 @@ def test_nginx_gets_a_restart_drop_in_that_comes_back_from_a_kill_and_gives_up_o
 def test_preflight_warns_when_the_key_would_cross_the_lan_in_clear(tmp_path) -> None:
     from sparkrig.preflight import in_clear
 
-    said = in_clear(build(cluster(2))["spark-0"])  # the defaults: plain HTTP to the private ranges
+    assert in_clear(build(cluster(2))["spark-0"]) is None  # the defaults: HTTPS, the pair's CA
+    said = in_clear(build(cluster(2, api_tls=False))["spark-0"])  # plain HTTP to private ranges
     assert said is not None and "the API key, every prompt and every answer" in said
-    assert "192.168.0.0/16" in said and "set tls_cert and tls_key" in said
-    assert in_clear(build(cluster(2, api_allow=["127.0.0.0/8", "::1/128"]))["spark-0"]) is None
+    assert "192.168.0.0/16" in said and "set api_tls = True" in said
+    loopback = ["127.0.0.0/8", "::1/128"]
+    assert in_clear(build(cluster(2, api_tls=False, api_allow=loopback))["spark-0"]) is None
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
     cert.write_text("cert")
     key.write_text("key")

@@ -146,11 +146,23 @@ def test_valid_cluster_gets_ranks_in_inventory_order():
         ),
         (
             lambda v: edit(v, "head", 0, tls_cert="certs/api.pem"),
-            "tls_cert is set alone: the front serves HTTPS with tls_cert and tls_key together",
+            "tls_cert is set alone: the front serves the operator's certificate with tls_cert",
         ),
         (
             lambda v: edit(v, "head", 0, tls_key="certs/api.key"),
             "tls_key is set alone",
+        ),
+        (
+            lambda v: edit(v, "head", 0, tls_cert="c.pem", tls_key="k.pem", api_tls=False),
+            "tls_cert is set while api_tls = False: the front serves plain HTTP then",
+        ),
+        (
+            lambda v: edit(v, "head", 0, api_tls_names=["*.lab.example"]),
+            "spark-0: api_tls_names: '*.lab.example' is neither a DNS name nor an IP address",
+        ),
+        (
+            lambda v: edit(v, "head", 0, api_tls=False),
+            "spark-1: api_tls: True differs from spark-0's False; it must be equal on every host",
         ),
         (
             lambda v: [
@@ -283,7 +295,7 @@ def test_pyinfra_host_data_and_per_host_keys_are_not_knobs_but_pass():
         "docker_identifier": "x",
         "chroot_directory": "/mnt",
     }
-    view = edit(cluster(2), "head", 0, roce_device="rocep1s0f1", api_url="http://h:8000")
+    view = edit(cluster(2), "head", 0, roce_device="rocep1s0f1", api_url="https://h:8000")
     view = edit(view, "worker", 0, uplink_interfaces=["enP7s7"], **pyinfra_data)
     assert build(view)["spark-1"].me.address == "10.0.0.1"
 
