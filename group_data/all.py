@@ -122,6 +122,9 @@ nccl_smoke_timeout_s = 300  # rendezvous + all-reduce limit of the smoke test
 nccl_smoke_bytes = 268435456  # 256 MiB per timed all-reduce, nccl-tests' plateau (docs/fabric.md)
 nccl_smoke_warmup = 5  # untimed all-reduces before the timed ones (nccl-tests' default -w)
 nccl_smoke_iters = 20  # timed all-reduces; their mean time gives busbw (nccl-tests' default -n)
+# a release whose engine loaded an NCCL build listed as known bad (sparkrig/runtime.py KNOWN_BAD,
+# each with its source) is refused before it serves; True serves on it anyway, warned
+nccl_known_bad_ok = False
 # The smoke test's all-reduce bus bandwidth floor, nccl-tests' busbw (docs/fabric.md "Bandwidth
 # floor"). Published: one RDMA function of the QSFP port 11.6-12.8 GB/s (himorishige/glm53-flash-
 # 2x-dgx-spark-recipe README; MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#172), both functions

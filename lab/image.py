@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tarfile
 import time
@@ -36,6 +37,16 @@ FAILING_TAG = "lab-failing"  # the same stand-in whose math gate fails (an upgra
 FAILING_ENV = "STANDIN_FAIL_GATES=math"
 SLOW_TAG = "lab-slow"  # the same stand-in, decode and prefill 30% slower (a bench gate refuses)
 SLOW_ENV = "STANDIN_SPEED=0.7"
+# the same stand-in whose engine maps pip's nvidia-nccl-cu13 2.28.9 build (a release refuses it:
+# sparkrig/runtime.py KNOWN_BAD); the others map one with DGX OS's libnccl2 2.28.9 build ID
+BAD_NCCL_TAG = "lab-bad-nccl"
+BAD_NCCL_ENV = "STANDIN_NCCL=pip"
+# The fake NCCL libraries: a real ELF of the guest's rootfs (libz) with the build ID of each
+# build, as vllm-project/vllm#41725 gives their prefixes, and NCCL's version banner appended
+FAKE_NCCL = {
+    "system": ("usr/lib/aarch64-linux-gnu/libnccl.so.2.28.9", "c0db9360"),
+    "pip": ("usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2", "a7f420a1"),
+}
 # The engine flavour each image answers as (lab/standin_flavour.py), baked into its config. The
 # images above are stock vLLM 0.33 (the vllm-nvfp4 stack's engine); one more image per flavour
 # (tag "flavour-<name>"), the same layer with only the flavour set.
@@ -210,6 +221,21 @@ def standin_files() -> dict[str, bytes]:
     return files
 
 
+def fake_nccl_files(rootfs: Path) -> dict[str, bytes]:
+    """/opt/standin/nccl/<build>/<its path's name>: each a copy of the rootfs's libz whose GNU
+    build ID note (namesz 4, descsz 20, type 3, "GNU") carries that build's prefix, with
+    "NCCL version 2.28.9+cuda13.0" appended (what the runtime reader looks for)."""
+    src = sorted((rootfs / "usr" / "lib").glob("*-linux-gnu/libz.so.1.*"))[0].read_bytes()
+    note = struct.pack("<III", 4, 20, 3) + b"GNU\0"
+    at = src.index(note) + len(note)
+    out = {}
+    for build, (path, prefix) in FAKE_NCCL.items():
+        desc = bytes.fromhex(prefix) + hashlib.sha256(build.encode()).digest()[:16]
+        data = src[:at] + desc + src[at + 20 :] + b"\0NCCL version 2.28.9+cuda13.0\0"
+        out[f"opt/standin/nccl/{build}/{Path(path).name}"] = data
+    return out
+
+
 def build_standin(base: Path, registry_root: Path) -> str:
     """Write the stand-in images into registry_root; return the stock image's manifest digest
     ("sha256:..."); the others' by tag_digest().
@@ -218,7 +244,7 @@ def build_standin(base: Path, registry_root: Path) -> str:
     its engine, its flavours) and a /usr/local/bin/vllm wrapper. Deterministic: same inputs, same
     digests."""
     rootfs = base / "rootfs"
-    files = standin_files()
+    files = {**standin_files(), **fake_nccl_files(rootfs)}
     key_src = hashlib.sha256(base.name.encode() + Path(__file__).read_bytes())
     for name, data in sorted(files.items()):
         key_src.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
@@ -259,6 +285,7 @@ def standin_refs(registry: str, registry_root: Path) -> dict[str, Any]:
         "image": ref(IMAGE_TAG),
         "image_failing": ref(FAILING_TAG),
         "image_slow": ref(SLOW_TAG),
+        "image_bad_nccl": ref(BAD_NCCL_TAG),
         "standin_images": flavours,
         "stack_images": {stack: flavours[f] for stack, f in STACK_FLAVOURS.items()},
         "image_never_ready": flavours["never-ready"],
@@ -305,6 +332,7 @@ def _build_layer(rootfs: Path, files: dict[str, bytes], cache: Path) -> None:
         (IMAGE_TAG, [stock]),
         (FAILING_TAG, [stock, FAILING_ENV]),
         (SLOW_TAG, [stock, SLOW_ENV]),
+        (BAD_NCCL_TAG, [stock, BAD_NCCL_ENV]),
     ]
     images += [(flavour_tag(f), [f"{FLAVOUR_ENV}={f}"]) for f in FLAVOURS]
     for tag, env in images:

@@ -261,6 +261,7 @@ def run(argv: list[str], environ: Any = os.environ) -> int:
 
 
 def main() -> int:
+    base.map_nccl()
     try:
         return run(sys.argv[1:])
     except KeyboardInterrupt:

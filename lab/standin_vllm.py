@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import re
 import secrets
@@ -924,7 +925,23 @@ def run_head(opts: Options, timeout: float, never_ready: bool = False) -> int:
     return 0
 
 
+NCCL_DIR = "/opt/standin/nccl"  # lab/image.py fake_nccl_files
+_MAPPED: list[object] = []  # kept open: a real engine keeps its libnccl mapped while it serves
+
+
+def map_nccl() -> None:
+    """Map a libnccl file as a real engine loads one (STANDIN_NCCL: "system", DGX OS's 2.28.9
+    build, the default; "pip": pip's, listed as known bad), so that `sparkhost runtime` finds it
+    in this process's /proc/<pid>/maps. An image without the files maps nothing."""
+    build = os.environ.get("STANDIN_NCCL", "system")
+    folder = os.path.join(NCCL_DIR, build)
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        with open(os.path.join(folder, name), "rb") as f:
+            _MAPPED.append(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+
+
 def main() -> int:
+    map_nccl()
     try:
         return run(sys.argv[1:])
     except KeyboardInterrupt:

@@ -93,6 +93,8 @@ class Release:
     baseline: tuple[tuple[str, str], ...] = ()
     # the release gate's short-bench figures on the pair (sparkrig/benchgate.py), the same way
     bench: tuple[tuple[str, Any], ...] = ()
+    # what the rank's engine loaded when it passed (sparkrig/runtime.py ``record_of``), likewise
+    runtime: tuple[tuple[str, Any], ...] = ()
     # the stack it serves (knob `stack`): a stack change is a release change even where the
     # image and revisions stay; a record from before stacks holds the first one's releases
     stack: str = DEFAULT_STACK
@@ -133,6 +135,8 @@ class Release:
             out["baseline"] = dict(self.baseline)
         if self.bench:
             out["bench"] = dict(self.bench)
+        if self.runtime:
+            out["runtime"] = dict(self.runtime)
         return out
 
 
@@ -153,10 +157,15 @@ def release_from(raw: Any) -> Release:
         profile=str(raw["profile"]),
         stack=str(raw.get("stack") or DEFAULT_STACK),
         files=tuple(sorted((str(p), str(h)) for p, h in files.items())),
-        fabric=tuple(sorted(raw["fabric"].items())) if isinstance(raw.get("fabric"), dict) else (),
+        fabric=_items(raw.get("fabric")),
         baseline=tuple(sorted((str(k), str(v)) for k, v in baseline.items())),
-        bench=tuple(sorted(raw["bench"].items())) if isinstance(raw.get("bench"), dict) else (),
+        bench=_items(raw.get("bench")),
+        runtime=_items(raw.get("runtime")),
     )
+
+
+def _items(raw: Any) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(raw.items())) if isinstance(raw, dict) else ()
 
 
 def record_text(releases: Sequence[Release]) -> str:
@@ -507,6 +516,7 @@ def record_stamped(
     keep: int,
     fabric: Callable[[], dict[str, Any] | None] | None = None,
     bench: Callable[[], dict[str, Any] | None] | None = None,
+    runtime: Callable[[], dict[str, Any] | None] | None = None,
 ) -> Generator[Any, None, None]:
     """
     Record ``release`` (run only after the gates passed) first in the rank's release record,
@@ -520,6 +530,7 @@ def record_stamped(
     + fabric: called when the operation runs: this run's NCCL smoke-test figure on the rank
       (sparkrig/busbw.py), None when none was measured (the recorded one of the release stays)
     + bench: likewise, the release gate's short-bench figures (sparkrig/benchgate.py)
+    + runtime: likewise, what the rank's engine loaded (sparkrig/runtime.py)
     """
     state = read_here("release", "paths")
     have = report_of(state)
@@ -532,11 +543,13 @@ def record_stamped(
     measured = fabric() if fabric is not None else None
     same = next((r for r in have.releases if r.identity == release.identity), None)
     benched = bench() if bench is not None else None
+    loaded = runtime() if runtime is not None else None
     now = replace(
         release,
         files=tuple(sorted(digests)),
         fabric=tuple(sorted(measured.items())) if measured else (same.fabric if same else ()),
         bench=tuple(sorted(benched.items())) if benched else (same.bench if same else ()),
+        runtime=tuple(sorted(loaded.items())) if loaded else (same.runtime if same else ()),
     )
     text = record_text(history(now, have.releases, keep))
     if not have.error and record_text(have.releases) == text:

@@ -220,6 +220,7 @@ class Knobs(BaseModel):
     nccl_smoke_warmup: int = _cluster(ge=0, le=1000)
     nccl_smoke_iters: int = _cluster(ge=1, le=10000)
     fabric_busbw_min_gbs: float = _cluster(ge=0)
+    nccl_known_bad_ok: bool = _cluster()
     fabric_ports_busbw_min_gbs: float = _cluster(ge=0)
     watchdog: bool
     watchdog_grace_s: int = Field(ge=0)

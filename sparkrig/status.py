@@ -21,6 +21,7 @@ from sparkrig.fabric import gid_table_command
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.paths import revision_dir
 from sparkrig.release import RECORD, Release, parse_record, record_path
+from sparkrig.runtime import runtime_text
 from sparkrig.serving import gpu_memory_utilization, memory_floor_gib
 from sparkrig.settings import Settings
 
@@ -97,6 +98,7 @@ class RankState:
     memtotal_kb: int = 0
     budgets: tuple[tuple[str, Budget], ...] = ()  # (helper, budget) of the head's helpers
     fabric: tuple[tuple[str, Any], ...] = ()  # the serving release's smoke-test figure
+    runtime: tuple[tuple[str, Any], ...] = ()  # what its engine loaded (sparkrig/runtime.py)
     probe: Probe | None = None  # the watchdog's last probe (files/sparkhost/wedge.py)
     gpu_clock_unit: str = ""  # ActiveState of sparkrig-gpu-clock.service (knob gpu_clock_max_mhz)
     gpu_sm_mhz: int | None = None  # the SM clock now, when nvidia-smi reports one
@@ -196,6 +198,7 @@ def parse_rank_state(lines: list[str]) -> RankState:
         weights_commit=raw.get("weights_commit", ""),
         weights_verified=_int(raw, "weights_verified") or 0,
         fabric=serving.fabric if serving is not None else (),
+        runtime=serving.runtime if serving is not None else (),
         baseline=baseline,
         recorded=serving.baseline if serving is not None else (),
         record_error=record_error,
@@ -434,7 +437,8 @@ def line(s: Settings, st: RankState, verified: str) -> str:
         f"rank{s.me.rank} {s.unit_name} {st.active}/{st.sub} since {st.since or '-'} | "
         f"image {st.image.rsplit(':', 1)[-1] or '-'} | {gid} | mtu {st.mtu} | "
         f"weights {st.weights_commit[:12] or '-'} verified {verified} | "
-        f"{figure_text(dict(st.fabric))} | gpu clock {gpu_clock_text(s, st)} | "
+        f"{figure_text(dict(st.fabric))} | {runtime_text(dict(st.runtime))} | "
+        f"gpu clock {gpu_clock_text(s, st)} | "
         f"MemFree {st.memfree_kb // 1024} MiB"
         + (
             f" (start floor {memfree_floor_kb(s, st.memtotal_kb) // 1024} MiB)"

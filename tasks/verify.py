@@ -33,6 +33,7 @@ from sparkrig.release import (
     wanted,
     weights_kept,
 )
+from sparkrig.runtime import readings, runtime_agreed, runtime_command, runtime_recorded
 from sparkrig.serving import (
     api_key_file,
     api_serving,
@@ -78,6 +79,27 @@ rolls_back.watch(
         command=boot,
         explain=why_command(settings),
         _if=lambda: (restart() or not was_running) and not rolls_back(),
+        _ignore_errors=bool(release_change),
+    ),
+)
+# What each rank's engine really loaded (the NCCL build, CUDA runtime, driver), read once the
+# head serves; the head refuses ranks on different NCCL builds or on a build listed as known bad
+# (sparkrig/runtime.py), before the gates, and an upgrade refused so rolls back.
+runtime_recorded(
+    name="Read the NCCL, CUDA runtime and driver the engine loaded",
+    command=runtime_command(settings),
+    _if=lambda: not rolls_back(),
+)
+in_run = [r.name for r in settings.ranks if inventory.get_host(r.name) in state.activated_hosts]
+rolls_back.watch(
+    "runtime",
+    on_head(
+        is_head,
+        runtime_agreed,
+        name="Refuse a release whose ranks loaded different or known-bad NCCL builds",
+        ranks=in_run,
+        known_bad_ok=knobs.nccl_known_bad_ok,
+        _if=lambda: not rolls_back(),
         _ignore_errors=bool(release_change),
     ),
 )
@@ -135,6 +157,7 @@ record_stamped(
     keep=knobs.keep_releases,
     fabric=smoke_figures().figure_of(host.name),
     bench=benched.figure,
+    runtime=readings().of(host.name),
     _if=lambda: head_in_run,
 )
 old_images_pruned(

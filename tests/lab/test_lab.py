@@ -1103,6 +1103,32 @@ def unit(guest) -> str:
     return "sparkrig-head" if guest.role == "head" else "sparkrig-worker"
 
 
+def test_an_upgrade_whose_engine_loads_a_known_bad_nccl_build_is_refused_and_rolled_back(
+    lab: Lab,
+):
+    """The stand-in's bad-NCCL variant (STANDIN_NCCL=pip: its engine maps a libnccl with pip's
+    2.28.9 build ID, lab/image.py) boots and would pass every gate; the ranks' runtime reading
+    refuses it before the gates, naming the file and the build, and the previous release serves
+    again. The kept release says what its engines loaded (DGX OS's build of the stand-in)."""
+    head = lab.head
+    assert serving(head)
+    kept = json.loads(head.sh("cat /etc/sparkrig/release.json"))["releases"][0]["runtime"]
+    assert kept["nccl"] == ["2.28.9 build c0db9360 /opt/standin/nccl/system/libnccl.so.2.28.9"]
+    record = head.sh("cat /etc/sparkrig/release.json")
+    bad = lab_state().get("image_bad_nccl")
+    assert bad, "a lab built before the bad-NCCL image variant: python3 -m lab down && up"
+    r = pyinfra("-y", INV, "deploy.py", "--data", f"base_image={bad}")
+    assert r.rc != 0, r.output[-4000:]
+    assert "upgrade failed (" in r.output and "runtime: " in r.output, r.output[-4000:]
+    assert "its engine loaded pip's nvidia-nccl-cu13 2.28.9" in r.output, r.output[-4000:]
+    assert "/opt/standin/nccl/pip/libnccl.so.2 (Build ID a7f420a1" in r.output
+    assert "passed the four gates and serves again" in r.output
+    assert serving(head)
+    assert head.sh("cat /etc/sparkrig/release.json") == record  # nothing recorded
+    r = pyinfra("-y", INV, "deploy.py")  # back to the recorded release: changes nothing else
+    assert r.rc == 0, r.output[-4000:]
+
+
 def test_an_upgrade_30_percent_slower_is_rolled_back_naming_both_figures(lab: Lab):
     """Issue 23 item 3: the first converge recorded the short bench's figures as the baseline
     (sparkrig/benchgate.py, run from this machine through the forwarded API port); an upgrade to

@@ -173,6 +173,25 @@ RANK_STATUS = re.compile(r"echo \"gid_env=\$\(sed ")  # status.py's one read per
 WHY = re.compile(r"^/usr/bin/python3 \S+/lib/sparkhost why --unit \S+ .* 2>&1 \|\| true$")
 WHY_SAYS = ["why: firewall: nothing dropped on the fabric", "why: peer 192.168.100.10: beacon up"]
 RANK_RUNTIME = re.compile(r'^echo "container=\$\(timeout 20 docker inspect ')  # serving.RankRuntime
+# what a rank's engine loaded (sparkhost runtime): DGX OS's libnccl2 2.28.9
+ENGINE_RUNTIME = re.compile(r"^/usr/bin/python3 \S+/lib/sparkhost runtime --container ")
+RUNTIME_SAYS = {
+    "processes": 12,
+    "nccl": [
+        {
+            "path": "/usr/lib/aarch64-linux-gnu/libnccl.so.2.28.9",
+            "version": "2.28.9",
+            "cuda": "13.0",
+            "build_id": "c0db9360" + "0" * 32,
+            "sha256": "5" * 64,
+            "bytes": 190 << 20,
+        }
+    ],  # fmt: skip
+    "cudart": [{"path": "/usr/local/cuda/lib64/libcudart.so.13", "version": "13"}],
+    "driver": "580.95.05",
+    "cma_total_kb": 0,
+    "cma_free_kb": 0,
+}
 PAIR_SECRET = re.compile(r"^if \[ -s /etc/sparkrig/pair-token \]; then sha256sum ")  # its digest
 API_KEY = re.compile(r"^if \[ -s /etc/sparkrig/api-key \]; then sha256sum ")  # the head's key's
 API_KEY_ENV = re.compile(r"^if \[ -s /etc/sparkrig/api-key.env \]; then sha256sum ")  # vLLM's
@@ -427,6 +446,7 @@ def bare(ip: str) -> dict[Any, Any]:
         API_KEY: held(""),  # no API key installed
         API_KEY_ENV: [END],
         FRONT_CERT: [END],
+        ENGINE_RUNTIME: [json.dumps(RUNTIME_SAYS)],
         SECRET_WRITE: "",
         RELEASE: release_state(),  # no release record, weights_dir empty
         BASELINE: baseline_report(),  # DGX OS as shipped: nothing held, no KHO in the kernel
@@ -777,6 +797,7 @@ def converged(
     canned[FIREWALL_COUNTERS] = firewall_listing(s) if s.knobs.firewall else ["table=absent"]
     canned[RELEASE] = converged_release(s, owned)
     canned[WHY] = WHY_SAYS
+    canned[ENGINE_RUNTIME] = [json.dumps(RUNTIME_SAYS)]
     canned[RANK_STATUS] = rank_status(
         unit_ActiveState="active",
         unit_SubState="running",
@@ -813,9 +834,13 @@ def converged_release(
 
     from sparkrig.baseline import parse_baseline
     from sparkrig.release import record_text, wanted
+    from sparkrig.runtime import record_of
 
     fields = parse_baseline(baseline or baseline_report()).fields()
-    now = replace(wanted(s, release_shas(s, owned)), baseline=tuple(sorted(fields.items())))
+    loaded = tuple(sorted((record_of(RUNTIME_SAYS) or {}).items()))
+    now = replace(
+        wanted(s, release_shas(s, owned)), baseline=tuple(sorted(fields.items())), runtime=loaded
+    )
     releases = (now, *older)
     dirs = sorted({f"dir {name}" for r in releases for name in r.weights})
     return release_state(record_text(releases), tuple(dirs))

@@ -82,7 +82,8 @@ def test_the_first_release_records_its_figures_as_the_baseline(monkeypatch):
     r = apply(monkeypatch)  # bare hosts: a first install
     assert r.exit_code == 0, r.output[-3000:]
     assert len(fakebench.CALLS) == 1
-    assert fakebench.CALLS[0].url == "http://@fake/spark-a:8000"  # no ssh_hostname: its name
+    assert fakebench.CALLS[0].url == "https://@fake/spark-a:8000"  # no ssh_hostname: its name
+    assert fakebench.CALLS[0].ca_file == f"{fakehosts.TLS_DIR}/ca.crt"  # verified: the pair's CA
     for name in (HEAD, WORKER):
         (release,) = uploaded_record(r, name)
         assert bench_of(release) == {**PREVIOUS, "decode_tok_s.4": 80.0}
@@ -107,9 +108,9 @@ def test_an_upgrade_from_a_release_recorded_before_the_gate_makes_the_baseline(m
 
 
 def test_the_api_url_host_data_is_where_the_bench_goes(monkeypatch):
-    r = apply(monkeypatch, "--data", "api_url=http://127.0.0.1:28000/")
+    r = apply(monkeypatch, "--data", "api_url=https://127.0.0.1:28000/")
     assert r.exit_code == 0, r.output[-3000:]
-    assert [c.url for c in fakebench.CALLS] == ["http://127.0.0.1:28000"]
+    assert [c.url for c in fakebench.CALLS] == ["https://127.0.0.1:28000"]
 
 
 def test_the_knob_off_skips_the_bench_and_promotes_on_the_gates_alone(monkeypatch):

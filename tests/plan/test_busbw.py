@@ -84,7 +84,7 @@ def test_status_shows_the_serving_releases_figure(monkeypatch):
     rank_lines("spark-a", release_record=text.replace("\n", ""))
     r = status(monkeypatch)
     assert r.exit_code == 0, r.output
-    assert "| busbw 12.1 GB/s (NET/IB, 256 MiB x 20) | gpu clock" in r.output
+    assert "| busbw 12.1 GB/s (NET/IB, 256 MiB x 20) | nccl " in r.output
 
 
 def test_a_run_that_measures_nothing_keeps_the_recorded_figure(monkeypatch):

@@ -26,6 +26,7 @@ DOMAINS = {
     "owned",  # files, secrets, programs, directories and units sparkrig owns
     "release",  # release record, keep/restore, rollback
     "benchgate",  # the release's bench gate: the short bench against the previous figures
+    "runtime",  # the NCCL, CUDA runtime and driver each rank's engine loaded, judged on the head
     "stackfiles",  # the stack's own files (a chat template): fetched by the head, mounted
     "pairsecret",  # the agents' secret and the API key on a rank
     "secretio",  # secrets written through stdin, judged by digest, relayed at apply time
