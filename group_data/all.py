@@ -34,6 +34,12 @@ keep_releases = 2  # releases (image, weights) kept after an upgrade passed its 
 bench_gate = True  # a changed release must reach 1 - bench_tolerance of the previous one's bench
 bench_tolerance = 0.10  # share a bench figure may fall below the previous release's (bench.md)
 bench_timeout_s = 1800  # the gate's short bench, run from the control machine, must end by then
+# The soak gate (docs/operating.md "Soak"): a changed (or first) release is held under load on the
+# head after the gates. 30 min x 4 streams: pip's NCCL 2.28.9 wedged a TP=2 pair of Sparks after
+# 20-26 minutes of 4-way load (vllm-project/vllm#42354, #41725)
+soak_minutes = 30  # 0: no soak
+soak_streams = 4  # concurrent completions through the API front
+soak_floor = 0.5  # a whole minute decoding under this share of the first minute's tokens fails
 
 # --- install paths on the nodes ---------------------------------------------------------------
 install_dir = "/opt/sparkrig"  # helper programs and patch files

@@ -41,6 +41,9 @@ SLOW_ENV = "STANDIN_SPEED=0.7"
 # sparkrig/runtime.py KNOWN_BAD); the others map one with DGX OS's libnccl2 2.28.9 build ID
 BAD_NCCL_TAG = "lab-bad-nccl"
 BAD_NCCL_ENV = "STANDIN_NCCL=pip"
+# the same stand-in, wedged after a dozen completions: past the gates, inside the soak gate's load
+WEDGE_SOAK_TAG = "lab-wedge-soak"
+WEDGE_SOAK_ENV = ["STANDIN_MODE=wedged", "STANDIN_WEDGE_AFTER=12"]
 # The fake NCCL libraries: a real ELF of the guest's rootfs (libz) with the build ID of each
 # build, as vllm-project/vllm#41725 gives their prefixes, and NCCL's version banner appended
 FAKE_NCCL = {
@@ -286,6 +289,7 @@ def standin_refs(registry: str, registry_root: Path) -> dict[str, Any]:
         "image_failing": ref(FAILING_TAG),
         "image_slow": ref(SLOW_TAG),
         "image_bad_nccl": ref(BAD_NCCL_TAG),
+        "image_wedges_in_soak": ref(WEDGE_SOAK_TAG),
         "standin_images": flavours,
         "stack_images": {stack: flavours[f] for stack, f in STACK_FLAVOURS.items()},
         "image_never_ready": flavours["never-ready"],
@@ -333,6 +337,7 @@ def _build_layer(rootfs: Path, files: dict[str, bytes], cache: Path) -> None:
         (FAILING_TAG, [stock, FAILING_ENV]),
         (SLOW_TAG, [stock, SLOW_ENV]),
         (BAD_NCCL_TAG, [stock, BAD_NCCL_ENV]),
+        (WEDGE_SOAK_TAG, [stock, *WEDGE_SOAK_ENV]),
     ]
     images += [(flavour_tag(f), [f"{FLAVOUR_ENV}={f}"]) for f in FLAVOURS]
     for tag, env in images:

@@ -44,6 +44,8 @@ _knobs = {
     "watchdog_fails": 3,
     "watchdog_stall_s": 60,  # tests/lab STALL_S: the wedge is timed against it
     "ready_timeout_s": 180,  # <= watchdog_grace_s (settings.py); the stand-in boots in ~1 min
+    # the soak gate lab-sized: past the stand-in's wedge and one watchdog_stall_s, not 30 minutes
+    "soak_minutes": 2,
 }
 if "api_forward_port" not in _state:  # a lab from before the API forward: no bench reaches it
     _knobs["bench_gate"] = False

@@ -95,6 +95,8 @@ class Release:
     bench: tuple[tuple[str, Any], ...] = ()
     # what the rank's engine loaded when it passed (sparkrig/runtime.py ``record_of``), likewise
     runtime: tuple[tuple[str, Any], ...] = ()
+    # the soak gate's figure on the pair (sparkrig/soakgate.py), likewise
+    soak: tuple[tuple[str, Any], ...] = ()
     # the stack it serves (knob `stack`): a stack change is a release change even where the
     # image and revisions stay; a record from before stacks holds the first one's releases
     stack: str = DEFAULT_STACK
@@ -137,6 +139,8 @@ class Release:
             out["bench"] = dict(self.bench)
         if self.runtime:
             out["runtime"] = dict(self.runtime)
+        if self.soak:
+            out["soak"] = dict(self.soak)
         return out
 
 
@@ -161,6 +165,7 @@ def release_from(raw: Any) -> Release:
         baseline=tuple(sorted((str(k), str(v)) for k, v in baseline.items())),
         bench=_items(raw.get("bench")),
         runtime=_items(raw.get("runtime")),
+        soak=_items(raw.get("soak")),
     )
 
 
@@ -517,6 +522,7 @@ def record_stamped(
     fabric: Callable[[], dict[str, Any] | None] | None = None,
     bench: Callable[[], dict[str, Any] | None] | None = None,
     runtime: Callable[[], dict[str, Any] | None] | None = None,
+    soak: Callable[[], dict[str, Any] | None] | None = None,
 ) -> Generator[Any, None, None]:
     """
     Record ``release`` (run only after the gates passed) first in the rank's release record,
@@ -531,6 +537,7 @@ def record_stamped(
       (sparkrig/busbw.py), None when none was measured (the recorded one of the release stays)
     + bench: likewise, the release gate's short-bench figures (sparkrig/benchgate.py)
     + runtime: likewise, what the rank's engine loaded (sparkrig/runtime.py)
+    + soak: likewise, the soak gate's figure (sparkrig/soakgate.py)
     """
     state = read_here("release", "paths")
     have = report_of(state)
@@ -544,12 +551,14 @@ def record_stamped(
     same = next((r for r in have.releases if r.identity == release.identity), None)
     benched = bench() if bench is not None else None
     loaded = runtime() if runtime is not None else None
+    soaked = soak() if soak is not None else None
     now = replace(
         release,
         files=tuple(sorted(digests)),
         fabric=tuple(sorted(measured.items())) if measured else (same.fabric if same else ()),
         bench=tuple(sorted(benched.items())) if benched else (same.bench if same else ()),
         runtime=tuple(sorted(loaded.items())) if loaded else (same.runtime if same else ()),
+        soak=tuple(sorted(soaked.items())) if soaked else (same.soak if same else ()),
     )
     text = record_text(history(now, have.releases, keep))
     if not have.error and record_text(have.releases) == text:

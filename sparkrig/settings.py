@@ -247,6 +247,9 @@ class Knobs(BaseModel):
     bench_gate: bool = _cluster()
     bench_tolerance: float = _cluster(ge=0, lt=1)
     bench_timeout_s: int = _cluster(ge=10)
+    soak_minutes: float = _cluster(ge=0, le=1440)
+    soak_streams: int = _cluster(ge=1, le=256)
+    soak_floor: float = _cluster(ge=0, le=1)
 
     @model_validator(mode="before")
     @classmethod

@@ -42,6 +42,7 @@ from sparkrig.serving import (
     why_command,
 )
 from sparkrig.settings import api_ca_file, api_url, current
+from sparkrig.soakgate import release_soak_held, soak_command, soak_figures
 from tasks.rollback import roll_back
 
 settings = current()
@@ -145,6 +146,24 @@ rolls_back.watch(
         _ignore_errors=bool(release_change),
     ),
 )
+# Then the soak: the same release held under soak_streams of load for soak_minutes on the head
+# (sparkrig/soakgate.py), judged by the watchdog's rule; a wedge or a slow minute rolls back too.
+soak_wanted = knobs.soak_minutes > 0 and head_in_run and (bool(release_change) or serving is None)
+soaked = soak_figures()
+rolls_back.watch(
+    "soak",
+    soaked.watch(
+        host.name,
+        on_head(
+            is_head,
+            release_soak_held,
+            name="Hold the new release under load for soak_minutes",
+            command=soak_command(settings),
+            _if=lambda: soak_wanted and not rolls_back(),
+            _ignore_errors=bool(release_change),
+        ),
+    ),
+)
 roll_back(settings, release_change, record, boot, gates)
 
 kept = history(wanted(settings), record.releases, knobs.keep_releases)
@@ -158,6 +177,7 @@ record_stamped(
     fabric=smoke_figures().figure_of(host.name),
     bench=benched.figure,
     runtime=readings().of(host.name),
+    soak=soaked.figure_of(settings.head.name),
     _if=lambda: head_in_run,
 )
 old_images_pruned(

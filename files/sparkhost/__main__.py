@@ -23,6 +23,7 @@ JOBS = {  # job -> module that runs it (its main(argv) -> exit status)
     "pair": "pair",  # stop-together, agent, supervisor, watchdog, ordered restart
     "why": "why",  # what explains a rank that did not start (firewall drops, addresses, ...)
     "nccl-smoke": "nccl_smoke",  # one all-reduce in the serving image (runs in the container)
+    "soak": "soak",  # a new release held under concurrent load (the release's soak gate)
     "runtime": "runtime",  # the NCCL, CUDA runtime and driver the rank's engine loaded
 }
 

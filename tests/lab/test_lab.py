@@ -1112,8 +1112,12 @@ def test_an_upgrade_whose_engine_loads_a_known_bad_nccl_build_is_refused_and_rol
     again. The kept release says what its engines loaded (DGX OS's build of the stand-in)."""
     head = lab.head
     assert serving(head)
-    kept = json.loads(head.sh("cat /etc/sparkrig/release.json"))["releases"][0]["runtime"]
+    serving_release = json.loads(head.sh("cat /etc/sparkrig/release.json"))["releases"][0]
+    kept = serving_release["runtime"]
     assert kept["nccl"] == ["2.28.9 build c0db9360 /opt/standin/nccl/system/libnccl.so.2.28.9"]
+    soak = serving_release["soak"]  # the first release held the lab's 2-minute soak
+    print(f"soak of the serving release: {soak}")
+    assert soak["stalls"] == 0 and soak["failed"] == 0 and soak["requests"] > 0
     record = head.sh("cat /etc/sparkrig/release.json")
     bad = lab_state().get("image_bad_nccl")
     assert bad, "a lab built before the bad-NCCL image variant: python3 -m lab down && up"
@@ -1126,6 +1130,30 @@ def test_an_upgrade_whose_engine_loads_a_known_bad_nccl_build_is_refused_and_rol
     assert serving(head)
     assert head.sh("cat /etc/sparkrig/release.json") == record  # nothing recorded
     r = pyinfra("-y", INV, "deploy.py")  # back to the recorded release: changes nothing else
+    assert r.rc == 0, r.output[-4000:]
+
+
+def test_an_upgrade_that_wedges_under_the_soak_is_rolled_back_naming_the_minute(lab: Lab):
+    """The stand-in's variant that wedges after a dozen completions passes the gates, then
+    wedges under the soak gate's four streams; the soak judges it by the watchdog's rule (the
+    lab's watchdog_stall_s, 60 s), names the minute, and the previous release serves again.
+    The bench gate is off here, so the wedge lands in the soak, not in the short bench."""
+    head = lab.head
+    assert serving(head)
+    record = head.sh("cat /etc/sparkrig/release.json")
+    wedges = lab_state().get("image_wedges_in_soak")
+    assert wedges, "a lab built before the soak's wedging variant: python3 -m lab down && up"
+    r = pyinfra("-y", INV, "deploy.py", "--data", f"base_image={wedges}", "--data",
+                "bench_gate=False")  # fmt: skip
+    assert r.rc != 0, r.output[-4000:]
+    m = re.search(r"soak failed at minute (\d+): wedged: ", r.output)
+    assert m, r.output[-4000:]
+    print(f"soak: wedged in minute {m[1]} of 2")
+    assert "upgrade failed (" in r.output and "soak: " in r.output
+    assert "passed the four gates and serves again" in r.output
+    assert serving(head)
+    assert head.sh("cat /etc/sparkrig/release.json") == record  # nothing recorded
+    r = pyinfra("-y", INV, "deploy.py")
     assert r.rc == 0, r.output[-4000:]
 
 

@@ -175,6 +175,10 @@ WHY_SAYS = ["why: firewall: nothing dropped on the fabric", "why: peer 192.168.1
 RANK_RUNTIME = re.compile(r'^echo "container=\$\(timeout 20 docker inspect ')  # serving.RankRuntime
 # what a rank's engine loaded (sparkhost runtime): DGX OS's libnccl2 2.28.9
 ENGINE_RUNTIME = re.compile(r"^/usr/bin/python3 \S+/lib/sparkhost runtime --container ")
+SOAK = re.compile(r"^/usr/bin/python3 \S+/lib/sparkhost soak ")  # the release's soak gate
+SOAK_HELD = {"ok": True, "minute": None, "detail": "held 30 min under 4 streams", "requests": 1210,
+             "failed": 0, "tokens": 77440, "tok_s": 43.02, "p50_s": 5.61, "p99_s": 7.9,
+             "stalls": 0, "minutes": 30, "streams": 4}  # fmt: skip
 RUNTIME_SAYS = {
     "processes": 12,
     "nccl": [
@@ -447,6 +451,7 @@ def bare(ip: str) -> dict[Any, Any]:
         API_KEY_ENV: [END],
         FRONT_CERT: [END],
         ENGINE_RUNTIME: [json.dumps(RUNTIME_SAYS)],
+        SOAK: ["soak: 4 streams for 30 min", json.dumps(SOAK_HELD)],
         SECRET_WRITE: "",
         RELEASE: release_state(),  # no release record, weights_dir empty
         BASELINE: baseline_report(),  # DGX OS as shipped: nothing held, no KHO in the kernel
@@ -798,6 +803,7 @@ def converged(
     canned[RELEASE] = converged_release(s, owned)
     canned[WHY] = WHY_SAYS
     canned[ENGINE_RUNTIME] = [json.dumps(RUNTIME_SAYS)]
+    canned[SOAK] = ["soak: 4 streams for 30 min", json.dumps(SOAK_HELD)]
     canned[RANK_STATUS] = rank_status(
         unit_ActiveState="active",
         unit_SubState="running",

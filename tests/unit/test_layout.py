@@ -27,6 +27,7 @@ DOMAINS = {
     "release",  # release record, keep/restore, rollback
     "benchgate",  # the release's bench gate: the short bench against the previous figures
     "runtime",  # the NCCL, CUDA runtime and driver each rank's engine loaded, judged on the head
+    "soakgate",  # the release's soak: concurrent load on the head, judged by the watchdog's rule
     "stackfiles",  # the stack's own files (a chat template): fetched by the head, mounted
     "pairsecret",  # the agents' secret and the API key on a rank
     "secretio",  # secrets written through stdin, judged by digest, relayed at apply time
