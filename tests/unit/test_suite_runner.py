@@ -15,7 +15,7 @@ def test_make_test_runs_each_process_under_its_bound():
     """`make -n test` prints what it would run, running nothing."""
     out = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True,
                          check=True)  # fmt: skip
-    for name, bound in (("fast", 720), ("plan", 960), ("install", 960), ("lab", 3600)):
+    for name, bound in (("fast", 1200), ("plan", 1200), ("install", 1200), ("lab", 3600)):
         assert f"scripts/suite.sh {name} {bound} " in out.stdout, name
 
 
