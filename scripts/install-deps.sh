@@ -55,7 +55,7 @@ pip_install -r requirements-test.txt || fail "requirements-test.txt could not be
 pip_install torch==2.13.0 ||
   fail "torch==2.13.0 could not be installed; the UTF-8 guard and NCCL smoke tests need it"
 # Every import the suite needs, checked once, loudly (a broken wheel fails here, not as a skip).
-"$PY" -c 'import torch' && "$PY" -c 'import pytest, ruff, mypy' ||
+"$PY" -c 'import torch' && "$PY" -c 'import pytest, pytest_timeout, ruff, mypy' ||
   fail "a Python dependency of the suite does not import (see above)"
 # --- vLLM (serving checks): the pinned real package, CPU-only, no CUDA torch ----------------------
 # tests/serving parse every profile's argv with vLLM's own `vllm serve` parser and load the UTF-8

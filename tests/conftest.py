@@ -27,8 +27,23 @@ def is_plan(item: pytest.Item) -> bool:
     return item.nodeid.startswith(PLAN)
 
 
+# pytest-timeout's bound for one test (pyproject: timeout = 600 s) suits the quick suites; a lab
+# test boots or converges VMs under qemu TCG (the first one holds the lab's boot; a first converge
+# took 26 min on the loaded lab, docs/lab.md), an install test fills fresh venvs from the index.
+# A marker of the test's own (@pytest.mark.timeout) wins.
+LAB_TIMEOUT_S = 2700
+INSTALL_TIMEOUT_S = 1800
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=is_plan)  # stable: the plan tests last, each group in its own order
+    for item in items:
+        if item.get_closest_marker("timeout") is not None:
+            continue
+        if item.get_closest_marker("lab") is not None:
+            item.add_marker(pytest.mark.timeout(LAB_TIMEOUT_S))
+        elif item.get_closest_marker("install") is not None:
+            item.add_marker(pytest.mark.timeout(INSTALL_TIMEOUT_S))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -7,8 +7,9 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import requests
@@ -99,6 +100,27 @@ def stream(url: str, body: dict[str, Any], out: list[Any]) -> None:
         out.append(exc)
 
 
+T = TypeVar("T")
+WAIT_S = 30.0  # how long a test waits for what it expects: a bound on a hang, never a speed
+
+
+def wait_for(what: str, read: Callable[[], T], done: Callable[[T], object]) -> T:
+    """``read()`` again until ``done`` holds for what it returned (that value), failing with the
+    last one after WAIT_S: the tests wait for an event, never for a time."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        got = read()
+        if done(got):
+            return got
+        assert time.monotonic() < deadline, f"{what}: never within {WAIT_S:g} s; last {got}"
+        time.sleep(0.02)
+
+
+def in_prefill(m: dict[str, float]) -> bool:
+    """The request is in the engine and has not reached its first token."""
+    return m["vllm:num_requests_running"] == 1 and m["vllm:generation_tokens_total"] == 0
+
+
 def forced(prompt: str, n: int) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": n,
             "min_tokens": n, "ignore_eos": True, "stream": True,
@@ -107,18 +129,23 @@ def forced(prompt: str, n: int) -> dict[str, Any]:
 
 def test_counters_move_as_vllms_the_prompt_once_at_the_first_token(tmp_path: Path) -> None:
     vllm_package("prometheus_client")  # metrics() parses with it
-    flags = ("--standin-decode-tok-s", "50", "--standin-prefill-tok-s", "1000",
+    # a 3 s prefill in 256-token chunks (one every 0.5 s): two reports of it, each the first
+    # that shows one more chunk, are read inside it however slowly this machine answers
+    flags = ("--standin-decode-tok-s", "50", "--standin-prefill-tok-s", "500",
              "--max-num-batched-tokens", "256")  # fmt: skip
     with standin(tmp_path, *flags) as url:
         out: list[Any] = []
         t = threading.Thread(target=stream, args=(url, forced("word " * 1500, 25), out))
         t.start()
-        time.sleep(0.6)  # inside the 1.5 s prefill
-        m1 = metrics(url)
-        time.sleep(0.5)
-        m2 = metrics(url)
+        kv = "vllm:kv_cache_usage_perc"
+        m1 = wait_for(
+            "the first chunk", lambda: metrics(url), lambda m: m[kv] > 0 or not t.is_alive()
+        )
+        m2 = wait_for("the next chunk", lambda: metrics(url),
+                      lambda m: m[kv] != m1[kv] or not t.is_alive())  # fmt: skip
         t.join()
         m3 = metrics(url)
+    assert in_prefill(m1) and in_prefill(m2), (m1, m2)  # both read before the first token
     assert m1["vllm:num_requests_running"] == 1 and m1["vllm:num_requests_waiting"] == 0
     assert m1["vllm:prompt_tokens_total"] == m2["vllm:prompt_tokens_total"] == 0
     assert m2["vllm:generation_tokens_total"] == 0
@@ -141,13 +168,14 @@ def test_wedged_health_200_no_token_ever_counters_frozen(tmp_path: Path) -> None
         out: list[Any] = []
         t = threading.Thread(target=stream, args=(url, forced("hello", 10), out), daemon=True)
         t.start()
-        time.sleep(1.5)
+        wait_for("the headers", lambda: list(out), bool)
+        time.sleep(1.0)  # where a token would come at 1000 tok/s (a late one is not seen)
         assert requests.get(url + "/health", timeout=5).status_code == 200
         assert out == [200]  # accepted, headers sent, not one chunk
         frozen = metrics(url)
         more: list[Any] = []  # no engine step reports it: the gauges stay at the last report
         threading.Thread(target=stream, args=(url, forced("again", 10), more), daemon=True).start()
-        time.sleep(0.5)
+        wait_for("the second request's headers", lambda: list(more), bool)
         assert metrics(url) == frozen and more == [200]
     assert frozen["vllm:generation_tokens_total"] == before["vllm:generation_tokens_total"] == 10
     assert frozen["vllm:prompt_tokens_total"] == before["vllm:prompt_tokens_total"]
@@ -163,7 +191,8 @@ def test_sigusr1_wedges_a_serving_engine(tmp_path: Path) -> None:
         time.sleep(0.3)
         out: list[Any] = []
         threading.Thread(target=stream, args=(url, forced("hello", 5), out), daemon=True).start()
-        time.sleep(1.0)
+        wait_for("the headers", lambda: list(out), bool)
+        time.sleep(0.5)  # where the tokens would come at 1000 tok/s (late ones are not seen)
         assert out == [200] and requests.get(url + "/health", timeout=5).status_code == 200
 
 
@@ -176,14 +205,16 @@ def test_long_prefill_no_token_and_no_counter_move_until_it_ends(tmp_path: Path)
         t0 = time.monotonic()
         t = threading.Thread(target=stream, args=(url, forced("hello there", 5), out))
         t.start()
-        time.sleep(0.6)
-        early = metrics(url)
-        time.sleep(0.6)
-        during = metrics(url)
+        kv = "vllm:kv_cache_usage_perc"
+        early = wait_for("the first chunk", lambda: metrics(url),
+                         lambda m: m[kv] > 0 or not t.is_alive())  # fmt: skip
+        during = wait_for("the next chunk", lambda: metrics(url),
+                          lambda m: m[kv] != early[kv] or not t.is_alive())  # fmt: skip
         t.join()
         elapsed = time.monotonic() - t0
         after = metrics(url)
     assert elapsed >= 2.0
+    assert in_prefill(early) and in_prefill(during), (early, during)
     assert during["vllm:num_requests_running"] == 1 and during["vllm:prompt_tokens_total"] == 0
     # the engine steps on: KV usage grows chunk by chunk (what a watchdog can tell a wedge by)
     assert 0 < early["vllm:kv_cache_usage_perc"] < during["vllm:kv_cache_usage_perc"]

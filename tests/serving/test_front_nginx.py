@@ -33,6 +33,9 @@ pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx not installed (inst
 KEY = "0123456789abcdef" * 3  # a key as sparkrig makes one (secrets.token_hex(24))
 ORIGIN = "https://app.example.org"
 OPEN_ROUTES = ("/invocations", "/tokenize", "/v1/models", "/metrics", "/docs")
+# How long the engine's stream waits for the client to read an event, and the client for the
+# next one: bounds on a hang, never a speed to meet (a held event fails at READ_WAIT_S)
+STREAM_WAIT_S, READ_WAIT_S = 60.0, 30.0
 
 
 def settings(**knobs: Any) -> Settings:
@@ -45,10 +48,14 @@ def settings(**knobs: Any) -> Settings:
 class Engine:
     """The engine's stand-in on 127.0.0.1: answers every route 200 (as vLLM answers /invocations,
     /tokenize, /metrics and /docs without its key), says CORS '*' (the front must hide it),
-    streams /v1/stream as three SSE events 0.5 s apart, and records what reached it."""
+    streams /v1/stream as three SSE events, each after the client said it read the one before
+    (``client_read``), and records what reached it."""
 
     def __init__(self, port: int) -> None:
         seen = self.seen = []  # type: list[tuple[str, str, str | None]]
+        # released by the test per event it read: the stream's next event waits on it, so an
+        # event held by the front never lets the stream go on (no clock decides)
+        client_read = self.client_read = threading.Semaphore(0)
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -66,7 +73,8 @@ class Engine:
                         data = f"data: {i}\n\n".encode()
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                         self.wfile.flush()
-                        time.sleep(0.5)
+                        if i < 2:  # the stream ends without the client after STREAM_WAIT_S
+                            client_read.acquire(timeout=STREAM_WAIT_S)
                     self.wfile.write(b"0\r\n\r\n")
                     return
                 body = json.dumps({"path": self.path}).encode()
@@ -239,25 +247,34 @@ def test_every_spelling_around_a_keyed_route_is_refused_and_reaches_nothing(
 
 
 def test_streaming_chunks_arrive_unbuffered(stack: tuple[Engine, int]) -> None:
-    """Each SSE event reaches the client when the engine sends it. (nginx 1.22 passed them on
-    in time here with proxy_buffering on too, so the site's directives are also checked as
-    text: tests/unit/test_front.py.)"""
-    _, port = stack
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    t0 = time.monotonic()
+    """Each SSE event reaches the client while the stream is still open: the engine sends the
+    next event only once the client has read the one before, so a front that held events back
+    (until its buffer filled or the response ended) leaves the client waiting for the first one
+    and the engine waiting for the client. (nginx 1.22 passed them on in time here with
+    proxy_buffering on too, so the site's directives are also checked as text:
+    tests/unit/test_front.py.)"""
+    engine, port = stack
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=READ_WAIT_S)
     conn.request("GET", "/v1/stream", headers={"Authorization": f"Bearer {KEY}"})
     resp = conn.getresponse()
     assert resp.status == 200
-    arrivals = []
-    for _ in range(3):
-        line = resp.fp.readline()
-        while line in (b"\r\n", b"\n") or line.strip().isalnum() and not line.startswith(b"data"):
-            line = resp.fp.readline()  # chunk sizes and blank lines
-        arrivals.append((line.strip(), time.monotonic() - t0))
+    arrived = []
+    for i in range(3):
+        try:
+            line = resp.fp.readline()
+            while (
+                line in (b"\r\n", b"\n") or line.strip().isalnum() and not line.startswith(b"data")
+            ):
+                line = resp.fp.readline()  # chunk sizes and blank lines
+        except TimeoutError:
+            raise AssertionError(
+                f"event {i} never reached the client while the engine waited for it to be read "
+                f"(got {arrived}): the front holds the stream back"
+            ) from None
+        arrived.append(line.strip())
+        engine.client_read.release()
     conn.close()
-    assert [a for a, _ in arrivals] == [b"data: 0", b"data: 1", b"data: 2"]
-    # each event when the engine sent it (0, 0.5, 1.0 s), not all at the end (1.5 s)
-    assert arrivals[0][1] < 0.4 and 0.3 < arrivals[1][1] < 0.9, arrivals
+    assert arrived == [b"data: 0", b"data: 1", b"data: 2"]
 
 
 def test_cors_only_for_a_named_origin(stack: tuple[Engine, int]) -> None:

@@ -84,6 +84,10 @@ def test_the_full_set_imports_every_test_module_and_runs_the_serving_tests(tmp_p
     assert re.search(r"installed in \d+ s", said), said
     pytest_in_venv = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     run([*pytest_in_venv, "--collect-only", "tests"])  # every test module's imports
+    # pyproject's per-test bound is pytest-timeout's: without it a hung test holds the run
+    assert has(python, "pytest_timeout")
+    said = run([*pytest_in_venv, "--help"]).stdout
+    assert "--timeout=" in said, "pytest-timeout is not loaded by the venv's pytest"
     run([*pytest_in_venv, "tests/serving"])  # vLLM's parsers import more when they run
     run([str(python), "-m", "ruff", "--version"])
     run([str(python), "-m", "mypy", "--version"])

@@ -21,6 +21,8 @@ from sparkhost.units import parse_unit_state
 
 from sparkrig.hostpkg import SOURCE
 
+WAIT_S = 30.0  # how long a test waits for what it expects: a bound on a hang, never a speed
+
 SECRET = "0123456789abcdef" * 3  # 48 hex digits, as sparkrig makes them
 KEY = pairmac.derive(SECRET)
 
@@ -787,34 +789,54 @@ def test_a_flood_of_idle_connections_to_the_beacon_never_stops_the_pair(tmp_path
 def test_a_reloaded_watch_answers_before_a_slow_docker_does(tmp_path):
     """After the exec the new program answers with the container state the old one knew: it never
     waits on `docker inspect` first (on a loaded host docker takes seconds, longer than a peer's
-    probe waits, and three such probes read as this rank going down)."""
+    probe waits, and three such probes read as this rank going down). Here docker answers nothing
+    until the test lets it, after the new program has answered: one that waited on it first never
+    would (its `docker inspect` times out at 30 s, and then it says not running)."""
     import shutil
     import threading
 
     package = tmp_path / "lib" / "sparkhost"
     shutil.copytree(SOURCE, package)
     proc, port, log = start_watch(tmp_path, package)
-    (tmp_path / "bin" / "docker").write_text("#!/bin/sh\nsleep 8\necho true\n")
+    calls, release = tmp_path / "docker.calls", tmp_path / "docker.release"
+    # from now on every docker call waits for the release (at most 120 s, so none outlives us)
+    (tmp_path / "bin" / "docker").write_text(
+        f"#!/bin/sh\necho called >> {calls}\n"
+        f"i=0; while [ ! -e {release} ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done\n"
+        "echo true\n"
+    )
     misses, stop = [], threading.Event()
 
     def probe() -> None:
         while not stop.is_set():
-            if not pair.beacon_up("127.0.0.1", port, timeout=3):
+            if not pair.beacon_up("127.0.0.1", port, timeout=WAIT_S):
                 misses.append(time.monotonic())
             time.sleep(0.05)
 
     prober = threading.Thread(target=probe)
     prober.start()
+    body = ""
     try:
-        time.sleep(0.3)
+        deadline = time.monotonic() + WAIT_S
+        while not calls.exists():  # the old program's refresh is held in docker already
+            assert time.monotonic() < deadline, "the watch never called docker"
+            time.sleep(0.05)
+        # the new program: its beacon says so, which the old one never does
+        pair_py = package / "pair.py"
+        pair_py.write_text(pair_py.read_text().replace("'running' if up", "'running v2' if up"))
         proc.send_signal(signal.SIGHUP)
-        time.sleep(6)  # the new program is up, its first docker call still sleeping
+        deadline = time.monotonic() + WAIT_S
+        while "running v2" not in body and time.monotonic() < deadline:
+            body = urlopen_text(f"http://127.0.0.1:{port}/")
+            time.sleep(0.1)
     finally:
+        release.touch()
         stop.set()
         prober.join()
         proc.terminate()
         out = proc.communicate(timeout=20)[0]
     assert "reload: handing the beacon's sockets to the new program" in out
+    assert "running v2" in body, out  # the new program, while docker had answered nothing
     assert misses == [], out
     assert not log.exists(), out
 

@@ -6,9 +6,10 @@ import pytest
 from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.factlines import END
+from sparkrig.image import serving_image
 from sparkrig.settings import build
 from sparkrig.status import RankState, live_gid_index, parse_rank_state, problems
-from tests.unit.conftest import cluster
+from tests.unit.conftest import DIGEST, cluster
 
 GOOD = "unit_ActiveState=active unit_SubState=running image=r:t gid_env=3 mtu=9000 \
 memfree_kb=100 weights_commit=ab weights_verified=5".split()
@@ -105,3 +106,53 @@ def test_a_ports_pair_rank_is_judged_per_function():
     ]
     mtu = ports_state(s, mtus=f"enp1s0f1np1:9000,{twin.netdev}:1500")
     assert problems(s, mtu, "r:t") == [f"MTU 1500 on {twin.netdev}, want 9000"]
+
+
+def serving_state(s, **over: str) -> RankState:
+    """A rank serving exactly as the deploy leaves it (the image it would run, the lockfile's
+    weights, its GID in the table and the env file, the fabric MTU); ``over`` replaces lines."""
+    fields = {
+        "unit_ActiveState": "active",
+        "unit_SubState": "running",
+        "image": serving_image(s),
+        "gid_env": "3",
+        "mtu": str(s.knobs.fabric_mtu),
+        "memfree_kb": "100",
+        "weights_commit": s.model.revision,
+        "weights_verified": "5",
+        **over,
+    }
+    table = gid_lines(s.me.ip, s.me.fabric_interface, 3)
+    return parse_rank_state([*(f"{k}={v}" for k, v in fields.items()), *table, END])
+
+
+def test_a_rank_running_another_images_digest_is_off():
+    """The image the rank's container runs against the one the deploy would run: one built from
+    another base digest (another release's pin), or none at all, is named, and only it."""
+    s = build(cluster(2))["spark-1"]
+    want = serving_image(s)
+    assert problems(s, serving_state(s), want) == []
+    other = serving_image(
+        build(cluster(2, base_image=DIGEST.replace("ab" * 32, "cd" * 32)))["spark-1"]
+    )
+    assert other != want  # the tag follows the pinned digest
+    assert problems(s, serving_state(s, image=other), want) == [
+        f"runs image {other}, the deploy would run {want}"
+    ]
+    assert problems(s, serving_state(s, image=""), want) == [
+        f"runs image none, the deploy would run {want}"
+    ]
+
+
+def test_a_rank_serving_other_weights_is_off():
+    """The weights' commit in the rank's installed lockfile against the revision the release
+    pins: another commit, or no lockfile (absent), is named, and only it."""
+    s = build(cluster(2))["spark-1"]
+    want, other = s.model.revision, "0" * 40
+    assert other != want
+    assert problems(s, serving_state(s, weights_commit=other), serving_image(s)) == [
+        f"weights {other}, want {want}"
+    ]
+    assert problems(s, serving_state(s, weights_commit=""), serving_image(s)) == [
+        f"weights absent, want {want}"
+    ]
