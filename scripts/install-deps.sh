@@ -29,9 +29,10 @@ if [ "${SPARKRIG_SKIP_APT:-}" != 1 ]; then
     "$PY" -c 'import ensurepip' 2>/dev/null ||
       apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
     # the API front's tests run the real nginx; the firewall's load its ruleset into real nftables
-    # (iptables: the ring relay's test sets up docker's FORWARD chain in a namespace)
-    apt-get install -y -qq --no-install-recommends nginx nftables iptables >/dev/null
-    for tool in nginx nft iptables; do
+    # (iptables: the ring relay's test sets up docker's FORWARD chain in a namespace); systemd:
+    # systemd-analyze rates and verifies the rendered units (a container image may lack it)
+    apt-get install -y -qq --no-install-recommends nginx nftables iptables systemd >/dev/null
+    for tool in nginx nft iptables systemd-analyze; do
       command -v "$tool" >/dev/null || fail "$tool is missing after the apt install; the tests need it"
     done
   fi
