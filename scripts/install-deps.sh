@@ -30,9 +30,11 @@ if [ "${SPARKRIG_SKIP_APT:-}" != 1 ]; then
       apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
     # the API front's tests run the real nginx; the firewall's load its ruleset into real nftables
     # (iptables: the ring relay's test sets up docker's FORWARD chain in a namespace; binutils'
-    # readelf: the runtime reader's build IDs are checked against it)
-    apt-get install -y -qq --no-install-recommends nginx nftables iptables binutils >/dev/null
-    for tool in nginx nft iptables readelf; do
+    # readelf: the runtime reader's build IDs are checked against it; systemd: systemd-analyze
+    # rates and verifies the rendered units, a container image may lack it)
+    apt-get install -y -qq --no-install-recommends nginx nftables iptables binutils systemd \
+      >/dev/null
+    for tool in nginx nft iptables readelf systemd-analyze; do
       command -v "$tool" >/dev/null || fail "$tool is missing after the apt install; the tests need it"
     done
   fi

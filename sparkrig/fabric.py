@@ -27,6 +27,7 @@ from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
 from sparkrig.engines import engine_of
 from sparkrig.factlines import END
 from sparkrig.failing import fail_host
+from sparkrig.hardening import unit_hardening
 from sparkrig.owned import file_present, owned_of
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
@@ -443,7 +444,13 @@ def relay_unit_text(s: Settings) -> str | None:
     rules = relay_rules(s)
     if not rules:
         return None
-    return render("sparkrig-relay.service.j2", **base_context(s), rules=rules, iptables=IPTABLES)
+    return render(
+        "sparkrig-relay.service.j2",
+        **base_context(s),
+        rules=rules,
+        iptables=IPTABLES,
+        hardening=unit_hardening(s, "relay"),
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from typing import Any
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from sparkrig.factlines import END, parse_key_values
+from sparkrig.hardening import unit_hardening
 from sparkrig.owned import apt_installed_command, dropin_path
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
@@ -157,7 +158,12 @@ def ruleset(s: Settings) -> str:
 
 def unit(s: Settings) -> str:
     """The oneshot unit that loads the ruleset (templates/sparkrig-firewall.service.j2)."""
-    return render("sparkrig-firewall.service.j2", nft=NFT, rules=ruleset_path(s))
+    return render(
+        "sparkrig-firewall.service.j2",
+        nft=NFT,
+        rules=ruleset_path(s),
+        hardening=unit_hardening(s, "firewall"),
+    )
 
 
 def requiring_units(s: Settings) -> list[str]:

@@ -48,7 +48,8 @@ def test_helper_units_run_sandboxed(lab: Lab):
             p = show(
                 guest, unit, "NoNewPrivileges", "ProtectSystem", "PrivateTmp", "IPAddressDeny",
                 "IPAddressAllow", "TasksMax", "LimitNOFILE", "RuntimeDirectoryPreserve",
-                "ActiveState",
+                "CapabilityBoundingSet", "AmbientCapabilities", "PrivateDevices",
+                "MemoryDenyWriteExecute", "ActiveState",
             )  # fmt: skip
             assert p["ActiveState"] == "active", (guest.name, unit, p)
             assert p["NoNewPrivileges"] == "yes" and p["PrivateTmp"] == "yes", (unit, p)
@@ -58,6 +59,9 @@ def test_helper_units_run_sandboxed(lab: Lab):
             assert p["IPAddressAllow"].strip(), (unit, p)
             assert p["TasksMax"] == "256" and p["LimitNOFILE"] == "4096", (unit, p)
             assert p["RuntimeDirectoryPreserve"] == "yes", (unit, p)
+            # no capability at all (the lab's ports are above 1024), yet the pair serves
+            assert p["CapabilityBoundingSet"] == "" and p["AmbientCapabilities"] == "", (unit, p)
+            assert p["PrivateDevices"] == "yes" and p["MemoryDenyWriteExecute"] == "yes", (unit, p)
         rank = show(
             guest, guest.unit if hasattr(guest, "unit") else "sparkrig-*", "NoNewPrivileges"
         )

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from sparkrig import firewall
+from sparkrig.fabric import relay_unit_text
 from sparkrig.hardening import container_args, unit_hardening
 from sparkrig.render import render
 from sparkrig.serving import (
@@ -24,6 +26,7 @@ from sparkrig.serving import (
 )
 from sparkrig.settings import Settings, build
 from tests.unit.conftest import cluster
+from tests.unit.test_rings import ring_settings
 
 
 def ranks(**knobs: object) -> list[Settings]:
@@ -109,6 +112,62 @@ def test_every_helper_unit_is_sandboxed_with_an_address_allow_list():
             assert d["LimitNOFILE"] == ["4096"] and d["TasksMax"] == ["256"], name
 
 
+def netfilter_units() -> dict[str, str]:
+    relay = relay_unit_text(ring_settings(4)["spark-0"])
+    assert relay is not None
+    return {"sparkrig-firewall.service": firewall.unit(ranks()[0]), "sparkrig-relay.service": relay}
+
+
+def test_no_unit_may_hold_a_capability_it_does_not_name():
+    """Root by its uid alone: the helpers and the rank own every file and socket they use (the
+    docker socket, /proc/sys/vm, /run/sparkrig, the secrets); nft and iptables need
+    CAP_NET_ADMIN for netlink's ruleset changes (docs/hardening.md)."""
+    for s in ranks():
+        for name, text in units(s).items():
+            d = directives(text)
+            assert d["CapabilityBoundingSet"] == [""], name
+            assert d["AmbientCapabilities"] == [""], name
+    for name, text in netfilter_units().items():
+        d = directives(text)
+        assert d["CapabilityBoundingSet"] == ["CAP_NET_ADMIN"], name
+        assert d["AmbientCapabilities"] == [""], name
+        assert d["RestrictAddressFamilies"] == ["AF_UNIX AF_NETLINK"], name
+        assert d["IPAddressDeny"] == ["any"] and "IPAddressAllow" not in d, name
+
+
+def test_a_helper_listening_below_1024_may_bind_there_and_nothing_more():
+    head, worker = ranks(pair_port=600)
+    assert directives(units(head)["sparkrig-pair-0.service"])["CapabilityBoundingSet"] == [
+        "CAP_NET_BIND_SERVICE"
+    ]
+    assert directives(units(worker)["sparkrig-agent.service"])["CapabilityBoundingSet"] == [""]
+    head, worker = ranks(agent_port=601)
+    for s, name in ((head, "sparkrig-supervisor.service"), (worker, "sparkrig-agent.service")):
+        assert directives(units(s)[name])["CapabilityBoundingSet"] == ["CAP_NET_BIND_SERVICE"]
+    assert directives(units(head)["sparkrig-pair-0.service"])["CapabilityBoundingSet"] == [""]
+    assert directives(units(head)["sparkrig-watchdog.service"])["CapabilityBoundingSet"] == [""]
+
+
+def test_the_rank_keeps_the_gpu_nodes_and_proc_sys_its_start_gate_uses():
+    """sparkhost prep asks nvidia-smi for GPU processes (the GPU's device nodes: no
+    PrivateDevices, and no ProtectClock, whose DeviceAllow=char-rtc closes every other node)
+    and drops the page cache through /proc/sys/vm (no ProtectKernelTunables); the helpers use
+    neither."""
+    always = ("ProtectKernelModules", "ProtectKernelLogs", "ProtectControlGroups",
+              "ProtectHostname", "RestrictNamespaces", "LockPersonality",
+              "MemoryDenyWriteExecute", "NoNewPrivileges")  # fmt: skip
+    gpu = ("PrivateDevices", "ProtectKernelTunables", "ProtectClock")
+    for s in ranks():
+        for name, text in units(s).items():
+            d = directives(text)
+            assert all(d[key] == ["yes"] for key in always), name
+            if name == f"{s.unit_name}.service":
+                assert not any(key in d for key in gpu), name
+            else:
+                assert all(d[key] == ["yes"] for key in gpu), name
+                assert d["SystemCallFilter"] == ["@system-service"], name
+
+
 def test_unknown_unit_kind_is_refused():
     with pytest.raises(ValueError):
         unit_hardening(ranks()[0], "nginx")
@@ -118,10 +177,9 @@ def test_unknown_unit_kind_is_refused():
 def test_rendered_units_pass_systemd_analyze_verify(tmp_path: Path):
     head, worker = ranks()
     files = []
-    for s in (head, worker):
-        for name, text in units(s).items():
-            (tmp_path / name).write_text(text)
-            files.append(str(tmp_path / name))
+    for name, text in {**units(head), **units(worker), **netfilter_units()}.items():
+        (tmp_path / name).write_text(text)
+        files.append(str(tmp_path / name))
     r = subprocess.run(
         ["systemd-analyze", "verify", "--man=no", "--recursive-errors=no", *files],
         capture_output=True,
