@@ -189,7 +189,7 @@ def test_the_rendered_helpers_of_a_ring_reach_every_peer_and_the_heads_gate_pass
                                        "watch")  # fmt: skip
             env = f"env PATH={bin_dir}:$PATH SPARKRIG_RUN_DIR={tmp}/run{s.me.rank}"
             watches.append(subprocess.Popen(
-                ["ip", "netns", "exec", names[s.me.rank], "sh", "-c", f"{env} {command}"],
+                ["ip", "netns", "exec", names[s.me.rank], "sh", "-c", f"exec {env} {command}"],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             ))  # fmt: skip
         head = settings["spark-0"]
