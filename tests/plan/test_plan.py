@@ -434,7 +434,9 @@ def test_the_fetch_and_the_boot_print_their_progress_at_ordinary_verbosity(monke
         follows = [c for c in r.shown.get(name, []) if " follow " in c]
         assert follows and "--print-every 60" in follows[0], r.shown.get(name)
     assert any(" wait " in c for c in r.shown[HEAD])  # the boot's stages, the peers' wait
-    assert all(" follow " in c or " wait " in c for c in r.shown[HEAD]), r.shown[HEAD]
+    # and the release's soak, a line a minute for soak_minutes
+    assert any(" soak " in c for c in r.shown[HEAD])
+    assert all(any(f" {job} " in c for job in ("follow", "wait", "soak")) for c in r.shown[HEAD])
 
 
 def test_nccl_smoke_test_runs_workers_first_before_a_pair_start_and_not_when_converged(monkeypatch):
