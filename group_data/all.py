@@ -34,6 +34,8 @@ keep_releases = 2  # releases (image, weights) kept after an upgrade passed its 
 bench_gate = True  # a changed release must reach 1 - bench_tolerance of the previous one's bench
 bench_tolerance = 0.10  # share a bench figure may fall below the previous release's (bench.md)
 bench_timeout_s = 1800  # the gate's short bench, run from the control machine, must end by then
+bench_gate_runs = 3  # the gate's short bench runs this often; its median and p10 are both held
+bench_acceptance_min = 0.10  # the drafter must accept this share of its draft tokens (bench.md)
 
 # --- install paths on the nodes ---------------------------------------------------------------
 install_dir = "/opt/sparkrig"  # helper programs and patch files

@@ -246,6 +246,8 @@ class Knobs(BaseModel):
     bench_gate: bool = _cluster()
     bench_tolerance: float = _cluster(ge=0, lt=1)
     bench_timeout_s: int = _cluster(ge=10)
+    bench_gate_runs: int = _cluster(ge=1, le=10)
+    bench_acceptance_min: float = _cluster(ge=0, le=1)
 
     @model_validator(mode="before")
     @classmethod
