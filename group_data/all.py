@@ -34,6 +34,8 @@ keep_releases = 2  # releases (image, weights) kept after an upgrade passed its 
 bench_gate = True  # a changed release must reach 1 - bench_tolerance of the previous one's bench
 bench_tolerance = 0.10  # share a bench figure may fall below the previous release's (bench.md)
 bench_timeout_s = 1800  # the gate's short bench, run from the control machine, must end by then
+bench_gate_runs = 3  # the gate's short bench runs this often; its median and p10 are both held
+bench_acceptance_min = 0.10  # the drafter must accept this share of its draft tokens (bench.md)
 # The soak gate (docs/operating.md "Soak"): a changed (or first) release is held under load on the
 # head after the gates. 30 min x 4 streams: pip's NCCL 2.28.9 wedged a TP=2 pair of Sparks after
 # 20-26 minutes of 4-way load (vllm-project/vllm#42354, #41725)
@@ -129,8 +131,8 @@ nccl_smoke_bytes = 268435456  # 256 MiB per timed all-reduce, nccl-tests' platea
 nccl_smoke_warmup = 5  # untimed all-reduces before the timed ones (nccl-tests' default -w)
 nccl_smoke_iters = 20  # timed all-reduces; their mean time gives busbw (nccl-tests' default -n)
 # a release whose engine loaded an NCCL build listed as known bad (sparkrig/runtime.py KNOWN_BAD,
-# each with its source) is refused before it serves; True serves on it anyway, warned
-nccl_known_bad_ok = False
+# each with its source) is refused before it serves (docs/runtime.md)
+nccl_known_bad_ok = False  # True: serve on a known-bad NCCL build anyway, warned every run
 # The smoke test's all-reduce bus bandwidth floor, nccl-tests' busbw (docs/fabric.md "Bandwidth
 # floor"). Published: one RDMA function of the QSFP port 11.6-12.8 GB/s (himorishige/glm53-flash-
 # 2x-dgx-spark-recipe README; MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#172), both functions

@@ -46,6 +46,7 @@ _knobs = {
     "ready_timeout_s": 180,  # <= watchdog_grace_s (settings.py); the stand-in boots in ~1 min
     # the soak gate lab-sized: past the stand-in's wedge and one watchdog_stall_s, not 30 minutes
     "soak_minutes": 2,
+    "bench_gate_runs": 1,  # one short bench per release change: the stand-in's spread is its own
 }
 if "api_forward_port" not in _state:  # a lab from before the API forward: no bench reaches it
     _knobs["bench_gate"] = False

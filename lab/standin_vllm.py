@@ -53,14 +53,27 @@ be proven on the lab VMs:
 Env STANDIN_FAIL_GATES=math (set in the lab's failing image variant): arithmetic answers are
 wrong, so the math gate fails.
 
+Speculative decoding's counters (vLLM 0.33 v1/spec_decode/metrics.py ``SpecDecodingProm``, which
+exists only with a --speculative-config): /metrics then also carries
+``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_draft_tokens_total`` and
+``vllm:spec_decode_num_accepted_tokens_total``, consistent with the tokens generated: each
+verify step proposes num_speculative_tokens (k) draft tokens and emits the accepted ones plus
+one, so ``drafts = ceil(generated / (1 + acceptance x k))`` and ``accepted = generated - drafts``.
+The acceptance (accepted / draft tokens, what vLLM logs as "Avg Draft acceptance rate") is
+--standin-acceptance or $STANDIN_ACCEPTANCE, 0 to 1, default 0.35 (what users measure with
+incoai's DFlash2 7d74cdd on prose, tonyd2wild/GLM-5.3-Flash-NVFP4-DFlash2-2x-DGX-Spark#7).
+The per-position counter is not served (the bench reads the three totals only).
+
 Stand-in only flags: --standin-delay SECONDS (per boot stage, default $STANDIN_DELAY or 0.5),
---standin-rendezvous-timeout SECONDS (default 600, torch's), --standin-exit-on-peer-loss.
+--standin-rendezvous-timeout SECONDS (default 600, torch's), --standin-exit-on-peer-loss,
+--standin-acceptance SHARE (the draft acceptance above).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import mmap
 import os
 import re
@@ -86,7 +99,7 @@ VERSION = "0.0.0+standin"
 FLAGS_FILE = os.path.join(flavours.HERE, "vllm-flags.txt")
 STANDIN_FLAGS = {
     "--standin-delay": "1", "--standin-rendezvous-timeout": "1", "--standin-exit-on-peer-loss": "0",
-    **engine.FLAGS,
+    "--standin-acceptance": "1", **engine.FLAGS,
 }  # fmt: skip
 
 
@@ -372,6 +385,57 @@ def text_completion(req: dict[str, Any], served_name: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+# --- speculative decoding -----------------------------------------------------------------
+DEFAULT_ACCEPTANCE = 0.35  # prose with incoai's DFlash2 7d74cdd, k=7 (the module's docstring)
+
+
+class SpecDecode:
+    """The spec-decode counters of an engine started with a --speculative-config: k draft
+    tokens a verify step, ``acceptance`` of them accepted."""
+
+    def __init__(self, k: int, acceptance: float) -> None:
+        self.k = max(1, k)
+        self.acceptance = acceptance
+
+    def counts(self, generated: int) -> tuple[int, int, int]:
+        """(drafts, draft tokens, accepted tokens) after ``generated`` output tokens: each step
+        emits its accepted tokens plus one; accepted never exceeds k per step."""
+        if generated <= 0:
+            return 0, 0, 0
+        drafts = math.ceil(generated / (1 + self.acceptance * self.k))
+        return drafts, drafts * self.k, generated - drafts
+
+    def metrics(self, model: str, generated: int) -> str:
+        drafts, draft_tokens, accepted = self.counts(generated)
+        return engine.exposition(model, [
+            ("vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts.", drafts),
+            ("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens.",
+             draft_tokens),
+            ("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens.",
+             accepted),
+        ])  # fmt: skip
+
+
+def spec_decode(opts: Options, environ: Any = os.environ) -> SpecDecode | None:
+    """The counters' model when the engine speculates (a --speculative-config), else None;
+    a bad --standin-acceptance stops the start."""
+    spec = opts.get("--speculative-config")
+    if not spec:
+        return None
+    try:
+        k = int(json.loads(spec).get("num_speculative_tokens") or 1)
+    except (ValueError, TypeError, AttributeError):
+        k = 1
+    raw = opts.get("--standin-acceptance") or environ.get("STANDIN_ACCEPTANCE")
+    try:
+        share = DEFAULT_ACCEPTANCE if raw in (None, "") else float(raw)
+    except ValueError:
+        raise SystemExit(f"stand-in: --standin-acceptance: not a number: {raw!r}") from None
+    if not 0 <= share <= 1:
+        raise SystemExit(f"stand-in: --standin-acceptance: must be 0 to 1, got {raw!r}")
+    return SpecDecode(k, share)
+
+
 # --- rendezvous ---------------------------------------------------------------------------------
 class Peers:
     """The head's view of its workers: joined ranks, and whether one has been lost."""
@@ -546,6 +610,7 @@ class Api(ThreadingHTTPServer):
     peers: Peers
     tokens: list[str]
     engine: engine.Engine
+    spec: SpecDecode | None = None
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -603,8 +668,11 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/version":
             self._send(200, {"version": VERSION})
         elif path == "/metrics":  # outside /v1: vLLM's key does not guard it
-            text = self.server.engine.metrics().encode()
-            self._send(200, text, "text/plain; version=0.0.4; charset=utf-8")
+            eng, spec = self.server.engine, self.server.spec
+            text = eng.metrics()
+            if spec is not None:  # the wedge's frozen counts: no token moves them
+                text += spec.metrics(eng.served_name, eng.counts()["generation"])
+            self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
         else:
             self._error(404, f"no route {path}", "NotFoundError")
 
@@ -724,6 +792,7 @@ HELP = """usage: vllm serve MODEL_DIR [options]   (sparkrig lab stand-in for vLL
   --standin-decode-tok-s R --standin-prefill-tok-s R --standin-speed F --standin-tokens-per-chunk K
   --standin-fffd-per-10k N --standin-mode normal|wedged|long-prefill --standin-wedge-after N
   --standin-long-prefill-s S   (or the STANDIN_* environment: lab/standin_engine.py)
+  --standin-acceptance SHARE   (spec-decode counters with --speculative-config; $STANDIN_ACCEPTANCE)
 """
 
 
@@ -875,6 +944,7 @@ def run_head(opts: Options, timeout: float, never_ready: bool = False) -> int:
         max_model_len=opts.num("--max-model-len", 262144),
         batched_tokens=opts.num("--max-num-batched-tokens", engine.DEFAULT_BATCHED_TOKENS),
     )
+    spec = spec_decode(opts)
     peers = Peers(opts.nnodes - 1)
     exit_on_loss = "--standin-exit-on-peer-loss" in opts.switches
 
@@ -909,12 +979,15 @@ def run_head(opts: Options, timeout: float, never_ready: bool = False) -> int:
     api = Api((host, port), Handler)
     api.opts, api.peers, api.tokens = opts, peers, api_tokens(opts)
     api.engine = engine.Engine(knobs, opts.served_name)
+    api.spec = spec
     signal.signal(signal.SIGUSR1, lambda *_: api.engine.wedge())
     k = api.engine.knobs
     log(
         f"stand-in engine: decode {k.decode_tok_s:g} tok/s per stream, prefill "
         f"{k.prefill_tok_s:g} tok/s, {k.tokens_per_chunk} token(s) per chunk, mode {k.mode}"
     )
+    if spec is not None:
+        log(f"stand-in spec decode: {spec.k} draft tokens a step, acceptance {spec.acceptance:g}")
     log(f"Starting vLLM API server 0 on http://{host}:{port}")
     log(f"Available routes: /health, /v1/models, /v1/chat/completions (model {opts.served_name})")
     print("INFO:     Application startup complete.", flush=True)

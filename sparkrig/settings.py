@@ -250,6 +250,8 @@ class Knobs(BaseModel):
     soak_minutes: float = _cluster(ge=0, le=1440)
     soak_streams: int = _cluster(ge=1, le=256)
     soak_floor: float = _cluster(ge=0, le=1)
+    bench_gate_runs: int = _cluster(ge=1, le=10)
+    bench_acceptance_min: float = _cluster(ge=0, le=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -1285,11 +1287,20 @@ def api_ca_file(s: Settings) -> str | None:
     return f"{k.api_tls_dir.rstrip('/')}/ca.crt" if k.api_tls and k.tls_cert is None else None
 
 
+def drafter_lock(s: Settings) -> str | None:
+    """The control side's lockfile of the drafter the profile loads (its files' sha256, what
+    the bench records beside the drafter's acceptance); None when the profile loads none."""
+    drafter = s.drafter
+    if not s.needs_drafter or drafter is None:
+        return None
+    return str(lockfile.lock_path(s.knobs.lockfile_dir, drafter.repo))
+
+
 def api_target(inventory: Any) -> dict[str, Any]:
     """What `python3 -m sparkrig.bench --inventory` measures: the head's API as the control
     machine reaches it (``api_url``), the served model, the profile and the control side's API
     key file (None when api_auth is off), the stack it serves and on how many ranks (its
-    published figures)."""
+    published figures), and the drafter's lockfile (``drafter_lock``)."""
     s = next(v for v in build(view_of(inventory)).values() if v.me.is_head)
     k = s.knobs
     return {
@@ -1300,4 +1311,5 @@ def api_target(inventory: Any) -> dict[str, Any]:
         "api_key_file": k.api_key_file if k.api_auth else None,
         "ca_file": api_ca_file(s),
         "nnodes": s.nnodes,
+        "drafter_lock": drafter_lock(s),
     }

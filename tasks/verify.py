@@ -41,7 +41,7 @@ from sparkrig.serving import (
     serving_gates_passed,
     why_command,
 )
-from sparkrig.settings import api_ca_file, api_url, current
+from sparkrig.settings import api_ca_file, api_url, current, drafter_lock
 from sparkrig.soakgate import release_soak_held, soak_command, soak_figures
 from tasks.rollback import roll_back
 
@@ -137,11 +137,16 @@ rolls_back.watch(
             key_file=knobs.api_key_file if knobs.api_auth else None,
             profile=knobs.profile,
             ca_file=api_ca_file(settings),
+            drafter_lock=drafter_lock(settings),
+            stack=knobs.stack,
         ),
         previous=bench_to_reach(wanted(settings), record),
         tolerance=knobs.bench_tolerance,
         timeout_s=knobs.bench_timeout_s,
         record=lambda figures: setattr(benched, "measured", figures),
+        runs=knobs.bench_gate_runs,
+        acceptance_min=knobs.bench_acceptance_min,
+        fabric=smoke_figures().figure_of(host.name),
         _if=lambda: gate_wanted and not rolls_back(),
         _ignore_errors=bool(release_change),
     ),

@@ -2,7 +2,7 @@
 
     python3 -m sparkrig.bench --inventory inventory.py          # the head the deploy made
     python3 -m sparkrig.bench --url https://host:8000 --model NAME [--api-key-file F] [--cacert CA]
-                               [--profile P]
+                               [--profile P] [--drafter-lock LOCKFILE]
     python3 -m sparkrig.bench ... --protocol seed004 --stack NAME   # seed 004's protocol
     python3 -m sparkrig.bench compare A.json B.json ...          # results side by side
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from sparkhost.gate import read_api_key
 
-from . import compare, expected, published, report, seed004, target
+from . import compare, expected, published, report, seed004, specdecode, target
 from .client import Endpoint
 from .protocol import SHORT, Protocol, measure
 
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROFILES = ("single", "shared", "guard", "long")
 PROTOCOLS = ("seed000", seed004.NAME)
 SEED000_ONLY = ("short", "decode_tokens", "repeats", "prompts", "streams", "contexts",
-                "fffd_tokens", "no_tool")  # fmt: skip
+                "context_decode_tokens", "fffd_tokens", "no_tool")  # fmt: skip
 
 
 def ints(text: str) -> tuple[int, ...]:
@@ -54,6 +54,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cacert", help="CA file an https URL's certificate is checked against "
                    "(with --inventory, default: the pair's, api_tls_dir/ca.crt)")  # fmt: skip
     p.add_argument("--profile", choices=PROFILES, help="compare with this profile's figures")
+    p.add_argument("--drafter-lock", help="the served drafter's lockfile: its repo, commit and "
+                   "digest are recorded beside the acceptance (with --inventory, default: the "
+                   "one the deploy fetched it by, when its profile loads one)")  # fmt: skip
     p.add_argument("--protocol", choices=PROTOCOLS, default="seed000",
                    help="seed000: seeds 000/003's (default); seed004: seed 004's")  # fmt: skip
     p.add_argument("--stack", help="the stack measured, recorded in the result (compare judges "
@@ -71,6 +74,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--streams", type=ints, help="parallel streams (2,4,8)")
     p.add_argument("--contexts", type=ints, help="prefill prompt sizes (8K,32K,128K); longer "
                    "ones are opt-in, up to the model's context")  # fmt: skip
+    p.add_argument("--context-decode-tokens", type=int, help="tokens forced after each long "
+                   "prompt, the long-context decode (512; 0: the recall answer only)")  # fmt: skip
     p.add_argument("--fffd-tokens", type=int, help="length of the Japanese answer (4096; 0: skip)")
     p.add_argument("--no-tool", action="store_true", help="skip the tool-call probe")
     p.add_argument("--tolerance", type=float, default=expected.DEFAULT_TOLERANCE)
@@ -82,6 +87,7 @@ def protocol_of(args: argparse.Namespace) -> Protocol:
     changes = {
         "decode_tokens": args.decode_tokens, "repeats": args.repeats, "prompts": args.prompts,
         "streams": args.streams, "contexts": args.contexts, "fffd_tokens": args.fffd_tokens,
+        "context_decode_tokens": args.context_decode_tokens,
     }  # fmt: skip
     p = Protocol(**{**base.as_dict(), **{k: v for k, v in changes.items() if v is not None}})
     p.tool = p.tool and not args.no_tool
@@ -111,16 +117,22 @@ def main(argv: list[str] | None = None) -> int:
         ca_file = args.cacert or t.get("ca_file")
         stack = measured_stack(args.stack, t)
         nnodes = args.nnodes or t.get("nnodes")
+        drafter_lock = args.drafter_lock or t.get("drafter_lock")
     else:
         if not args.model:
             parser().error("--url needs --model (the served model name)")
         url, model, profile, key_file = args.url, args.model, args.profile, args.api_key_file
         ca_file = args.cacert
-        stack, nnodes = args.stack, args.nnodes
+        stack, nnodes, drafter_lock = args.stack, args.nnodes, args.drafter_lock
     try:
         key = read_api_key(key_file) if key_file else ""
     except (OSError, ValueError) as exc:
         print(f"bench: API key file {key_file}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        drafter = specdecode.drafter_identity(drafter_lock) if drafter_lock else None
+    except (OSError, ValueError) as exc:
+        print(f"bench: drafter lockfile {drafter_lock}: {exc}", file=sys.stderr)
         return 2
     proto: Protocol | seed004.Seed004 = (
         seed004.Seed004() if args.protocol == seed004.NAME else protocol_of(args)
@@ -142,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     if nnodes:
         result["nnodes"] = nnodes
+    result["drafter"] = drafter  # None: no drafter named (none served, or --url without one)
     log = lambda m: print(f"  {m}", flush=True)  # noqa: E731
     if isinstance(proto, seed004.Seed004):
         result.update(seed004.measure(ep, proto, log=log))

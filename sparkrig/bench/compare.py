@@ -5,7 +5,10 @@
 Prints one table (a row per figure, a column per result: measured, the stack's own published
 figure, the status) and writes one figure, STEM.svg and STEM.png (default
 bench/results/compare-<UTC>). Each result is judged against its own stack's published figures
-(sparkrig/bench/published.py says where they come from), never against another stack's.
+(sparkrig/bench/published.py says where they come from), never against another stack's. Where a
+result holds them: each speed's p10 beside its median (the release gate's runs:
+.sparkrig/bench/release-gate-<UTC>-release.json, one per release), the drafter's acceptance and
+which drafter files it was, the long-context decode and the fabric's bus bandwidth.
 Exit status: 0, or 2 when a file cannot be read.
 """
 
@@ -30,24 +33,51 @@ class Column:
     published: list[expected.Figure]
 
 
+# The drafter and the fabric: figures a result holds where it measured them (older results
+# hold none of them and still compare).
+DRAFTED = ("spec_acceptance", "spec_acceptance_length", *seed004.ACCEPTANCE_FIGURES)
+
+
 def measured(result: dict[str, Any]) -> dict[str, float]:
     """Every figure the result holds, by the names the published figures use (the worst
-    context for prefill)."""
-    names = ["single_stream_tok_s"]
-    names += [f"decode_tok_s.{k}" for k in (result.get("decode_tok_s") or {}) if k != "1"]
+    context for prefill and the long-context decode); each speed's p10 after it where the
+    result holds its spread (several passes, waves or release-gate runs)."""
+    spread = result.get("spread") or {}
+    speeds = ["single_stream_tok_s"]
+    speeds += [f"decode_tok_s.{k}" for k in (result.get("decode_tok_s") or {}) if k != "1"]
+    names = [n for s in speeds for n in (s, f"{s}.p10" if s in spread else "") if n]
     names += [
         "prefill_tok_s",
+        "context_decode_tok_s",
         "ttft_p50_s",
         "fffd_per_10k_chars",
         *seed004.FIGURES,
         "max_model_len",
+        *DRAFTED,
+        "fabric_busbw_gbs",
     ]
     out = {}
     for name in names:
         values = expected.lookup(result, name)
         if values:
-            out[name] = min(values) if "prefill" in name else values[0]
+            worst = "prefill" in name or name == "context_decode_tok_s"
+            out[name] = min(values) if worst else values[0]
     return out
+
+
+def drafter_line(col: Column) -> str:
+    """Which drafter files a column's acceptance is of, and how many release-gate runs its
+    spread is over; '' when the result says neither."""
+    parts = []
+    d = col.result.get("drafter")
+    if isinstance(d, dict):
+        parts.append(f"drafter {d.get('repo')}@{str(d.get('commit'))[:12]}, lockfile sha256 "
+                     f"{str(d.get('lockfile_sha256'))[:12]}")  # fmt: skip
+        parts += [f"{k} {v[:12]}" for k, v in (d.get("weights_sha256") or {}).items()]
+    gate = col.result.get("release_gate")
+    if isinstance(gate, dict):
+        parts.append(f"release gate, {gate.get('runs')} runs")
+    return "; ".join(parts)
 
 
 def columns(paths: list[Path], table: published.Table | None) -> list[Column]:
@@ -57,6 +87,8 @@ def columns(paths: list[Path], table: published.Table | None) -> list[Column]:
         if not isinstance(result, dict):
             raise ValueError(f"{path}: not a bench result (a JSON object)")
         name = result.get("stack") or path.stem
+        if isinstance(result.get("release_gate"), dict):  # one release's gate: when it ran
+            name = f"{name} {result.get('started', '')}".rstrip()
         taken = [c.name for c in cols]
         name = name if name not in taken else f"{name} ({taken.count(name) + 1})"
         cols.append(Column(name, result, published.figures_for(result, table)))
@@ -100,6 +132,10 @@ def table(cols: list[Column], tolerance: float) -> str:
             m, p, s = cells(c, figure, tolerance)
             row += f" | {m:>9} {p:>11} {s.upper():<12}"
         lines.append(row.rstrip())
+    drafters = [(c.name, line) for c in cols if (line := drafter_line(c))]
+    if drafters:
+        lines.append("\ndrafters and runs:")
+        lines += [f"  {name}: {line}" for name, line in drafters]
     lines.append("\npublished figures:")
     for c in cols:
         if not c.published:

@@ -32,24 +32,39 @@ LABELS = {
     "ttft_p50_s": "TTFT p50 (s)",
     "max_model_len": "context cap (tokens)",
     "fffd_per_10k_chars": "U+FFFD per 10k chars",
+    "context_decode_tok_s": "decode after a long prompt",
+    "spec_acceptance": "drafter acceptance",
+    "spec_acceptance_length": "acceptance length",
+    "code_low_acceptance_length": "acceptance length, code low",
+    "code_max_acceptance_length": "acceptance length, code max",
+    "fabric_busbw_gbs": "fabric busbw (GB/s)",
 }
 
 
 def label(figure: str) -> str:
+    if figure.endswith(".p10"):
+        return f"{label(figure.removesuffix('.p10'))} p10"
     if figure.startswith("decode_tok_s."):
         return f"{figure.split('.', 1)[1]} streams"
     return LABELS.get(figure, figure)
 
 
-PANELS = ("decode tok/s", "prefill tok/s")
+PANELS = ("decode tok/s", "prefill tok/s", "drafter acceptance", "fabric busbw GB/s")
 
 
 def panel_of(figure: str) -> str | None:
-    """Which panel of a side-by-side figure draws it: decode or prefill tok/s, else none (the
-    table still lists it)."""
+    """Which panel of a side-by-side figure draws it: decode (a median and its p10 side by
+    side) or prefill tok/s, the drafter's acceptance (a share of its draft tokens), the fabric's
+    bus bandwidth; else none (the table still lists it)."""
     if "prefill" in figure:
         return "prefill tok/s"
-    if "decode" in figure or figure == "single_stream_tok_s":
+    if figure == "spec_acceptance":
+        return "drafter acceptance"
+    if figure == "fabric_busbw_gbs":
+        return "fabric busbw GB/s"
+    if "acceptance" in figure:
+        return None
+    if "decode" in figure or figure.startswith("single_stream_tok_s"):
         return "decode tok/s"
     return None
 

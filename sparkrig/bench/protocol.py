@@ -8,9 +8,11 @@
   of that many simultaneous requests (what `vllm bench serve` calls output throughput), median
   of the waves;
 - prefill and TTFT at 8K, 32K, 128K: a salted haystack (a unique nonce first, so no prefix-cache
-  hit flatters it) with a keyword at 50% depth the answer must recall;
+  hit flatters it) with a keyword at 50% depth the answer must recall; the answer is forced to
+  512 tokens, seed 000's long-form length, and its decode rate is the long-context decode;
 - a tool call with tool_choice "required" that must parse (the serving gate's own probe);
-- the corruption probe: a long Japanese answer, U+FFFD per 10,000 characters.
+- the corruption probe: a long Japanese answer, U+FFFD per 10,000 characters;
+- over the whole run, the drafter's acceptance from the engine's /metrics (specdecode.py).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from sparkhost import gate as gate_probe
 
+from . import specdecode, stats
 from .client import Endpoint, StreamResult
 
 PROSE_PROMPTS = (
@@ -57,6 +60,7 @@ class Protocol:
     streams: tuple[int, ...] = (2, 4, 8)
     contexts: tuple[int, ...] = (8192, 32768, 131072)
     recall_tokens: int = 32
+    context_decode_tokens: int = 512  # forced after each long prompt (0: the recall answer only)
     tool: bool = True
     fffd_tokens: int = 4096
 
@@ -162,10 +166,12 @@ def wave(run: Run, n: int) -> tuple[float | None, list[StreamResult]]:
     return (total / wall if wall > 0 else None), done
 
 
-def parallel(run: Run) -> tuple[dict[str, float], dict[str, float]]:
-    """streams -> aggregate tok/s (median of ``repeats`` waves) and -> per-stream tok/s."""
+def parallel(run: Run) -> tuple[dict[str, float], dict[str, float], dict[str, list[float]]]:
+    """streams -> aggregate tok/s (median of ``repeats`` waves), -> per-stream tok/s, and ->
+    each wave's aggregate."""
     agg: dict[str, float] = {}
     per: dict[str, float] = {}
+    waves: dict[str, list[float]] = {}
     for n in run.protocol.streams:
         figures, rates = [], []
         for _ in range(run.protocol.repeats):
@@ -176,8 +182,9 @@ def parallel(run: Run) -> tuple[dict[str, float], dict[str, float]]:
         if figures:
             agg[str(n)] = statistics.median(figures)
             per[str(n)] = statistics.median(rates) if rates else 0.0
+            waves[str(n)] = figures
             run.say(f"{n} streams: {agg[str(n)]:.2f} tok/s aggregate")
-    return agg, per
+    return agg, per, waves
 
 
 def haystack(target_tokens: int, sentences: int, keyword: str, salt: str) -> list[dict[str, Any]]:
@@ -216,8 +223,10 @@ def sized_haystack(ep: Endpoint, target: int, keyword: str, salt: str) -> list[d
 def prefill(run: Run, max_model_len: int | None) -> list[dict[str, Any]]:
     p, ep = run.protocol, run.endpoint
     rows = []
+    answer = max(p.recall_tokens, p.context_decode_tokens)
+    forced = p.context_decode_tokens > 0
     for target in p.contexts:
-        if max_model_len is not None and target + p.recall_tokens > max_model_len:
+        if max_model_len is not None and target + answer > max_model_len:
             run.errors.append(f"prefill {target}: longer than the model's context {max_model_len}")
             continue
         keyword = "ORCHID-" + uuid.uuid4().hex[:6].upper()
@@ -225,14 +234,16 @@ def prefill(run: Run, max_model_len: int | None) -> list[dict[str, Any]]:
         body = {
             "model": ep.model,
             "messages": sized_haystack(ep, target, keyword, salt),
-            "max_tokens": p.recall_tokens,
+            "max_tokens": answer,
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
             "chat_template_kwargs": dict(THINKING_OFF),
         }
+        if forced:  # the keyword comes first; the tokens past it time the long-context decode
+            body.update(min_tokens=answer, ignore_eos=True)
         r = ep.chat_stream(body)
-        if not run.check(f"prefill {target}", r) or r.ttft_s is None:
+        if not run.check(f"prefill {target}", r, answer if forced else None) or r.ttft_s is None:
             if not r.error:
                 run.errors.append(f"prefill {target}: no token came back")
             continue
@@ -244,6 +255,8 @@ def prefill(run: Run, max_model_len: int | None) -> list[dict[str, Any]]:
             "prefill_tok_s": round(prompt / r.ttft_s, 2) if r.ttft_s > 0 else None,
             "recall": recalled(keyword, r.content + r.reasoning),
         }
+        if forced and r.decode_tok_s is not None:
+            row["decode_tok_s"] = round(r.decode_tok_s, 2)
         rows.append(row)
         run.say(f"prefill {prompt} tokens: TTFT {r.ttft_s:.2f} s, recall {row['recall']}")
     return rows
@@ -278,16 +291,24 @@ def corruption(run: Run) -> tuple[float | None, int, int]:
 def measure(ep: Endpoint, protocol: Protocol, log: Any = None) -> dict[str, Any]:
     """Run the protocol against the endpoint; the result under the names other tooling reads:
     single_stream_tok_s, decode_tok_s (streams -> aggregate), prefill, tool_call_ok,
-    fffd_per_10k_chars."""
+    fffd_per_10k_chars, spec_acceptance; ``spread`` holds the median and p10 of a figure
+    measured more than once (passes, waves)."""
     run = Run(ep, log=log, protocol=protocol)
+    before = specdecode.read(ep)
     max_len = ep.max_model_len()
     single, passes, ttft = single_stream(run)
-    agg, per = parallel(run)
+    agg, per, waves = parallel(run)
     decode = {"1": round(single, 2)} if single is not None else {}
     decode.update({k: round(v, 2) for k, v in agg.items()})
     rows = prefill(run, max_len)
     tool_ok, tool_detail = tool_call(run) if protocol.tool else (None, "not run")
     fffd, count, chars = corruption(run) if protocol.fffd_tokens else (None, 0, 0)
+    drafted = specdecode.over(before, specdecode.read(ep))
+    if drafted["spec_acceptance"] is not None:
+        run.say(f"drafter acceptance {drafted['spec_acceptance']:.1%} "
+                f"(mean acceptance length {drafted['spec_acceptance_length']})")  # fmt: skip
+    repeated = {"single_stream_tok_s": passes,
+                **{f"decode_tok_s.{k}": v for k, v in waves.items()}}  # fmt: skip
     return {
         "single_stream_tok_s": None if single is None else round(single, 2),
         "single_stream_passes": [round(x, 2) for x in passes],
@@ -301,6 +322,8 @@ def measure(ep: Endpoint, protocol: Protocol, log: Any = None) -> dict[str, Any]
         "fffd_count": count,
         "fffd_chars": chars,
         "max_model_len": max_len,
+        "spread": {k: stats.spread(v) for k, v in repeated.items() if len(v) > 1},
+        **drafted,
         "errors": run.errors,
     }
 

@@ -78,6 +78,7 @@ def table(result: dict[str, Any]) -> str:
                 f"{w['prompt_tokens']} prompt tokens, TTFT {num(w['ttft_s'])} s")  # fmt: skip
     else:
         seed000_rows(result, row)
+    drafter_rows(result, row)
     verdicts = result.get("verdicts") or []
     if verdicts:
         lines.append(f"\nagainst the expected figures (tolerance {result.get('tolerance'):g}):")
@@ -94,17 +95,45 @@ def table(result: dict[str, Any]) -> str:
 
 
 def seed000_rows(result: dict[str, Any], row: Callable[..., None]) -> None:
+    spread = result.get("spread") or {}
+
+    def p10(name: str) -> str:
+        s = spread.get(name)
+        return f"; p10 {s['p10']:g} of {s['n']}" if isinstance(s, dict) else ""
+
     row("single stream tok/s", result.get("single_stream_tok_s"),
-        f"passes {result.get('single_stream_passes')}")  # fmt: skip
+        f"passes {result.get('single_stream_passes')}{p10('single_stream_tok_s')}")  # fmt: skip
     row("TTFT p50, prose (s)", result.get("ttft_p50_s"))
     per_stream = result.get("per_stream_tok_s") or {}
     for k, v in (result.get("decode_tok_s") or {}).items():
         per = per_stream.get(k)
-        row(f"{k} stream(s) aggregate tok/s", v, f"{per:g} per stream" if per else "")
+        note = (f"{per:g} per stream" if per else "") + p10(f"decode_tok_s.{k}")
+        row(f"{k} stream(s) aggregate tok/s", v, note.removeprefix("; "))
     for r in result.get("prefill") or []:
         recall = "ok" if r["recall"] else "MISSED"
+        decode = f", then decode {r['decode_tok_s']:g} tok/s" if r.get("decode_tok_s") else ""
         row(f"prefill {r['prompt_tokens']} tok, tok/s", r["prefill_tok_s"],
-            f"TTFT {r['ttft_s']:g} s, recall {recall}")  # fmt: skip
+            f"TTFT {r['ttft_s']:g} s, recall {recall}{decode}")  # fmt: skip
     row("tool call (required)", result.get("tool_call_ok"), result.get("tool_call_detail", ""))
     row("U+FFFD per 10k chars", result.get("fffd_per_10k_chars"),
         f"{result.get('fffd_count')} in {result.get('fffd_chars')} characters")  # fmt: skip
+
+
+def drafter_rows(result: dict[str, Any], row: Callable[..., None]) -> None:
+    """The drafter's acceptance over the run and which drafter files it was (a result from
+    before they were recorded has neither: nothing is printed)."""
+    if "spec_acceptance" not in result:
+        return
+    spec = result.get("spec_decode") or {}
+    share = result.get("spec_acceptance")
+    note = (f"{spec.get('accepted_tokens')} of {spec.get('draft_tokens')} draft tokens, mean "
+            f"acceptance length {num(result.get('spec_acceptance_length'))}"
+            if share is not None else str(spec.get("note", "")))  # fmt: skip
+    row("drafter acceptance", share, note)
+    drafter = result.get("drafter")
+    if isinstance(drafter, dict):
+        weights = ", ".join(f"{k} {v[:12]}" for k, v in (drafter.get("weights_sha256") or {})
+                            .items())  # fmt: skip
+        row("drafter", f"{drafter.get('repo')}@{str(drafter.get('commit'))[:12]}",
+            f"lockfile sha256 {str(drafter.get('lockfile_sha256'))[:12]}"
+            + (f"; {weights}" if weights else ""))  # fmt: skip

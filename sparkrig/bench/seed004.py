@@ -29,6 +29,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from . import specdecode
 from .client import Endpoint
 from .protocol import Calls, sized_prompt
 
@@ -168,9 +169,31 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     return {name: (by.get(w) or {}).get(key) for name, (w, key) in FIGURES.items()}
 
 
+# Seed 004's drafter figure (line 9: "that drafter kept more tokens per step, about 6.5, and
+# about 7.4 once reasoning was maxed"): tokens a verify step emits, vLLM's mean acceptance
+# length, per code workload.
+ACCEPTANCE_FIGURES = {
+    "code_low_acceptance_length": "code-low",
+    "code_max_acceptance_length": "code-max",
+}
+
+
 def measure(ep: Endpoint, proto: Seed004, log: Any = None) -> dict[str, Any]:
-    """One call per workload; the rows (``workloads``) and the seed's figures."""
+    """One call per workload; the rows (``workloads``) and the seed's figures; each row's drafter
+    acceptance from /metrics read around its call, and the run's (specdecode.py)."""
     run = Calls(ep, log=log)
-    rows = [call(run, proto, w) for w in WORKLOADS]
+    first = last = specdecode.read(ep)
+    rows = []
+    for w in WORKLOADS:
+        row = call(run, proto, w)
+        now = specdecode.read(ep)
+        drafted = specdecode.over(last, now)
+        row["spec_acceptance"] = drafted["spec_acceptance"]
+        row["spec_acceptance_length"] = drafted["spec_acceptance_length"]
+        rows.append(row)
+        last = now
+    by = {r["workload"]: r for r in rows}
+    lengths = {name: (by.get(w) or {}).get("spec_acceptance_length")
+               for name, w in ACCEPTANCE_FIGURES.items()}  # fmt: skip
     return {"workloads": rows, **figures(rows), "max_model_len": ep.max_model_len(),
-            "errors": run.errors}  # fmt: skip
+            **specdecode.over(first, last), **lengths, "errors": run.errors}  # fmt: skip

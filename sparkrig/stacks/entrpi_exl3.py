@@ -198,6 +198,14 @@ STACK = Stack(
         Figure("prose_prefill_tok_s", 1369.0, "tok/s", "seed004", SEED_004, condition=SEED_004_RUN),
         Figure("code_prefill_tok_s", 1306.0, "tok/s", "seed004", SEED_004, condition=SEED_004_RUN),
         Figure("max_model_len", 524288, "tokens", "seed004", SEED_004, condition=SEED_004_RUN),
+        # line 9: "that drafter kept more tokens per step, about 6.5, and about 7.4 once
+        # reasoning was maxed": the mean acceptance length of the code calls
+        Figure(
+            "code_low_acceptance_length", 6.5, "tokens", "seed004", SEED_004, condition=SEED_004_RUN
+        ),
+        Figure(
+            "code_max_acceptance_length", 7.4, "tokens", "seed004", SEED_004, condition=SEED_004_RUN
+        ),
     ),  # fmt: skip
     sources=(BUILD, INSTALL, LAUNCHER, README, SEED_004, "docs/stacks-facts.md §E"),
 )

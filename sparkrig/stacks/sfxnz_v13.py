@@ -214,6 +214,16 @@ STACK = Stack(
             upper=1192.0,
             condition="cold unique-salt prompt: 32K 1,192 tok/s, 128K 1,190 tok/s",
         ),
+        Figure(
+            "spec_acceptance_length",
+            2.21,
+            "tokens",
+            "seed000",
+            SEED_003,
+            "single",
+            condition="DFlash2-7 on the prose prompts, one request: 'Akzeptanzlänge 2,21' "
+            "(line 41), 1.21 of 7 drafted tokens accepted a step",
+        ),
     ),  # fmt: skip
     sources=(RUN_SH, ARGS, V8, SEED_003, "docs/stacks-facts.md §S"),
 )

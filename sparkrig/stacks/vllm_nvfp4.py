@@ -18,6 +18,10 @@ REASONING_PARSER = "glm45"  # Entrpi, tonyd2wild (§2.1); himorishige uses deeps
 GPU_MEMORY_UTILIZATION = "0.85"  # most recipes; 0.87 was unreachable on another pair (§1.3)
 
 SEED_000 = "seed 000 (000_fd10cb76903debf3.txt, Classmethod, 2x DGX Spark, v11 image)"
+DFLASH2_ISSUE = (
+    "tonyd2wild/GLM-5.3-Flash-NVFP4-DFlash2-2x-DGX-Spark#7 (a user's 2x GB10 pair, the "
+    "recipe's DFlash2 lane)"
+)
 
 # Why a run of this recipe falls short of a figure, by figure family (what the bench prints).
 CAUSES: dict[str, str] = {
@@ -59,6 +63,15 @@ FIGURES: tuple[Figure, ...] = (
     _seed000("single", "prefill_tok_s", 1391.0,
              "configuration S, unique haystack, keyword at 50% depth: flat 1,391-1,510 to 200K",
              upper=1510.0),
+    # the drafter's acceptance (accepted / draft tokens) with the lockfile's revision 7d74cdd:
+    # an issue thread's, the seeds measured none ("I didn't measure acceptance rate directly")
+    Figure("spec_acceptance", 0.34, "share", "seed000", DFLASH2_ISSUE, "single", 0.36,
+           "DFlash2 7d74cdd (model.safetensors 8931dc52...), k=7, one request, thinking off: "
+           "28-31 tok/s at 34-36% (the recipe reported 74.1%; another user 0.73 with the next "
+           "revision dc77ff1, the recipe's author ~0.66 on code with these bytes)", causes=(
+               "another drafter revision (the drafter lockfile's sha256 beside the figure); "
+               "code or a recital drafts better than prose; a loader that maps drafter tensors "
+               "wrong drafts coherent text poorly (#7)")),
     # shared (default): MTP k=4, 8 slots
     _seed000("shared", "single_stream_tok_s", 25.67,
              "MTP k=4, fp8 KV, forced 256 tokens, median of 3 ('same as k=4's 25.67')"),
@@ -165,5 +178,5 @@ STACK = Stack(
     # stop by hand; nothing orders the ranks' stops)
     stop_order="together",
     figures=FIGURES,
-    sources=("docs/sources.md", "docs/vllm.md", SEED_000),
+    sources=("docs/sources.md", "docs/vllm.md", SEED_000, DFLASH2_ISSUE),
 )

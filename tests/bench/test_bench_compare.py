@@ -171,3 +171,60 @@ def test_a_seed000_run_of_tensorfold_is_shown_beside_miaais_own_figures() -> Non
     assert published.figures_for(run | {"profile": "single"}) == []  # measured on shared only
     seed4 = {f.figure: f.low for f in published.figures_for(run | {"protocol_name": "seed004"})}
     assert seed4["prose_decode_tok_s"] == 35.8 and seed4["prose_prefill_tok_s"] == 1342.0
+
+
+RELEASE_A = FIXTURES / "release-gate-vllm-nvfp4-A.json"  # made up: the field's honest figures
+RELEASE_B = FIXTURES / "release-gate-vllm-nvfp4-B.json"  # made up: other drafter bytes, slower
+OLD_SEED000 = FIXTURES.parents[2] / "bench" / "results" / "example-standin-shared.json"
+
+
+def test_two_releases_side_by_side_with_spread_acceptance_drafter_and_fabric(
+    tmp_path: Path, capsys: object
+) -> None:
+    """The release gate's results of two releases (three runs each): a column per release,
+    named by its stack and when it ran; each speed's p10 under its median; the drafter's
+    acceptance against the figure users publish for this drafter revision (34-36%,
+    tonyd2wild/GLM-5.3-Flash-NVFP4-DFlash2-2x-DGX-Spark#7); which drafter files each was; the
+    fabric's bus bandwidth. The figure draws the acceptance and the fabric in panels of their
+    own."""
+    rc = cli.main(["compare", str(RELEASE_A), str(RELEASE_B), "--out", str(tmp_path / "rel")])
+    assert rc == 0
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    header = next(ln for ln in out.splitlines() if "2026-12-05T09:00:00Z" in ln)
+    assert "vllm-nvfp4 2026-12-05T09:00:00Z" in header and "vllm-nvfp4 2026-12-06" in header
+    assert row(out, "1 stream  ") == [["30.5", "30.84", "WITHIN"], ["18.2", "30.84", "SHORT"]]
+    assert row(out, "1 stream p10") == [["29.8", "-"], ["15.1", "-"]]
+    assert row(out, "4 streams p10") == [["64.9", "-"], ["44.3", "-"]]
+    assert row(out, "drafter acceptance") == [
+        ["0.35", "0.34-0.36", "WITHIN"],
+        ["0.05", "0.34-0.36", "SHORT"],
+    ]
+    assert row(out, "acceptance length") == [["3.45", "-"], ["1.35", "-"]]
+    assert row(out, "fabric busbw (GB/s)") == [["12.1", "-"], ["6.2", "-"]]
+    assert ("drafter incoai/GLM-5.3-Flash-DFlash2@7d74cdd881ed, lockfile sha256 3f3f3f3f3f3f; "
+            "model.safetensors 8931dc528931; release gate, 3 runs") in out  # fmt: skip
+    assert "lockfile sha256 c4c4c4c4c4c4; model.safetensors b038e1d9b038" in out
+    assert "GLM-5.3-Flash-NVFP4-DFlash2-2x-DGX-Spark#7" in out  # the acceptance's source
+    _, svg = read_figure(tmp_path / "rel")
+    words = svg_text(svg)
+    for said in ("1 stream p10", "drafter acceptance", "fabric busbw GB/s"):
+        assert said in words, said
+
+
+def test_results_from_before_the_new_figures_still_compare(capsys: object, tmp_path: Path) -> None:
+    """A seed-000 result written before spread, acceptance and fabric were recorded (the
+    committed example) and seed 004's fixtures: compared as before, with no p10, acceptance or
+    fabric row, beside a result that has them."""
+    argv = ["compare", str(OLD_SEED000), str(TENSORFOLD), str(RELEASE_A), "--out",
+            str(tmp_path / "c")]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    old, tensorfold, _ = row(out, "drafter acceptance")
+    assert old == ["-", "-"] and tensorfold == ["-", "-"]
+    assert row(out, "1 stream p10")[0] == ["-", "-"]
+    assert row(out, "fabric busbw (GB/s)")[:2] == [["-", "-"], ["-", "-"]]
+    assert row(out, "prose decode")[1] == ["31", "35.8", "SHORT"]
+    assert row(out, "1 stream  ")[0][0] == "26.41"  # the old result's own figure, as before
+    assert (
+        "example-standin-shared: " not in out.split("drafters and runs:")[1].split("published")[0]
+    )

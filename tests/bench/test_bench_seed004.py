@@ -84,3 +84,24 @@ def test_seed000_options_are_refused_with_seed004() -> None:
         cli.main(["--url", "http://127.0.0.1:9", "--model", MODEL, "--protocol", "seed004",
                   "--streams", "2"])  # fmt: skip
     assert exit_.value.code == 2
+
+
+def test_each_workload_has_its_own_acceptance_and_the_code_rows_seed_004s_tokens_per_step(
+    tmp_path: Path,
+) -> None:
+    """/metrics read around each call: each row's drafter acceptance is its own call's, the
+    code rows' mean acceptance length is what seed 004 line 9 calls tokens per step, and the
+    run's acceptance is over all three calls."""
+    spec = json.dumps({"method": "dflash", "model": str(tmp_path), "num_speculative_tokens": 7})
+    with standin(tmp_path, *FAST, "--speculative-config", spec,
+                 env={"STANDIN_ACCEPTANCE": "0.8"}) as url:  # fmt: skip
+        r = seed004.measure(Endpoint(url, MODEL), seed004.Seed004())
+    assert not r["errors"], r["errors"]
+    for row in r["workloads"]:
+        assert row["spec_acceptance"] == pytest.approx(0.8, abs=0.02), row
+        assert row["spec_acceptance_length"] == pytest.approx(1 + 0.8 * 7, abs=0.15), row
+    rows = {row["workload"]: row for row in r["workloads"]}
+    assert r["code_low_acceptance_length"] == rows["code-low"]["spec_acceptance_length"]
+    assert r["code_max_acceptance_length"] == rows["code-max"]["spec_acceptance_length"]
+    total = sum(row["completion_tokens"] for row in r["workloads"])
+    assert r["spec_decode"]["drafts"] + r["spec_decode"]["accepted_tokens"] == total

@@ -12,11 +12,11 @@ from sparkrig.bench import target
 
 
 def test_the_inventory_gives_the_heads_url_model_profile_stack_and_key_file() -> None:
-    t = target.read("inventory.py", REPO)
+    t = target.read("inventory.py", REPO)  # profile shared: MTP, no drafter lockfile
     assert t == {"stack": "vllm-nvfp4", "url": "https://spark-a.local:8000",
                  "model": "glm-5.3-flash", "profile": "shared",
                  "api_key_file": ".sparkrig/api-key", "ca_file": ".sparkrig/tls/ca.crt",
-                 "nnodes": 2}  # fmt: skip
+                 "nnodes": 2, "drafter_lock": None}  # fmt: skip
     assert "gevent" not in sys.modules or not __import__("gevent.monkey").monkey.is_module_patched(
         "socket"
     )  # this process stays unpatched
@@ -45,6 +45,8 @@ def test_the_inventory_names_the_stack_it_deploys(tmp_path) -> None:
     (tmp_path / "inv.py").write_text(text)
     t = target.read(str(tmp_path / "inv.py"), REPO)
     assert t["stack"] == "entrpi-exl3" and t["profile"] == "single"
+    # its profile loads the MXFP8 drafter: the bench records that lockfile's digest
+    assert t["drafter_lock"] == "locks/local-inference-lab--GLM-5.3-Flash-DFlash2-MXFP8.lock.json"
     assert measured_stack(None, t) == "entrpi-exl3"
     assert measured_stack("sfxnz-v13", t) == "sfxnz-v13"
     assert measured_stack(None, {}) == "vllm-nvfp4"

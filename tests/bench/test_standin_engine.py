@@ -233,3 +233,36 @@ def test_a_bad_knob_stops_the_start(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="choose one of normal, wedged, long-prefill"):
         with standin(tmp_path, "--standin-mode", "stuck"):
             pass
+
+
+SPEC = ("--speculative-config", json.dumps({"method": "mtp", "num_speculative_tokens": 4}))
+SPEC_NAMES = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+              "vllm:spec_decode_num_accepted_tokens_total")  # fmt: skip
+
+
+def test_a_speculating_standin_counts_drafts_as_vllm_at_its_configured_acceptance(
+    tmp_path: Path,
+) -> None:
+    """With a --speculative-config, /metrics carries vLLM's three spec-decode counters (parsed
+    here by prometheus_client), consistent with the tokens generated: each step k = 4 draft
+    tokens, the accepted ones plus one emitted, accepted / draft tokens the configured share;
+    without one, none of them (vLLM registers them only when it speculates)."""
+    vllm_package("prometheus_client")  # metrics() parses with it
+    with standin(tmp_path, "--standin-decode-tok-s", "5000", *SPEC,
+                 env={"STANDIN_ACCEPTANCE": "0.25"}) as url:  # fmt: skip
+        zero = metrics(url)
+        stream(url, forced("hello", 400), [])
+        m = metrics(url)
+    assert [zero[n] for n in SPEC_NAMES] == [0, 0, 0]
+    drafts, draft, accepted = (m[n] for n in SPEC_NAMES)
+    assert m["vllm:generation_tokens_total"] == 400 == drafts + accepted
+    assert draft == 4 * drafts and accepted / draft == pytest.approx(0.25, abs=0.01)
+    with standin(tmp_path, "--standin-decode-tok-s", "5000") as url:
+        stream(url, forced("hello", 10), [])
+        assert not set(SPEC_NAMES) & set(metrics(url))
+
+
+def test_a_bad_acceptance_stops_the_start(tmp_path: Path) -> None:
+    with pytest.raises(AssertionError, match="--standin-acceptance: must be 0 to 1, got '1.5'"):
+        with standin(tmp_path, *SPEC, "--standin-acceptance", "1.5"):
+            pass

@@ -21,7 +21,9 @@ def result(single: float = 30.0, four: float = 80.0, tool: bool = True, fffd: fl
 
 
 CALLS: list[benchgate.Target] = []
-ANSWERS: list[dict[str, Any]] = []  # answered in turn; empty: the default result()
+# answered in turn, the last one again for every run after it (one answer: every run of the
+# gate's bench_gate_runs measures it); empty: the default result()
+ANSWERS: list[dict[str, Any]] = []
 
 
 def answer(*results: dict[str, Any]) -> None:
@@ -30,7 +32,9 @@ def answer(*results: dict[str, Any]) -> None:
 
 def fake_run(target: benchgate.Target, timeout_s: int) -> dict[str, Any]:
     CALLS.append(target)
-    return ANSWERS.pop(0) if ANSWERS else result()
+    if not ANSWERS:
+        return result()
+    return ANSWERS.pop(0) if len(ANSWERS) > 1 else dict(ANSWERS[0])
 
 
 def stub(monkeypatch: Any) -> None:

@@ -71,12 +71,103 @@ def test_a_shortfall_records_nothing_and_says_the_tolerance() -> None:
     assert "21.00 tok/s" in said and "30.00 tok/s" in said and "56.00" in said and "80.00" in said
 
 
+def run(single: float, four: float, **more: object) -> dict[str, object]:
+    """One short bench's JSON."""
+    return {"single_stream_tok_s": single, "decode_tok_s": {"1": single, "4": four},
+            "tool_call_ok": True, "fffd_per_10k_chars": 0.0, "fffd_chars": 3000, "errors": [],
+            **more}  # fmt: skip
+
+
+def test_several_runs_keep_the_median_and_the_p10_of_each_speed() -> None:
+    figures = bg.gate_figures([run(30.0, 80.0), run(20.0, 70.0), run(31.0, 90.0)])
+    assert figures["runs"] == 3
+    assert (figures["single_stream_tok_s"], figures["single_stream_tok_s.p10"]) == (30.0, 22.0)
+    assert (figures["decode_tok_s.4"], figures["decode_tok_s.4.p10"]) == (80.0, 72.0)
+    assert figures["fffd_chars"] == 9000 and figures["tool_call_ok"] is True
+    assert "spec_acceptance" not in figures  # no engine drafted: nothing kept
+
+
+def test_a_p10_below_the_previous_p10_fails_like_a_median_naming_both() -> None:
+    previous = {**PREVIOUS, "single_stream_tok_s.p10": 29.0, "decode_tok_s.4.p10": 78.0}
+    ok = bg.gate_figures([run(30.0, 80.0)] * 3)
+    assert bg.shortfalls(previous, ok, 0.10) == []
+    spread = bg.gate_figures([run(30.0, 80.0), run(10.0, 80.0), run(30.0, 80.0)])
+    assert bg.shortfalls(previous, spread, 0.10) == [
+        "single-stream decode p10 14.00 tok/s is below 90% of the previous release's p10 "
+        "29.00 tok/s (floor 26.10)"
+    ]
+    figures, said = bg.verdict([run(30.0, 80.0), run(10.0, 80.0), run(30.0, 80.0)], previous, 0.1)
+    assert figures is None and "p10 14.00 tok/s" in said and "p10 29.00 tok/s" in said
+    # a previous release kept before p10 was: its median only is held
+    assert bg.shortfalls(PREVIOUS, spread, 0.10) == []
+
+
+DRAFTER = {"repo": "incoai/GLM-5.3-Flash-DFlash2", "commit": "7d74cdd8" * 5,
+           "lockfile_sha256": "ab" * 32}  # fmt: skip
+
+
+def drafted(share: float, drafter: object = DRAFTER) -> dict[str, object]:
+    tokens = 7000
+    return run(30.0, 80.0, drafter=drafter, spec_acceptance=share,
+               spec_decode={"drafts": 1000, "draft_tokens": tokens,
+                            "accepted_tokens": round(share * tokens)})  # fmt: skip
+
+
+def test_a_drafter_below_the_acceptance_floor_is_refused_naming_the_figure_and_floor() -> None:
+    """Pooled over the runs; the floor holds a first release too (no previous figures)."""
+    figures, said = bg.verdict([drafted(0.05), drafted(0.07)], PREVIOUS, 0.1, 0.10)
+    assert figures is None
+    assert said == ("short bench held by the acceptance floor: drafter acceptance 6.0% is below "
+                    "the floor 10% (bench_acceptance_min 0.1; drafter incoai/GLM-5.3-Flash-"
+                    "DFlash2@7d74cdd87d74, lockfile sha256 abababababab): a drafter that does "
+                    "not fit the model")  # fmt: skip
+    figures, said = bg.verdict([drafted(0.05)], {}, 0.1, 0.10)
+    assert figures is None and "acceptance 5.0% is below the floor 10%" in said
+    figures, said = bg.verdict([drafted(0.35)] * 3, PREVIOUS, 0.1, 0.10)
+    assert figures is not None and figures["spec_acceptance"] == 0.35
+    assert figures["drafter_lockfile_sha256"] == "ab" * 32  # the identity, beside it
+    assert "drafter acceptance 35.0% (floor 10%; incoai/GLM-5.3-Flash-DFlash2@" in said
+
+
+def test_a_release_without_a_drafter_skips_the_floor_saying_so() -> None:
+    figures, said = bg.verdict([drafted(0.02, drafter=None)], PREVIOUS, 0.1, 0.10)
+    assert figures is not None  # MTP at 2%: no drafter of the release to hold
+    assert (
+        "drafter acceptance 2.0%; no drafter in this release: the acceptance floor is not "
+        "held" in said
+    )
+    figures, said = bg.verdict([run(30.0, 80.0, drafter=DRAFTER, spec_acceptance=None,
+                                    spec_decode={"note": "no spec-decode counters on /metrics"})],
+                               PREVIOUS, 0.1, 0.10)  # fmt: skip
+    assert figures is not None
+    assert (
+        "acceptance not measured (no spec-decode counters on /metrics): its floor is not "
+        "held" in said
+    )
+
+
+def test_the_gate_knobs_are_bounded() -> None:
+    assert "bench_gate_runs: Input should be greater than or equal to 1" in problems(
+        edit(cluster(2), "head", 0, bench_gate_runs=0)
+    )
+    assert "bench_acceptance_min: Input should be less than or equal to 1" in problems(
+        edit(cluster(2), "head", 0, bench_acceptance_min=1.5)
+    )
+    knobs = build(cluster(2))["spark-0"].knobs
+    assert (knobs.bench_gate_runs, knobs.bench_acceptance_min) == (3, 0.10)
+
+
 def test_the_bench_runs_as_a_child_with_the_key_as_an_absolute_file_name(tmp_path: Path) -> None:
     target = bg.Target("https://h:8000", "m", ".sparkrig/api-key", "shared")
     argv = bg.bench_argv(target, tmp_path / "r.json")
     assert argv[1:4] == ["-m", "sparkrig.bench", "--short"]
     assert argv[argv.index("--api-key-file") + 1] == str(Path(".sparkrig/api-key").resolve())
     assert "--api-key-file" not in bg.bench_argv(bg.Target("u", "m", None, "p"), tmp_path)
+    lock = "locks/incoai--GLM-5.3-Flash-DFlash2.lock.json"
+    argv = bg.bench_argv(bg.Target("u", "m", None, "single", drafter_lock=lock, stack="s"),
+                         tmp_path)  # fmt: skip
+    assert argv[argv.index("--drafter-lock") + 1] == str(Path(lock).resolve())
+    assert argv[argv.index("--stack") + 1] == "s"
 
 
 def test_the_heads_api_url_defaults_to_its_ssh_hostname_or_name_and_can_be_set() -> None:
