@@ -44,8 +44,8 @@ BAD_NCCL_ENV = "STANDIN_NCCL=pip"
 # the same stand-in, wedged after a dozen completions: past the gates, inside the soak gate's load
 WEDGE_SOAK_TAG = "lab-wedge-soak"
 WEDGE_SOAK_ENV = ["STANDIN_MODE=wedged", "STANDIN_WEDGE_AFTER=12"]
-# The fake NCCL libraries: a real ELF of the guest's rootfs (libz) with the build ID of each
-# build, as vllm-project/vllm#41725 gives their prefixes, and NCCL's version banner appended
+# The fake NCCL libraries: a minimal ELF whose GNU build ID begins as each build's does
+# (vllm-project/vllm#41725 gives the prefixes), with NCCL's version banner after it
 FAKE_NCCL = {
     "system": ("usr/lib/aarch64-linux-gnu/libnccl.so.2.28.9", "c0db9360"),
     "pip": ("usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2", "a7f420a1"),
@@ -224,17 +224,29 @@ def standin_files() -> dict[str, bytes]:
     return files
 
 
+def minimal_elf(build_id: bytes, payload: bytes) -> bytes:
+    """An ELF64 little-endian shared object with one PT_NOTE program header holding a GNU
+    build-ID note (namesz 4, descsz 20, type 3, "GNU"), then ``payload``: what ``readelf -n``
+    and the runtime reader read, nothing to run (the stand-in maps it, it never loads it)."""
+    note = struct.pack("<III", 4, len(build_id), 3) + b"GNU\0" + build_id
+    ehsize, phentsize = 64, 56
+    header = (
+        b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8)  # 64-bit, little-endian, version 1
+        + struct.pack("<HHIQQQIHHHHHH", 3, 183, 1, 0, ehsize, 0, 0, ehsize, phentsize, 1, 0, 0, 0)
+    )  # fmt: skip
+    offset = ehsize + phentsize
+    phdr = struct.pack("<IIQQQQQQ", 4, 4, offset, 0, 0, len(note), len(note), 4)
+    return header + phdr + note + payload
+
+
 def fake_nccl_files(rootfs: Path) -> dict[str, bytes]:
-    """/opt/standin/nccl/<build>/<its path's name>: each a copy of the rootfs's libz whose GNU
-    build ID note (namesz 4, descsz 20, type 3, "GNU") carries that build's prefix, with
-    "NCCL version 2.28.9+cuda13.0" appended (what the runtime reader looks for)."""
-    src = sorted((rootfs / "usr" / "lib").glob("*-linux-gnu/libz.so.1.*"))[0].read_bytes()
-    note = struct.pack("<III", 4, 20, 3) + b"GNU\0"
-    at = src.index(note) + len(note)
+    """/opt/standin/nccl/<build>/<its path's name>: a minimal ELF whose build ID carries that
+    build's prefix, with "NCCL version 2.28.9+cuda13.0" (what the runtime reader looks for).
+    ``rootfs`` is not read: the files are the same whatever the guest."""
     out = {}
     for build, (path, prefix) in FAKE_NCCL.items():
-        desc = bytes.fromhex(prefix) + hashlib.sha256(build.encode()).digest()[:16]
-        data = src[:at] + desc + src[at + 20 :] + b"\0NCCL version 2.28.9+cuda13.0\0"
+        build_id = bytes.fromhex(prefix) + hashlib.sha256(build.encode()).digest()[:16]
+        data = minimal_elf(build_id, b"\0NCCL version 2.28.9+cuda13.0\0")
         out[f"opt/standin/nccl/{build}/{Path(path).name}"] = data
     return out
 

@@ -44,7 +44,7 @@ def test_every_module_imports_the_standard_library_and_the_package_alone(module)
 def test_every_job_has_its_module_and_every_module_is_shipped():
     jobs = hostpkg.jobs()
     assert {"fetch", "verify", "state", "serve", "routes", "follow", "prep", "gate", "pair",
-            "nccl-smoke", "imageload", "why"} == set(jobs)  # fmt: skip
+            "nccl-smoke", "imageload", "why", "runtime", "soak"} == set(jobs)  # fmt: skip
     shipped = set(hostpkg.modules())
     assert {f"{m}.py" for m in jobs.values()} <= shipped
     assert {"__init__.py", "__main__.py", "tokenfile.py", "lockfile.py", "gid.py",
