@@ -12,7 +12,6 @@ gate. The reading is kept with the release (sparkrig/release.py) and shown by st
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from pyinfra.context import ctx_state
 from pyinfra.facts.server import Command
 
 from sparkrig import hostpkg
+from sparkrig.factlines import last_json
 from sparkrig.failing import fail_host
 from sparkrig.runscope import once_per_run
 from sparkrig.settings import Settings
@@ -66,14 +66,12 @@ def runtime_command(s: Settings) -> list[str]:
 
 def parse_runtime(output: str) -> dict[str, Any]:
     """The job's JSON line; ``{"error": ...}`` when it printed none."""
-    for line in reversed(output.splitlines()):
-        if line.startswith("{"):
-            try:
-                got: dict[str, Any] = json.loads(line)
-            except ValueError:
-                break
-            return got
-    return {"error": output.strip()[-300:] or "no answer from sparkhost runtime"}
+    got = last_json(output)
+    return (
+        got
+        if got is not None
+        else {"error": output.strip()[-300:] or "no answer from sparkhost runtime"}
+    )
 
 
 def nccl_builds(reading: Mapping[str, Any]) -> list[str]:

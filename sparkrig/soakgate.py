@@ -11,7 +11,6 @@ Why 30 minutes and 4 streams by default: on two Sparks, TP=2, pip's NCCL 2.28.9 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -19,6 +18,7 @@ from pyinfra.api import QuoteString, operation
 from pyinfra.context import ctx_state
 
 from sparkrig import engines, hostpkg
+from sparkrig.factlines import last_json
 from sparkrig.front import loopback_tls
 from sparkrig.gates import LoopbackTls, local_url
 from sparkrig.runscope import once_per_run
@@ -45,13 +45,9 @@ def soak_command(s: Settings) -> list[str]:
 
 def parse_soak(output: str) -> dict[str, Any]:
     """The soak's last JSON line; ``{"ok": False, "detail": ...}`` when it printed none."""
-    for line in reversed(output.splitlines()):
-        if line.startswith("{"):
-            try:
-                got: dict[str, Any] = json.loads(line)
-            except ValueError:
-                break
-            return got
+    got = last_json(output)
+    if got is not None:
+        return got
     return {"ok": False, "detail": output.strip()[-300:] or "no answer from sparkhost soak"}
 
 
