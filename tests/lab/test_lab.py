@@ -280,7 +280,11 @@ def test_init_writes_an_inventory_that_deploys_as_written(lab: Lab, tmp_path):
     import runpy
 
     knobs = runpy.run_path(str(ROOT / INV))["_knobs"]
-    knobs["api_url"] = f"http://127.0.0.1:{json.loads(STATE.read_text())['api_forward_port']}"
+    state = json.loads(STATE.read_text())
+    knobs["api_url"] = f"https://127.0.0.1:{state['api_forward_port']}"
+    # the names the front's certificate carries, as lab/inventory.py gives the head: the same
+    # names, the same certificate (another name would issue a new one: a change)
+    knobs["api_tls_names"] = sorted(state["hosts"][0]["uplink_addresses"].values())
     sets = [a for k, v in knobs.items()
             for a in ("--set", f"{k}={v if isinstance(v, str) else json.dumps(v)}")]  # fmt: skip
     boxes = [f"{g.user}@127.0.0.1:{g.port}" for g in lab.guests]
