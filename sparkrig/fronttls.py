@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from sparkrig.runscope import once_per_run
-from sparkrig.secretio import Held, SecretDigest
+from sparkrig.secretio import Held, SecretDigest, write_control_file
 from sparkrig.settings import Settings, api_ca_file, for_inventory
 from sparkrig.stateread import Part, Values
 
@@ -213,17 +212,6 @@ def why_reissue(cert: x509.Certificate, ca_cert: x509.Certificate, names: Iterab
     return ""
 
 
-def _write(path: Path, data: bytes, secret: bool) -> None:
-    """``data`` into ``path``, renamed over; a secret is 0600 from its first byte."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.sparkrig-new")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if secret else 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def _load(files: TlsFiles) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate] | None:
     if not (files.ca_key.exists() and files.ca_cert.exists()):
         return None
@@ -259,8 +247,8 @@ def decide(
         if head_holds and not rotate:
             return FrontTls(problem=lost_ca(files))
         ca_key, ca_cert = make_ca(label)
-        _write(files.ca_key, _pem_key(ca_key), secret=True)
-        _write(files.ca_cert, _pem(ca_cert), secret=False)
+        write_control_file(files.ca_key, _pem_key(ca_key), secret=True)
+        write_control_file(files.ca_cert, _pem(ca_cert), secret=False)
         said.append(f"made the pair's CA {files.ca_cert}")
     else:
         ca_key, ca_cert = loaded
@@ -273,13 +261,13 @@ def decide(
             why = f"{files.cert} holds no certificate"
     if why:
         key, cert = issue(ca_key, ca_cert, names)
-        _write(files.key, _pem_key(key), secret=True)
-        _write(files.cert, _pem(cert), secret=False)
+        write_control_file(files.key, _pem_key(key), secret=True)
+        write_control_file(files.cert, _pem(cert), secret=False)
         said.append(f"issued the front's certificate ({why}) for {', '.join(names)}")
     cert_pem = files.cert.read_text()
     shown = fingerprint(cert_pem)
     if not files.fingerprint.exists() or files.fingerprint.read_text().strip() != shown:
-        _write(files.fingerprint, (shown + "\n").encode(), secret=False)
+        write_control_file(files.fingerprint, (shown + "\n").encode(), secret=False)
     return FrontTls(
         cert=cert_pem,
         key=files.key.read_text(),

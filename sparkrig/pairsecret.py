@@ -10,7 +10,6 @@ in the tasks, once per run (``pair_secret``, ``api_key``)."""
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -21,7 +20,7 @@ from sparkhost.tokenfile import read_secret
 
 from sparkrig.paths import paths
 from sparkrig.runscope import once_per_run
-from sparkrig.secretio import Held, SecretDigest, digest, read_secret_now
+from sparkrig.secretio import Held, SecretDigest, digest, read_secret_now, write_control_file
 from sparkrig.settings import Settings, for_inventory
 from sparkrig.stateread import Part, Values
 
@@ -260,14 +259,7 @@ def lost_env(p: dict[str, str], control_file: str) -> str:
 
 def write_control_copy(path: str, token: str) -> None:
     """Write ``token`` to the control side's ``path``, 0600 from the first byte, renamed over."""
-    file = Path(path).expanduser()
-    file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_name(f".{file.name}.sparkrig-new")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.replace(tmp, file)
+    write_control_file(Path(path).expanduser(), (token + "\n").encode(), secret=True)
 
 
 def write_control_copy_later(

@@ -18,8 +18,10 @@ its facts' output is printed at ``-vvv`` (5g). So a secret (pair secret, API key
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Generator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pyinfra import host, logger
@@ -142,3 +144,15 @@ def secret_relayed(
 
     logger.info(f"{host.print_prefix}Will copy {dest} from {source} (secret: content not shown)")
     yield FunctionCommand(relay, (), {})
+
+
+def write_control_file(path: Path, data: bytes, secret: bool) -> None:
+    """``data`` into the control side's ``path``, renamed over; a secret is 0600 from its first
+    byte, so no reader ever sees it wider."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.sparkrig-new")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if secret else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
