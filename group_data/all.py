@@ -62,17 +62,21 @@ fabric_wait_s = 300  # start gate: wait this long for fabric carrier, address an
 
 # --- fabric -----------------------------------------------------------------------------------
 fabric_mtu = 9000  # MTU on the QSFP fabric NIC, persisted with netplan
-# How the fabric is laid out (docs/rings.md). "single": one netdev per rank (fabric_interface,
-# fabric_address), every rank on one subnet: a pair on one function, or a switch. "ports": both
-# PCIe functions of every cabled port, the addresses derived from fabric_cidr (a pair: the port
-# fabric_interface names; three and more: both ports, cabled port 0 of rank i to port 1 of rank
-# i+1; host data fabric_ports, else DGX OS's names, and lan_address). A pair is applied, and
-# three or four with stack "tensorfold-ring" (plan tested only); other stacks are refused there.
-fabric_layout = "single"  # "single" (one netdev per rank) or "ports" (every function, derived plan)
+# How the fabric is laid out (docs/rings.md). "auto": "ports" for a pair, "single" for three
+# ranks and more. "ports": both PCIe functions of every cabled port (a pair: the port
+# fabric_interface names, its twin's netdev and RDMA device by DGX OS's names or host data
+# fabric_ports; the primary keeps the inventory's fabric_address and the twin takes the buddy
+# subnet with the same host number, 10.200.0.1/24 -> 10.200.1.1/24, or both from fabric_cidr
+# when none is typed; three and more: both ports, cabled port 0 of rank i to port 1 of rank i+1,
+# every address from fabric_cidr, lan_address). "single": one netdev per rank (fabric_interface,
+# fabric_address), every rank on one subnet: a switch, or a pair held to one function. NCCL on
+# one function is the slowdown the field reports most (~12 GB/s of ~21: docs/rings.md).
+# Triangles and rings run stack "tensorfold-ring" only (plan tested); others are refused there.
+fabric_layout = "auto"  # "auto" (a pair: ports), "single" (one netdev per rank) or "ports"
 # One /24 per function class per cable is cut from it, in cable order (cable e: the 2e-th and
 # (2e+1)-th /24), the port-0 end .1, the port-1 end .2: SparkRing's layout (docs/rings.md). A /21
 # holds a ring of 4, a /20 one of 8. 198.18.0.0/15 is set aside for benchmarking (RFC 2544).
-fabric_cidr = "198.18.0.0/20"  # fabric_layout "ports": the network every fabric subnet is cut from
+fabric_cidr = "198.18.0.0/20"  # "ports": the network every derived fabric subnet is cut from
 # A link (one function class of one cable) that fails the full-MTU don't-fragment ping either way:
 # "refuse" names it and stops; "omit" names it and leaves it out on both ends (its RDMA devices out
 # of NCCL_IB_HCA). A cable with neither function answering is refused either way (docs/rings.md).
@@ -137,8 +141,8 @@ nccl_known_bad_ok = False  # True: serve on a known-bad NCCL build anyway, warne
 # floor"). Published: one RDMA function of the QSFP port 11.6-12.8 GB/s (himorishige/glm53-flash-
 # 2x-dgx-spark-recipe README; MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#172), both functions
 # 20.4-23.7 (MiaAI #118, #172; dgx-spark-playbooks#103), MTU 1500 1.5 (himorishige). Our env
-# file names ONE function (NCCL_IB_HCA, NCCL_IB_MERGE_NICS=0), so a healthy pair measures ~12:
-# a floor between one and both functions (16) would fail every deploy. 8 (2/3 of one function)
+# file names ONE function in the single layout (NCCL_IB_HCA), so a healthy pair measures ~12:
+# a floor between one and both functions (16) would fail every such deploy. 8 (2/3 of one function)
 # fails MTU 1500, a 13 Gb/s link (1.6), a dev NCCL build (3.04, #103), a function at half width;
 # fabric_layout "ports" names both functions and uses fabric_ports_busbw_min_gbs instead (below).
 fabric_busbw_min_gbs = 8.0  # GB/s; the smoke test fails below it (0: no floor)

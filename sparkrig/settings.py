@@ -171,7 +171,7 @@ class Knobs(BaseModel):
     fabric_wait_s: int = Field(ge=0)
 
     fabric_mtu: int = _cluster(ge=1280, le=9216)
-    fabric_layout: Literal["single", "ports"] = _cluster()
+    fabric_layout: Literal["auto", "single", "ports"] = _cluster()
     fabric_cidr: str = _cluster()
     fabric_link_silent: Literal["refuse", "omit"] = _cluster()
     fabric_netplan_file: str
@@ -537,9 +537,14 @@ class Settings(BaseModel):
     def fabric_plan(self) -> topology.Plan | None:
         """The fabric's addressing plan (fabric_layout "ports", docs/rings.md); None: one netdev
         per rank on one subnet (fabric_layout "single", the inventory's fabric_address)."""
-        if self.knobs.fabric_layout != "ports":
+        if self.layout != "ports":
             return None
         return fabric_plan(self.ranks, self.knobs.fabric_cidr)
+
+    @property
+    def layout(self) -> Literal["single", "ports"]:
+        """fabric_layout as it applies to this inventory (``layout_of``)."""
+        return layout_of(self.knobs.fabric_layout, self.nnodes)
 
     @property
     def fabric_rank(self) -> topology.RankPlan | None:
@@ -810,7 +815,7 @@ def build(view: InventoryView) -> dict[str, Settings]:
     nnodes = len(ordered)
     for rank, (name, data) in enumerate(ordered):
         problems.extend(unknown_keys(name, data))
-        ports_layout = data.get("fabric_layout") == "ports"
+        ports_layout = layout_of(data.get("fabric_layout") or "auto", nnodes) == "ports"
         required: tuple[str, ...] = ("fabric_interface", "fabric_address")
         if ports_layout:  # the addresses are derived; a ring names no single interface
             required = ("fabric_interface",) if nnodes == 2 else ()
@@ -838,7 +843,9 @@ def build(view: InventoryView) -> dict[str, Settings]:
                     name=name,
                     rank=rank,
                     fabric_interface=interface,
-                    fabric_address=_interface(None if ports_layout else data.get("fabric_address")),
+                    fabric_address=_interface(
+                        None if ports_layout and nnodes > 2 else data.get("fabric_address")
+                    ),
                     roce_device=data.get("roce_device"),
                     uplink_interfaces=list(data.get("uplink_interfaces") or []),
                     address=str(data.get("ssh_hostname") or name),
@@ -859,13 +866,16 @@ def build(view: InventoryView) -> dict[str, Settings]:
             problems.extend(_fmt(name, err))
 
     first = next(iter(knobs.values()), None)
-    if not problems and first is not None and first.fabric_layout == "ports":
+    ports_plan = first is not None and layout_of(first.fabric_layout, nnodes) == "ports"
+    if ports_plan:
+        problems.extend(typed_pair_problems(ranks))
+    if not problems and first is not None and ports_plan:
         try:
             ranks = planned_ranks(ranks, first.fabric_cidr)
         except topology.PlanError as err:
             problems.extend(f"inventory: fabric_layout 'ports': {p}" for p in err.problems)
     problems.extend(_cluster_problems(ranks, knobs))
-    if not problems and first is not None and first.fabric_layout == "ports":
+    if not problems and first is not None and ports_plan:
         problems.extend(fabric_env_refusals(ranks, first))
     if problems:
         said = said_once(problems, [n for n, _ in [*heads, *workers]])
@@ -875,12 +885,41 @@ def build(view: InventoryView) -> dict[str, Settings]:
     return {r.name: Settings(me=r, ranks=as_tuple, knobs=knobs[r.name]) for r in ranks}
 
 
+def layout_of(knob: str, nnodes: int) -> Literal["single", "ports"]:
+    """What fabric_layout means for ``nnodes`` ranks: "auto" is both functions of the cable for
+    a pair ("ports": the field's most reported slowdown is NCCL on one function, docs/rings.md)
+    and one netdev per rank on one subnet (a switch) for three ranks and more."""
+    if knob == "auto":
+        return "ports" if nnodes == 2 else "single"
+    return "ports" if knob == "ports" else "single"
+
+
+def typed_pair_problems(ranks: list[Rank]) -> list[str]:
+    """A pair on both functions keeps the fabric_address its inventory types (its primary
+    function's; the twin's is derived, topology.typed_links): on both ranks or on neither, on
+    one subnet that has a buddy of its size."""
+    if len(ranks) != 2:
+        return []
+    typed = [r for r in ranks if r.fabric_address.network.prefixlen < 32]
+    if len(typed) == 1:
+        other = next(r for r in ranks if r not in typed)
+        return [
+            f"{other.name}: fabric_address: missing, but {typed[0].name} has one: a pair on "
+            "both functions types both primary addresses or neither (then fabric_cidr's)"
+        ]
+    if len(typed) == 2:
+        pair = (ranks[0].fabric_address, ranks[1].fabric_address)
+        return [f"{ranks[1].name}: {p}" for p in topology.typed_problems(pair)]
+    return []
+
+
 def _ports_layout_keys(name: str, data: dict[str, Any], nnodes: int) -> list[str]:
-    """What fabric_layout "ports" refuses in one host's data: a typed fabric address (every
-    address is derived from fabric_cidr), and on three ranks and more a fabric_interface or
-    roce_device (a ring names both ports, fabric_ports, or takes DGX OS's names)."""
+    """What fabric_layout "ports" refuses in one host's data on three ranks and more: a typed
+    fabric address (every address is derived from fabric_cidr), a fabric_interface or
+    roce_device (a ring names both ports, fabric_ports, or takes DGX OS's names). A pair keeps
+    its fabric_address as its primary function's (``typed_pair_problems``)."""
     problems = []
-    if data.get("fabric_address") not in (None, ""):
+    if nnodes > 2 and data.get("fabric_address") not in (None, ""):
         problems.append(
             f"{name}: fabric_address: fabric_layout 'ports' derives every fabric address from "
             "fabric_cidr, never per host (docs/rings.md); remove it"
@@ -932,11 +971,15 @@ def resolved_ports(data: dict[str, Any], nnodes: int) -> dict[int, topology.Port
         if named:
             return {named[0].index: named[0]}
         if derived is not None and derived.index not in ports:
+            if data.get("roce_device"):  # a name given wins over DGX OS's
+                primary = topology.Function(iface, str(data["roce_device"]))
+                derived = topology.Port(derived.index, primary, derived.twin)
             return {derived.index: derived}
         if iface:
             raise ValueError(
                 f"fabric_interface {iface} is the primary netdev of no port: name its port in "
-                "fabric_ports (a DGX OS name, enp1s0f<i>np<i>, needs none)"
+                "fabric_ports (a DGX OS name, enp1s0f<i>np<i>, needs none), or set "
+                "fabric_layout = 'single' to serve on this one netdev"
             )
         return {}
     for index in topology.PORTS:
@@ -952,8 +995,12 @@ def pair_ports(ranks: list[Rank] | tuple[Rank, ...]) -> tuple[int, int] | None:
 
 
 def fabric_plan(ranks: list[Rank] | tuple[Rank, ...], cidr: str) -> topology.Plan:
-    """The addressing plan of ``ranks`` in inventory order (topology.derive)."""
-    return topology.derive([r.ports for r in ranks], cidr, pair_ports(ranks))
+    """The addressing plan of ``ranks`` in inventory order (topology.derive); a pair whose
+    ranks hold a fabric_address keeps them (typed, or the plan's own once planned: the same)."""
+    typed = None
+    if len(ranks) == 2 and all(r.fabric_address.network.prefixlen < 32 for r in ranks):
+        typed = (ranks[0].fabric_address, ranks[1].fabric_address)
+    return topology.derive([r.ports for r in ranks], cidr, pair_ports(ranks), typed)
 
 
 def planned_ranks(ranks: list[Rank], cidr: str) -> list[Rank]:
@@ -996,7 +1043,7 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
                 f"{head.name}: api_url: {head.api_url} is not {scheme}:// but the front serves "
                 f"{scheme.upper()} ({how}); write {scheme}://..., or change api_tls"
             )
-    layout = next(iter(knobs.values())).fabric_layout if knobs else "single"
+    layout = layout_of(next(iter(knobs.values())).fabric_layout, len(ranks)) if knobs else "single"
     real = [r for r in ranks if r.fabric_address.network.prefixlen < 32]
     seen: dict[str, str] = {}
     for r in real:
@@ -1201,7 +1248,7 @@ def not_applied(settings: dict[str, Settings]) -> str | None:
     needs ring-only NCCL with a patched NCCL (``NCCL_SKIP_TREE_CONNECT``), which no vLLM stack
     here ships (research rings.md [I2, S13]); three ranks are refused earlier, by the 64 heads."""
     s = next(iter(settings.values()), None)
-    if s is None or s.knobs.fabric_layout == "single" or s.nnodes == 2:
+    if s is None or s.layout == "single" or s.nnodes == 2:
         return None
     engines = ring_engines(s.nnodes)
     if s.knobs.stack in engines:

@@ -142,9 +142,12 @@ class Link:
     cable: Cable
     function: int
     subnet: ipaddress.IPv4Network
+    # each end's host number in the subnet (``a``'s, ``b``'s): the plan's .1 and .2, or the
+    # numbers of a pair's typed fabric_address (its twin keeps them in the buddy subnet)
+    hosts: tuple[int, int] = (1, 2)
 
     def address(self, rank: int) -> ipaddress.IPv4Interface:
-        host = self.subnet.network_address + (1 if self.cable.a.rank == rank else 2)
+        host = self.subnet.network_address + self.hosts[0 if self.cable.a.rank == rank else 1]
         return ipaddress.IPv4Interface(f"{host}/{self.subnet.prefixlen}")
 
 
@@ -245,14 +248,53 @@ def links_needed(nnodes: int) -> int:
     return 2 * len(cables_of(nnodes))
 
 
+def buddy(subnet: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
+    """The other half of ``subnet``'s parent: 10.200.0.0/24 <-> 10.200.1.0/24."""
+    flipped = int(subnet.network_address) ^ (1 << (32 - subnet.prefixlen))
+    return ipaddress.IPv4Network((flipped, subnet.prefixlen))
+
+
+def typed_links(
+    cable: Cable, addresses: tuple[ipaddress.IPv4Interface, ipaddress.IPv4Interface]
+) -> tuple[Link, Link]:
+    """A pair's two links from its typed primary addresses (rank 0's, rank 1's): the primary
+    function on their subnet, the twin on its buddy (``buddy``) with the same host numbers, so
+    one range (their parent, NCCL_IB_ADDR_RANGE) holds both and neither is routed elsewhere."""
+    net = addresses[0].network
+    hosts = (
+        int(addresses[0].ip) - int(net.network_address),
+        int(addresses[1].ip) - int(net.network_address),
+    )
+    return (Link(cable, PRIMARY, net, hosts), Link(cable, TWIN, buddy(net), hosts))
+
+
+def typed_problems(
+    addresses: tuple[ipaddress.IPv4Interface, ipaddress.IPv4Interface],
+) -> list[str]:
+    """What a pair's typed primary addresses cannot carry: two subnets, one address, or a
+    subnet with no buddy of its size (a prefix of /1 or shorter, or a /31 and /32)."""
+    a, b = addresses
+    if a.network != b.network:
+        return [f"fabric_address: rank 1's {b} is not on rank 0's subnet {a.network}"]
+    if a.ip == b.ip:
+        return [f"fabric_address: both ranks have {a.ip}"]
+    if not 2 <= a.network.prefixlen <= 30:
+        return [f"fabric_address: {a} needs a prefix of /2 to /30 (the twin takes its buddy)"]
+    return []
+
+
 def derive(
     ports: Sequence[Mapping[int, Port]],
     cidr: ipaddress.IPv4Network | str,
     pair_ports: tuple[int, int] | None = None,
+    typed: tuple[ipaddress.IPv4Interface, ipaddress.IPv4Interface] | None = None,
 ) -> Plan:
     """The plan for ``len(ports)`` ranks in inventory order (rank i = ``ports[i]``, each rank's
     ports by index). A pair uses the one port each rank's ``pair_ports`` entry names; three and
-    more need both ports of every rank. Raises PlanError naming every problem."""
+    more need both ports of every rank. ``typed``: a pair's own primary addresses (its
+    inventory's fabric_address), kept, the twin's derived (``typed_links``); the plan's range
+    is then their parent, or ``cidr`` when it holds both. Raises PlanError naming every
+    problem."""
     net = ipaddress.IPv4Network(cidr)
     n = len(ports)
     problems: list[str] = []
@@ -260,7 +302,11 @@ def derive(
         raise PlanError([f"a fabric needs at least 2 ranks, the inventory has {n}"])
     if n == 2 and pair_ports is None:
         problems.append("a pair needs the port each rank's cable is in (pair_ports)")
-    if net.prefixlen > LINK_PREFIX:
+    if typed is not None:
+        problems.extend(
+            typed_problems(typed) if n == 2 else ["fabric_address: only a pair's is typed"]
+        )
+    elif net.prefixlen > LINK_PREFIX:
         problems.append(f"fabric_cidr {net} is smaller than one /{LINK_PREFIX}")
     else:
         have = 2 ** (LINK_PREFIX - net.prefixlen)
@@ -292,6 +338,10 @@ def derive(
         for c in cables
         for f in (PRIMARY, TWIN)
     )
+    if typed is not None:
+        links = typed_links(cables[0], typed)
+        if not all(link.subnet.subnet_of(net) for link in links):
+            net = links[0].subnet.supernet()
 
     def link(cable: Cable, function: int) -> Link:
         return links[2 * cable.index + function]

@@ -102,7 +102,7 @@ strays = [
         interface=iface.netdev,
         held=list(have.ipv4) if (have := links.get(iface.netdev)) is not None else [],
         planned=str(iface.address),
-        subnets=[knobs.fabric_cidr],
+        subnets=[str(plan.cidr)],
     )
     for iface in host.loop(part.ifaces)
 ]

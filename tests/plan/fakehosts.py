@@ -539,6 +539,8 @@ def host(
         {
             "fabric_interface": "enp1s0f1np1",
             "fabric_address": f"{ip}/{prefix}",
+            # these fakes answer one netdev's facts; a pair on both functions: rings/pairfakes.py
+            "fabric_layout": "single",
             "fake_responses": canned,
             "fake_delay": 0,
             "fake_delay_jitter": 0,

@@ -212,3 +212,22 @@ def test_an_administratively_down_twin_is_brought_up_and_the_pair_restarts(monke
     assert f"ip link set dev {dev0} up" not in worker
     assert worker.index(f"ip link set dev {dev1} up") < worker.index(TWIN_UP)
     assert "systemctl stop sparkrig-worker.service" in restarts(r)
+
+
+def test_todays_pair_inventory_serves_on_both_functions_by_default(monkeypatch):
+    inventory = "tests/plan/rings/pair_today.py"
+    r = run(["-y", inventory, "deploy.py"], monkeypatch)
+    assert r.exit_code == 0, r.output
+    for name, s in fakehosts.settings_of(inventory).items():
+        assert s.knobs.fabric_layout == "auto" and s.layout == "ports"
+        files = r.uploads[name]
+        netplan = files[s.knobs.fabric_netplan_file].decode()
+        for dev, _, ip in pairfakes.TODAY[s.me.rank]:  # the typed primary kept, the twin's buddy
+            assert f"    {dev}:" in netplan and f"- {ip}/24" in netplan
+        text = files[paths(s)["env_file"]].decode()
+        env = dict(x.split("=", 1) for x in text.splitlines() if x and not x.startswith("#"))
+        assert env["NCCL_IB_HCA"] == "=rocep1s0f1:1,roceP2p1s0f1:1"
+        assert env["NCCL_IB_ADDR_RANGE"] == "10.200.0.0/23"
+        assert PRIMARY_UP in r.commands[name] and TWIN_UP in r.commands[name]
+        smoke = [c for c in r.commands[name] if c.startswith("docker run") and " nccl-smoke " in c]
+        assert smoke and all("--min-busbw-gbs 16 " in c + " " for c in smoke)

@@ -19,8 +19,10 @@ def knob_defaults() -> dict[str, Any]:
 
 
 def cluster(n: int = 2, **knobs: Any) -> InventoryView:
-    """A valid n-node inventory view; knobs override group data on every host."""
-    base = {**knob_defaults(), "base_image": DIGEST, **knobs}
+    """A valid n-node inventory view; knobs override group data on every host. Its fabric is
+    one netdev per rank (fabric_layout "single"), whatever the default: the layout's own
+    tests (test_settings_layout.py) name theirs."""
+    base = {**knob_defaults(), "fabric_layout": "single", "base_image": DIGEST, **knobs}
     hosts = [
         (
             f"spark-{i}",

@@ -94,7 +94,7 @@ def ring_settings(n: int, **knobs) -> dict[str, Settings]:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_the_default_layout_is_single_and_has_no_plan():
+def test_the_single_layout_has_no_plan():
     s = build(cluster(2))["spark-1"]
     assert s.knobs.fabric_layout == "single" and s.fabric_plan is None and s.fabric_rank is None
     assert env_template(s) == "rank.env.j2" and forwarding_text(s) is None
@@ -131,8 +131,8 @@ def test_fabric_ports_names_what_dgx_os_names_cannot_derive():
     [
         (
             lambda v: edit(v, 1, fabric_address="198.18.0.9/24"),
-            "spark-1: fabric_address: fabric_layout 'ports' derives every fabric address from "
-            "fabric_cidr, never per host (docs/rings.md); remove it",
+            "spark-0: fabric_address: missing, but spark-1 has one: a pair on both functions "
+            "types both primary addresses or neither (then fabric_cidr's)",
         ),
         (
             lambda v: edit(v, 1, fabric_interface="eth4"),

@@ -24,6 +24,13 @@ PLAN = {  # rank -> (netdev, RDMA device, address) of each function on the pair'
         ("enP2p1s0f1np1", "roceP2p1s0f1", "198.18.1.2"),
     ],
 }
+# today's inventory form, fabric_layout left to its default: the typed primary addresses kept,
+# the twins on the buddy subnet (tests/plan/rings/pair_today.py)
+TODAY = {
+    rank: [(dev, rdma, ip.replace("198.18.0.", "10.200.0.").replace("198.18.1.", "10.200.1."))
+           for dev, rdma, ip in ifaces]
+    for rank, ifaces in PLAN.items()
+}  # fmt: skip
 PORT0 = ("enp1s0f0np0", "enP2p1s0f0np0")  # the other port's netdevs, probed too
 
 
@@ -55,12 +62,16 @@ def probe(rank: int, cable: tuple[int, int] = (1, 1), link_local: bool = True) -
 
 
 def links(
-    rank: int, addressed: bool = False, silent: tuple[str, ...] = (), mtu: int = 1500
+    rank: int,
+    addressed: bool = False,
+    silent: tuple[str, ...] = (),
+    mtu: int = 1500,
+    plan: dict[int, list[tuple[str, str, str]]] = PLAN,
 ) -> list[str]:
     """Each planned netdev up with carrier, at ``mtu``, with its planned address when
     ``addressed``; its don't-fragment ping answers when addressed and not in ``silent``."""
     out = []
-    for dev, _, ip in PLAN[rank]:
+    for dev, _, ip in plan[rank]:
         ok = addressed and dev not in silent
         out += [f"df {dev} {0 if ok else 1}", f"link {dev} 0x1003 1 {mtu}"]
         if addressed:
@@ -68,10 +79,10 @@ def links(
     return [*out, END]
 
 
-def gids(rank: int) -> list[str]:
+def gids(rank: int, plan: dict[int, list[tuple[str, str, str]]] = PLAN) -> list[str]:
     """Both RDMA devices' GID tables, each holding its function's address (as after the
     netplan is applied), the twin's at another index than the primary's."""
-    (d0, r0, ip0), (d1, r1, ip1) = PLAN[rank]
+    (d0, r0, ip0), (d1, r1, ip1) = plan[rank]
     return [*gid_table(r0, d0, ip0, index=3)[:-1], *gid_table(r1, d1, ip1, index=5)]
 
 
@@ -81,8 +92,8 @@ def fabric_state(rank: int, **kw: Any) -> dict[Any, Any]:
     return {
         SYSFS_PORTS: kw.get("sysfs", sysfs_ports()),
         PROBE: probe(rank, **kw.get("probe", {})),
-        LINKS: links(rank, **kw.get("links", {})),
-        GIDS: gids(rank),
+        LINKS: links(rank, **kw.get("links", {}), plan=kw.get("plan", PLAN)),
+        GIDS: gids(rank, kw.get("plan", PLAN)),
         PROVE: kw.get("prove", ""),
     }
 
@@ -92,3 +103,14 @@ def pair_host(name: str, rank: int) -> tuple[str, dict]:
                                            if k not in STATE.get(name, {})}}  # fmt: skip
     address, data = host(name, "192.168.100.10", responses=responses, fabric_layout="ports")
     return address, {k: v for k, v in data.items() if k != "fabric_address"}
+
+
+def today_host(name: str, rank: int) -> tuple[str, dict]:
+    """A pair host of today's inventory form (fabric_interface, fabric_address, roce_device)
+    with fabric_layout left to group_data/all.py's default."""
+    responses = {**STATE.get(name, {}), **{k: v for k, v in fabric_state(rank, plan=TODAY).items()
+                                           if k not in STATE.get(name, {})}}  # fmt: skip
+    address, data = host(
+        name, f"10.200.0.{rank + 1}", responses=responses, roce_device="rocep1s0f1"
+    )
+    return address, {k: v for k, v in data.items() if k != "fabric_layout"}
