@@ -199,11 +199,14 @@ def _wait_port(addr: str, port: int, timeout: float = 15) -> bool:
     return False
 
 
-def up(n_hosts: int, smp: int, fabric_layout: str = "single") -> None:
+def up(n_hosts: int, smp: int, fabric_layout: str | None = None) -> None:
     if n_hosts < 2:
         raise SystemExit("the lab needs at least 2 hosts (head + worker)")
+    fabric_layout = fabric_layout or fabric.default_layout(n_hosts)
     if fabric_layout not in fabric.LAYOUTS:
         raise SystemExit(f"--fabric: one of {', '.join(fabric.LAYOUTS)}")
+    if fabric_layout == "cable" and n_hosts != 2:
+        raise SystemExit("--fabric cable: a pair's one cable, two hosts (--hosts 2)")
     state = load_state()
     if state is not None:
         running = [h for h in state["hosts"] if alive(h.get("qemu_pid"))]
@@ -450,15 +453,13 @@ def status() -> None:
         running = alive(h.get("qemu_pid"))
         ok = running and vm.ssh_ok(state, h)
         ok_all &= ok
+        layout = h.get("fabric_layout", "single")
+        nics = ", ".join(f"{n['netdev']}@{n['bridge']}" for n in h.get("fabric_nics", []))
+        typed = f"fabric {h['fabric_interface']} -> {h['fabric_address']}"
         print(
             f"{h['name']:<12} {h['role']:<6} ssh 127.0.0.1:{h['ssh_port']}  "
             f"qemu {'running' if running else 'STOPPED'}  ssh {'ok' if ok else 'NO'}  "
-            + (
-                f"fabric {h['fabric_interface']} -> {h['fabric_address']}"
-                if h.get("fabric_layout", "single") == "single"
-                else "fabric "
-                + ", ".join(f"{n['netdev']}@{n['bridge']}" for n in h.get("fabric_nics", []))
-            )
+            + {"single": typed, "cable": f"{typed} (+ twin): {nics}"}.get(layout, f"fabric {nics}")
         )
     if not ok_all:
         sys.exit(1)
@@ -473,10 +474,11 @@ def main() -> None:
     p_up.add_argument(
         "--fabric",
         choices=fabric.LAYOUTS,
-        default="single",
-        help="single: one fabric NIC per guest on one bridge (a switch); ports: both functions "
-        "of each cabled port, each cable its own segment (a pair, or a triangle or a ring "
-        "cabled port 0 to the next guest's port 1: lab/fabric.py)",
+        default=None,
+        help="cable (default for 2 hosts): both functions of the pair's cable, the inventory of "
+        "today's form; single (default for more): one fabric NIC per guest on one bridge (a "
+        "switch); ports: both functions of each cabled port, every address derived (a pair, or "
+        "a triangle or a ring cabled port 0 to the next guest's port 1: lab/fabric.py)",
     )
     sub.add_parser("down", help="stop everything and delete the namespace and overlays")
     sub.add_parser("status", help="hosts, ports, SSH reachability (exit 1 if not all up)")

@@ -2,10 +2,15 @@
 name them as a DGX Spark's), which L2 segment each NIC's tap joins, and which Soft-RoCE device
 each guest makes on which NIC (kernel command line ``sparkrig.rxe=``, read by lab-rxe).
 
-- ``single`` (the default, today's lab): one fabric NIC per guest, ``enp1s0f1np1`` (Soft-RoCE
-  ``rxe0``), every guest on one bridge: a switch, fabric_layout "single".
-- ``ports`` with two guests: both PCIe functions of port 1 on each, each function class its own
-  segment (the pair's one cable): fabric_layout "ports".
+- ``cable`` (the default for two guests): the pair's one cable in port 1 of each, both PCIe
+  functions, each function class its own segment; the inventory is today's form (fabric_interface,
+  fabric_address 10.200.0.<idx>/24, roce_device rocep1s0f1) and leaves fabric_layout to its
+  default, "auto": the deploy derives the twin (enP2p1s0f1np1, 10.200.1.<idx>/24).
+- ``single`` (the default for three guests and more): one fabric NIC per guest, ``enp1s0f1np1``
+  (Soft-RoCE ``rxe0``), every guest on one bridge: a switch; the inventory says fabric_layout
+  "single".
+- ``ports`` with two guests: the ``cable`` NICs, every address derived from fabric_cidr:
+  fabric_layout "ports".
 - ``ports`` with three and more: both functions of both ports, cabled as the rule says (port 0 of
   rank i to port 1 of rank i+1, the last back to rank 0), each cable's function class its own
   segment between two guests only: a triangle or a ring, fabric_layout "ports".
@@ -18,7 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LAYOUTS = ("single", "ports")
+LAYOUTS = ("cable", "single", "ports")
+
+
+def default_layout(n_hosts: int) -> str:
+    """What ``lab up`` cables without --fabric: a pair's one cable, else a switch."""
+    return "cable" if n_hosts == 2 else "single"
+
+
 SINGLE_BRIDGE = "br-fab"  # lab/net.py's FABRIC_BRIDGE: every guest's one fabric NIC
 # DGX OS's names per (port, PCIe function) and the PCI slot each has in the guest (slot 8 is
 # today's fabric NIC; 7 and 9 are the uplinks)
@@ -65,6 +77,8 @@ def nics(layout: str, n_hosts: int, idx: int) -> list[Nic]:
         raise ValueError(f"fabric layout {layout!r}: one of {', '.join(LAYOUTS)}")
     if layout == "single":
         return [Nic(NETDEVS[1, 0], "rxe0", SLOTS[1, 0], f"g{idx}f", SINGLE_BRIDGE)]
+    if layout == "cable" and n_hosts != 2:
+        raise ValueError("fabric layout 'cable' is a pair's: two guests")
     if n_hosts == 2:  # the pair's cable in port 1 of each, both functions
         return [
             Nic(NETDEVS[1, f], RDMA[1, f], SLOTS[1, f], tap_name(idx, 1, f), cable_bridge(0, f))
@@ -108,8 +122,9 @@ def rxe_arg(layout: str, n_hosts: int, idx: int) -> str:
 def first_address(layout: str, n_hosts: int, idx: int) -> str:
     """The guest's first fabric address as the deploy's plan gives it (docs/rings.md: cable e's
     primary functions on 198.18.<2e>.0/24 of the default fabric_cidr, the port-0 end .1, the
-    port-1 end .2; a pair's one cable .1 at the head), or today's 10.200.0.<idx>/24 (single)."""
-    if layout == "single":
+    port-1 end .2; a pair's one cable .1 at the head), or today's 10.200.0.<idx>/24 (single, and
+    the primary function of ``cable``)."""
+    if layout in ("single", "cable"):
         return f"10.200.0.{idx}/24"
     if n_hosts == 2:
         return f"198.18.0.{idx}/24"

@@ -75,6 +75,8 @@ def _host(h: dict) -> tuple:
         "roce_device": h["roce_device"],
         "uplink_interfaces": list(h["uplink_interfaces"]),
     }
+    if h.get("fabric_layout", "single") == "single":  # one NIC on a switch: said, not the default
+        data["fabric_layout"] = "single"
     if h.get("fabric_layout", "single") == "ports":  # `lab up --fabric ports` (lab/fabric.py)
         # every address derived from fabric_cidr, the RDMA devices from DGX OS's names (the
         # guests' Soft-RoCE devices carry them); a pair names its port's primary netdev, a ring

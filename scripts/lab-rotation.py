@@ -20,6 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Not in the rotation: the firmware reset's renumbered GID table is one netdev's pinned index
+# (fabric_layout "single"), which CI's lab (the default, both functions) does not pin; it runs in
+# `make lab-test SPARKRIG_LAB_FABRIC=single` (docs/testing.md).
 RECOVERY = (
     "a_dead_worker_takes_the_head_down",
     "a_long_prefill_is_never_taken_for_a_wedge",
@@ -27,7 +30,6 @@ RECOVERY = (
     "docker_restarted_on_a_rank_heals_by_itself",
     "docker_stopped_on_the_worker_is_healed",
     "an_administratively_down_fabric_link",
-    "firmware_reset_is_refused_at_start",
     "limit_worker_repairs_the_workers_fabric",
     "reboot_a_both_nodes_together",
     "reboot_b_the_worker_alone",

@@ -33,6 +33,32 @@ class Lab:
     def workers(self) -> list[Guest]:
         return self.guests[1:]
 
+    @property
+    def layout(self) -> str:
+        """How `lab up` cabled the fabric (lab/fabric.py): "cable", "single" or "ports"."""
+        return str(json.loads(STATE.read_text()).get("fabric_layout", "single"))
+
+    def functions(self, guest: Guest) -> list[tuple[str, str, str]]:
+        """(netdev, RDMA device, IPv4) of each fabric function the deploy addresses on
+        ``guest``: its one NIC (single), or the typed primary and its twin on the buddy
+        subnet with the same host number (cable: fabric_layout "auto")."""
+        host = next(h for h in json.loads(STATE.read_text())["hosts"] if h["name"] == guest.name)
+        nics = host.get("fabric_nics") or []
+        if self.layout == "single" or len(nics) < 2:
+            return [(guest.fabric_interface, host["roce_device"], guest.ip)]
+        a, b, c, d = guest.ip.split(".")
+        twin = f"{a}.{b}.{int(c) ^ 1}.{d}"  # topology.buddy of a /24
+        return [
+            (nics[0]["netdev"], nics[0]["rdma"], guest.ip),
+            (nics[1]["netdev"], nics[1]["rdma"], twin),
+        ]
+
+    def single_only(self) -> None:
+        """Skip a test written against one netdev's pinned GID index (fabric_layout "single")
+        on a lab cabled otherwise: `make lab-test SPARKRIG_LAB_FABRIC=single` runs it."""
+        if self.layout != "single":
+            pytest.skip(f"needs the single-NIC lab (this one is {self.layout!r})")
+
 
 @pytest.fixture(scope="session")
 def lab() -> Iterator[Lab]:
@@ -41,7 +67,8 @@ def lab() -> Iterator[Lab]:
     reuse = KEEP and STATE.exists() and json.loads(STATE.read_text()).get("status") == "up"
     try:
         if not reuse:
-            lab_cli("up")
+            fabric = os.environ.get("SPARKRIG_LAB_FABRIC")  # default: lab/fabric.default_layout
+            lab_cli("up", *(["--fabric", fabric] if fabric else []))
         yield Lab(guests(json.loads(STATE.read_text())))
     finally:
         if not KEEP:

@@ -163,11 +163,22 @@ def test_converged_hosts_verify(lab: Lab):
         assert g.sh("sysctl -n vm.swappiness").strip() == "0"
         assert "vm.swappiness = 0" in g.sh("cat /etc/sysctl.d/90-sparkrig.conf")
         assert g.sh("stat -c %a /etc/netplan/60-sparkrig-fabric.yaml").strip() == "600"
-        assert g.sh(f"cat /sys/class/net/{g.fabric_interface}/mtu").strip() == "9000"
+        functions = lab.functions(g)
+        for netdev, _, _ in functions:
+            assert g.sh(f"cat /sys/class/net/{netdev}/mtu").strip() == "9000", netdev
+        handed = g.sh(f"cat {rankenv.HANDED_PATH}")
+        if len(functions) > 1:  # both functions of the cable: NCCL picks each GID by value
+            hca = "=" + ",".join(f"{rdma}:1" for _, rdma, _ in functions)
+            assert env_value(g, "NCCL_IB_HCA") == hca
+            assert g.sh(f"docker exec {g.container} printenv NCCL_IB_HCA").strip() == hca
+            assert "NCCL_IB_GID_INDEX=" not in g.sh("cat /etc/sparkrig/rank.env")
+            # the start gate saw each device's live RoCE v2 index of its own address
+            live = ",".join(f"{rdma}:{gid_index_for(g, ip)}" for _, rdma, ip in functions)
+            assert rankenv.parse(handed)[rankenv.HANDED_PER_DEVICE] == live
+            continue
         live = str(gid_index_for(g, g.ip))
         assert env_value(g, "NCCL_IB_GID_INDEX") == live
         # the container got the index sparkrig-prep resolved at its start
-        handed = g.sh(f"cat {rankenv.HANDED_PATH}")
         assert rankenv.handed(handed) == int(live)
         # with the RDMA device it found and that device's kernel index, still the live one
         live_device = g.sh(rankenv.live_device_index_command(rankenv.HANDED_PATH)).strip()
@@ -176,9 +187,12 @@ def test_converged_hosts_verify(lab: Lab):
         unit = "sparkrig-head" if g.role == "head" else "sparkrig-worker"
         assert g.sh(f"systemctl is-enabled {unit}").strip() == "enabled"
         assert g.sh(f"systemctl is-active {unit} sparkrig-pair").split() == ["active", "active"]
-    for w in lab.workers:
-        lab.head.sh(f"ping -M do -s 8972 -c 2 -W 3 -I {lab.head.fabric_interface} {w.ip}")
-        w.sh(f"ping -M do -s 8972 -c 2 -W 3 -I {w.fabric_interface} {lab.head.ip}")
+    for w in lab.workers:  # every function, full MTU, both ways
+        for (hdev, _, hip), (wdev, _, wip) in zip(
+            lab.functions(lab.head), lab.functions(w), strict=True
+        ):
+            lab.head.sh(f"ping -M do -s 8972 -c 2 -W 3 -I {hdev} {wip}")
+            w.sh(f"ping -M do -s 8972 -c 2 -W 3 -I {wdev} {hip}")
     # order: every worker's unit became active before the head's (monotonic clocks differ per VM,
     # so compare through the head's start gate, which waited for the workers' beacons)
     log = lab.head.sh("journalctl -u sparkrig-head --no-pager -o cat")
@@ -844,6 +858,7 @@ def test_stopping_the_head_is_left_alone(lab: Lab):
 
 
 def test_firmware_reset_is_refused_at_start_and_one_rerun_restores_and_restarts_the_pair(lab: Lab):
+    lab.single_only()
     worker, head = lab.workers[0], lab.head
     iface = worker.fabric_interface
     old_index = env_value(worker, "NCCL_IB_GID_INDEX")
@@ -967,7 +982,9 @@ def back_serving(lab: Lab, what: str, start: float, head_before: str) -> None:
 def test_reboot_a_both_nodes_together_and_the_ranks_take_the_live_gid_index(lab: Lab):
     """Both nodes rebooted together, with the worker's env file naming a GID index that is not
     the live one (what a firmware update that renumbers the table leaves): the worker's rank start
-    resolves the live index, says so in its journal and hands that to the container."""
+    resolves the live index, says so in its journal and hands that to the container. On both
+    functions (no index pinned: NCCL picks each by value) the start gate hands every device's
+    live index."""
     worker = lab.workers[0]
     stale = "9"  # above any index the lab's tables use (asserted below, after the boot)
     worker.sh("cp /etc/sparkrig/rank.env /root/rank.env.deployed")
@@ -977,6 +994,12 @@ def test_reboot_a_both_nodes_together_and_the_ranks_take_the_live_gid_index(lab:
         start = time.monotonic()
         reboot(*lab.guests)
         back_serving(lab, "(a) both nodes rebooted together", start, head_before)
+        if lab.layout != "single":
+            functions = lab.functions(worker)
+            live = ",".join(f"{rdma}:{gid_index_for(worker, ip)}" for _, rdma, ip in functions)
+            handed = rankenv.parse(worker.sh(f"cat {rankenv.HANDED_PATH}"))
+            assert handed[rankenv.HANDED_PER_DEVICE] == live
+            return
         live = str(gid_index_for(worker, worker.ip))
         assert live != stale
         assert container_gid(worker) == live
@@ -1043,11 +1066,15 @@ def test_after_every_reboot_order_a_deploy_changes_nothing_and_restarts_nothing(
     # The firmware-reset test's VLAN (its renumbered GID table) is gone after a reboot, so a
     # rank may now run on another GID index than its env file says: the deploy records it, alone.
     moved = {g.name for g in lab.guests if env_gid(g) != str(gid_index_for(g, g.ip))}
+    if lab.layout != "single":  # no index pinned in the env file: nothing to record
+        moved = set()
     r = pyinfra("-y", "--json", INV, "deploy.py")
     assert r.rc == 0, r.output[-4000:]
     record = "Record a RoCE GID index that moved alone (no restart)"
     assert changed_ops(r.stdout) == {name: [record] for name in moved}
-    assert all(env_gid(g) == str(gid_index_for(g, g.ip)) for g in lab.guests)
+    assert lab.layout != "single" or all(
+        env_gid(g) == str(gid_index_for(g, g.ip)) for g in lab.guests
+    )
     after = {g.name: g.unit_started("sparkrig-head sparkrig-worker") for g in lab.guests}
     assert after == before
     print("times to serving:", {k: round(v) for k, v in TIMES.items()})

@@ -127,3 +127,52 @@ def test_qemu_gets_both_ports_functions_on_a_ring(monkeypatch, tmp_path) -> None
     assert fabric.rxe_arg("ports", 4, 3) in append.split()
     for nic in fabric.nics("ports", 4, 3):
         assert f"ifname={nic.tap}," in " ".join(argv)
+
+
+def test_a_pair_lab_is_cabled_on_both_functions_by_default() -> None:
+    assert fabric.default_layout(2) == "cable" and fabric.default_layout(3) == "single"
+    for idx in (1, 2):
+        assert fabric.nics("cable", 2, idx) == fabric.nics("ports", 2, idx)
+        assert fabric.rxe_arg("cable", 2, idx) == fabric.rxe_arg("ports", 2, idx)
+        # the inventory's form is today's: the typed address of the single lab
+        assert fabric.first_address("cable", 2, idx) == f"10.200.0.{idx}/24"
+    with pytest.raises(ValueError, match="a pair's"):
+        fabric.nics("cable", 3, 1)
+
+
+def test_the_cable_labs_inventory_deploys_on_both_functions_by_default(tmp_path) -> None:
+    """lab/inventory.py over a `lab up` (cable) state: today's keys, no fabric_layout, and the
+    deploy's settings plan the typed primary and its twin; the single lab says "single"."""
+    from sparkrig.settings import InventoryView
+    from tests.unit.conftest import knob_defaults
+    from tests.unit.test_lab_stacks import inventory, state_json
+
+    def hosts_of(layout: str) -> dict[str, dict]:
+        state = state_json()
+        for i, h in enumerate(state["hosts"], start=1):
+            nics = fabric.nics(layout, 2, i)
+            h.update(fabric_layout=layout, fabric_interface=nics[0].netdev,
+                     fabric_address=fabric.first_address(layout, 2, i), roce_device=nics[0].rdma,
+                     fabric_nics=[{"netdev": n.netdev, "rdma": n.rdma} for n in nics])  # fmt: skip
+        (tmp_path / layout).mkdir()
+        return inventory(tmp_path / layout, state)
+
+    cable = hosts_of("cable")
+    assert all(
+        "fabric_layout" not in d and d["roce_device"] == "rocep1s0f1" for d in cable.values()
+    )
+    assert all(d["fabric_layout"] == "single" for d in hosts_of("single").values())
+    base = {**knob_defaults(), "base_image": "registry.example/v@sha256:" + "ab" * 32}
+    names = list(cable)
+    view = InventoryView(
+        {
+            "head": [(names[0], {**base, **cable[names[0]]})],
+            "worker": [(names[1], {**base, **cable[names[1]]})],
+        }
+    )
+    worker = build(view)[names[1]]
+    assert worker.fabric_rank is not None
+    assert [(i.netdev, str(i.address)) for i in worker.fabric_rank.ifaces] == [
+        ("enp1s0f1np1", "10.200.0.2/24"),
+        ("enP2p1s0f1np1", "10.200.1.2/24"),
+    ]
