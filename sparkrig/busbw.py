@@ -24,27 +24,46 @@ class SmokeFigures:
 
     def __init__(self) -> None:
         self._metas: dict[str, Any] = {}
+        self._functions: dict[str, dict[str, Any]] = {}
 
     def watch(self, host_name: str, meta: Any) -> Any:
         self._metas[host_name] = meta
         return meta
 
+    def watch_function(self, host_name: str, rdma: str, meta: Any) -> Any:
+        """The smoke test of one function of a pair's cable alone (its RDMA device)."""
+        self._functions.setdefault(host_name, {})[rdma] = meta
+        return meta
+
     def result(self, host_name: str) -> SmokeResult | None:
         """The host's smoke-test line when its operation ran and passed; else None (it did not
         run in this run, has not run yet, or failed: a failure stops the run anyway)."""
-        meta = self._metas.get(host_name)
-        if meta is None or not meta.is_complete() or not meta.did_succeed():
-            return None
-        return parse_result(meta.stdout_lines)
+        return _passed(self._metas.get(host_name))
 
     def figure_of(self, host_name: str) -> Callable[[], dict[str, Any] | None]:
-        """What an operation calls when it runs: the figure measured on ``host_name``, or None."""
+        """What an operation calls when it runs: the figure measured on ``host_name`` with each
+        function's alone (``function.<RDMA device>``: its busbw), or None."""
 
         def figure() -> dict[str, Any] | None:
             result = self.result(host_name)
-            return result.figure() if result is not None else None
+            if result is None or (out := result.figure()) is None:
+                return None
+            for rdma, meta in self._functions.get(host_name, {}).items():
+                alone = _passed(meta)
+                if alone is not None and alone.busbw_gbs is not None:
+                    out[f"{FUNCTION_KEY}{rdma}"] = alone.busbw_gbs
+            return out
 
         return figure
+
+
+FUNCTION_KEY = "function."  # a kept figure's key of one function's busbw: function.<RDMA device>
+
+
+def _passed(meta: Any) -> SmokeResult | None:
+    if meta is None or not meta.is_complete() or not meta.did_succeed():
+        return None
+    return parse_result(meta.stdout_lines)
 
 
 def smoke_figures() -> SmokeFigures:
@@ -53,7 +72,8 @@ def smoke_figures() -> SmokeFigures:
 
 
 def figure_text(fabric: dict[str, Any] | None) -> str:
-    """A kept figure as status.py prints it: ``busbw 12.1 GB/s (NET/IB, 256 MiB x 20)``."""
+    """A kept figure as status.py prints it: ``busbw 21.4 GB/s (NET/IB, 256 MiB x 20; alone:
+    rocep1s0f1 11.9, roceP2p1s0f1 12.0 GB/s)``."""
     if not fabric or not isinstance(fabric.get("busbw_gbs"), (int, float)):
         return "busbw -"
     how = []
@@ -61,4 +81,12 @@ def figure_text(fabric: dict[str, Any] | None) -> str:
         how.append(f"NET/{fabric['transport']}")
     if isinstance(fabric.get("bytes"), int) and isinstance(fabric.get("iters"), int):
         how.append(f"{fabric['bytes'] / 2**20:g} MiB x {fabric['iters']}")
-    return f"busbw {fabric['busbw_gbs']:.1f} GB/s" + (f" ({', '.join(how)})" if how else "")
+    functions = [
+        f"{key.removeprefix(FUNCTION_KEY)} {value:.1f}"
+        for key, value in sorted(fabric.items())
+        if key.startswith(FUNCTION_KEY) and isinstance(value, (int, float))
+    ]
+    alone = f"; alone: {', '.join(functions)} GB/s" if functions else ""
+    return f"busbw {fabric['busbw_gbs']:.1f} GB/s" + (
+        f" ({', '.join(how)}{alone})" if how else alone
+    )

@@ -176,6 +176,19 @@ def link_smoke_run_args(s: Settings, image: str, cable: topology.Cable) -> list[
     return smoke_argv(s, image, run, rank == 1, rank, 2, master, k.fabric_ports_busbw_min_gbs)
 
 
+def function_smoke_run_args(s: Settings, image: str, function: int) -> list[str]:
+    """``docker run`` argv of the NCCL smoke test of a pair on both functions over one function
+    alone (``topology.function_env``), at the rank's own place in the pair (the head in the
+    foreground, the worker detached) and held to one function's floor (fabric_busbw_min_gbs)."""
+    k, plan = s.knobs, s.fabric_plan
+    assert plan is not None
+    env = topology.function_env(plan, s.me.rank, function, k.roce_port)
+    run = docker_run_args(s, serving=False, env=env)
+    return smoke_argv(
+        s, image, run, not s.me.is_head, s.me.rank, 2, s.rendezvous_ip, k.fabric_busbw_min_gbs
+    )
+
+
 def smoke_argv(
     s: Settings,
     image: str,

@@ -944,6 +944,19 @@ def link_env(plan: Plan, rank: int, cable: int, roce_port: int = 1) -> list[tupl
     return ib_env(ifaces, plan.cidr, roce_port, "=" + ifaces[0].netdev) + PAIR_ENV
 
 
+def function_env(plan: Plan, rank: int, function: int, roce_port: int = 1) -> list[tuple[str, str]]:
+    """The env of a pair's NCCL run on one function of its cable alone, at ``rank``: the pair's
+    env with NCCL_IB_HCA naming that function's device only, bootstrapping where the pair's does.
+    What the per-function smoke test runs with (the figure of each function, and which one is
+    slow when the pair's is)."""
+    if plan.nnodes != 2:
+        raise ValueError("one function alone is a pair's test")
+    ifaces = [i for i in plan.ranks[rank].ifaces if i.function == function]
+    if not ifaces:
+        raise ValueError(f"rank {rank} has no {FUNCTION_NAMES[function]} function in the plan")
+    return ib_env(ifaces, plan.cidr, roce_port, socket_ifname(plan, rank)) + PAIR_ENV
+
+
 def fabric_env(
     plan: Plan, rank: int, roce_port: int = 1, uplinks: Sequence[str] = ()
 ) -> list[tuple[str, str]]:

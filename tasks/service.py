@@ -24,6 +24,7 @@ from sparkrig.serving import (
     SMOKE_CONTAINER,
     agent_unit_context,
     api_key_env,
+    function_smoke_run_args,
     keep_helper_running,
     link_smoke_run_args,
     pair_unit_context,
@@ -327,6 +328,39 @@ smoke_workers = on_workers(
 )
 rolls_back.watch("NCCL smoke test", smoke_workers)
 smoke_figures().watch(host.name, smoke_head if settings.me.is_head else smoke_workers)
+# A pair on both functions: then each function alone (NCCL_IB_HCA one device), so the release
+# keeps each one's figure and a slow function is named, held to one function's floor.
+pair = settings.fabric_plan if settings.nnodes == 2 else None
+for iface in host.loop(pair.ranks[settings.me.rank].ifaces if pair is not None else ()):
+    alone = shlex.join(function_smoke_run_args(settings, image, iface.function))
+    on_workers(
+        is_head,
+        server.shell,
+        name="Launch the NCCL smoke test over one function on the workers",
+        commands=[SMOKE_CLEAN, alone],
+        _if=smoke_due,
+    )
+    alone_head = on_head(
+        is_head,
+        server.shell,
+        name="Run the NCCL smoke test over one function on the head",
+        commands=[alone],
+        _if=smoke_due,
+        _ignore_errors=upgrading,
+    )
+    rolls_back.watch("NCCL smoke test over one function", alone_head)
+    alone_workers = on_workers(
+        is_head,
+        server.shell,
+        name="Check the NCCL smoke test over one function on the workers",
+        commands=[SMOKE_VERDICT],
+        _if=smoke_due,
+        _ignore_errors=upgrading,
+    )
+    rolls_back.watch("NCCL smoke test over one function", alone_workers)
+    smoke_figures().watch_function(
+        host.name, iface.rdma, alone_head if settings.me.is_head else alone_workers
+    )
 # A triangle or a ring: then the same test over each cable alone, between its two ends (the busbw
 # of every link, issue 36), one cable after the other: the port-1 end launched, the port-0 end in
 # the foreground (the rendezvous on its primary address there), then the port-1 end's verdict.

@@ -40,6 +40,25 @@ def env_of(r: Run, name: str) -> dict[str, str]:
     return dict(x.split("=", 1) for x in text.splitlines() if x and not x.startswith("#"))
 
 
+# (NCCL_IB_HCA, floor) of each NCCL smoke run on a rank of a pair on both functions, in order
+SMOKE_RUNS = [
+    (None, "16"),  # the rank's env file: both devices
+    ("=rocep1s0f1:1", "8"),
+    ("=roceP2p1s0f1:1", "8"),
+]
+
+
+def smoke_runs(cmds: list[str]) -> list[tuple[str | None, str]]:
+    out = []
+    for c in cmds:
+        if c.startswith("docker run") and " nccl-smoke " in c:
+            hca = re.search(r"--env NCCL_IB_HCA=(\S+)", c)
+            floor = re.search(r"--min-busbw-gbs (\S+)", c)
+            assert floor, c
+            out.append((hca.group(1) if hca else None, floor.group(1)))
+    return out
+
+
 def test_a_bare_pair_gets_both_functions_addressed_named_and_measured(monkeypatch):
     r = apply(monkeypatch)
     assert r.exit_code == 0, r.output
@@ -66,9 +85,9 @@ def test_a_bare_pair_gets_both_functions_addressed_named_and_measured(monkeypatc
         peers = ", ".join(ip for _, _, ip in pairfakes.PLAN[peer])
         assert f"elements = {{ {peers} }}" in rules
         assert 'iifname { "enp1s0f1np1", "enP2p1s0f1np1" } ip saddr @fabric_peers accept' in rules
-        # the smoke test holds the pair to the two-function floor
-        smoke = [c for c in cmds if c.startswith("docker run") and " nccl-smoke " in c]
-        assert smoke and all("--min-busbw-gbs 16 " in c + " " for c in smoke)
+        # the smoke test holds the pair to the two-function floor, then each function alone
+        # to one function's
+        assert smoke_runs(cmds) == SMOKE_RUNS
     # each function proven by its own don't-fragment ping on both ends
     for name in (HEAD, WORKER):
         assert any(c.startswith("rc=0; ping -M do -s 8972") and "enP2p1s0f1np1" in c
@@ -229,5 +248,4 @@ def test_todays_pair_inventory_serves_on_both_functions_by_default(monkeypatch):
         assert env["NCCL_IB_HCA"] == "=rocep1s0f1:1,roceP2p1s0f1:1"
         assert env["NCCL_IB_ADDR_RANGE"] == "10.200.0.0/23"
         assert PRIMARY_UP in r.commands[name] and TWIN_UP in r.commands[name]
-        smoke = [c for c in r.commands[name] if c.startswith("docker run") and " nccl-smoke " in c]
-        assert smoke and all("--min-busbw-gbs 16 " in c + " " for c in smoke)
+        assert smoke_runs(r.commands[name]) == SMOKE_RUNS

@@ -41,3 +41,30 @@ def test_figure_text() -> None:
         "busbw 12.1 GB/s (NET/IB, 256 MiB x 20)"
     )
     assert figure_text({"busbw_gbs": 0.8}) == "busbw 0.8 GB/s"
+
+
+def line(busbw: float) -> str:
+    return LINE.replace("12.1", str(busbw))
+
+
+def test_each_function_alone_joins_the_pairs_figure_when_it_passed() -> None:
+    figures = SmokeFigures()
+    figures.watch("h", Meta(True, [LINE]))
+    figures.watch_function("h", "rocep1s0f1", Meta(True, [line(11.9)]))
+    figures.watch_function("h", "roceP2p1s0f1", Meta(False, [line(3.0)]))  # failed: not kept
+    got = figures.figure_of("h")()
+    assert got is not None and got["busbw_gbs"] == 12.1
+    assert {k: v for k, v in got.items() if k.startswith("function.")} == {
+        "function.rocep1s0f1": 11.9
+    }
+    # no pair figure, no per-function one either (the pair's test failed or did not run)
+    figures.watch_function("x", "rocep1s0f1", Meta(True, [line(11.9)]))
+    assert figures.figure_of("x")() is None
+
+
+def test_figure_text_names_each_function_alone() -> None:
+    kept = {"busbw_gbs": 21.44, "transport": "IB", "bytes": 2**28, "iters": 20,
+            "function.rocep1s0f1": 11.94, "function.roceP2p1s0f1": 12.0}  # fmt: skip
+    assert figure_text(kept) == (
+        "busbw 21.4 GB/s (NET/IB, 256 MiB x 20; alone: roceP2p1s0f1 12.0, rocep1s0f1 11.9 GB/s)"
+    )

@@ -113,3 +113,17 @@ def test_a_pair_the_default_cannot_plan_is_refused_naming_the_fix(change, messag
     with pytest.raises(DeployError) as err:
         build(view)
     assert message in str(err.value)
+
+
+def test_each_function_alone_names_one_device_and_bootstraps_as_the_pair():
+    from sparkrig import topology
+
+    worker = build(default_cluster(2))["spark-1"]
+    plan = worker.fabric_plan
+    assert plan is not None
+    pair = dict(topology.fabric_env(plan, 1))
+    for function, rdma in ((topology.PRIMARY, "rocep1s0f1"), (topology.TWIN, "roceP2p1s0f1")):
+        env = dict(topology.function_env(plan, 1, function))
+        assert env["NCCL_IB_HCA"] == f"={rdma}:1"
+        assert env["NCCL_SOCKET_IFNAME"] == pair["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1"
+        assert env["NCCL_IB_ADDR_RANGE"] == pair["NCCL_IB_ADDR_RANGE"]
