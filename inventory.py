@@ -11,8 +11,11 @@ functions, each with its own RDMA device). `ibdev2netdev` on a Spark cabled at p
     roceP2p1s0f1 port 1 ==> enP2p1s0f1np1 (Up)
 
 Use the first, on PCIe domain 0: `enp1s0f1np1` (`enp1s0f0np0` when the cable is in port 0), the
-same function on every Spark. sparkrig addresses it, runs NCCL over its RDMA device and leaves
-the other netdev alone (one function: about 12 GB/s all-reduce, docs/fabric.md "Bandwidth floor").
+same function on every Spark. On a pair sparkrig serves over both functions (fabric_layout
+"auto"): `fabric_address` is the first's, and the twin (`enP2p1s0f1np1`, `roceP2p1s0f1`) gets the
+same host number on the buddy subnet (192.168.100.10/24 -> 192.168.101.10/24), so keep that /24
+free. One function gives about 12 GB/s all-reduce, both about 21 (docs/rings.md); fabric_layout =
+"single" holds a pair to the first.
 
 Host keys are pinned (as lab/inventory.py does): pyinfra connects only to a host whose key is in
 .sparkrig/known_hosts, never accepting a new one on first use. Fill it once, checking each
