@@ -75,8 +75,19 @@ def up(state: dict[str, Any] | None = None) -> str:
     net.nsip("link", "set", LAB_END, "up")
     net.sh("ip", "-n", NS, "addr", "add", f"{address()}/24", "dev", OWN_END)
     net.sh("ip", "-n", NS, "link", "set", OWN_END, "up")
-    net.sh("ip", "-n", NS, "route", "add", state["fabric_subnet"], "via", head_uplink(state))
+    for subnet in fabric_subnets(state):
+        net.sh("ip", "-n", NS, "route", "add", subnet, "via", head_uplink(state))
     return address()
+
+
+def fabric_subnets(state: dict[str, Any]) -> list[str]:
+    """The lab's fabric subnets: the one of the single lab, and on the default pair lab the
+    twin's buddy too (10.200.1.0/24: the deploy's default addresses both functions)."""
+    subnet = str(state["fabric_subnet"])
+    if state.get("fabric_layout") != "cable":
+        return [subnet]
+    a, b, c, rest = subnet.split(".", 3)
+    return [subnet, f"{a}.{b}.{int(c) ^ 1}.{rest}"]
 
 
 def down() -> None:

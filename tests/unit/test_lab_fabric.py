@@ -176,3 +176,11 @@ def test_the_cable_labs_inventory_deploys_on_both_functions_by_default(tmp_path)
         ("enp1s0f1np1", "10.200.0.2/24"),
         ("enP2p1s0f1np1", "10.200.1.2/24"),
     ]
+
+
+def test_the_stranger_routes_every_fabric_subnet_of_the_lab() -> None:
+    from lab import stranger
+
+    state = {"fabric_subnet": "10.200.0.0/24", "fabric_layout": "cable"}
+    assert stranger.fabric_subnets(state) == ["10.200.0.0/24", "10.200.1.0/24"]
+    assert stranger.fabric_subnets({**state, "fabric_layout": "single"}) == ["10.200.0.0/24"]
