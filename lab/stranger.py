@@ -84,6 +84,8 @@ def fabric_subnets(state: dict[str, Any]) -> list[str]:
     """The lab's fabric subnets: the one of the single lab, and on the default pair lab the
     twin's buddy too (10.200.1.0/24: the deploy's default addresses both functions)."""
     subnet = str(state["fabric_subnet"])
+    if state.get("fabric_layout") == "ports":  # every address derived from fabric_cidr's default
+        return ["198.18.0.0/20"]
     if state.get("fabric_layout") != "cable":
         return [subnet]
     a, b, c, rest = subnet.split(".", 3)

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from lab import fabric, net
+from lab import fabric, net, stranger
+from lab.guest import lab_state
 from tests.lab.conftest import Lab, pyinfra
 from tests.lab.test_lab import back_serving, changed_ops, reboot
 from tests.lab.test_lab_stack_switch import flavour, gates_pass
@@ -77,6 +78,53 @@ def test_the_next_run_changes_nothing_and_restarts_nothing(ring: Lab):
     assert r.rc == 0, r.output[-4000:]
     assert changed_ops(r.stdout) == {}
     assert {g.name: g.unit_started(g.rank_unit) for g in ring.guests} == before
+
+
+# every port a rank listens on for the pair (group_data/all.py; the lab keeps the defaults), the
+# stack's own rendezvous (tensorfold-ring: 29551), and one of the ephemeral range, where NCCL's
+# and gloo's bootstrap sockets listen on the LAN address at three ranks and more
+PAIR_PORTS = (29521, 29522, 29551, 29600, 29601, 29700, 29701, 8001)
+EPHEMERAL = 40000
+LISTEN = (
+    "nohup python3 -c 'import socket, time; s = socket.socket(socket.AF_INET6); "
+    "s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0); "
+    f's.bind(("::", {EPHEMERAL})); s.listen(); time.sleep(900)\' >/dev/null 2>&1 & echo $!'
+)
+CONNECT = (
+    "python3 -c 'import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), "
+    'timeout=3).close(); print("open")\' {addr} {port} || echo closed'
+)
+
+
+def lan_address(i: int) -> str:
+    return str(lab_state()["hosts"][i]["mgmt_address"])
+
+
+def test_a_stranger_on_the_lan_reaches_no_rank_port_but_the_api(ring: Lab):
+    """Issue 48.3 on the ring lab: a host on the LAN that is no rank (lab/stranger.py, on uplink
+    A) reaches no rank's pair port nor a listener in the ephemeral range on any rank's LAN or
+    fabric address, while another rank reaches that listener from its LAN address; the head's
+    API and every rank's SSH still answer it."""
+    pids = {g.name: g.sh(LISTEN).strip() for g in ring.guests}
+    stranger.up()
+    try:
+        for i, g in enumerate(ring.guests):
+            targets = [lan_address(i), *addresses(g).values()]
+            for addr in targets:
+                for port in (*PAIR_PORTS, EPHEMERAL):
+                    assert not stranger.reaches(addr, port), (g.name, addr, port)
+            assert stranger.reaches(lan_address(i), 22), g.name
+            # the other ranks do reach the ephemeral range on the LAN: NCCL's bootstrap
+            other = ring.guests[(i + 1) % len(ring.guests)]
+            got = other.sh(CONNECT.format(addr=lan_address(i), port=EPHEMERAL)).strip()
+            assert got == "open", (other.name, g.name, got)
+        head_api = f"https://{lan_address(0)}:8000/health"
+        assert stranger.http_status(head_api) == 200
+    finally:
+        stranger.down()
+        for g in ring.guests:
+            g.sh(f"kill {pids[g.name]} || true")
+    gates_pass(ring)  # the stranger's tries changed nothing of the ring's serving
 
 
 def test_a_member_rebooted_comes_back_and_the_ring_serves_again(ring: Lab):

@@ -184,3 +184,4 @@ def test_the_stranger_routes_every_fabric_subnet_of_the_lab() -> None:
     state = {"fabric_subnet": "10.200.0.0/24", "fabric_layout": "cable"}
     assert stranger.fabric_subnets(state) == ["10.200.0.0/24", "10.200.1.0/24"]
     assert stranger.fabric_subnets({**state, "fabric_layout": "single"}) == ["10.200.0.0/24"]
+    assert stranger.fabric_subnets({**state, "fabric_layout": "ports"}) == ["198.18.0.0/20"]
