@@ -13,7 +13,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from sparkrig import baseline
+from sparkrig import baseline, topology
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.front import ARCHIVE_URI
 
@@ -161,10 +161,12 @@ def parse(lines: list[str]) -> Probe:
     )
 
 
-def _rank_of_function(r: RdmaNetdev) -> tuple[bool, str, str]:
+def _rank_of_function(r: RdmaNetdev) -> tuple[bool, str, bool, str]:
     # PCIe domain 0 first (DGX OS names its netdevs enp1s0f*; the second function of the same
-    # port is on domain 2, enP2p1s0f*), then by name
-    return (r.domain not in ("", "0000"), r.domain, r.netdev)
+    # port is on domain 2, enP2p1s0f*); a device sysfs gives no PCI function (Soft-RoCE) by
+    # DGX OS's primary name first, then by name
+    primary = topology.DGX_OS_PRIMARY.match(r.netdev) is not None
+    return (r.domain not in ("", "0000"), r.domain, not primary, r.netdev)
 
 
 def fabric_choice(probes: list[Probe]) -> tuple[str | None, str]:

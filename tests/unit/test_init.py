@@ -72,6 +72,16 @@ def test_the_fabric_is_the_cabled_function_on_domain_0_and_its_twin_is_named():
     assert twin is not None and twin.netdev == "enP2p1s0f1np1"
 
 
+def test_without_a_pci_function_the_primary_by_dgx_os_name_is_the_fabric():
+    """Soft-RoCE (the default lab: both functions of port 1, no PCI function in sysfs): the
+    domain is unknown, so DGX OS's primary name wins over the twin's, which sorts first."""
+    soft = [line.replace("|0000:01:00.1|", "||").replace("|0002:01:00.1|", "||")
+            for line in SPARK]  # fmt: skip
+    boxes = [probe.parse(soft), probe.parse(soft)]
+    assert all(r.domain == "" for r in boxes[0].rdma if r.cabled)
+    assert probe.fabric_choice(boxes) == ("enp1s0f1np1", "")
+
+
 def test_boxes_cabled_at_different_ports_have_no_fabric_and_say_which():
     other = [line.replace("|down|0|", "|up|1|") if "s0f0" in line else
              line.replace("|up|1|", "|down|0|") for line in SPARK]  # fmt: skip
