@@ -428,14 +428,29 @@ def gpu_clock_text(s: Settings, st: RankState) -> str:
     return text + (f", sm {st.gpu_sm_mhz} MHz" if st.gpu_sm_mhz is not None else "")
 
 
+def functions_text(s: Settings, st: RankState) -> str:
+    """Each fabric function's GID index live (and as its start gate handed it over) and MTU,
+    in a plan layout: ``rocep1s0f1 gid 3/3 mtu 9000, roceP2p1s0f1 gid 5/5 mtu 9000``."""
+    part, k = s.fabric_rank, s.knobs
+    assert part is not None
+    handed, mtus = dict(st.gids_handed), dict(st.mtus)
+    out = []
+    for i in part.ifaces:
+        live = gid_index(list(st.gids), str(i.address.ip), i.netdev, i.rdma, k.roce_port)
+        gid = f"{'-' if live is None else live}/{handed.get(i.rdma, '-')}"
+        out.append(f"{i.rdma} gid {gid} mtu {mtus.get(i.netdev, '?')}")
+    return "fabric " + ", ".join(out)
+
+
 def line(s: Settings, st: RankState, verified: str) -> str:
     """The rank's one line of the status screen."""
     gid = f"gid env={st.gid_env} live={live_gid_index(s, st)}"
     if st.gid_handed is not None:
         gid += f" handed={st.gid_handed}"
+    fabric = f"{gid} | mtu {st.mtu}" if s.fabric_rank is None else functions_text(s, st)
     return (
         f"rank{s.me.rank} {s.unit_name} {st.active}/{st.sub} since {st.since or '-'} | "
-        f"image {st.image.rsplit(':', 1)[-1] or '-'} | {gid} | mtu {st.mtu} | "
+        f"image {st.image.rsplit(':', 1)[-1] or '-'} | {fabric} | "
         f"weights {st.weights_commit[:12] or '-'} verified {verified} | "
         f"{figure_text(dict(st.fabric))} | {runtime_text(dict(st.runtime))} | "
         f"gpu clock {gpu_clock_text(s, st)} | "

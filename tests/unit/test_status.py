@@ -156,3 +156,16 @@ def test_a_rank_serving_other_weights_is_off():
     assert problems(s, serving_state(s, weights_commit=""), serving_image(s)) == [
         f"weights absent, want {want}"
     ]
+
+
+def test_a_ports_pair_ranks_line_names_each_function_and_its_figure_alone():
+    from sparkrig.status import line
+    from tests.unit.test_rings import ports_cluster
+
+    s = build(ports_cluster(2))["spark-1"]
+    kept = (("busbw_gbs", 21.4), ("function.rocep1s0f1", 11.9), ("function.roceP2p1s0f1", 12.0))
+    st = ports_state(s, mtus="enp1s0f1np1:9000,enP2p1s0f1np1:1500")
+    text = line(s, RankState(**{**st.__dict__, "fabric": kept}), "0.1 h ago")
+    assert "fabric rocep1s0f1 gid 3/3 mtu 9000, roceP2p1s0f1 gid 5/5 mtu 1500" in text
+    assert "alone: roceP2p1s0f1 12.0, rocep1s0f1 11.9 GB/s" in text
+    assert "gid env=" not in text  # the one-netdev fields say nothing of two functions
