@@ -146,6 +146,26 @@ def lab_cli(*args: str, timeout: float = 1500) -> None:
     subprocess.run([sys.executable, "-m", "lab", *args], cwd=REPO, check=True, timeout=timeout)
 
 
+def fabric_functions(
+    guest: Guest, state: dict[str, Any] | None = None
+) -> list[tuple[str, str, str]]:
+    """(netdev, RDMA device, IPv4) of each fabric function the deploy addresses on ``guest``:
+    its one NIC (``lab up --fabric single``), or on the default pair lab (``cable``) the typed
+    primary and its twin, the same host number on the buddy subnet (fabric_layout "auto",
+    sparkrig/topology.py ``typed_links``)."""
+    state = state or lab_state()
+    host = next(h for h in state["hosts"] if h["name"] == guest.name)
+    nics = host.get("fabric_nics") or []
+    if host.get("fabric_layout", "single") != "cable" or len(nics) < 2:
+        return [(guest.fabric_interface, str(host["roce_device"]), guest.ip)]
+    a, b, c, d = guest.ip.split(".")
+    twin = f"{a}.{b}.{int(c) ^ 1}.{d}"  # the buddy of a /24
+    return [
+        (nics[0]["netdev"], nics[0]["rdma"], guest.ip),
+        (nics[1]["netdev"], nics[1]["rdma"], twin),
+    ]
+
+
 def gid_table(guest: Guest) -> list[Any]:
     """The guest's own GID table, read the way the fact reads it (one grep)."""
     from sparkrig.fabric import RoceGids

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from bench.chaos import pyinfra_output
 from bench.chaos.catalogue import fill
 from lab import REPO
-from lab.guest import SPARKHOST, Guest, control_api_key, gid_index_for
+from lab.guest import SPARKHOST, Guest, control_api_key, fabric_functions, gid_index_for
 
 INVENTORY = "lab/inventory.py"
 FABRIC_MTU = 9000  # the lab keeps the fabric_mtu default
@@ -67,6 +67,21 @@ FABRIC = (
     "echo device_handed=$(sed -n 's/^SPARKRIG_ROCE_DEVICE_INDEX=//p' /run/sparkrig/gid.env "
     '2>/dev/null | tail -n 1); echo device_live=$(rdma dev show "$d" 2>/dev/null '
     "| sed -n 's/^\\([0-9][0-9]*\\): .*/\\1/p')"
+)
+# a pair on both functions (the default lab): each function's MTU and address, every device's
+# GID index and kernel index as its start gate handed them over (no index pinned in the env)
+FUNCTION = (
+    "echo mtu_{i}=$(cat /sys/class/net/{iface}/mtu); "
+    "echo address_{i}=$(ip -o -4 addr show dev {iface} | grep -c ' {ip}/'); "
+    "echo device_live_{i}=$(rdma dev show {rdma} 2>/dev/null "
+    "| sed -n 's/^\\([0-9][0-9]*\\): .*/\\1/p'); "
+)
+FUNCTIONS = (
+    "echo swappiness=$(sysctl -n vm.swappiness); "
+    "echo env=$(sed -n 's/^NCCL_IB_GID_INDEX=//p' /etc/sparkrig/rank.env 2>/dev/null); "
+    "echo handed=$(sed -n 's/^SPARKRIG_GID_INDEXES=//p' /run/sparkrig/gid.env 2>/dev/null "
+    "| tail -n 1); echo devices=$(sed -n 's/^SPARKRIG_ROCE_DEVICE_INDEXES=//p' "
+    "/run/sparkrig/gid.env 2>/dev/null | tail -n 1)"
 )
 WEIGHTS = (
     f"out=$({SPARKHOST} verify --mode quick --lock {LOCK} --dest {{weights}} 2>&1); rc=$?; "
@@ -163,6 +178,10 @@ def completion(head: Guest) -> list[str]:
 def fabric(guests: Sequence[Guest]) -> list[str]:
     problems = []
     for g in guests:
+        functions = fabric_functions(g)
+        if len(functions) > 1:
+            problems += both_functions(g, functions)
+            continue
         values = {"iface": g.fabric_interface, "container": g.container,
                   "address": g.fabric_address}  # fmt: skip
         seen = key_values(g.sh(fill(FABRIC, values), check=False))
@@ -185,6 +204,41 @@ def fabric(guests: Sequence[Guest]) -> list[str]:
             problems.append(
                 f"{g.name}: RDMA device index handed={seen.get('device_handed')!r}, "
                 f"now {seen.get('device_live')!r} (the device was made again under the rank)"
+            )
+    return problems
+
+
+def both_functions(g: Guest, functions: list[tuple[str, str, str]]) -> list[str]:
+    """Item 3 on a pair on both functions: each function's MTU, address and live GID, which
+    its start gate handed over, its RDMA device not made again; no index pinned in the env."""
+    script = "".join(
+        fill(FUNCTION, {"i": str(i), "iface": dev, "rdma": rdma, "ip": ip})
+        for i, (dev, rdma, ip) in enumerate(functions)
+    )
+    seen = key_values(g.sh(script + FUNCTIONS, check=False))
+    problems = []
+    if seen.get("swappiness") != SWAPPINESS:
+        problems.append(f"{g.name}: vm.swappiness {seen.get('swappiness')}, want {SWAPPINESS}")
+    if seen.get("env"):
+        problems.append(f"{g.name}: the env file pins GID index {seen['env']} on both functions")
+    handed = dict(x.split(":", 1) for x in (seen.get("handed") or "").split(",") if ":" in x)
+    devices = dict(x.split(":", 1) for x in (seen.get("devices") or "").split(",") if ":" in x)
+    for i, (dev, rdma, ip) in enumerate(functions):
+        if seen.get(f"mtu_{i}") != str(FABRIC_MTU):
+            problems.append(f"{g.name}: {dev} MTU {seen.get(f'mtu_{i}')}, want {FABRIC_MTU}")
+        if seen.get(f"address_{i}") != "1":
+            problems.append(f"{g.name}: {ip} is not on {dev}")
+        try:
+            live = str(gid_index_for(g, ip))
+        except AssertionError as e:
+            problems.append(f"{g.name}: no live RoCE v2 GID for {ip}: {str(e)[:200]}")
+            continue
+        if handed.get(rdma) != live:
+            problems.append(f"{g.name}: {rdma} GID index handed={handed.get(rdma)!r}, live {live}")
+        if not devices.get(rdma) or devices.get(rdma) != seen.get(f"device_live_{i}"):
+            problems.append(
+                f"{g.name}: {rdma} device index handed={devices.get(rdma)!r}, now "
+                f"{seen.get(f'device_live_{i}')!r} (the device was made again under the rank)"
             )
     return problems
 

@@ -22,7 +22,8 @@ DEFAULT_TOLERANCE = 0.10
 
 def lookup(result: dict[str, Any], figure: str) -> list[float]:
     """The measured values a figure names (several for prefill and the long-context decode:
-    one per context). ``<figure>.p10`` is that figure's p10 in the result's ``spread``;
+    one per context; ``prefill_ttft_s.<N>`` the TTFT of the context of N prompt tokens, as
+    ``--contexts`` asked it). ``<figure>.p10`` is that figure's p10 in the result's ``spread``;
     ``fabric_busbw_gbs`` the NCCL smoke test's bus bandwidth the result holds (``fabric``, as
     the release record keeps it). A name the result does not hold gives none (a result from
     before it was measured)."""
@@ -39,6 +40,10 @@ def lookup(result: dict[str, Any], figure: str) -> list[float]:
     if figure.startswith("decode_tok_s."):
         v = (result.get("decode_tok_s") or {}).get(figure.split(".", 1)[1])
         return [] if v is None else [float(v)]
+    if figure.startswith("prefill_ttft_s."):  # the cold prefill's TTFT at one context
+        target = int(figure.split(".", 1)[1])
+        return [float(p["ttft_s"]) for p in result.get("prefill") or []
+                if p.get("target_tokens") == target and p.get("ttft_s") is not None]  # fmt: skip
     if figure == "prefill_tok_s":
         return [float(p["prefill_tok_s"]) for p in result.get("prefill") or []
                 if p.get("prefill_tok_s") is not None]  # fmt: skip

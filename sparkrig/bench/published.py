@@ -57,7 +57,7 @@ def _readable(name: str) -> bool:
     """Whether ``expected.lookup`` reads a figure of this name from a seed 000 result."""
     plain = ("single_stream_tok_s", "prefill_tok_s", "ttft_p50_s", "fffd_per_10k_chars",
              "spec_acceptance", "spec_acceptance_length")  # fmt: skip
-    return name in plain or name.startswith("decode_tok_s.")
+    return name in plain or name.startswith(("decode_tok_s.", "prefill_ttft_s."))
 
 
 def _of_nodes(f: Figure, nnodes: int | None) -> bool:

@@ -35,6 +35,7 @@ ARGS = (
 )
 V8 = f"{REPO} docker/Dockerfile.sm121-v8@a4b7e29f60eb3bfdc54db67c8af85fa83796e247"
 SEED_003 = "seed 003 (shared/seeds/003_b876b9038c2c4cb2.txt)"
+README = f"{REPO} README (stored copy id 70887864586, research stacks.md 'Published speed')"
 
 # The template rank 0 serves with (run.sh mounts it on rank 0 only: the stock template leaks
 # chain-of-thought). sparkrig carries no copy: the head fetches it at this commit
@@ -214,6 +215,18 @@ STACK = Stack(
             upper=1192.0,
             condition="cold unique-salt prompt: 32K 1,192 tok/s, 128K 1,190 tok/s",
         ),
+        # the sfxnz README's long prompt (research stacks.md §1 "Published speed"): opt-in,
+        # `--contexts 318123` on a profile whose context holds it
+        Figure(
+            "prefill_ttft_s.318123",
+            245.0,
+            "s",
+            "seed000",
+            README,
+            "single",
+            condition="one 318,123-token prompt, prefilled in 4 min 05 s",
+            lower_is_better=True,
+        ),
         Figure(
             "spec_acceptance_length",
             2.21,
@@ -225,5 +238,5 @@ STACK = Stack(
             "(line 41), 1.21 of 7 drafted tokens accepted a step",
         ),
     ),  # fmt: skip
-    sources=(RUN_SH, ARGS, V8, SEED_003, "docs/stacks-facts.md §S"),
+    sources=(RUN_SH, ARGS, V8, SEED_003, README, "docs/stacks-facts.md §S"),
 )

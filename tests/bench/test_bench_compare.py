@@ -228,3 +228,20 @@ def test_results_from_before_the_new_figures_still_compare(capsys: object, tmp_p
     assert (
         "example-standin-shared: " not in out.split("drafters and runs:")[1].split("published")[0]
     )
+
+
+def test_a_long_prefill_is_judged_by_the_ttft_published_for_its_context() -> None:
+    """Seed 000's 200K prompt (TTFT 139.2 s) judges the context the bench ran as --contexts 200K
+    (204,800 tokens), and no other; the sfxnz README's 318,123-token one its own stack's."""
+    rows = [{"target_tokens": 32768, "prompt_tokens": 32700, "ttft_s": 25.0},
+            {"target_tokens": 204800, "prompt_tokens": 204700, "ttft_s": 180.0}]  # fmt: skip
+    run = {"protocol_name": "seed000", "profile": "single", "stack": "vllm-nvfp4", "prefill": rows}
+    verdicts = expected.verdicts_of(published.figures_for(run), run, 0.1)
+    ttft = next(r for r in verdicts if r["figure"] == "prefill_ttft_s.204800")
+    assert ttft["status"] == "short" and "slow prefill" in ttft["causes"]
+    assert expected.lookup(run, "prefill_ttft_s.204800") == [180.0]
+    assert expected.lookup({**run, "prefill": rows[:1]}, "prefill_ttft_s.204800") == []
+    sfxnz = {**run, "stack": "sfxnz-v13", "prefill": [{"target_tokens": 318123, "ttft_s": 240.0}]}
+    long = next(r for r in expected.verdicts_of(published.figures_for(sfxnz), sfxnz, 0.1)
+                if r["figure"] == "prefill_ttft_s.318123")  # fmt: skip
+    assert long["status"] in ("within", "better")

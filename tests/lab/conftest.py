@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 # the guests, the operator's command and the lab CLI are shared with bench/chaos: lab/guest.py
-from lab.guest import Deploy, Guest, guests, lab_cli, pyinfra  # noqa: F401  (re-exported)
+from lab.guest import (  # noqa: F401  (re-exported)
+    Deploy,
+    Guest,
+    fabric_functions,
+    guests,
+    lab_cli,
+    pyinfra,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = ROOT / ".lab" / "state.json"
@@ -39,19 +46,8 @@ class Lab:
         return str(json.loads(STATE.read_text()).get("fabric_layout", "single"))
 
     def functions(self, guest: Guest) -> list[tuple[str, str, str]]:
-        """(netdev, RDMA device, IPv4) of each fabric function the deploy addresses on
-        ``guest``: its one NIC (single), or the typed primary and its twin on the buddy
-        subnet with the same host number (cable: fabric_layout "auto")."""
-        host = next(h for h in json.loads(STATE.read_text())["hosts"] if h["name"] == guest.name)
-        nics = host.get("fabric_nics") or []
-        if self.layout == "single" or len(nics) < 2:
-            return [(guest.fabric_interface, host["roce_device"], guest.ip)]
-        a, b, c, d = guest.ip.split(".")
-        twin = f"{a}.{b}.{int(c) ^ 1}.{d}"  # topology.buddy of a /24
-        return [
-            (nics[0]["netdev"], nics[0]["rdma"], guest.ip),
-            (nics[1]["netdev"], nics[1]["rdma"], twin),
-        ]
+        """(netdev, RDMA device, IPv4) of each fabric function (lab/guest.py)."""
+        return fabric_functions(guest)
 
     def single_only(self) -> None:
         """Skip a test written against one netdev's pinned GID index (fabric_layout "single")
