@@ -317,6 +317,8 @@ class _Node:
 
 def test_the_fabric_check_finds_a_rank_left_on_an_rdma_device_made_again(monkeypatch):
     monkeypatch.setattr(checks, "gid_index_for", lambda g, ip: 1)
+    one = [("enp1s0f1np1", "rxe0", "10.200.0.2")]
+    monkeypatch.setattr(checks, "fabric_functions", lambda g: one)  # the single-NIC lab
     whole = {"mtu": "9000", "swappiness": "0", "address": "1", "env": "1", "handed": "1",
              "container": "1", "device_handed": "4", "device_live": "4"}  # fmt: skip
     assert checks.fabric([_Node(whole)]) == []
@@ -337,3 +339,33 @@ def test_pick_replays_some_faults_of_a_seed_with_their_drawn_parameters(capsys):
     assert picked == [whole[17], whole[39]]
     with pytest.raises(SystemExit):
         chaos_main.parse(["--faults", "3", "--pick", "4"])
+
+
+BOTH = [
+    ("enp1s0f1np1", "rocep1s0f1", "10.200.0.2"),
+    ("enP2p1s0f1np1", "roceP2p1s0f1", "10.200.1.2"),
+]
+
+
+def test_on_both_functions_the_fabric_check_reads_every_function(monkeypatch):
+    """The default pair lab: each function's MTU, address, handed GID and device index."""
+    monkeypatch.setattr(checks, "gid_index_for", lambda g, ip: 1 if ip.endswith("0.2") else 3)
+    monkeypatch.setattr(checks, "fabric_functions", lambda g: BOTH)
+    whole = {"mtu_0": "9000", "mtu_1": "9000", "address_0": "1", "address_1": "1",
+             "swappiness": "0", "env": "", "handed": "rocep1s0f1:1,roceP2p1s0f1:3",
+             "devices": "rocep1s0f1:4,roceP2p1s0f1:5", "device_live_0": "4",
+             "device_live_1": "5"}  # fmt: skip
+
+    class Node(_Node):
+        def sh(self, command: str, check: bool = True) -> str:
+            assert "SPARKRIG_GID_INDEXES" in command and "enP2p1s0f1np1" in command
+            return "".join(f"{k}={v}\n" for k, v in self.said.items())
+
+    assert checks.fabric([Node(whole)]) == []
+    assert checks.fabric([Node({**whole, "mtu_1": "1500", "device_live_1": "7"})]) == [
+        "lab-worker1: enP2p1s0f1np1 MTU 1500, want 9000",
+        "lab-worker1: roceP2p1s0f1 device index handed='5', now '7' (the device was made again "
+        "under the rank)",
+    ]
+    moved = checks.fabric([Node({**whole, "handed": "rocep1s0f1:1,roceP2p1s0f1:2"})])
+    assert moved == ["lab-worker1: roceP2p1s0f1 GID index handed='2', live 3"]
