@@ -24,6 +24,7 @@ from sparkrig.release import RECORD, Release, parse_record, record_path
 from sparkrig.runtime import runtime_text
 from sparkrig.serving import gpu_memory_utilization, memory_floor_gib
 from sparkrig.settings import Settings
+from sparkrig.topology import Iface
 
 # Everything below only reads: systemctl show, docker inspect, cat/sed/grep of files, stat, awk.
 # The GID table comes raw (gid_table_command) and is matched on the control side by the one rule
@@ -308,23 +309,34 @@ def single_problems(s: Settings, st: RankState) -> list[str]:
     return out
 
 
+def function_readings(
+    s: Settings, st: RankState
+) -> list[tuple[Iface, int | None, int | None, int | None]]:
+    """Each fabric function of the plan with its GID index in the live table, the one its start
+    gate handed over and its netdev's MTU (None: not read)."""
+    part, k = s.fabric_rank, s.knobs
+    assert part is not None
+    handed, mtus = dict(st.gids_handed), dict(st.mtus)
+    return [
+        (i, gid_index(list(st.gids), str(i.address.ip), i.netdev, i.rdma, k.roce_port),
+         handed.get(i.rdma), mtus.get(i.netdev))
+        for i in part.ifaces
+    ]  # fmt: skip
+
+
 def fabric_problems(s: Settings, st: RankState) -> list[str]:
     """fabric_layout "ports": every function's GID by value in the live table against what the
     start gate handed over, its device made again or gone, its netdev's MTU (the env file pins
     no GID index: NCCL picks each one, docs/rings.md)."""
-    part, k = s.fabric_rank, s.knobs
-    assert part is not None
-    handed, mtus = dict(st.gids_handed), dict(st.mtus)
+    k = s.knobs
     out = []
-    for i in part.ifaces:
-        live = gid_index(list(st.gids), str(i.address.ip), i.netdev, i.rdma, k.roce_port)
+    for i, live, was, mtu in function_readings(s, st):
         if live is None:
             out.append(f"{i.rdma}: no RoCE v2 GID for ::ffff:{i.address.ip} on {i.netdev}")
-        was = handed.get(i.rdma)
         if was is not None and live is not None and was != live:
             out.append(f"{i.rdma}: GID index: start gate handed over {was}, live table {live}")
-        if mtus.get(i.netdev) != k.fabric_mtu:
-            out.append(f"MTU {mtus.get(i.netdev, '?')} on {i.netdev}, want {k.fabric_mtu}")
+        if mtu != k.fabric_mtu:
+            out.append(f"MTU {mtu if mtu is not None else '?'} on {i.netdev}, want {k.fabric_mtu}")
     now = dict(st.devices_live)
     for dev in rankenv.device_indexes_made_again(dict(st.devices_handed), now):
         out.append(
@@ -431,14 +443,10 @@ def gpu_clock_text(s: Settings, st: RankState) -> str:
 def functions_text(s: Settings, st: RankState) -> str:
     """Each fabric function's GID index live (and as its start gate handed it over) and MTU,
     in a plan layout: ``rocep1s0f1 gid 3/3 mtu 9000, roceP2p1s0f1 gid 5/5 mtu 9000``."""
-    part, k = s.fabric_rank, s.knobs
-    assert part is not None
-    handed, mtus = dict(st.gids_handed), dict(st.mtus)
     out = []
-    for i in part.ifaces:
-        live = gid_index(list(st.gids), str(i.address.ip), i.netdev, i.rdma, k.roce_port)
-        gid = f"{'-' if live is None else live}/{handed.get(i.rdma, '-')}"
-        out.append(f"{i.rdma} gid {gid} mtu {mtus.get(i.netdev, '?')}")
+    for i, live, was, mtu in function_readings(s, st):
+        seen = f"{'-' if live is None else live}/{'-' if was is None else was}"
+        out.append(f"{i.rdma} gid {seen} mtu {'?' if mtu is None else mtu}")
     return "fabric " + ", ".join(out)
 
 

@@ -5,6 +5,7 @@ A run without the head (`--limit worker`) never stops a worker's rank itself: th
 head's supervisor for the ordered restart, so the pair serves again at the end of the run."""
 
 import shlex
+from typing import Any
 
 from pyinfra import host, inventory, logger
 from pyinfra.operations import python, server, systemd
@@ -302,65 +303,48 @@ SMOKE_VERDICT = (  # a detached smoke test's exit code and last line (its JSON)
     f"rc=$(docker wait {SMOKE_CONTAINER}); docker logs --tail 1 {SMOKE_CONTAINER}; "
     f"docker rm {SMOKE_CONTAINER} >/dev/null; exit $rc"
 )
-on_workers(
-    is_head,
-    server.shell,
-    name="Launch the NCCL smoke test on the workers",
-    commands=[SMOKE_CLEAN, shlex.join(smoke_run_args(settings, image, detach=True))],
-    _if=smoke_due,
+
+
+def pair_smoke(names: tuple[str, str, str], workers_run: str, head_run: str, what: str) -> Any:
+    """One NCCL smoke test of the pair: the workers launched (they wait in the rendezvous), the
+    head in the foreground, then the workers' verdicts, each deciding a rollback during an
+    upgrade (``what`` names it). This host's operation whose output holds its figure."""
+    on_workers(is_head, server.shell, name=names[0], commands=[SMOKE_CLEAN, workers_run],
+               _if=smoke_due)  # fmt: skip
+    head_op = on_head(is_head, server.shell, name=names[1], commands=[head_run], _if=smoke_due,
+                      _ignore_errors=upgrading)  # fmt: skip
+    workers_op = on_workers(is_head, server.shell, name=names[2], commands=[SMOKE_VERDICT],
+                            _if=smoke_due, _ignore_errors=upgrading)  # fmt: skip
+    rolls_back.watch(what, head_op)
+    rolls_back.watch(what, workers_op)
+    return head_op if settings.me.is_head else workers_op
+
+
+smoke_figures().watch(
+    host.name,
+    pair_smoke(
+        (
+            "Launch the NCCL smoke test on the workers",
+            "Run the NCCL smoke test on the head",
+            "Check the NCCL smoke test on the workers",
+        ),
+        shlex.join(smoke_run_args(settings, image, detach=True)),
+        shlex.join(smoke_run_args(settings, image)),
+        "NCCL smoke test",
+    ),
 )
-smoke_head = on_head(
-    is_head,
-    server.shell,
-    name="Run the NCCL smoke test on the head",
-    commands=[shlex.join(smoke_run_args(settings, image))],
-    _if=smoke_due,
-    _ignore_errors=upgrading,
-)
-rolls_back.watch("NCCL smoke test", smoke_head)
-smoke_workers = on_workers(
-    is_head,
-    server.shell,
-    name="Check the NCCL smoke test on the workers",
-    commands=[SMOKE_VERDICT],
-    _if=smoke_due,
-    _ignore_errors=upgrading,
-)
-rolls_back.watch("NCCL smoke test", smoke_workers)
-smoke_figures().watch(host.name, smoke_head if settings.me.is_head else smoke_workers)
 # A pair on both functions: then each function alone (NCCL_IB_HCA one device), so the release
 # keeps each one's figure and a slow function is named, held to one function's floor.
 pair = settings.fabric_plan if settings.nnodes == 2 else None
 for iface in host.loop(pair.ranks[settings.me.rank].ifaces if pair is not None else ()):
     alone = shlex.join(function_smoke_run_args(settings, image, iface.function))
-    on_workers(
-        is_head,
-        server.shell,
-        name="Launch the NCCL smoke test over one function on the workers",
-        commands=[SMOKE_CLEAN, alone],
-        _if=smoke_due,
+    names = (
+        "Launch the NCCL smoke test over one function on the workers",
+        "Run the NCCL smoke test over one function on the head",
+        "Check the NCCL smoke test over one function on the workers",
     )
-    alone_head = on_head(
-        is_head,
-        server.shell,
-        name="Run the NCCL smoke test over one function on the head",
-        commands=[alone],
-        _if=smoke_due,
-        _ignore_errors=upgrading,
-    )
-    rolls_back.watch("NCCL smoke test over one function", alone_head)
-    alone_workers = on_workers(
-        is_head,
-        server.shell,
-        name="Check the NCCL smoke test over one function on the workers",
-        commands=[SMOKE_VERDICT],
-        _if=smoke_due,
-        _ignore_errors=upgrading,
-    )
-    rolls_back.watch("NCCL smoke test over one function", alone_workers)
-    smoke_figures().watch_function(
-        host.name, iface.rdma, alone_head if settings.me.is_head else alone_workers
-    )
+    measured = pair_smoke(names, alone, alone, "NCCL smoke test over one function")
+    smoke_figures().watch_function(host.name, iface.rdma, measured)
 # A triangle or a ring: then the same test over each cable alone, between its two ends (the busbw
 # of every link, issue 36), one cable after the other: the port-1 end launched, the port-0 end in
 # the foreground (the rendezvous on its primary address there), then the port-1 end's verdict.
