@@ -287,8 +287,8 @@ def cabling_verdict(
 def judged_plan(
     s: Settings, links: Sequence[Mapping[str, LinkState]]
 ) -> tuple[Plan, list[str], set[tuple[int, int]]]:
-    """The plan after knob ``fabric_link_silent`` judged every link whose two ends are up and
-    already hold their planned address (``links[rank]``: that rank's FabricLinks), the lines
+    """The plan after knob ``fabric_link_silent`` judged every link whose two ends are up, at the
+    plan's MTU and already hold their planned address (``links[rank]``: that rank's FabricLinks), the lines
     naming each silent link (refusals for "refuse", notes for "omit"), and the links judged (cable,
     function). A link not yet addressed at both ends is proven by the pings after the netplan
     is applied (``fabric_functions_proven``). A cable with neither function left: PlanError."""
@@ -304,8 +304,15 @@ def judged_plan(
             )  # fmt: skip
             have = links[end.rank].get(iface.netdev) if end.rank < len(links) else None
             # an administratively down end is the fabric phase's to bring up (fabric_link_raised),
-            # not the cable's: its link is proven by the pings after the netplan, like a new one
-            ends.append(have is not None and have.admin_up and str(iface.address) in have.ipv4)
+            # and an end off the plan's MTU (a firmware update resets it) the netplan's to set
+            # again: neither is the cable's, so its link is proven by the pings after the
+            # netplan, like a new one
+            ends.append(
+                have is not None
+                and have.admin_up
+                and have.mtu == s.knobs.fabric_mtu
+                and str(iface.address) in have.ipv4
+            )
         if all(ends):
             addressed.add((link.cable.index, link.function))
     failed: dict[int, list[str]] = {}

@@ -233,6 +233,25 @@ def test_an_administratively_down_twin_is_brought_up_and_the_pair_restarts(monke
     assert "systemctl stop sparkrig-worker.service" in restarts(r)
 
 
+def test_a_function_whose_mtu_was_reset_is_applied_again_not_refused_as_silent(monkeypatch):
+    # `ip link set dev enp1s0f1np1 mtu 1500` on the worker of a serving pair (a firmware
+    # update): the primary keeps its address, its full-MTU don't-fragment ping fails; the run
+    # re-applies the netplan and proves it after, as for a link not yet addressed
+    converged_pair()
+    (dev0, _, ip0), (dev1, _, ip1) = pairfakes.PLAN[1]
+    reset = [f"df {dev0} 1", f"link {dev0} 0x1003 1 1500", f"addr {dev0} {ip0}/24",
+             f"df {dev1} 0", f"link {dev1} 0x1003 1 9000", f"addr {dev1} {ip1}/24",
+             fakehosts.END]  # fmt: skip
+    fakehosts.inject("spark-b", {pairfakes.LINKS: reset})
+    r = apply(monkeypatch)
+    assert r.exit_code == 0, r.output
+    assert "does not answer a full-MTU" not in r.output
+    worker = r.commands[WORKER]
+    assert PRIMARY_UP in worker and "netplan generate" in worker
+    assert any(c.startswith("rc=0; ping -M do -s 8972") and dev0 in c for c in worker)
+    assert "systemctl stop sparkrig-worker.service" in restarts(r)
+
+
 def test_todays_pair_inventory_serves_on_both_functions_by_default(monkeypatch):
     inventory = "tests/plan/rings/pair_today.py"
     r = run(["-y", inventory, "deploy.py"], monkeypatch)
