@@ -287,11 +287,12 @@ def cabling_verdict(
 def judged_plan(
     s: Settings, links: Sequence[Mapping[str, LinkState]]
 ) -> tuple[Plan, list[str], set[tuple[int, int]]]:
-    """The plan after knob ``fabric_link_silent`` judged every link whose two ends are up, at the
-    plan's MTU and already hold their planned address (``links[rank]``: that rank's FabricLinks), the lines
-    naming each silent link (refusals for "refuse", notes for "omit"), and the links judged (cable,
-    function). A link not yet addressed at both ends is proven by the pings after the netplan
-    is applied (``fabric_functions_proven``). A cable with neither function left: PlanError."""
+    """The plan after knob ``fabric_link_silent`` judged every link whose two ends are up, at
+    the plan's MTU and already hold their planned address (``links[rank]``: that rank's
+    FabricLinks), the lines naming each silent link (refusals for "refuse", notes for "omit"),
+    and the links judged (cable, function). A link not yet addressed at both ends is proven by
+    the pings after the netplan is applied (``fabric_functions_proven``). A cable with neither
+    function left: PlanError."""
     plan = s.fabric_plan
     assert plan is not None
     addressed: set[tuple[int, int]] = set()
