@@ -6,6 +6,7 @@ Everything here needs a lab that `python3 -m lab up` started (.lab/state.json)."
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shlex
@@ -153,13 +154,14 @@ def fabric_functions(
     its one NIC (``lab up --fabric single``), or on the default pair lab (``cable``) the typed
     primary and its twin, the same host number on the buddy subnet (fabric_layout "auto",
     sparkrig/topology.py ``typed_links``)."""
+    from sparkrig.topology import buddy_address
+
     state = state or lab_state()
     host = next(h for h in state["hosts"] if h["name"] == guest.name)
     nics = host.get("fabric_nics") or []
     if host.get("fabric_layout", "single") != "cable" or len(nics) < 2:
         return [(guest.fabric_interface, str(host["roce_device"]), guest.ip)]
-    a, b, c, d = guest.ip.split(".")
-    twin = f"{a}.{b}.{int(c) ^ 1}.{d}"  # the buddy of a /24
+    twin = str(buddy_address(ipaddress.IPv4Interface(guest.fabric_address)).ip)
     return [
         (nics[0]["netdev"], nics[0]["rdma"], guest.ip),
         (nics[1]["netdev"], nics[1]["rdma"], twin),

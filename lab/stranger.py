@@ -12,6 +12,7 @@ Run: python3 -m lab.stranger up | down | try ADDR PORT | http URL [HEADER ...]
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import subprocess
 import sys
@@ -88,8 +89,9 @@ def fabric_subnets(state: dict[str, Any]) -> list[str]:
         return ["198.18.0.0/20"]
     if state.get("fabric_layout") != "cable":
         return [subnet]
-    a, b, c, rest = subnet.split(".", 3)
-    return [subnet, f"{a}.{b}.{int(c) ^ 1}.{rest}"]
+    from sparkrig.topology import buddy
+
+    return [subnet, str(buddy(ipaddress.IPv4Network(subnet)))]
 
 
 def down() -> None:

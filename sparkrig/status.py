@@ -440,6 +440,12 @@ def gpu_clock_text(s: Settings, st: RankState) -> str:
     return text + (f", sm {st.gpu_sm_mhz} MHz" if st.gpu_sm_mhz is not None else "")
 
 
+def single_text(st: RankState, live: int | None) -> str:
+    """The one fabric netdev's GID index (env file, live, handed over) and MTU."""
+    handed = f" handed={st.gid_handed}" if st.gid_handed is not None else ""
+    return f"gid env={st.gid_env} live={live}{handed} | mtu {st.mtu}"
+
+
 def functions_text(s: Settings, st: RankState) -> str:
     """Each fabric function's GID index live (and as its start gate handed it over) and MTU,
     in a plan layout: ``rocep1s0f1 gid 3/3 mtu 9000, roceP2p1s0f1 gid 5/5 mtu 9000``."""
@@ -452,10 +458,9 @@ def functions_text(s: Settings, st: RankState) -> str:
 
 def line(s: Settings, st: RankState, verified: str) -> str:
     """The rank's one line of the status screen."""
-    gid = f"gid env={st.gid_env} live={live_gid_index(s, st)}"
-    if st.gid_handed is not None:
-        gid += f" handed={st.gid_handed}"
-    fabric = f"{gid} | mtu {st.mtu}" if s.fabric_rank is None else functions_text(s, st)
+    fabric = (
+        single_text(st, live_gid_index(s, st)) if s.fabric_rank is None else functions_text(s, st)
+    )
     return (
         f"rank{s.me.rank} {s.unit_name} {st.active}/{st.sub} since {st.since or '-'} | "
         f"image {st.image.rsplit(':', 1)[-1] or '-'} | {fabric} | "

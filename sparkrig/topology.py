@@ -254,6 +254,14 @@ def buddy(subnet: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
     return ipaddress.IPv4Network((flipped, subnet.prefixlen))
 
 
+def buddy_address(primary: ipaddress.IPv4Interface) -> ipaddress.IPv4Interface:
+    """The twin's address of a typed primary address: the same host number on the buddy
+    subnet (10.200.0.2/24 -> 10.200.1.2/24), as ``typed_links`` plans it."""
+    net = primary.network
+    twin = buddy(net).network_address + (int(primary.ip) - int(net.network_address))
+    return ipaddress.IPv4Interface(f"{twin}/{net.prefixlen}")
+
+
 def typed_links(
     cable: Cable, addresses: tuple[ipaddress.IPv4Interface, ipaddress.IPv4Interface]
 ) -> tuple[Link, Link]:

@@ -25,6 +25,8 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sparkhost import rankenv
+
 from bench.chaos import pyinfra_output
 from bench.chaos.catalogue import fill
 from lab import REPO
@@ -221,23 +223,25 @@ def both_functions(g: Guest, functions: list[tuple[str, str, str]]) -> list[str]
         problems.append(f"{g.name}: vm.swappiness {seen.get('swappiness')}, want {SWAPPINESS}")
     if seen.get("env"):
         problems.append(f"{g.name}: the env file pins GID index {seen['env']} on both functions")
-    handed = dict(x.split(":", 1) for x in (seen.get("handed") or "").split(",") if ":" in x)
-    devices = dict(x.split(":", 1) for x in (seen.get("devices") or "").split(",") if ":" in x)
+    handed = rankenv.parse_per_device(seen.get("handed") or "")
+    devices = rankenv.parse_per_device(seen.get("devices") or "")
     for i, (dev, rdma, ip) in enumerate(functions):
         if seen.get(f"mtu_{i}") != str(FABRIC_MTU):
             problems.append(f"{g.name}: {dev} MTU {seen.get(f'mtu_{i}')}, want {FABRIC_MTU}")
         if seen.get(f"address_{i}") != "1":
             problems.append(f"{g.name}: {ip} is not on {dev}")
         try:
-            live = str(gid_index_for(g, ip))
+            live = gid_index_for(g, ip)
         except AssertionError as e:
             problems.append(f"{g.name}: no live RoCE v2 GID for {ip}: {str(e)[:200]}")
             continue
-        if handed.get(rdma) != live:
-            problems.append(f"{g.name}: {rdma} GID index handed={handed.get(rdma)!r}, live {live}")
-        if not devices.get(rdma) or devices.get(rdma) != seen.get(f"device_live_{i}"):
+        gid = str(handed[rdma]) if rdma in handed else None  # as the start gate wrote it
+        device = str(devices[rdma]) if rdma in devices else None
+        if gid != str(live):
+            problems.append(f"{g.name}: {rdma} GID index handed={gid!r}, live {live}")
+        if device is None or device != seen.get(f"device_live_{i}"):
             problems.append(
-                f"{g.name}: {rdma} device index handed={devices.get(rdma)!r}, now "
+                f"{g.name}: {rdma} device index handed={device!r}, now "
                 f"{seen.get(f'device_live_{i}')!r} (the device was made again under the rank)"
             )
     return problems

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from pyinfra.api.exceptions import DeployError
 
+from sparkrig import topology
 from sparkrig.fabric import env_context, env_template
 from sparkrig.render import render
 from sparkrig.settings import InventoryView, build
@@ -44,6 +45,9 @@ def test_a_pair_of_todays_inventory_serves_on_both_functions():
         ("enP2p1s0f1np1", "roceP2p1s0f1", "192.168.101.11/24"),
     ]
     assert worker.me.ip == "192.168.100.11" and head.me.ip == "192.168.100.10"
+    # what the lab and its checks compute for the twin is the plan's
+    twin = worker.fabric_rank.ifaces[1].address
+    assert topology.buddy_address(worker.me.fabric_address) == twin
     env = env_of(worker)
     assert env["NCCL_IB_HCA"] == "=rocep1s0f1:1,roceP2p1s0f1:1"
     # one range holds both subnets, none of fabric_cidr's (198.18.0.0/20) is taken
@@ -116,8 +120,6 @@ def test_a_pair_the_default_cannot_plan_is_refused_naming_the_fix(change, messag
 
 
 def test_each_function_alone_names_one_device_and_bootstraps_as_the_pair():
-    from sparkrig import topology
-
     worker = build(default_cluster(2))["spark-1"]
     plan = worker.fabric_plan
     assert plan is not None
