@@ -163,6 +163,18 @@ def converged_pair(**runtime: dict[str, str]) -> None:
         fakehosts.STATE[short] = canned
 
 
+def worker_links(**changed: dict) -> None:
+    """The worker's FabricLinks answer: both functions addressed, up with carrier, at MTU 9000,
+    their pings answered, but for what ``changed`` says of the "primary" or the "twin" (keys
+    df: 1 a failed ping, flags, carrier, mtu)."""
+    lines = []
+    for role, (dev, _, ip) in zip(("primary", "twin"), pairfakes.PLAN[1], strict=True):
+        end = {"df": 0, "flags": "0x1003", "carrier": 1, "mtu": 9000, **changed.get(role, {})}
+        lines += [f"df {dev} {end['df']}", f"link {dev} {end['flags']} {end['carrier']} "
+                  f"{end['mtu']}", f"addr {dev} {ip}/24"]  # fmt: skip
+    fakehosts.inject("spark-b", {pairfakes.LINKS: [*lines, fakehosts.END]})
+
+
 def restarts(r: Run) -> list[str]:
     return [c for n in (HEAD, WORKER) for c in r.commands[n]
             if re.match(r"systemctl (stop|start) sparkrig-(head|worker)", c)]  # fmt: skip
@@ -219,11 +231,8 @@ def test_an_administratively_down_twin_is_brought_up_and_the_pair_restarts(monke
     # `ip link set dev enP2p1s0f1np1 down` on the worker of a serving pair: the twin keeps its
     # address, has no carrier and its don't-fragment ping fails, like a dead cable would
     converged_pair()
-    (dev0, _, ip0), (dev1, _, ip1) = pairfakes.PLAN[1]
-    down = [f"df {dev0} 0", f"link {dev0} 0x1003 1 9000", f"addr {dev0} {ip0}/24",
-            f"df {dev1} 1", f"link {dev1} 0x1002 0 9000", f"addr {dev1} {ip1}/24",
-            fakehosts.END]  # fmt: skip
-    fakehosts.inject("spark-b", {pairfakes.LINKS: down})
+    (dev0, _, _), (dev1, _, _) = pairfakes.PLAN[1]
+    worker_links(twin={"df": 1, "flags": "0x1002", "carrier": 0})
     r = apply(monkeypatch)
     assert r.exit_code == 0, r.output
     worker = r.commands[WORKER]
@@ -238,11 +247,8 @@ def test_a_function_whose_mtu_was_reset_is_applied_again_not_refused_as_silent(m
     # update): the primary keeps its address, its full-MTU don't-fragment ping fails; the run
     # re-applies the netplan and proves it after, as for a link not yet addressed
     converged_pair()
-    (dev0, _, ip0), (dev1, _, ip1) = pairfakes.PLAN[1]
-    reset = [f"df {dev0} 1", f"link {dev0} 0x1003 1 1500", f"addr {dev0} {ip0}/24",
-             f"df {dev1} 0", f"link {dev1} 0x1003 1 9000", f"addr {dev1} {ip1}/24",
-             fakehosts.END]  # fmt: skip
-    fakehosts.inject("spark-b", {pairfakes.LINKS: reset})
+    dev0 = pairfakes.PLAN[1][0][0]
+    worker_links(primary={"df": 1, "mtu": 1500})
     r = apply(monkeypatch)
     assert r.exit_code == 0, r.output
     assert "does not answer a full-MTU" not in r.output
