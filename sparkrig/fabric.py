@@ -269,18 +269,21 @@ def lan_problems(s: Settings, held: Sequence[tuple[str, str]]) -> list[str]:
 
 
 def cabling_verdict(
-    s: Settings, probes: Sequence[Mapping[str, Probe]]
+    s: Settings, probes: Sequence[Mapping[str, Probe] | None]
 ) -> tuple[list[str], list[str]]:
-    """(problems, notes) of the cables as every rank's probe (``probes[rank]``) hears them
-    against ``s``'s plan: each problem names the cable to move (``topology.check_cabling``); a
-    cable an end could not ask on is a note (``topology.unchecked_cables``)."""
+    """(problems, notes) of the cables as every rank's probe (``probes[rank]``; None: the rank
+    is out of this run, and never reached) hears them against ``s``'s plan: each problem names
+    the cable to move (``topology.check_cabling``); a cable an end could not ask on, or whose
+    other end was not read, is a note (``topology.unchecked_cables``)."""
     plan = s.fabric_plan
     assert plan is not None
     ports = [with_siblings(r.ports) for r in s.ranks]
     names = [r.name for r in s.ranks]
+    heard = [p if p is not None else {} for p in probes]
+    unread = [rank for rank, p in enumerate(probes) if p is None]
     return (
-        check_cabling(plan, ports, probes, names),
-        unchecked_cables(plan, ports, probes, names),
+        check_cabling(plan, ports, heard, names),
+        unchecked_cables(plan, ports, heard, names, unread),
     )
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 PRIMARY, TWIN = 0, 1
@@ -768,23 +768,31 @@ def unchecked_cables(
     ports: Sequence[Mapping[int, Port]],
     probes: Sequence[Mapping[str, Probe]],
     names: Sequence[str] | None = None,
+    unread: Collection[int] = (),
 ) -> list[str]:
-    """The planned cables nobody was heard on because an end could not ask (``blind_ends``):
-    neither passed nor refused by ``check_cabling``; the don't-fragment pings prove them once
-    the addresses are set."""
+    """The planned cables nobody was heard on because an end could not ask (``blind_ends``) or
+    its rank was not read (``unread``: out of this run, ``--limit``): neither passed nor refused
+    by ``check_cabling``; the don't-fragment pings prove them once the addresses are set."""
     names = list(names or [f"rank {i}" for i in range(plan.nnodes)])
     blind = blind_ends(ports, probes)
     seen = observed_cables(ports, probes)
     out = []
     for cable in plan.cables:
         ends = [e for e in (cable.a, cable.b) if e in blind]
-        if ends and frozenset((cable.a, cable.b)) not in seen:
-            out.append(
-                f"cable {cable.index} ({_port_name(names, cable.a)} to "
-                f"{_port_name(names, cable.b)}) not checked: "
-                f"{' and '.join(_port_name(names, e) for e in ends)} has no IPv6 link-local "
-                "address to ask from yet; the don't-fragment pings prove it once addressed"
-            )
+        if not ends or frozenset((cable.a, cable.b)) in seen:
+            continue
+        away = [e for e in ends if e.rank in unread]
+        why = (
+            f"{' and '.join(names[e.rank] for e in away)} is not in this run"
+            if away
+            else f"{' and '.join(_port_name(names, e) for e in ends)} has no IPv6 link-local "
+            "address to ask from yet"
+        )
+        out.append(
+            f"cable {cable.index} ({_port_name(names, cable.a)} to "
+            f"{_port_name(names, cable.b)}) not checked: {why}; the don't-fragment pings "
+            "prove it once addressed"
+        )
     return out
 
 

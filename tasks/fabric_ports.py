@@ -44,21 +44,30 @@ knobs = settings.knobs
 plan, part = settings.fabric_plan, settings.fabric_rank
 assert plan is not None and part is not None
 everyone = for_inventory(inventory)
-reads = [hoststate.read(everyone[r.name]) for r in settings.ranks]
-node = reads[settings.me.rank].node
+# the ranks of this run only: a rank left out by --limit is never reached (its cable is proven
+# by this rank's pings instead)
+reads = [
+    hoststate.read(everyone[r.name])
+    if host.state.is_host_in_limit(inventory.get_host(r.name))
+    else None
+    for r in settings.ranks
+]
+mine = reads[settings.me.rank]
+assert mine is not None
+node = mine.node
 names = [r.name for r in settings.ranks]
 
 # This rank's ports as sysfs has them against the plan's names, then the cables against the
 # plan, from every rank's probe, before any address is set.
-named, undiscovered = ports_verdict(settings, reads[settings.me.rank].fabric_ports)
+named, undiscovered = ports_verdict(settings, mine.fabric_ports)
 for note in undiscovered:
     logger.warning(f"{host.print_prefix}{note}")
-cabling, unchecked = cabling_verdict(settings, [r.fabric_probe for r in reads])
+cabling, unchecked = cabling_verdict(settings, [r.fabric_probe if r else None for r in reads])
 for note in unchecked:
     logger.warning(f"{host.print_prefix}{note}")
 # The links both of whose ends hold their address: judged by knob fabric_link_silent now.
 try:
-    kept, silent, judged = judged_plan(settings, [r.fabric_links for r in reads])
+    kept, silent, judged = judged_plan(settings, [r.fabric_links if r else {} for r in reads])
     refused = silent if knobs.fabric_link_silent == "refuse" else []
 except PlanError as err:  # a cable with neither function answering: refused either way
     kept, silent, judged, refused = plan, [], set(), list(err.problems)
@@ -83,7 +92,7 @@ netplan = file_present(
     dest=knobs.fabric_netplan_file,
     mode="600",
 )
-links = reads[settings.me.rank].fabric_links
+links = mine.fabric_links
 raised = []
 for iface in host.loop(part.ifaces):
     have = links.get(iface.netdev)

@@ -258,6 +258,21 @@ def test_a_function_whose_mtu_was_reset_is_applied_again_not_refused_as_silent(m
     assert "systemctl stop sparkrig-worker.service" in restarts(r)
 
 
+def test_limit_worker_on_both_functions_never_reaches_the_head(monkeypatch):
+    # the worker's MTU reset (a firmware update) fixed with --limit worker: the cable checks
+    # read only the ranks of the run; the head's end is left to the worker's pings
+    converged_pair()
+    dev0 = pairfakes.PLAN[1][0][0]
+    worker_links(primary={"df": 1, "mtu": 1500})
+    r = apply(monkeypatch, "--limit", "worker")
+    assert r.exit_code == 0, r.output
+    assert r.commands.get(HEAD, []) == []
+    assert "not checked: @fake/spark-a is not in this run" in r.output
+    worker = r.commands[WORKER]
+    assert PRIMARY_UP in worker
+    assert any(c.startswith("rc=0; ping -M do -s 8972") and dev0 in c for c in worker)
+
+
 def test_todays_pair_inventory_serves_on_both_functions_by_default(monkeypatch):
     inventory = "tests/plan/rings/pair_today.py"
     r = run(["-y", inventory, "deploy.py"], monkeypatch)
