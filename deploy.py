@@ -6,7 +6,6 @@ Usage: pyinfra inventory.py deploy.py [--limit worker] [--dry --diff]
 from pyinfra import local
 
 from sparkrig.ordering import index_deploy_files, refuse_unordered_run
-from sparkrig.settings import current
 
 refuse_unordered_run()  # --serial / --no-wait break worker-before-head: refused before any command
 index_deploy_files()  # pyinfra orders operations by their stack: make that a lookup per frame
@@ -15,8 +14,7 @@ local.include("tasks/release.py")
 local.include("tasks/baseline.py")
 local.include("tasks/host.py")
 local.include("tasks/firewall.py")
-# fabric_layout "ports" (docs/rings.md): every function of the plan; "single": one netdev
-local.include("tasks/fabric_ports.py" if current().fabric_plan else "tasks/fabric.py")
+local.include("tasks/fabric.py")
 local.include("tasks/weights.py")
 local.include("tasks/image.py")
 local.include("tasks/service.py")

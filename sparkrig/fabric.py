@@ -400,6 +400,45 @@ def graph_volumes(s: Settings) -> list[str]:
     return [w for c, h in graph_paths(s).items() for w in ("--volume", f"{h}:{c}:ro")]
 
 
+@dataclass(frozen=True)
+class Netdev:
+    """One fabric netdev of this rank, whatever the layout: its RDMA device (None: the one sysfs
+    has on it) and its planned address ("10.0.0.1/24")."""
+
+    netdev: str
+    rdma: str | None
+    address: str
+
+
+def rank_netdevs(s: Settings) -> list[Netdev]:
+    """This rank's fabric netdevs: every one of its plan (fabric_layout "ports"), or the one
+    netdev of "single" (the plan's one-netdev case on a switch, with no cable to check)."""
+    part = s.fabric_rank
+    if part is None:
+        me = s.me
+        return [Netdev(me.fabric_interface, me.roce_device, me.fabric_address.with_prefixlen)]
+    return [Netdev(i.netdev, i.rdma, i.address.with_prefixlen) for i in part.ifaces]
+
+
+def owned_subnet(s: Settings) -> str:
+    """The range sparkrig owns on every fabric netdev (an address of it the plan does not give
+    goes): the plan's, or the single layout's fabric subnet."""
+    plan = s.fabric_plan
+    return str(s.fabric_network if plan is None else plan.cidr)
+
+
+def single_link(netdev: str, node: Any) -> LinkState:
+    """The one netdev of fabric_layout "single" as the node report has it, in the shape the
+    plan's FabricLinks gives each netdev (its pings are proven by ``fabric_path_proven``)."""
+    return LinkState(
+        netdev=netdev,
+        present=node.link_present,
+        admin_up=node.admin_up,
+        mtu=node.mtu,
+        ipv4=tuple(node.ipv4),
+    )
+
+
 def env_template(s: Settings) -> str:
     """The rank env file's template: one netdev (rank.env.j2) or the plan's (rank-ports.env.j2)."""
     return "rank.env.j2" if s.fabric_plan is None else "rank-ports.env.j2"

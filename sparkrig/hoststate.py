@@ -110,7 +110,7 @@ def units(s: Settings) -> list[str]:
     own = [
         f"{n}.service" for n in [*names, "sparkrig-watchdog", "sparkrig-gpu-clock", FIREWALL_UNIT]
     ]
-    if s.fabric_plan is not None:  # fabric_layout "ports": a ring's relay (tasks/fabric_ports.py)
+    if s.fabric_plan is not None:  # fabric_layout "ports": a ring's relay (tasks/fabric.py)
         own.append(f"{RELAY_UNIT}.service")
     return own + list(DOCKER_UNITS) + [FRONT_SERVICE]
 
