@@ -27,7 +27,8 @@ from sparkrig import firewall
 from sparkrig.baseline import GRUB_DROPIN
 from sparkrig.fabric import DISPLACED_DIR, FORWARDING_FILE, RELAY_UNIT, RELAY_UNIT_FILE
 from sparkrig.front import INSTALLED_MARK, RESTART_DROPIN, SITE
-from sparkrig.image import ImageState, old_images_pruned, prune_commands, serving_tag
+from sparkrig.image import ImageState, serving_tag
+from sparkrig.imagebuild import old_images_pruned, prune_commands
 from sparkrig.node import SYSCTL_FILE
 from sparkrig.paths import paths
 from sparkrig.release import PREV

@@ -9,16 +9,14 @@ stack without sparkrig's patch layer (``Stack.patched`` False) runs the pulled i
 from pyinfra import host, inventory, state
 
 from sparkrig import hostpkg, hoststate
-from sparkrig.image import (
-    ImageReport,
+from sparkrig.image import ImageReport, describe, serving_tag
+from sparkrig.imagebuild import patched_image_built
+from sparkrig.imagecopy import (
     base_image_loaded,
     base_image_pulled,
     base_image_served,
     base_image_unserved,
     copy_plan,
-    describe,
-    patched_image_built,
-    serving_tag,
 )
 from sparkrig.ordering import on_head, on_workers
 from sparkrig.paths import paths

@@ -17,7 +17,7 @@ from sparkrig.benchgate import Target, bench_figures, release_bench_passed
 from sparkrig.busbw import smoke_figures
 from sparkrig.front import loopback_tls
 from sparkrig.gates import gate_command, wait_command
-from sparkrig.image import images_to_keep, old_images_pruned
+from sparkrig.imagebuild import images_to_keep, old_images_pruned
 from sparkrig.ordering import on_head
 from sparkrig.pairrestart import pair_restart
 from sparkrig.release import (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkrig import image
+from sparkrig import image, imagebuild, imagecopy
 from sparkrig.imagehash import context_files
 
 HERE = Path(__file__).resolve().parent
@@ -70,10 +70,10 @@ class Node:
     def build(self, tag: str, skip: list[str] = SKIP) -> subprocess.CompletedProcess[str]:
         Path(self.build_dir).mkdir(exist_ok=True)
         files = context_files(ROOT / "files")
-        (Path(self.build_dir) / "context.tar").write_bytes(image.context_tar(files))
+        (Path(self.build_dir) / "context.tar").write_bytes(imagebuild.context_tar(files))
         local = image.local_base(REPO, BASE)
         args = image.hashed_build_args(skip)
-        return self.sh(image.build_command(self.build_dir, local, f"{REPO}:{tag}", tag, args))
+        return self.sh(imagebuild.build_command(self.build_dir, local, f"{REPO}:{tag}", tag, args))
 
     def files_of(self, ref: str) -> dict[str, str]:
         """The vllm files the fake image ``ref`` holds."""
@@ -120,24 +120,26 @@ def serve(head: Node, port: int) -> subprocess.Popen[bytes]:
 PACKAGE = [sys.executable, str(ROOT / "files" / "sparkhost")]
 
 
-def saved_tar(head: Node, stem: str) -> image.SavedTar:
+def saved_tar(head: Node, stem: str) -> imagecopy.SavedTar:
     """The head's record of its saved tar, as the deploy reads it over SSH."""
-    out = head.sh(image.saved_tar_command(head.transfer, stem))
+    out = head.sh(imagecopy.saved_tar_command(head.transfer, stem))
     assert out.returncode == 0, out.stderr
-    saved = image.SavedTar.parse(out.stdout.splitlines())
+    saved = imagecopy.SavedTar.parse(out.stdout.splitlines())
     assert saved is not None, out.stdout
     return saved
 
 
-def load_from(head: Node, worker: Node, saved: image.SavedTar) -> subprocess.CompletedProcess[str]:
-    local, stem = image.local_base(REPO, BASE), image.transfer_name(BASE)
+def load_from(
+    head: Node, worker: Node, saved: imagecopy.SavedTar
+) -> subprocess.CompletedProcess[str]:
+    local, stem = image.local_base(REPO, BASE), imagecopy.transfer_name(BASE)
     port = free_port()
     server = serve(head, port)
     try:
         return worker.sh(
-            image.load_command(
-                f"http://127.0.0.1:{port}", worker.transfer, stem, image.transfer_tag(REPO, BASE),
-                local, saved, PACKAGE,
+            imagecopy.load_command(
+                f"http://127.0.0.1:{port}", worker.transfer, stem,
+                imagecopy.transfer_tag(REPO, BASE), local, saved, PACKAGE,
             )
         )  # fmt: skip
     finally:
@@ -145,9 +147,11 @@ def load_from(head: Node, worker: Node, saved: image.SavedTar) -> subprocess.Com
         server.wait()
 
 
-def save_on(head: Node) -> image.SavedTar:
-    local, stem = image.local_base(REPO, BASE), image.transfer_name(BASE)
-    saved = head.sh(image.save_command(local, image.transfer_tag(REPO, BASE), head.transfer, stem))
+def save_on(head: Node) -> imagecopy.SavedTar:
+    local, stem = image.local_base(REPO, BASE), imagecopy.transfer_name(BASE)
+    saved = head.sh(
+        imagecopy.save_command(local, imagecopy.transfer_tag(REPO, BASE), head.transfer, stem)
+    )
     assert saved.returncode == 0, saved.stderr
     return saved_tar(head, stem)
 
@@ -163,12 +167,12 @@ def test_head_pulls_worker_copies_over_the_fabric_and_both_build(pair):
 
     before = head.report(tag)
     assert before.answered and before.base is None and before.patched is None
-    pulled = head.sh(image.pull_command(BASE, local, have_ref=False))
+    pulled = head.sh(imagecopy.pull_command(BASE, local, have_ref=False))
     assert pulled.returncode == 0, pulled.stderr
     mine = head.report(tag)
     assert mine.pulled(BASE) and mine.base is not None and list(mine.base.layers) == LAYERS
 
-    plan = image.copy_plan(mine, {"worker": worker.report(tag)}, BASE)
+    plan = imagecopy.copy_plan(mine, {"worker": worker.report(tag)}, BASE)
     assert plan.missing == ["worker"] and plan.mismatched == []
 
     loaded = copy_to_worker(head, worker)
@@ -178,7 +182,7 @@ def test_head_pulls_worker_copies_over_the_fabric_and_both_build(pair):
     assert theirs.base.layers == mine.base.layers and theirs.base.id != mine.base.id
     assert theirs.base_ok(BASE, mine.layers(BASE))
     assert theirs.tags == (local,)  # the transfer tag is gone
-    assert image.copy_plan(mine, {"worker": theirs}, BASE).missing == []
+    assert imagecopy.copy_plan(mine, {"worker": theirs}, BASE).missing == []
     assert not any(c.startswith("pull") for c in worker.docker_calls())
     assert not os.listdir(worker.transfer)  # tar and layer list removed after the load
 
@@ -198,18 +202,18 @@ def test_head_pulls_worker_copies_over_the_fabric_and_both_build(pair):
     assert head.sh(f"docker tag {local} {old}").returncode == 0
     tags = head.report(tag).tags
     keep = [f"{REPO}:{tag}", local]
-    commands = image.prune_commands(tags, keep)
+    commands = imagebuild.prune_commands(tags, keep)
     assert commands == [f"docker image rm {old} >/dev/null || echo 'kept {old}: still in use' >&2"]
     for c in commands:
         assert head.sh(c).returncode == 0
     assert sorted(head.report(tag).tags) == sorted(keep)
-    assert image.prune_commands(head.report(tag).tags, keep) == []
+    assert imagebuild.prune_commands(head.report(tag).tags, keep) == []
 
 
 def test_a_load_whose_layers_differ_from_the_heads_is_refused(pair):
     head, worker = pair
     local = image.local_base(REPO, BASE)
-    assert head.sh(image.pull_command(BASE, local, have_ref=False)).returncode == 0
+    assert head.sh(imagecopy.pull_command(BASE, local, have_ref=False)).returncode == 0
     saved = save_on(head)
     r = load_from(head, worker, replace(saved, layers="sha256:" + "99" * 32 + ","))
     assert r.returncode == 1
@@ -222,7 +226,7 @@ def test_a_tar_whose_digest_differs_is_never_loaded(pair):
     """Tampered on the way (or on the head's disk after the save): refused before docker load."""
     head, worker = pair
     local = image.local_base(REPO, BASE)
-    assert head.sh(image.pull_command(BASE, local, have_ref=False)).returncode == 0
+    assert head.sh(imagecopy.pull_command(BASE, local, have_ref=False)).returncode == 0
     saved = save_on(head)
     r = load_from(head, worker, replace(saved, sha256="0" * 64))
     assert r.returncode == 1 and "sha256" in r.stderr, r.stderr
@@ -234,7 +238,7 @@ def test_a_tar_whose_digest_differs_is_never_loaded(pair):
 def test_a_tar_of_another_size_is_never_loaded(pair):
     head, worker = pair
     local = image.local_base(REPO, BASE)
-    assert head.sh(image.pull_command(BASE, local, have_ref=False)).returncode == 0
+    assert head.sh(imagecopy.pull_command(BASE, local, have_ref=False)).returncode == 0
     saved = save_on(head)
     r = load_from(head, worker, replace(saved, size=saved.size - 1))  # curl stops, or refused
     assert r.returncode != 0
@@ -244,8 +248,8 @@ def test_a_tar_of_another_size_is_never_loaded(pair):
 def test_worker_without_the_head_serving_fails_with_a_clear_message(pair):
     _, worker = pair
     local = image.local_base(REPO, BASE)
-    saved = image.SavedTar("0" * 64, 10, "sha256:" + "1" * 64 + ",")
-    cmd = image.load_command(
+    saved = imagecopy.SavedTar("0" * 64, 10, "sha256:" + "1" * 64 + ",")
+    cmd = imagecopy.load_command(
         f"http://127.0.0.1:{free_port()}", worker.transfer, "x", "r:t", local, saved, PACKAGE
     ).replace("--retry 10", "--retry 0")
     r = worker.sh(cmd)
@@ -264,7 +268,9 @@ def test_build_without_the_local_base_fails_before_docker_build(pair):
 def pulled_head(tmp_path: Path, indexer: str | None) -> Node:
     """A head that pulled a base whose vllm holds ``indexer`` as the indexer file (None: none)."""
     head, _ = make_pair(tmp_path, None if indexer is None else {TARGET: indexer})
-    assert head.sh(image.pull_command(BASE, image.local_base(REPO, BASE), False)).returncode == 0
+    assert (
+        head.sh(imagecopy.pull_command(BASE, image.local_base(REPO, BASE), False)).returncode == 0
+    )
     return head
 
 
@@ -305,7 +311,7 @@ def test_the_state_read_is_two_docker_calls_and_tells_images_apart_by_their_whol
     head, _ = pair
     tag = image.patched_tag(BASE, SKIP)
     local = image.local_base(REPO, BASE)
-    assert head.sh(image.pull_command(BASE, local, have_ref=False)).returncode == 0
+    assert head.sh(imagecopy.pull_command(BASE, local, have_ref=False)).returncode == 0
     assert head.sh(f"docker tag {local} {REPO}:{tag}0").returncode == 0  # a longer tag
     calls = len(head.docker_calls())
     report = head.report(tag)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
-from sparkrig import image
+from sparkrig import image, imagebuild, imagecopy
 from sparkrig.imagehash import context_files
 from sparkrig.settings import InventoryView, build
 from tests.image.fakeimage import LAYERS, image_state
@@ -77,22 +77,22 @@ def test_serving_image_is_the_patched_tag_and_the_lab_skip_changes_it():
     lab_tag = image.patched_tag(BASE, ["sm121-topk"])
     assert image.serving_image(lab["spark-0"]) == f"{REPO}:{lab_tag}"
     assert image.serving_image(lab["spark-0"]) != ref
-    keep = image.images_to_keep(prod["spark-0"])
+    keep = imagebuild.images_to_keep(prod["spark-0"])
     assert keep == [ref, f"{REPO}:base-{'ab' * 32}"]
 
 
 def test_names_carry_the_full_digest():
     assert image.local_base(REPO, BASE) == f"{REPO}:base-{'ab' * 32}"
-    assert image.transfer_tag(REPO, BASE) == f"{REPO}:transfer-{'ab' * 32}"
-    assert image.transfer_name(BASE) == f"base-{'ab' * 32}"
+    assert imagecopy.transfer_tag(REPO, BASE) == f"{REPO}:transfer-{'ab' * 32}"
+    assert imagecopy.transfer_name(BASE) == f"base-{'ab' * 32}"
     with pytest.raises(ValueError, match="pinned by digest"):
         image.local_base(REPO, "vllm/vllm-openai:latest")
 
 
 def test_context_tar_is_deterministic_and_holds_what_the_dockerfile_copies():
     files = context_files(ROOT / "files")
-    data = image.context_tar(files)
-    assert data == image.context_tar(dict(reversed(list(files.items()))))
+    data = imagebuild.context_tar(files)
+    assert data == imagebuild.context_tar(dict(reversed(list(files.items()))))
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         names = tar.getnames()
         assert {"Dockerfile", "patches", "patches/manifest.json"} <= set(names)
@@ -152,17 +152,17 @@ def test_copy_plan_judges_workers_by_layers_not_ids():
     ok = image.parse_image_report(image_state(BASE, pulled=False))
     bare = image.parse_image_report(image_state(BASE, base=False, patched=False))
     odd = image.parse_image_report(image_state(BASE, pulled=False, layers=("sha256:" + "99" * 32,)))
-    plan = image.copy_plan(head, {"w1": ok, "w2": bare, "w3": odd}, BASE)
+    plan = imagecopy.copy_plan(head, {"w1": ok, "w2": bare, "w3": odd}, BASE)
     assert plan.missing == ["w2"] and plan.mismatched == ["w3"]
     nothing = image.ImageReport()  # first run: the head has not pulled yet
-    plan = image.copy_plan(nothing, {"w1": ok, "w2": bare}, BASE)
+    plan = imagecopy.copy_plan(nothing, {"w1": ok, "w2": bare}, BASE)
     assert plan.missing == ["w2"] and plan.mismatched == []
 
 
 def test_commands_never_send_a_worker_to_the_registry():
-    local, transfer = image.local_base(REPO, BASE), image.transfer_tag(REPO, BASE)
-    saved = image.SavedTar("a" * 64, 123, "sha256:" + "1" * 64 + ",")
-    load = image.load_command(
+    local, transfer = image.local_base(REPO, BASE), imagecopy.transfer_tag(REPO, BASE)
+    saved = imagecopy.SavedTar("a" * 64, 123, "sha256:" + "1" * 64 + ",")
+    load = imagecopy.load_command(
         "http://192.168.100.10:29701", "/d", "base-x", transfer, local, saved, ["sparkhost"]
     )
     assert f"--sha256 {'a' * 64} --size 123" in load and "--max-filesize 123" in load
@@ -170,20 +170,24 @@ def test_commands_never_send_a_worker_to_the_registry():
     assert "docker load" not in load  # loaded only by imageload, after its checks
     assert "docker pull" not in load and "registry.example" not in load
     assert "http://192.168.100.10:29701/base-x.tar" in load
-    assert image.pull_command(BASE, local, have_ref=True) == f"docker tag {BASE} {local}"
-    assert image.pull_command(BASE, local, have_ref=False).startswith(f"docker pull --quiet {BASE}")
-    build_cmd = image.build_command("/b", local, f"{REPO}:h1", "h1", {"SPARKRIG_SKIP_PATCHES": "x"})
+    assert imagecopy.pull_command(BASE, local, have_ref=True) == f"docker tag {BASE} {local}"
+    assert imagecopy.pull_command(BASE, local, have_ref=False).startswith(
+        f"docker pull --quiet {BASE}"
+    )
+    build_cmd = imagebuild.build_command(
+        "/b", local, f"{REPO}:h1", "h1", {"SPARKRIG_SKIP_PATCHES": "x"}
+    )
     assert "DOCKER_BUILDKIT=0 docker build --network none" in build_cmd
     assert f"--build-arg BASE={local}" in build_cmd and "SPARKRIG_SKIP_PATCHES=x" in build_cmd
     assert "docker pull" not in build_cmd and "--pull" not in build_cmd
-    save = image.save_command(local, transfer, "/d", "base-x")
+    save = imagecopy.save_command(local, transfer, "/d", "base-x")
     assert "--platform" in save and "/d/base-x.tar.part" in save
 
 
 def test_prune_keeps_what_it_is_told():
     tags = [f"{REPO}:h1", f"{REPO}:h2", f"{REPO}:base-x"]
-    assert image.prune_commands(tags, tags) == []
-    cmds = image.prune_commands(tags, [f"{REPO}:h2", f"{REPO}:base-x"])
+    assert imagebuild.prune_commands(tags, tags) == []
+    cmds = imagebuild.prune_commands(tags, [f"{REPO}:h2", f"{REPO}:base-x"])
     assert len(cmds) == 1 and cmds[0].startswith(f"docker image rm {REPO}:h1 ")
 
 
@@ -195,10 +199,10 @@ def test_the_head_records_each_base_it_pulls_once(tmp_path: Path) -> None:
     record = tmp_path / "etc" / "pulled-images"
     other = "registry.example/other@sha256:" + "cd" * 32
     for ref in (BASE, BASE, other):
-        line = image.pulled_record_line(ref, str(record))
+        line = imagecopy.pulled_record_line(ref, str(record))
         assert subprocess.run(["sh", "-c", line], check=False).returncode == 0
     assert record.read_text().splitlines() == [BASE, other]
     local = image.local_base(REPO, BASE)
-    cmd = image.pull_command(BASE, local, have_ref=False, record=str(record))
+    cmd = imagecopy.pull_command(BASE, local, have_ref=False, record=str(record))
     assert cmd.startswith(f"docker pull --quiet {BASE} && docker tag ")
-    assert cmd.endswith(image.pulled_record_line(BASE, str(record)))
+    assert cmd.endswith(imagecopy.pulled_record_line(BASE, str(record)))

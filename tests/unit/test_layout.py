@@ -20,7 +20,9 @@ DOMAINS = {
     "node",  # the node report
     "fabric",  # RoCE GID table, fabric configs, rank env file
     "weights",  # weights state, fetch/copy/re-hash/serve
-    "image",  # image state, base pull/save/serve/load, patched build, prune
+    "image",  # image names and state
+    "imagecopy",  # the base image pulled on the head, saved, served, loaded on the workers
+    "imagebuild",  # the patched image built, old images pruned
     "serving",  # boot and beacon waits, the five gates
     "front",  # the API front: nginx installed, its site and key include (docs/front.md)
     "owned",  # files, secrets, programs, directories and units sparkrig owns
