@@ -57,7 +57,6 @@ def knobs_of(source: str) -> list[tuple[str, str, str]]:
 
 def kind_of(name: str) -> str:
     """The knob's type and bounds as sparkrig/settings.py's Knobs declares them."""
-    sys.path.insert(0, str(REPO / "files"))
     sys.path.insert(0, str(REPO))
     from sparkrig.settings import Knobs
 

@@ -17,8 +17,6 @@ from typing import Any
 
 import pytest
 
-import sparkrig  # noqa: F401  (makes files/sparkhost importable as sparkhost)
-
 NO_SKIPS = os.environ.get("SPARKRIG_NO_SKIPS") == "1" or os.environ.get("CI") == "true"
 PLAN = ("tests/plan/", "tests/image/test_plan_image.py")
 

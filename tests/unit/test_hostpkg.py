@@ -119,3 +119,15 @@ def test_one_secret_reader_for_every_secret(tmp_path, capsys):
     assert read_secret(str(empty)) is None
     with pytest.raises(ValueError, match="is empty"):
         gate.read_api_key(str(empty))
+
+
+def test_the_control_side_imports_the_shipped_package_by_the_checkouts_link():
+    """``import sparkhost`` finds files/sparkhost through the checkout's ``sparkhost`` link in a
+    fresh interpreter that imports nothing of sparkrig first (a tool, a lab script)."""
+    root = hostpkg.SOURCE.parents[1]
+    assert (root / "sparkhost").is_symlink()
+    code = "import pathlib, sparkhost.gid; print(pathlib.Path(sparkhost.gid.__file__).resolve())"
+    said = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert Path(said.stdout.strip()) == hostpkg.source("gid.py")
