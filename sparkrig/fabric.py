@@ -24,7 +24,18 @@ from pyinfra.facts.server import Command
 from sparkhost import rankenv
 from sparkhost.gid import GidEntry, GidNotFound, parse_gid_lines, select_gid
 
+from sparkrig.cabling import (
+    Probe,
+    check_cabling,
+    discover_ports,
+    discovery_command,
+    parse_probe,
+    ports_problems,
+    probe_command,
+    unchecked_cables,
+)
 from sparkrig.engines import engine_of
+from sparkrig.fabricenv import GRAPH_FILE, RING_GRAPHS, fabric_env
 from sparkrig.factlines import END
 from sparkrig.failing import fail_host
 from sparkrig.hardening import unit_hardening
@@ -32,23 +43,7 @@ from sparkrig.owned import file_present, owned_of
 from sparkrig.render import base_context, render
 from sparkrig.settings import Settings
 from sparkrig.stateread import Part, read_here
-from sparkrig.topology import (
-    GRAPH_FILE,
-    RING_GRAPHS,
-    Plan,
-    Port,
-    Probe,
-    check_cabling,
-    discover_ports,
-    discovery_command,
-    fabric_env,
-    judge_links,
-    parse_probe,
-    ports_problems,
-    probe_command,
-    unchecked_cables,
-    with_siblings,
-)
+from sparkrig.topology import Plan, Port, judge_links, with_siblings
 
 # where fabric_takeover moves other claims on the fabric NIC (their original path kept below it)
 DISPLACED_DIR = "/var/lib/sparkrig/displaced"
@@ -93,8 +88,8 @@ class FabricNeighbours(FactBase[dict[str, Probe]]):
     """
     Who answers on each of the given fabric netdevs (fabric_layout "ports", docs/rings.md): its
     MAC, its IPv6 link-local addresses and the responders of an all-nodes ping out of it, with
-    their MACs (``topology.probe_command``: iputils ping and iproute2 only, no IPv4 needed).
-    ``topology.check_cabling`` compares every rank's answer with the plan before any address is
+    their MACs (``cabling.probe_command``: iputils ping and iproute2 only, no IPv4 needed).
+    ``cabling.check_cabling`` compares every rank's answer with the plan before any address is
     set. Not read by the deploy yet (issue 36).
     """
 
@@ -111,7 +106,7 @@ class FabricPorts(FactBase[dict[int, Port]]):
     """
     The host's QSFP ports as sysfs has them (fabric_layout "ports", docs/rings.md): each RDMA
     device's PCI function and netdevs, a port being a function on PCIe domain 0 and its twin on
-    another domain (``topology.discover_ports``). ``topology.ports_problems`` compares them with
+    another domain (``cabling.discover_ports``). ``cabling.ports_problems`` compares them with
     the inventory's before any address is set (``ports_verdict``).
     """
 
@@ -273,8 +268,8 @@ def cabling_verdict(
 ) -> tuple[list[str], list[str]]:
     """(problems, notes) of the cables as every rank's probe (``probes[rank]``; None: the rank
     is out of this run, and never reached) hears them against ``s``'s plan: each problem names
-    the cable to move (``topology.check_cabling``); a cable an end could not ask on, or whose
-    other end was not read, is a note (``topology.unchecked_cables``)."""
+    the cable to move (``cabling.check_cabling``); a cable an end could not ask on, or whose
+    other end was not read, is a note (``cabling.unchecked_cables``)."""
     plan = s.fabric_plan
     assert plan is not None
     ports = [with_siblings(r.ports) for r in s.ranks]

@@ -53,7 +53,8 @@ from sparkrig.secretio import Held, SecretDigest
 from sparkrig.serving import rank_part
 from sparkrig.settings import Settings
 from sparkrig.stateread import CHECK, Part, StateReadFailed, Values, values_of
-from sparkrig.topology import Port, Probe
+from sparkrig.cabling import Probe
+from sparkrig.topology import Port
 from sparkrig.weights import WeightsReport, artifacts, weights_of, weights_parts
 
 

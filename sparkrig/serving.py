@@ -20,7 +20,7 @@ from pyinfra.facts.server import Command
 from sparkhost import rankenv
 from sparkhost.gid import gid_index
 
-from sparkrig import engines, hostpkg, stackfiles, topology
+from sparkrig import engines, fabricenv, hostpkg, stackfiles, topology
 from sparkrig.engines import engine_of, vllm
 from sparkrig.engines.base import ServeRequest
 from sparkrig.fabric import RoceGids, graph_volumes
@@ -163,13 +163,13 @@ def smoke_run_args(s: Settings, image: str, detach: bool = False) -> list[str]:
 def link_smoke_run_args(s: Settings, image: str, cable: topology.Cable) -> list[str]:
     """``docker run`` argv of the NCCL smoke test over one cable of a triangle or a ring at
     this rank, one of its two ends (issue 36: the busbw of every link): a pair's smoke test on
-    that cable's functions (``topology.link_env``), rank 0 the cable's port-0 end, which runs it
+    that cable's functions (``fabricenv.link_env``), rank 0 the cable's port-0 end, which runs it
     in the foreground and serves the rendezvous on its primary address there; the port-1 end
     detached (``docker wait`` reads its verdict). The floor is the pair's over both functions
     (fabric_ports_busbw_min_gbs)."""
     k, plan = s.knobs, s.fabric_plan
     assert plan is not None
-    env = topology.link_env(plan, s.me.rank, cable.index, k.roce_port)
+    env = fabricenv.link_env(plan, s.me.rank, cable.index, k.roce_port)
     run = docker_run_args(s, serving=False, env=env)
     rank = 0 if cable.a.rank == s.me.rank else 1
     master = str(plan.link(cable.index, topology.PRIMARY).address(cable.a.rank).ip)
@@ -178,11 +178,11 @@ def link_smoke_run_args(s: Settings, image: str, cable: topology.Cable) -> list[
 
 def function_smoke_run_args(s: Settings, image: str, function: int) -> list[str]:
     """``docker run`` argv of the NCCL smoke test of a pair on both functions over one function
-    alone (``topology.function_env``), at the rank's own place in the pair (the head in the
+    alone (``fabricenv.function_env``), at the rank's own place in the pair (the head in the
     foreground, the worker detached) and held to one function's floor (fabric_busbw_min_gbs)."""
     k, plan = s.knobs, s.fabric_plan
     assert plan is not None
-    env = topology.function_env(plan, s.me.rank, function, k.roce_port)
+    env = fabricenv.function_env(plan, s.me.rank, function, k.roce_port)
     run = docker_run_args(s, serving=False, env=env)
     return smoke_argv(
         s, image, run, not s.me.is_head, s.me.rank, 2, s.rendezvous_ip, k.fabric_busbw_min_gbs

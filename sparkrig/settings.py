@@ -26,7 +26,7 @@ from pydantic import (
 )
 from pyinfra.api.exceptions import DeployError
 
-from sparkrig import hubtoken, lockfile, topology
+from sparkrig import fabricenv, hubtoken, lockfile, topology
 from sparkrig.engines import engine_of
 from sparkrig.runscope import once_per_run
 from sparkrig.stacks import DEFAULT_STACK, STACKS, get
@@ -609,7 +609,7 @@ class Settings(BaseModel):
         smoke test's MASTER_ADDR): the head's fabric address on one subnet and on a pair, its
         LAN address (host data lan_address) on a triangle or a ring, as TensorFold's TP>2
         rule has it (no fabric address of the head reaches every rank directly; research
-        tensorfold.md, config.sh; NCCL bootstraps on the LAN there too: topology.socket_ifname)."""
+        tensorfold.md, config.sh; NCCL bootstraps on the LAN there too: fabricenv.socket_ifname)."""
         if self.relayed and self.head.lan_address is not None:
             return str(self.head.lan_address)
         return self.head.ip
@@ -1132,9 +1132,9 @@ def _cluster_problems(ranks: list[Rank], knobs: dict[str, Knobs]) -> list[str]:
 
 
 def rank_fabric_env(plan: topology.Plan, r: Rank, k: Knobs) -> list[tuple[str, str]]:
-    """What rank ``r``'s container gets of the fabric env: ``topology.fabric_env`` with the knob
+    """What rank ``r``'s container gets of the fabric env: ``fabricenv.fabric_env`` with the knob
     ``nccl_env`` over it (the rank env file lists the knob last, and the last value wins)."""
-    env = topology.fabric_env(plan, r.rank, k.roce_port, r.uplink_interfaces)
+    env = fabricenv.fabric_env(plan, r.rank, k.roce_port, r.uplink_interfaces)
     keys = {key for key, _ in env}
     return [(key, k.nccl_env.get(key, value)) for key, value in env] + [
         (key, value) for key, value in k.nccl_env.items() if key not in keys

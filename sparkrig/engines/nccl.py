@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from sparkrig import topology
+from sparkrig import fabricenv, topology
 
 
 def graph_xml(devices: Sequence[str], toward: Sequence[str], comm_rank: int, channels: int = 4
@@ -44,8 +44,8 @@ def graph_xml(devices: Sequence[str], toward: Sequence[str], comm_rank: int, cha
 
 
 def ring_graph_files(plan: topology.Plan, rank: int, channels: int = 4) -> Mapping[str, str]:
-    """A ring rank's three NCCL graph files by their container path (``topology.GRAPH_FILE``,
-    ``topology.RING_GRAPHS``), as MiaAI's ``ring_graphs``: the ring (this rank's own rank,
+    """A ring rank's three NCCL graph files by their container path (``fabricenv.GRAPH_FILE``,
+    ``fabricenv.RING_GRAPHS``), as MiaAI's ``ring_graphs``: the ring (this rank's own rank,
     listening toward the previous rank), and patch 0076's two-rank links to the previous rank
     (this rank is the link's rank 1) and to the next (its rank 0). Only a ring of four and more
     has them (a triangle's every peer is on a cable of its own)."""
@@ -59,9 +59,9 @@ def ring_graph_files(plan: topology.Plan, rank: int, channels: int = 4) -> Mappi
         return [i.rdma for i in part.facing(peer)]
 
     devices = part.rdma_devices
-    link_prev, link_next = topology.RING_GRAPHS
+    link_prev, link_next = fabricenv.RING_GRAPHS
     return {
-        topology.GRAPH_FILE: graph_xml(devices, toward(prev), rank, channels),
+        fabricenv.GRAPH_FILE: graph_xml(devices, toward(prev), rank, channels),
         link_prev: graph_xml(devices, toward(prev), 1, channels),
         link_next: graph_xml(devices, toward(nxt), 0, channels),
     }

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkrig import topology
+from sparkrig import fabricenv, topology
 from sparkrig.bench import published
 from sparkrig.engines import tensorfold as family
 from sparkrig.serving import rank_serve_args
@@ -126,7 +126,7 @@ def test_the_env_by_rank_count() -> None:
 def test_the_fabric_layers_env_holds_what_the_engine_needs_on_every_rank(nnodes: int) -> None:
     p = plan(nnodes)
     for rank in range(nnodes):
-        env = topology.fabric_env(p, rank)
+        env = fabricenv.fabric_env(p, rank)
         assert family.fabric_env_problems(RING, nnodes, env) == []
         d = dict(env)
         assert family.hca_devices(d["TF_ROCE_HCA"]) == list(p.ranks[rank].rdma_devices)
@@ -142,7 +142,7 @@ def test_the_fabric_layers_env_holds_what_the_engine_needs_on_every_rank(nnodes:
 
 
 def test_what_the_engine_cannot_run_on_is_named() -> None:
-    env = topology.fabric_env(plan(4), 1)
+    env = fabricenv.fabric_env(plan(4), 1)
     pinned = [*env, ("NCCL_IB_GID_INDEX", "3")]
     assert family.fabric_env_problems(RING, 4, pinned) == [
         "NCCL_IB_GID_INDEX is pinned; the GID is chosen by value per device"
@@ -156,7 +156,7 @@ def test_what_the_engine_cannot_run_on_is_named() -> None:
         "NCCL_ALGO=Ring needed, the fabric env has None"
     ]
     # a triangle's env is no ring's
-    triangle = topology.fabric_env(plan(3), 1)
+    triangle = fabricenv.fabric_env(plan(3), 1)
     assert "NCCL_GRAPH_FILE=/nccl-graph.xml needed" in "".join(
         family.fabric_env_problems(RING, 4, triangle)
     )
@@ -166,7 +166,7 @@ def test_the_rings_graph_files_are_what_miaais_generator_writes() -> None:
     p = plan(4)
     for rank in range(4):
         files = family.ring_graph_files(p, rank)
-        assert list(files) == [topology.GRAPH_FILE, *topology.RING_GRAPHS]
+        assert list(files) == [fabricenv.GRAPH_FILE, *fabricenv.RING_GRAPHS]
         for path, name in zip(files, ("", "-link-prev", "-link-next"), strict=True):
             assert files[path] == (GRAPHS / f"rank{rank}{name}.xml").read_text(), (rank, path)
     with pytest.raises(ValueError, match="no ring"):

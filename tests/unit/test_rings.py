@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import DeployError
 
-from sparkrig import firewall, topology
+from sparkrig import fabricenv, firewall, topology
 from sparkrig.fabric import (
     env_context,
     env_template,
@@ -292,7 +292,7 @@ def test_the_ring_of_fours_env_adds_ring_only_nccl_and_the_graph_files():
 
 def test_an_uplink_makes_the_bootstrap_interface_exact():
     plan = topology.derive([resolved_ports({}, 3)] * 3, "198.18.0.0/21")
-    env = dict(topology.fabric_env(plan, 0, uplinks=["enP7s7"]))
+    env = dict(fabricenv.fabric_env(plan, 0, uplinks=["enP7s7"]))
     assert env["NCCL_SOCKET_IFNAME"] == "=enP7s7" and env["GLOO_SOCKET_IFNAME"] == "enP7s7"
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from pyinfra.api.exceptions import DeployError
 
-from sparkrig import topology
+from sparkrig import fabricenv, topology
 from sparkrig.fabric import env_context, env_template
 from sparkrig.render import render
 from sparkrig.settings import InventoryView, build
@@ -123,9 +123,9 @@ def test_each_function_alone_names_one_device_and_bootstraps_as_the_pair():
     worker = build(default_cluster(2))["spark-1"]
     plan = worker.fabric_plan
     assert plan is not None
-    pair = dict(topology.fabric_env(plan, 1))
+    pair = dict(fabricenv.fabric_env(plan, 1))
     for function, rdma in ((topology.PRIMARY, "rocep1s0f1"), (topology.TWIN, "roceP2p1s0f1")):
-        env = dict(topology.function_env(plan, 1, function))
+        env = dict(fabricenv.function_env(plan, 1, function))
         assert env["NCCL_IB_HCA"] == f"={rdma}:1"
         assert env["NCCL_SOCKET_IFNAME"] == pair["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1"
         assert env["NCCL_IB_ADDR_RANGE"] == pair["NCCL_IB_ADDR_RANGE"]

@@ -8,19 +8,15 @@ import itertools
 
 import pytest
 
+from sparkrig.cabling import Heard, Probe, check_cabling, parse_probe, probe_command
 from sparkrig.topology import (
     PRIMARY,
     TWIN,
     End,
-    Heard,
     PlanError,
-    Probe,
-    check_cabling,
     derive,
     dgx_os_default,
     dgx_os_port,
-    parse_probe,
-    probe_command,
 )
 
 
@@ -389,7 +385,7 @@ rdma rxe0 pci 0000:07:00.0 netdev enP7s7
 
 
 def test_discovery_pairs_each_function_with_its_twin_on_another_pci_domain():
-    from sparkrig.topology import discover_ports, ports_problems
+    from sparkrig.cabling import discover_ports, ports_problems
 
     found = discover_ports(SYSFS)
     assert found == {0: dgx_os_default(0), 1: dgx_os_default(1)}  # no twin: enP7s7 left out

@@ -11,7 +11,7 @@ from typing import Any
 from sparkrig.factlines import END
 from tests.plan.fakehosts import GIDS, STATE, gid_table, host
 
-PROBE = re.compile(r"^echo '##netdev ")  # topology.probe_command (FabricNeighbours)
+PROBE = re.compile(r"^echo '##netdev ")  # cabling.probe_command (FabricNeighbours)
 LINKS = re.compile(r"^\( ping -M do ")  # fabric.links_command (FabricLinks)
 PROVE = re.compile(r"^rc=0; ping -M do ")  # fabric.fabric_functions_proven
 PLAN = {  # rank -> (netdev, RDMA device, address) of each function on the pair's cable

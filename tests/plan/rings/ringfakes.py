@@ -87,7 +87,7 @@ SYSFS_PORTS = re.compile(r"^for d in /sys/class/infiniband/\*; do ")  # fabric.F
 
 
 def sysfs_ports() -> list[str]:
-    """What sysfs shows on a Spark (topology.discovery_command): each RDMA device's PCI function
+    """What sysfs shows on a Spark (cabling.discovery_command): each RDMA device's PCI function
     (the twin on domain 0002) and netdev, DGX OS's names."""
     return [
         f"rdma {rdma(port, f)} pci {'0002' if f else '0000'}:01:00.{port} netdev {netdev(port, f)}"
