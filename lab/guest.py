@@ -170,7 +170,7 @@ def fabric_functions(
 
 def gid_table(guest: Guest) -> list[Any]:
     """The guest's own GID table, read the way the fact reads it (one grep)."""
-    from sparkrig.fabric import RoceGids
+    from sparkrig.fabricfacts import RoceGids
 
     table: list[Any] = RoceGids().process(guest.sh(RoceGids().command()).splitlines())
     return table

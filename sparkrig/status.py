@@ -17,13 +17,13 @@ from sparkhost.wedge import Probe, parse_probe, probe_file
 from sparkrig.baseline import BaselineReport, describe, drift, parse_baseline
 from sparkrig.baseline import script as baseline_script
 from sparkrig.busbw import figure_text
-from sparkrig.fabric import gid_table_command
+from sparkrig.config.model import Settings
+from sparkrig.fabricfacts import gid_table_command
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.paths import revision_dir
 from sparkrig.release import RECORD, Release, parse_record, record_path
 from sparkrig.runtime import runtime_text
 from sparkrig.serving import gpu_memory_utilization, memory_floor_gib
-from sparkrig.settings import Settings
 from sparkrig.topology import Iface
 
 # Everything below only reads: systemctl show, docker inspect, cat/sed/grep of files, stat, awk.

@@ -9,7 +9,8 @@ import pytest
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost.gid import GidNotFound, ipv4_mapped_gid, select_gid
 
-from sparkrig.fabric import RoceGids, moved_gid_index
+from sparkrig.fabric import moved_gid_index
+from sparkrig.fabricfacts import RoceGids
 
 DATA = Path(__file__).parent / "data"
 

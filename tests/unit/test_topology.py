@@ -360,7 +360,7 @@ def test_a_responder_is_known_by_its_mac_when_its_link_local_is_not_reported():
 
 
 def test_the_fabric_neighbours_fact_reads_the_probe_to_its_end_mark():
-    from sparkrig.fabric import FabricNeighbours
+    from sparkrig.fabricfacts import FabricNeighbours
     from sparkrig.factlines import END
 
     fact = FabricNeighbours()
@@ -405,7 +405,7 @@ def test_discovery_pairs_each_function_with_its_twin_on_another_pci_domain():
 
 
 def test_the_fabric_ports_fact_reads_sysfs_lines():
-    from sparkrig.fabric import FabricPorts
+    from sparkrig.fabricfacts import FabricPorts
     from sparkrig.factlines import END
 
     fact = FabricPorts()
