@@ -1,4 +1,4 @@
-"""A stranger on the lab's LAN (issue 35): a network namespace that is not a rank, on uplink A's
+"""A stranger on the lab's LAN: a network namespace that is not a rank, on uplink A's
 bridge, with a route to the fabric subnet through the head's uplink address, as any host on the
 operator's LAN can add. From there it tries what such a host would: the rendezvous, the beacon,
 the agent and the supervisor (on the fabric addresses, and on the uplink addresses for the

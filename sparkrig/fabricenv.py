@@ -66,8 +66,8 @@ def ib_env(
 def link_env(plan: Plan, rank: int, cable: int, roce_port: int = 1) -> list[tuple[str, str]]:
     """The env of a two-rank NCCL run over one cable of a triangle or a ring, at ``rank`` (one
     of its ends): a pair's env on that cable's functions (those the plan kept), bootstrapping on
-    its first netdev there. What the per-link NCCL smoke test runs with (issue 36: the busbw of
-    every link)."""
+    its first netdev there. What the per-link NCCL smoke test runs with (the busbw of every
+    link)."""
     ifaces = [i for i in plan.ranks[rank].ifaces if i.cable == cable]
     if not ifaces:
         raise ValueError(f"rank {rank} has no function of cable {cable} in the plan")

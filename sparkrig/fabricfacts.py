@@ -55,7 +55,7 @@ class FabricNeighbours(FactBase[dict[str, Probe]]):
     MAC, its IPv6 link-local addresses and the responders of an all-nodes ping out of it, with
     their MACs (``cabling.probe_command``: iputils ping and iproute2 only, no IPv4 needed).
     ``cabling.check_cabling`` compares every rank's answer with the plan before any address is
-    set. Not read by the deploy yet (issue 36).
+    set (tasks/fabric.py).
     """
 
     default = dict

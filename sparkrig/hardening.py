@@ -1,4 +1,4 @@
-"""Least privilege for what sparkrig runs (issue 35 item 6; docs/hardening.md says why each):
+"""Least privilege for what sparkrig runs (docs/hardening.md says why each):
 
 - the rank container: no capability but IPC_LOCK (NCCL's RDMA memory registration pins pages,
   docs/hardening.md), NET_BIND_SERVICE only when a port it binds is below 1024,
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkrig.settings import Settings
+from sparkrig.config.model import Settings
 
 PRIVILEGED_BELOW = 1024  # ports under this need CAP_NET_BIND_SERVICE to bind (capabilities(7))
 CONTAINER_CAPS = ("IPC_LOCK",)  # NCCL/RDMA memlock; nothing else (docs/hardening.md)

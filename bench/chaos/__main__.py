@@ -1,4 +1,4 @@
-"""A seeded chaos campaign on the lab (issue 27): python3 -m bench.chaos [options]
+"""A seeded chaos campaign on the lab (docs/chaos.md): python3 -m bench.chaos [options]
 
   --list                        the catalogue: every fault's apply/undo commands and the checks
   --plan --seed S --faults N    the sequence seed S draws, without touching the lab

@@ -52,7 +52,7 @@ FLIP_BYTE = PICK_WEIGHTS_FILE + (
 @dataclass(frozen=True)
 class Fault:
     kind: str
-    covers: str  # the item of issue 27's catalogue it stands for
+    covers: str  # the item of the catalogue (docs/chaos.md) it stands for
     summary: str
     target: str  # "head", "worker" or "any" (the draw picks)
     apply: str
@@ -177,7 +177,7 @@ CATALOGUE: tuple[Fault, ...] = (
           + NM_PROFILE + "; chmod 600 " + NM_PROFILE + "; nmcli connection reload",
           undo="rm -f " + NM_PROFILE + "; nmcli connection reload",
           refused="is also claimed by the NetworkManager profile 'cx7-port1'"),
-    # issue 31: faults no one on the project wrote, tried by hand on the lab; appended, so the 25
+    # faults no one on the project wrote, tried by hand on the lab; appended, so the 25
     # kinds before them (seed 27's campaign) replay unchanged with --only of those kinds
     Fault("engine-sigstopped", "the head's engine process SIGSTOPped inside its container",
           "the engine's process (the container's main process, from the host's PID namespace) "
@@ -205,7 +205,7 @@ CATALOGUE: tuple[Fault, ...] = (
           "from their stamps, so the run verifies them again, which restarts the pair in order",
           "any", "rm -rf /opt/sparkrig", restarts=PAIR,
           restarts_on_target=("sparkrig-agent",)),
-    # issue 47: faults of the layers' interplay, healed once before the firewall and the front
+    # faults of the layers' interplay, healed once before the firewall and the front
     # existed or never tried; appended, so the kinds before them replay unchanged with --only
     Fault("fabric-extra-address", "a second address in front of the plan's on the fabric NIC",
           "the worker's fabric NIC's addresses flushed, another address of the fabric subnet "
@@ -235,7 +235,7 @@ CATALOGUE: tuple[Fault, ...] = (
 )  # fmt: skip
 
 BY_KIND = {f.kind: f for f in CATALOGUE}
-# issue 27's catalogue, the kinds before issue 31's five: seed 27's campaign and CI's sample
+# the first catalogue, the kinds before the five hand-tried ones: seed 27's campaign and CI's sample
 # (seed 1234) draw from these (--only), so their sequences stay what they were
 ISSUE27_KINDS = tuple(f.kind for f in CATALOGUE[: CATALOGUE.index(BY_KIND["engine-sigstopped"])])
 

@@ -47,7 +47,7 @@ class Published:
 
 
 # Stacks not declared in sparkrig/stacks/ whose published figures the bench still shows (none
-# today: TensorFold's seed 004 figures moved into its declaration, issue 34).
+# today: TensorFold's seed 004 figures live in its declaration).
 UNDECLARED: dict[str, dict[str, tuple[Published, ...]]] = {}
 
 Table = Mapping[str, Mapping[str, Sequence[Published]]]  # stack -> protocol -> figures

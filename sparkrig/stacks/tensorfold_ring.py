@@ -1,5 +1,5 @@
 """Stack `tensorfold-ring`: MiaAI's TensorFold recipe on three Sparks (a triangle) or four (a
-switchless ring), the tp4 branch's N-rank build (issue 36, item 3; docs/stacks.md
+switchless ring), the tp4 branch's N-rank build (docs/stacks.md
 "tensorfold-ring", docs/rings.md).
 
 Why a stack of its own, not the `tensorfold` stack's image chosen by the rank count:
