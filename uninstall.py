@@ -25,6 +25,7 @@ from pyinfra.operations import files, server, systemd
 
 from sparkrig import firewall
 from sparkrig.baseline import GRUB_DROPIN
+from sparkrig.config.inventory import current
 from sparkrig.fabric import DISPLACED_DIR, FORWARDING_FILE, RELAY_UNIT, RELAY_UNIT_FILE
 from sparkrig.front import INSTALLED_MARK, RESTART_DROPIN, SITE
 from sparkrig.image import ImageState, serving_tag
@@ -32,7 +33,6 @@ from sparkrig.imagebuild import old_images_pruned, prune_commands
 from sparkrig.node import SYSCTL_FILE
 from sparkrig.paths import paths
 from sparkrig.release import PREV
-from sparkrig.settings import current
 from tasks.pair_stop import pair_stopped_in_order
 
 settings = current()

@@ -1,8 +1,9 @@
-"""Every knob sparkrig has, once, with its default. Override per group (head.py, worker.py), per
-host in the inventory, or on the command line with `--data key=value`. Validation lives in
-sparkrig/settings.py; per-host keys (fabric_interface, fabric_address, roce_device,
-uplink_interfaces, fabric_ports, lan_address, the head's api_url) belong in the inventory, not
-here."""
+"""Every knob sparkrig has, with its default. Made from sparkrig/config/knobs.py, where each
+knob is declared once (type, bounds, default, what and why) and validated before any host: edit
+it there, then run `python3 -m sparkrig.config group-data --write`, never here. Override a knob
+per group (head.py, worker.py), per host in the inventory, or on the command line with `--data
+key=value`. Per-host keys (fabric_interface, fabric_address, roce_device, uplink_interfaces,
+fabric_ports, lan_address, the head's api_url) belong in the inventory, not here."""
 
 # --- connection -----------------------------------------------------------------------------
 _sudo = True  # operators log in as a sudo-capable user (DGX OS default), not root

@@ -89,7 +89,7 @@ def start_server(state: dict[str, Any], name: str, argv: list[str]) -> int:
     return _started(name, pid)
 
 
-# the knobs a stack pins (sparkrig/settings.py PIN_KEYS): the keys of each stack_pins entry
+# the knobs a stack pins (sparkrig/config/checks.py PIN_KEYS): the keys of each stack_pins entry
 PIN_KEYS = ("base_image", "model_repo", "model_revision", "drafter_repo", "drafter_revision")
 
 

@@ -20,10 +20,11 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError
 
+from sparkrig.config.checks import KnownBadBaseline
+from sparkrig.config.model import Settings
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.owned import owned_of, owned_put
 from sparkrig.render import render
-from sparkrig.settings import KnownBadBaseline, Settings
 from sparkrig.stateread import Part, Values, read_here
 
 GRUB_DROPIN = "/etc/default/grub.d/90-sparkrig-kho.cfg"  # owned whole (kho_off)

@@ -1,7 +1,7 @@
 """``python3 -m sparkrig check [inventory.py] [--data KEY=VALUE ...]``: every refusal that needs
 no host, offline, in seconds: the inventory and group_data validated as the deploy validates them
-(sparkrig/settings.py ``for_inventory``: knobs, types, groups, fabric addresses, the stack and
-its profile, the lockfiles and the Hub token) and each host's pinned SSH host key present,
+(sparkrig/config/inventory.py ``for_inventory``: knobs, types, groups, fabric addresses, the stack
+and its profile, the lockfiles and the Hub token) and each host's pinned SSH host key present,
 ``--data`` applied as pyinfra applies it. It
 connects to nothing; exit 0 when nothing is refused, 1 with each refusal as a sentence."""
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from pyinfra.api.exceptions import DeployError
 
-from sparkrig.settings import for_inventory
+from sparkrig.config.inventory import for_inventory
 
 
 def overrides(pairs: Sequence[str]) -> dict[str, object]:

@@ -28,11 +28,11 @@ from typing import Any
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
+from sparkrig.config.model import Settings
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.hardening import unit_hardening
 from sparkrig.owned import apt_installed_command, dropin_path
 from sparkrig.render import base_context, render
-from sparkrig.settings import Settings
 from sparkrig.stateread import Part, Values
 
 TABLE = "inet sparkrig"

@@ -25,6 +25,8 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost.gate import REFUSED_PATH
 
+from sparkrig.config.knobs import Knobs
+from sparkrig.config.model import Settings
 from sparkrig.factlines import END
 from sparkrig.fronttls import FrontTls, head_ca_path, head_cert_path, uses_pair_ca
 from sparkrig.gates import LoopbackTls
@@ -39,7 +41,6 @@ from sparkrig.owned import (
 from sparkrig.pairsecret import API_ROTATE_HOW, Secret
 from sparkrig.paths import paths
 from sparkrig.render import base_context, render
-from sparkrig.settings import Knobs, Settings
 from sparkrig.stateread import Part, Values, read_here
 
 PACKAGE = "nginx"  # Debian's and Ubuntu's nginx (nginx-common, the binary at /usr/sbin/nginx)

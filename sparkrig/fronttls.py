@@ -30,9 +30,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from sparkrig.config.api import api_ca_file
+from sparkrig.config.inventory import for_inventory
+from sparkrig.config.model import Settings
 from sparkrig.runscope import once_per_run
 from sparkrig.secretio import Held, SecretDigest, write_control_file
-from sparkrig.settings import Settings, api_ca_file, for_inventory
 from sparkrig.stateread import Part, Values
 
 CA_DAYS = 3650  # the pair's CA outlives its hardware

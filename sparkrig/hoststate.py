@@ -16,6 +16,8 @@ from sparkhost.gid import GidEntry
 
 from sparkrig import hostpkg, stateread
 from sparkrig.baseline import GRUB_DROPIN, BaselineReport, baseline_of, baseline_part
+from sparkrig.cabling import Probe
+from sparkrig.config.model import Settings
 from sparkrig.fabric import (
     FORWARDING_FILE,
     RELAY_UNIT,
@@ -51,9 +53,7 @@ from sparkrig.ports import PortsReport, ports_of, ports_part
 from sparkrig.release import ReleaseReport, release_part, report_of
 from sparkrig.secretio import Held, SecretDigest
 from sparkrig.serving import rank_part
-from sparkrig.settings import Settings
 from sparkrig.stateread import CHECK, Part, StateReadFailed, Values, values_of
-from sparkrig.cabling import Probe
 from sparkrig.topology import Port
 from sparkrig.weights import WeightsReport, artifacts, weights_of, weights_parts
 

@@ -20,9 +20,9 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig import REPO
+from sparkrig.config.model import Settings
 from sparkrig.factlines import END, parse_key_values
 from sparkrig.imagehash import base_digest, context_files, image_ref, image_tag
-from sparkrig.settings import Settings
 from sparkrig.stateread import Part, Values
 
 FILES_DIR = REPO / "files"

@@ -21,6 +21,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import OperationValueError
 
+from sparkrig.config.model import Settings
 from sparkrig.image import (
     FILES_DIR,
     RepoTags,
@@ -31,7 +32,6 @@ from sparkrig.image import (
     serving_image,
 )
 from sparkrig.imagehash import context_files, image_ref, image_tag
-from sparkrig.settings import Settings
 from sparkrig.stateread import NotDeclared, read_here
 
 # ---------------------------------------------------------------------------------------------

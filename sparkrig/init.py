@@ -27,12 +27,13 @@ from sparkhost.pairmac import WINDOW_S
 
 from sparkrig import baseline, probe
 from sparkrig.check import host_key_problems, overrides
+from sparkrig.config.inventory import for_inventory
+from sparkrig.config.model import Settings
 from sparkrig.logs import ssh_argv
 from sparkrig.node import NodeReport
 from sparkrig.preflight import disk_problem
 from sparkrig.probe import Probe
 from sparkrig.reach import Reach, hub_url, registry_url
-from sparkrig.settings import Settings, for_inventory
 from sparkrig.weights import artifacts
 
 SSH_TIMEOUT_S = 20

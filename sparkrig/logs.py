@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sparkrig.settings import build, view_of
+from sparkrig.config.inventory import build, view_of
 
 
 @dataclass(frozen=True)

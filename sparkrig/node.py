@@ -14,8 +14,8 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost.pairmac import WINDOW_S
 
+from sparkrig.config.model import Rank, Settings
 from sparkrig.factlines import END, parse_key_values
-from sparkrig.settings import Rank, Settings
 from sparkrig.stateread import Part
 
 SYSCTL_FILE = "/etc/sysctl.d/90-sparkrig.conf"  # owned whole: vm.swappiness, vm.min_free_kbytes

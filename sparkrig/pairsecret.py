@@ -18,10 +18,11 @@ from pathlib import Path
 from sparkhost.pairmac import MIN_SECRET
 from sparkhost.tokenfile import read_secret
 
+from sparkrig.config.inventory import for_inventory
+from sparkrig.config.model import Settings
 from sparkrig.paths import paths
 from sparkrig.runscope import once_per_run
 from sparkrig.secretio import Held, SecretDigest, digest, read_secret_now, write_control_file
-from sparkrig.settings import Settings, for_inventory
 from sparkrig.stateread import Part, Values
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sparkhost import rankenv
 
 from sparkrig import hostpkg
-from sparkrig.settings import Settings
+from sparkrig.config.model import Settings
 
 
 def revision_dir(weights_dir: str, name: str, commit: str) -> str:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
+from sparkrig.config.model import Settings
 from sparkrig.factlines import END
-from sparkrig.settings import Settings
 from sparkrig.stateread import Part, Values
 
 OURS = "sparkrig-"  # every unit and container sparkrig runs is named so

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 
+from sparkrig.config.model import Settings
 from sparkrig.fabric import DISPLACED_DIR
 from sparkrig.node import NodeReport
 from sparkrig.serving import memory_floor_gib  # the start gate's own rule
-from sparkrig.settings import Settings
 
 GIB = 1024**3
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
+from sparkrig.config.model import Settings
 from sparkrig.factlines import END
 from sparkrig.hostpkg import PYTHON
-from sparkrig.settings import Settings
 
 TIMEOUT_S = 8  # per URL
 DOCKER_HUB = "registry-1.docker.io"  # where docker pulls an image named without a registry

@@ -47,13 +47,13 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost.lockfile import installed_path
 
+from sparkrig.config.model import Settings
 from sparkrig.factlines import END
 from sparkrig.failing import fail_host
 from sparkrig.image import local_base, serving_image
 from sparkrig.owned import PathState, owned_of
 from sparkrig.paths import paths
 from sparkrig.runscope import Watch, watch
-from sparkrig.settings import Settings
 from sparkrig.stacks import DEFAULT_STACK
 from sparkrig.stateread import Part, Values, read_here
 from sparkrig.weights import Artifact

@@ -8,8 +8,8 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from sparkrig import REPO, hostpkg
+from sparkrig.config.model import Settings
 from sparkrig.paths import paths
-from sparkrig.settings import Settings
 
 TEMPLATES = REPO / "templates"
 

@@ -23,10 +23,10 @@ from pyinfra.context import ctx_state
 from pyinfra.facts.server import Command
 
 from sparkrig import hostpkg
+from sparkrig.config.model import Settings
 from sparkrig.factlines import last_json
 from sparkrig.failing import fail_host
 from sparkrig.runscope import once_per_run
-from sparkrig.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from sparkhost import rankenv
 from sparkhost.gid import gid_index
 
 from sparkrig import engines, fabricenv, hostpkg, stackfiles, topology
+from sparkrig.config.model import Rank, Settings
 from sparkrig.engines import engine_of, vllm
 from sparkrig.engines.base import ServeRequest
 from sparkrig.fabric import RoceGids, graph_volumes
@@ -31,7 +32,6 @@ from sparkrig.hardening import container_args, unit_hardening
 from sparkrig.owned import file_present, unit_state_set
 from sparkrig.paths import paths
 from sparkrig.render import base_context, render
-from sparkrig.settings import Rank, Settings
 from sparkrig.shown import ShownCommand
 from sparkrig.stateread import Part, Values, read_here
 

@@ -18,12 +18,12 @@ from pyinfra.api import QuoteString, operation
 from pyinfra.context import ctx_state
 
 from sparkrig import engines, hostpkg
+from sparkrig.config.model import Settings
 from sparkrig.factlines import last_json
 from sparkrig.front import loopback_tls
 from sparkrig.gates import LoopbackTls, local_url
 from sparkrig.runscope import once_per_run
 from sparkrig.serving import api_key_file, progress_url
-from sparkrig.settings import Settings
 from sparkrig.shown import ShownCommand
 
 

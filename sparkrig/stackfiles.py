@@ -24,8 +24,8 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 from pyinfra.facts.files import File, Sha256File
 
+from sparkrig.config.model import Settings
 from sparkrig.hostpkg import PYTHON
-from sparkrig.settings import Settings
 from sparkrig.stacks.base import Stack, StackFile
 
 # Download one URL to a path, no proxy; check the sha256 when one is given; print the digest.

@@ -18,11 +18,11 @@ from sparkhost.lockfile import installed_path
 from sparkhost.units import transient_command
 
 from sparkrig import lockfile
+from sparkrig.config.model import Settings
 from sparkrig.failing import fail_host
 from sparkrig.hostpkg import PYTHON
 from sparkrig.hubtoken import hub_token
 from sparkrig.paths import revision_dir
-from sparkrig.settings import Settings
 from sparkrig.shown import ShownCommand
 from sparkrig.stateread import Part, Values, read_here
 

@@ -16,7 +16,7 @@ from sparkrig.baseline import (
     held_packages,
     wants_kho_off,
 )
-from sparkrig.settings import current
+from sparkrig.config.inventory import current
 
 settings = current()
 knobs = settings.knobs

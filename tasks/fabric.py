@@ -11,6 +11,7 @@ from pyinfra import host, inventory, logger
 from pyinfra.operations import server
 
 from sparkrig import hoststate
+from sparkrig.config.inventory import current, for_inventory
 from sparkrig.fabric import (
     FORWARDING_FILE,
     RELAY_UNIT,
@@ -42,7 +43,6 @@ from sparkrig.failing import problems_absent
 from sparkrig.owned import file_absent, file_present, unit_state_set
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
-from sparkrig.settings import current, for_inventory
 from sparkrig.topology import PlanError, link_name
 
 settings = current()

@@ -12,8 +12,8 @@ from pyinfra import host
 from pyinfra.operations import server
 
 from sparkrig import firewall, hoststate
+from sparkrig.config.inventory import current
 from sparkrig.owned import dropin_present, file_absent, file_present, unit_state_set
-from sparkrig.settings import current
 
 settings = current()
 knobs = settings.knobs

@@ -9,6 +9,7 @@ from pyinfra import host, inventory
 from pyinfra.operations import server
 
 from sparkrig import hoststate
+from sparkrig.config.inventory import current, for_inventory
 from sparkrig.front import (
     RESTART_DROPIN,
     SERVICE,
@@ -20,7 +21,6 @@ from sparkrig.fronttls import pair_tls
 from sparkrig.ordering import on_head
 from sparkrig.owned import dropin_present, unit_state_set
 from sparkrig.pairsecret import api_key
-from sparkrig.settings import current, for_inventory
 
 settings = current()
 is_head = settings.me.is_head

@@ -7,6 +7,7 @@ from pyinfra import host
 from pyinfra.operations import server
 
 from sparkrig import hostpkg, hoststate
+from sparkrig.config.inventory import current
 from sparkrig.node import SYSCTL_FILE
 from sparkrig.owned import (
     directory_owned,
@@ -17,7 +18,6 @@ from sparkrig.owned import (
 )
 from sparkrig.paths import paths
 from sparkrig.render import render
-from sparkrig.settings import current
 
 settings = current()
 knobs = settings.knobs

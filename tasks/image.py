@@ -9,6 +9,7 @@ stack without sparkrig's patch layer (``Stack.patched`` False) runs the pulled i
 from pyinfra import host, inventory, state
 
 from sparkrig import hostpkg, hoststate
+from sparkrig.config.inventory import current, for_inventory
 from sparkrig.image import ImageReport, describe, serving_tag
 from sparkrig.imagebuild import patched_image_built
 from sparkrig.imagecopy import (
@@ -20,7 +21,6 @@ from sparkrig.imagecopy import (
 )
 from sparkrig.ordering import on_head, on_workers
 from sparkrig.paths import paths
-from sparkrig.settings import current, for_inventory
 
 settings = current()
 knobs = settings.knobs

@@ -16,9 +16,9 @@ from typing import Any
 from pyinfra import host
 from pyinfra.api import deploy
 
+from sparkrig.config.model import Settings
 from sparkrig.ordering import on_head, on_workers
 from sparkrig.owned import unit_state_set
-from sparkrig.settings import Settings
 from sparkrig.stacks.base import StopOrder
 
 Condition = Callable[[], bool]

@@ -5,6 +5,7 @@ anything on it changes."""
 from pyinfra import host, inventory, logger, state
 
 from sparkrig import baseline, hoststate, stackfiles
+from sparkrig.config.inventory import current, for_inventory
 from sparkrig.fabric import lan_problems
 from sparkrig.failing import problems_absent
 from sparkrig.front import front_paths, key_include_lost
@@ -16,7 +17,6 @@ from sparkrig.ports import port_problems
 from sparkrig.preflight import describe, fetch_summary, problems, warnings
 from sparkrig.reach import Reach, reach_problems, wanted_urls
 from sparkrig.release import adoptable, change
-from sparkrig.settings import current, for_inventory
 from sparkrig.weights import Artifact, artifacts
 
 settings = current()

@@ -7,9 +7,9 @@ without the head."""
 from pyinfra import host, inventory, logger, state
 
 from sparkrig import hoststate
+from sparkrig.config.inventory import current
 from sparkrig.failing import problems_absent
 from sparkrig.release import change, previous_kept
-from sparkrig.settings import current
 
 settings = current()
 record = hoststate.read(settings).release

@@ -12,6 +12,7 @@ from pyinfra.operations import python, server, systemd
 
 from sparkrig import hostpkg, hoststate
 from sparkrig.busbw import smoke_figures
+from sparkrig.config.inventory import current, for_inventory
 from sparkrig.image import serving_image
 from sparkrig.ordering import on_head, on_workers
 from sparkrig.owned import file_absent, file_present, secret_installed, unit_state_set
@@ -40,7 +41,6 @@ from sparkrig.serving import (
     watchdog_unit_context,
     weights_id,
 )
-from sparkrig.settings import current, for_inventory
 from tasks.pair_start import pair_started_in_order
 from tasks.pair_stop import pair_stopped_in_order
 

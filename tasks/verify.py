@@ -15,6 +15,8 @@ from pyinfra import host, inventory, state
 from sparkrig import hoststate
 from sparkrig.benchgate import Target, bench_figures, release_bench_passed
 from sparkrig.busbw import smoke_figures
+from sparkrig.config.api import api_ca_file, api_url, drafter_lock
+from sparkrig.config.inventory import current
 from sparkrig.front import loopback_tls
 from sparkrig.gates import gate_command, wait_command
 from sparkrig.imagebuild import images_to_keep, old_images_pruned
@@ -41,7 +43,6 @@ from sparkrig.serving import (
     serving_gates_passed,
     why_command,
 )
-from sparkrig.settings import api_ca_file, api_url, current, drafter_lock
 from sparkrig.soakgate import release_soak_held, soak_command, soak_figures
 from tasks.rollback import roll_back
 

@@ -10,12 +10,12 @@ from pyinfra.operations import server
 from sparkhost.lockfile import installed_path
 
 from sparkrig import hostpkg, hoststate, stackfiles
+from sparkrig.config.inventory import current, for_inventory
 from sparkrig.ordering import on_head, on_workers
 from sparkrig.owned import directory_owned, file_present, secret_installed
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
 from sparkrig.release import LEGACY_DIRS, weights_adopted
-from sparkrig.settings import current, for_inventory
 from sparkrig.stackfiles import stack_file_present
 from sparkrig.weights import (
     artifacts,

@@ -3,7 +3,7 @@
 Loading a pyinfra inventory imports pyinfra's CLI, which gevent-patches threading and sockets for
 the whole process; the bench's parallel streams and its clock must run on real threads, so
 ``python3 -m sparkrig.bench --inventory inventory.py`` asks this module, in a child process, for
-the head's URL, model, profile and key file (sparkrig.settings validates the inventory as the
+the head's URL, model, profile and key file (sparkrig.config validates the inventory as the
 deploy does), and measures from a clean process."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
 
-    from sparkrig.settings import api_target
+    from sparkrig.config.api import api_target
 
     with ctx_state.use(State()):  # pyinfra's CLI loads inventories inside a state
         inventory = make_inventory(argv[0], cwd=".")

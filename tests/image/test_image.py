@@ -13,8 +13,8 @@ import pytest
 from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig import image, imagebuild, imagecopy
+from sparkrig.config.inventory import InventoryView, build
 from sparkrig.imagehash import context_files
-from sparkrig.settings import InventoryView, build
 from tests.image.fakeimage import LAYERS, image_state
 
 ROOT = Path(__file__).resolve().parents[2]

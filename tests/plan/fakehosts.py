@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from sparkrig import hostpkg
+from sparkrig.config.model import Settings
 from sparkrig.factlines import END
 from sparkrig.image import MARKER
 from sparkrig.release import LISTING
-from sparkrig.settings import Settings
 from tests.image.fakeimage import converged_image_state, image_state
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -566,7 +566,7 @@ def settings_of(inventory: str) -> dict[str, Settings]:
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
 
-    from sparkrig.settings import build, view_of
+    from sparkrig.config.inventory import build, view_of
 
     with ctx_state.use(State()):  # the CLI loads inventories inside a state
         return build(view_of(make_inventory(inventory, cwd=str(ROOT))))

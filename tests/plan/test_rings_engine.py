@@ -291,7 +291,7 @@ def converged_ring(
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
 
-    from sparkrig.settings import build, view_of
+    from sparkrig.config.inventory import build, view_of
 
     data = {"stack": "tensorfold-ring", "profile": "single", "lockfile_dir": tf_locks(tmp),
             "reach_check": False}  # ring_args' --data  # fmt: skip

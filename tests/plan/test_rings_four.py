@@ -2,15 +2,15 @@
 as the rule says (tests/plan/rings/ringfakes.py): every rank gets its routes to the cable it is
 not on, forwarding and rp_filter on its fabric netdevs, the unit that lets docker's forward chain
 pass the relay, and a firewall accepting every other rank's addresses (the relayed ones too).
-The deploy refuses the default (vLLM) stack on a ring (settings.not_applied: stock NCCL cannot
-run a ring of four): these tests lift that refusal to plan the fabric alone; the ring's engine,
-stack tensorfold-ring, is tests/plan/test_rings_engine.py."""
+The deploy refuses the default (vLLM) stack on a ring (sparkrig/config/rules.py not_applied: stock
+NCCL cannot run a ring of four): these tests lift that refusal to plan the fabric alone; the ring's
+engine, stack tensorfold-ring, is tests/plan/test_rings_engine.py."""
 
 from __future__ import annotations
 
 import pytest
 
-import sparkrig.settings
+import sparkrig.config.inventory
 from sparkrig.fabric import FORWARDING_FILE, RELAY_UNIT_FILE
 from sparkrig.firewall import ruleset_path
 from tests.plan import fakehosts
@@ -23,7 +23,7 @@ NAMES = ["spark-a", "spark-b", "spark-c", "spark-d"]
 
 @pytest.fixture
 def applied(monkeypatch) -> Run:
-    monkeypatch.setattr(sparkrig.settings, "not_applied", lambda settings: None)
+    monkeypatch.setattr(sparkrig.config.inventory, "not_applied", lambda settings: None)
     return run(["-y", INVENTORY, "deploy.py"], monkeypatch)
 
 

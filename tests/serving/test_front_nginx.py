@@ -25,7 +25,8 @@ from serving_helpers import REPO, free_port, load_path
 from sparkhost import gate
 
 from sparkrig import front, fronttls
-from sparkrig.settings import Settings, build
+from sparkrig.config.inventory import build
+from sparkrig.config.model import Settings
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
 pytestmark = pytest.mark.skipif(NGINX is None, reason="nginx not installed (install-deps.sh)")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from stack_helpers import DECLARED, MODULES, RECIPES, REPO, fork_only
 
+from sparkrig.config.checks import COMMIT_RE, DIGEST_REF_RE
 from sparkrig.profiles import flag_value
-from sparkrig.settings import COMMIT_RE, DIGEST_REF_RE
 from sparkrig.stacks.base import Stack
 
 STACKS = list(DECLARED.values())

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import DeployError
 
+from sparkrig.config.checks import COMMIT_RE, DIGEST_REF_RE
+from sparkrig.config.inventory import build
 from sparkrig.engines import tensorfold as family
-from sparkrig.settings import COMMIT_RE, DIGEST_REF_RE, build
 from sparkrig.stacks import get
 from tests.unit.conftest import cluster
 

@@ -13,9 +13,11 @@ import pytest
 
 from sparkrig import fabricenv, topology
 from sparkrig.bench import published
+from sparkrig.config.checks import DIGEST_REF_RE
+from sparkrig.config.inventory import build
+from sparkrig.config.rules import not_applied
 from sparkrig.engines import tensorfold as family
 from sparkrig.serving import rank_serve_args
-from sparkrig.settings import DIGEST_REF_RE, build, not_applied
 from sparkrig.stacks import STACKS, get
 from tests.stacks.test_stack_tensorfold import CHOICES, HEAD_IP, KNOWN, value
 from tests.unit.test_rings import ports_cluster, problems

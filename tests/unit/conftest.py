@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from sparkrig.settings import InventoryView
+from sparkrig.config.inventory import InventoryView
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGEST = "registry.example/vllm@sha256:" + "ab" * 32

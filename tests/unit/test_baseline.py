@@ -20,9 +20,9 @@ from sparkrig.baseline import (
     mismatch,
     parse_baseline,
 )
+from sparkrig.config.inventory import build
 from sparkrig.factlines import END
 from sparkrig.release import Release, parse_record, record_text
-from sparkrig.settings import build
 from sparkrig.status import parse_rank_state
 from tests.plan.fakehosts import KHO_DEFAULT_ON, SPARK_KERNEL, baseline_report
 from tests.unit.conftest import cluster

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from sparkrig import benchgate as bg
-from sparkrig.settings import api_ca_file, api_url, build
+from sparkrig.config.api import api_ca_file, api_url
+from sparkrig.config.inventory import build
 from tests.unit.conftest import cluster
 from tests.unit.test_settings import edit, problems
 

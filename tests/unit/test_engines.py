@@ -11,6 +11,8 @@ import pytest
 from pyinfra.api.exceptions import DeployError
 
 from sparkrig import engines, topology
+from sparkrig.config.inventory import build
+from sparkrig.config.rules import not_applied
 from sparkrig.engines import ENGINES, engine_of
 from sparkrig.engines.base import ServeRequest
 from sparkrig.paths import paths
@@ -22,7 +24,6 @@ from sparkrig.serving import (
     rendezvous_port,
     watchdog_unit_context,
 )
-from sparkrig.settings import build, not_applied
 from sparkrig.stacks import STACKS
 from sparkrig.stacks.base import Pin, Profile, Stack
 from tests.unit.conftest import cluster

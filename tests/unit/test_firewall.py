@@ -17,7 +17,8 @@ import pytest
 from pyinfra.api.exceptions import DeployError
 
 from sparkrig import firewall
-from sparkrig.settings import Settings, build
+from sparkrig.config.inventory import build
+from sparkrig.config.model import Settings
 from tests.unit.conftest import cluster
 
 HAVE_NFT = shutil.which("nft") is not None

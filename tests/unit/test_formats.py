@@ -17,12 +17,13 @@ from pathlib import Path
 
 from sparkhost import lockfile, prep, rankenv
 
+from sparkrig.config.inventory import build
+from sparkrig.config.model import Settings
 from sparkrig.fabric import env_context, moved_gid_index
 from sparkrig.paths import paths
 from sparkrig.release import release_files
 from sparkrig.render import render
 from sparkrig.serving import rank_unit_context, weights_id
-from sparkrig.settings import Settings, build
 from sparkrig.status import RankStatus, fact_args, problems
 from tests.unit.conftest import cluster
 

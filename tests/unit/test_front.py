@@ -10,10 +10,10 @@ from pathlib import Path
 from conftest import cluster
 
 from sparkrig import front
+from sparkrig.config.inventory import build
 from sparkrig.fronttls import FrontTls
 from sparkrig.owned import file_absent, file_present, secret_installed
 from sparkrig.pairsecret import Secret
-from sparkrig.settings import build
 
 
 def site(**knobs: object) -> str:

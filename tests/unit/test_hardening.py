@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from sparkrig import firewall
+from sparkrig.config.inventory import build
+from sparkrig.config.model import Settings
 from sparkrig.fabric import relay_unit_text
 from sparkrig.hardening import container_args, unit_hardening
 from sparkrig.render import render
@@ -24,7 +26,6 @@ from sparkrig.serving import (
     watchdog_unit_context,
     weights_id,
 )
-from sparkrig.settings import Settings, build
 from tests.unit.conftest import cluster
 from tests.unit.test_rings import ring_settings
 

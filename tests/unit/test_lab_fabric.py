@@ -12,7 +12,7 @@ import pytest
 
 from lab import fabric, vm
 from sparkrig import topology
-from sparkrig.settings import build
+from sparkrig.config.inventory import build
 from tests.unit.test_rings import ports_cluster
 
 
@@ -143,7 +143,7 @@ def test_a_pair_lab_is_cabled_on_both_functions_by_default() -> None:
 def test_the_cable_labs_inventory_deploys_on_both_functions_by_default(tmp_path) -> None:
     """lab/inventory.py over a `lab up` (cable) state: today's keys, no fabric_layout, and the
     deploy's settings plan the typed primary and its twin; the single lab says "single"."""
-    from sparkrig.settings import InventoryView
+    from sparkrig.config.inventory import InventoryView
     from tests.unit.conftest import knob_defaults
     from tests.unit.test_lab_stacks import inventory, state_json
 

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sparkrig.settings import build, lockfile_refusal
+from sparkrig.config.inventory import build
+from sparkrig.config.rules import lockfile_refusal
 from tests.unit.conftest import cluster
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,9 +12,9 @@ import subprocess
 
 import pytest
 
+from sparkrig.config.inventory import build
 from sparkrig.factlines import END
 from sparkrig.node import Node, node_args, parse_node_report
-from sparkrig.settings import build
 from tests.unit.test_rings import ports_cluster
 
 READY = os.geteuid() == 0 and all(shutil.which(t) for t in ("ip", "unshare", "mount"))

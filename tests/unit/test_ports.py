@@ -63,8 +63,8 @@ def test_the_report_parses_what_the_script_prints():
 def test_nginx_holds_api_port_as_the_front_and_nothing_else_on_the_head():
     from conftest import cluster
 
+    from sparkrig.config.inventory import build
     from sparkrig.ports import PortsReport, needed_ports, port_problems
-    from sparkrig.settings import build
 
     head = build(cluster(2))["spark-0"]
     assert needed_ports(head)[8001] == "engine_port"

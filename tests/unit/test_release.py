@@ -10,6 +10,7 @@ import subprocess
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
+from sparkrig.config.inventory import build
 from sparkrig.release import (
     LISTING,
     Release,
@@ -27,7 +28,6 @@ from sparkrig.release import (
     weights_kept,
     weights_to_prune,
 )
-from sparkrig.settings import build
 from tests.unit.conftest import cluster
 
 C1, C2, C3 = "1" * 40, "2" * 40, "3" * 40

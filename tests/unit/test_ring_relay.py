@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from sparkrig import firewall
+from sparkrig.config.model import Settings
 from sparkrig.fabric import forwarding_text, relay_unit_text
-from sparkrig.settings import Settings
 from tests.unit.test_rings import ring_settings
 
 TOOLS = ("ip", "nft", "iptables", "ping", "sysctl")

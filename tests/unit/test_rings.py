@@ -11,6 +11,9 @@ import pytest
 from pyinfra.api.exceptions import DeployError
 
 from sparkrig import fabricenv, firewall, topology
+from sparkrig.config.inventory import InventoryView, build
+from sparkrig.config.model import Rank, Settings, planned_ranks, resolved_ports
+from sparkrig.config.rules import not_applied
 from sparkrig.fabric import (
     env_context,
     env_template,
@@ -20,15 +23,6 @@ from sparkrig.fabric import (
 )
 from sparkrig.render import render
 from sparkrig.serving import rank_unit_context
-from sparkrig.settings import (
-    InventoryView,
-    Rank,
-    Settings,
-    build,
-    not_applied,
-    planned_ranks,
-    resolved_ports,
-)
 from sparkrig.topology import LINK_PREFIX
 from tests.unit.conftest import cluster
 

@@ -1,11 +1,11 @@
-"""settings.py: a valid inventory becomes typed settings; every bad input gets one clear message."""
+"""sparkrig/config: a valid inventory becomes typed settings; every bad input, one clear message."""
 
 from __future__ import annotations
 
 import pytest
 from pyinfra.api.exceptions import DeployError
 
-from sparkrig.settings import InventoryView, build
+from sparkrig.config.inventory import InventoryView, build
 from tests.teststacks import register
 from tests.unit.conftest import DIGEST, ROOT, cluster
 
@@ -217,11 +217,11 @@ def test_base_image_defaults_to_the_stacks_v11_digest_and_a_known_bad_one_needs_
 
 
 def test_every_knob_has_its_default_once_in_all_py_with_a_comment():
-    from sparkrig.settings import Knobs
+    from sparkrig.config.knobs import Knobs
 
     text = (ROOT / "group_data/all.py").read_text().splitlines()
     for name, field in Knobs.model_fields.items():
-        assert field.is_required(), f"{name}: default in settings.py; it belongs in all.py only"
+        assert field.is_required(), f"{name}: a default in the model; group_data/all.py holds it"
         lines = [i for i, line in enumerate(text) if line.startswith(f"{name} = ")]
         assert len(lines) == 1, f"{name}: {len(lines)} assignments in group_data/all.py"
         # the comment is on the line or, for a wrapped value, on the line after
@@ -252,7 +252,7 @@ def test_a_knob_missing_from_group_data_is_an_error_not_a_silent_default(default
     ],
 )
 def test_cluster_wide_knobs_must_be_equal_on_every_host(key, value):
-    from sparkrig.settings import cluster_keys
+    from sparkrig.config.knobs import cluster_keys
 
     assert key in cluster_keys()
     view = edit(cluster(3), "worker", 1, **{key: value})
@@ -506,7 +506,7 @@ def test_an_extra_serve_arg_with_a_newline_is_refused():
 def test_a_problem_of_every_host_is_said_once_and_one_of_a_host_names_it():
     """Issue 49: group_data and --data apply to every host; their refusal is one line, not one
     per host; a problem of one host still names it."""
-    from sparkrig.settings import said_once
+    from sparkrig.config.inventory import said_once
 
     hosts = ["spark-0", "spark-1"]
     got = said_once(["spark-0: profil: unknown key", "spark-1: profil: unknown key",

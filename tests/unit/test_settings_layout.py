@@ -8,9 +8,9 @@ import pytest
 from pyinfra.api.exceptions import DeployError
 
 from sparkrig import fabricenv, topology
+from sparkrig.config.inventory import InventoryView, build
 from sparkrig.fabric import env_context, env_template
 from sparkrig.render import render
-from sparkrig.settings import InventoryView, build
 from tests.unit.conftest import cluster
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from sparkrig import stackfiles
+from sparkrig.config.inventory import build
 from sparkrig.serving import docker_run_args, smoke_run_args
-from sparkrig.settings import build
 from sparkrig.stacks import STACKS
 from sparkrig.stacks.base import StackFile
 from sparkrig.stacks.sfxnz_v13 import CHAT_TEMPLATE

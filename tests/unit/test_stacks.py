@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
+from sparkrig.config.checks import PIN_KEYS
 from sparkrig.engines import vllm
-from sparkrig.settings import PIN_KEYS
 from sparkrig.stacks import DEFAULT_STACK, STACKS, get
 from sparkrig.stacks.base import Profile
 from sparkrig.stacks.vllm_nvfp4 import STACK as NVFP4

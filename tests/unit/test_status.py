@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pyinfra.api.exceptions import FactProcessError
 
+from sparkrig.config.inventory import build
 from sparkrig.factlines import END
 from sparkrig.image import serving_image
-from sparkrig.settings import build
 from sparkrig.status import RankState, live_gid_index, parse_rank_state, problems
 from tests.unit.conftest import DIGEST, cluster
 

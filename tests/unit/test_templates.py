@@ -11,10 +11,11 @@ import pytest
 
 from sparkrig import firewall, front
 from sparkrig.baseline import grub_text
+from sparkrig.config.inventory import build
+from sparkrig.config.model import Settings
 from sparkrig.fabric import env_context
 from sparkrig.render import base_context, render
 from sparkrig.serving import pair_unit_context, rank_unit_context, weights_id
-from sparkrig.settings import Settings, build
 from tests.unit.conftest import cluster
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from sparkrig import firewall
+from sparkrig.config.inventory import build
+from sparkrig.config.model import Settings
 from sparkrig.fabric import relay_unit_text
 from sparkrig.render import render
 from sparkrig.serving import (
@@ -26,7 +28,6 @@ from sparkrig.serving import (
     watchdog_unit_context,
     weights_id,
 )
-from sparkrig.settings import Settings, build
 from tests.unit.conftest import cluster
 from tests.unit.test_rings import ring_settings
 
