@@ -37,7 +37,7 @@ Short names of the sources:
 
 from __future__ import annotations
 
-from sparkrig.stacks import tensorfold as pair
+import sparkrig.stacks.tensorfold as pair
 from sparkrig.stacks.base import Figure, Profile, Stack
 
 CONFIG = (
