@@ -43,7 +43,7 @@ _knobs = {
     "watchdog_interval_s": 5,
     "watchdog_fails": 3,
     "watchdog_stall_s": 60,  # tests/lab STALL_S: the wedge is timed against it
-    "ready_timeout_s": 180,  # <= watchdog_grace_s (settings.py); the stand-in boots in ~1 min
+    "ready_timeout_s": 180,  # <= watchdog_grace_s (config/rules.py); the stand-in boots in ~1 min
     # the soak gate lab-sized: past the stand-in's wedge and one watchdog_stall_s, not 30 minutes
     "soak_minutes": 2,
     "bench_gate_runs": 1,  # one short bench per release change: the stand-in's spread is its own

@@ -170,7 +170,7 @@ def test_a_gated_repo_without_a_token_is_refused_naming_the_repo(
     assert f"{fakehub.DRAFTER_REPO} is gated on the Hub (manual approval)" in r.stderr
     assert "hf auth login" in r.stderr and "HF_TOKEN" in r.stderr
     assert ok.returncode == 0, ok.stderr
-    assert lockfile.load(str(locked))["gated"] == "manual"  # the deploy reads it (settings.py)
+    assert lockfile.load(str(locked))["gated"] == "manual"  # the deploy reads it (config/rules.py)
     assert public.returncode == 0, public.stderr  # not gated: no token needed
 
 
