@@ -64,7 +64,8 @@ KNOWN_BAD_BASELINES = [
 
 
 class Knobs(KnobChecks):
-    """Every knob of group_data/all.py, typed, in its order."""
+    """Every knob of group_data/all.py, typed, in its order. ``_sudo`` is pyinfra's own host
+    data, no knob (a ClassVar, no field): here because group_data/all.py gives it to every host."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
