@@ -11,7 +11,6 @@ docs/baseline.md says where each value comes from on a DGX Spark, with sources."
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +21,7 @@ from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.config.checks import KnownBadBaseline
 from sparkrig.config.model import Settings
-from sparkrig.factlines import END, parse_key_values
+from sparkrig.factlines import parse_key_values, script_command, script_inline
 from sparkrig.owned import owned_of, owned_put
 from sparkrig.render import render
 from sparkrig.stateread import Part, Values, read_here
@@ -32,26 +31,6 @@ GRUB_CFG = "/boot/grub/grub.cfg"  # what update-grub writes and GRUB boots from
 # the fields the record keeps and drift is judged on; the ranks must agree on the first three
 RECORDED = ("kernel", "cmdline", "driver", "nic_fw", "bios", "board", "docker", "toolkit")
 MUST_MATCH = ("kernel", "driver", "nic_fw")
-
-# One shell, file reads by its own ``read`` (no process), then grep and dpkg-query. The kernel
-# release is read from /proc/sys/kernel/osrelease (what uname -r prints); the lab fakes a rank's
-# release by bind-mounting a file over it, which only this read sees (docs/baseline.md).
-_SCRIPT = r"""k=; read -r k < /proc/sys/kernel/osrelease; echo "kernel=$k"
-v=; read -r v < /proc/cmdline; echo "cmdline=$v"
-f=/sys/module/nvidia/version; if [ -r $f ]; then read -r v < $f; echo "driver_module=$v"; fi
-f=/proc/driver/nvidia/version; if [ -r $f ]; then read -r v < $f; echo "driver_proc=$v"; fi
-for f in /sys/class/net/@IFACE@/device/infiniband/*/fw_ver @ROCE_FW@; do
-  if [ -r "$f" ]; then read -r v < "$f"; echo "nic_fw=$v"; break; fi
-done
-for x in bios_vendor bios_version bios_date sys_vendor product_name board_name; do
-  v=; [ -r /sys/class/dmi/id/$x ] && read -r v < /sys/class/dmi/id/$x; echo "dmi_$x=$v"
-done
-grep -sE '^CONFIG_KEXEC_HANDOVER(_ENABLE_DEFAULT)?=' "/boot/config-$k"
-grep -qs '[[:space:]]kho=off' @GRUB_CFG@ && echo "grub_kho=1"
-dpkg-query -W -f='pkg=${db:Status-Abbrev}|${Package}|${Version}\n' 'linux-*' '*nvidia*' \
-  docker-ce docker.io 2>/dev/null
-echo '@END@'
-"""
 
 # "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.95.05  Release Build  (...)"
 # (the open modules' format, with " for <arch>"; the proprietary ones omit "Open")
@@ -165,14 +144,9 @@ def parse_baseline(lines: list[str]) -> BaselineReport:
 
 
 def script(fabric_interface: str, roce_device: str | None) -> str:
-    """The baseline's shell script (also run inside status.py's one read)."""
-    roce = f"/sys/class/infiniband/{shlex.quote(roce_device)}/fw_ver" if roce_device else ""
-    return (
-        _SCRIPT.replace("@IFACE@", shlex.quote(fabric_interface))
-        .replace("@ROCE_FW@", roce)
-        .replace("@GRUB_CFG@", GRUB_CFG)
-        .replace("@END@", END)
-    )
+    """The baseline's shell script (sparkrig/facts/baseline.sh) as a piece of another read:
+    status.py's one read, init's probe."""
+    return script_inline("baseline", fabric_interface, roce_device or "", GRUB_CFG)
 
 
 class Baseline(FactBase[BaselineReport]):
@@ -182,7 +156,7 @@ class Baseline(FactBase[BaselineReport]):
     default = BaselineReport
 
     def command(self, fabric_interface: str, roce_device: str = "") -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(script(fabric_interface, roce_device)))
+        return script_command("baseline", fabric_interface, roce_device, GRUB_CFG)
 
     def process(self, output: list[str]) -> BaselineReport:
         return parse_baseline(output)

@@ -29,7 +29,7 @@ from typing import Any
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from sparkrig.config.model import Settings
-from sparkrig.factlines import END, parse_key_values
+from sparkrig.factlines import parse_key_values, script_command
 from sparkrig.hardening import unit_hardening
 from sparkrig.owned import apt_installed_command, dropin_path
 from sparkrig.render import base_context, render
@@ -192,16 +192,6 @@ def requires_text() -> str:
 # The table's state (a part of the state read) and its counters (status)
 # ---------------------------------------------------------------------------------------------
 
-_STATE_SCRIPT = f"""
-if command -v nft >/dev/null 2>&1; then
-  echo nft=yes
-  if nft list table {TABLE} >/dev/null 2>&1; then echo table=loaded; else echo table=absent; fi
-else
-  echo nft=missing
-fi
-echo '{END}'
-"""
-
 
 @dataclass(frozen=True)
 class FirewallReport:
@@ -217,7 +207,7 @@ class FirewallState(FactBase[FirewallReport]):
     default = FirewallReport
 
     def command(self) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(_STATE_SCRIPT))
+        return script_command("firewall", *TABLE.split())
 
     def process(self, output: list[str]) -> FirewallReport:
         raw = parse_key_values(output, "firewall")

@@ -1,71 +1,24 @@
 """The host itself: what a node is and has (architecture, GPU and driver, docker, free disk,
 MemFree, the live vm sysctls, the fabric NIC's link and who else configures it), read in one
-command (``Node``), and the sysctl.d file sparkrig owns. Preflight judges the report
-(sparkrig/preflight.py); the host phase (tasks/host.py) writes the file and applies it."""
+command (``Node``, sparkrig/facts/node.sh), and the sysctl.d file sparkrig owns. Preflight
+judges the report (sparkrig/preflight.py); the host phase (tasks/host.py) writes the file and
+applies it."""
 
 from __future__ import annotations
 
-import shlex
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost.pairmac import WINDOW_S
 
 from sparkrig.config.model import Rank, Settings
-from sparkrig.factlines import END, parse_key_values
+from sparkrig.factlines import parse_key_values, script_command
 from sparkrig.stateread import Part
 
 SYSCTL_FILE = "/etc/sysctl.d/90-sparkrig.conf"  # owned whole: vm.swappiness, vm.min_free_kbytes
-
-_NODE_SCRIPT = r"""
-d={weights}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done
-# few processes (a process start is most of this script's time on a busy node): sysfs and
-# meminfo are read by the shell's own read; the sysctls by one cat, since dash reads a byte at a
-# time and a sysctl file read at an offset past 0 returns nothing ("60" would read as "6")
-set -- $(cat /proc/sys/vm/swappiness /proc/sys/vm/min_free_kbytes)
-echo "swappiness=$1"; echo "min_free_kbytes=$2"
-while read -r k v _; do
-  case $k in MemTotal:) echo "memtotal_kb=$v" ;; MemFree:) echo "memfree_kb=$v"; break ;; esac
-done < /proc/meminfo
-set -- $(uname -mr); echo "arch=$2"; echo "kernel=$1"
-if command -v nvidia-smi >/dev/null 2>&1; then
-  q=name,compute_cap,driver_version
-  echo "gpu=$(nvidia-smi --query-gpu=$q --format=csv,noheader 2>/dev/null | head -n1)"
-fi
-echo "docker=$(command -v docker || true)"
-echo "disk_free=$(df -P -B1 "$d" 2>/dev/null | awk 'NR==2 {{print $4}}')"
-n=/sys/class/net/{iface}
-if [ -d "$n" ]; then
-  echo "link_present=1"
-  v=; read -r v 2>/dev/null < $n/operstate; echo "operstate=$v"
-  v=; read -r v 2>/dev/null < $n/flags; echo "flags=$v"
-  v=0; read -r v 2>/dev/null < $n/carrier || v=0; echo "carrier=$v"
-  read -r v < $n/mtu; echo "mtu=$v"
-  echo "ipv4=$(ip -o -4 addr show dev {iface} 2>/dev/null | awk '{{print $4}}' | paste -sd, -)"
-else
-  echo "link_present=0"
-  l=; for d in /sys/class/net/*; do  # what the operator may have meant: name:operstate
-    v=; read -r v 2>/dev/null < $d/operstate; l="$l${{l:+,}}${{d##*/}}:$v"
-  done; echo "netdevs=$l"
-fi
-echo "networkmanager=$(systemctl is-active NetworkManager 2>/dev/null)"
-for f in /lib/netplan/*.yaml /etc/netplan/*.yaml /run/netplan/*.yaml; do
-  [ -f "$f" ] && [ "$f" != {ours} ] || continue
-  grep -qE {netplan_re} "$f" && echo "netplan_claim=$f"
-done
-{mac_read}
-for f in /etc/NetworkManager/system-connections/* /run/NetworkManager/system-connections/*; do
-  [ -f "$f" ] || continue
-  case ${{f##*/}} in netplan-*) continue ;; esac
-  if grep -qixE "interface-name={iface_re}|mac-address=$mac" "$f"; then
-    echo "nm_claim=$f|$(sed -n 's/^id=//p' "$f" | head -n1)"
-  fi
-done
-echo '{end}'
-"""
 
 
 @dataclass(frozen=True)
@@ -159,29 +112,13 @@ class Node(FactBase[NodeReport]):
         iface_re = "|".join(d.replace(".", "\\.") for d in netdevs)
         if len(netdevs) > 1:
             iface_re = f"({iface_re})"
-            mac_read = (
-                "mac=; for x in "
-                + " ".join(shlex.quote(d) for d in netdevs)
-                + "; do m=; read -r m 2>/dev/null < /sys/class/net/$x/address; "
-                + '[ -n "$m" ] && mac="$mac${mac:+|}$m"; done; mac="(${mac:-none})"'
-            )
-        else:
-            mac_read = "mac=; read -r mac 2>/dev/null < $n/address; mac=${mac:-none}"
         q = "[\"']?"
         netplan_re = (
             rf"^[[:space:]]*({q}{iface_re}{q}:|(set-)?name:[[:space:]]*{q}{iface_re}{q}"
             r"[[:space:]]*(#.*)?$)"
         )
-        script = _NODE_SCRIPT.format(
-            weights=shlex.quote(weights_dir),
-            iface=shlex.quote(fabric_interface),
-            iface_re=iface_re,
-            mac_read=mac_read,
-            ours=shlex.quote(netplan_file),
-            netplan_re=shlex.quote(netplan_re),
-            end=END,
-        )
-        return StringCommand("sh", "-c", QuoteString(script))
+        args = (weights_dir, fabric_interface, netplan_file, iface_re, netplan_re, *netdevs)
+        return script_command("node", *args)
 
     def process(self, output: list[str]) -> NodeReport:
         return parse_node_report(output)

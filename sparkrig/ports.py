@@ -1,56 +1,22 @@
 """The TCP ports sparkrig listens on, per role, and who holds them now: a part of the state read
-(``Listeners``: one ``ss``, every holder's cgroup read by the shell) that preflight judges. A
-port is fine when nothing listens on it or when sparkrig itself does (a unit or container named
-``sparkrig-*``, as on a converged pair); any other holder is refused, named with its knob."""
+(``Listeners``, sparkrig/facts/ports.sh: one ``ss``, every holder's cgroup read by the shell)
+that preflight judges. A port is fine when nothing listens on it or when sparkrig itself does (a
+unit or container named ``sparkrig-*``, as on a converged pair); any other holder is refused,
+named with its knob."""
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.config.model import Settings
-from sparkrig.factlines import END
+from sparkrig.factlines import END, script_command
 from sparkrig.stateread import Part, Values
 
 OURS = "sparkrig-"  # every unit and container sparkrig runs is named so
 FRONT_UNIT = "nginx.service"  # the API front holds api_port on the head (sparkrig/front.py)
-
-# One ``ss`` for every port; each holder's cgroup from /proc by the shell's own read, and a
-# container's name from its config (docker writes it on one line), so a read costs one process.
-# ``docker inspect`` answers only when that file is not there (another docker data root).
-_PORTS_SCRIPT = r"""
-command -v ss >/dev/null 2>&1 || {{ echo 'ss=missing'; echo '{end}'; exit 0; }}
-ss -Hltnp {filter} 2>/dev/null | while read -r _ _ _ addr _ users; do
-  pid=; comm=; cg=; id=; name=
-  case $users in *pid=*) pid=${{users#*pid=}}; pid=${{pid%%,*}};; esac
-  case $users in *'(("'*) comm=${{users#*'(("'}}; comm=${{comm%%'"'*}};; esac
-  if [ -n "$pid" ] && [ -r /proc/$pid/cgroup ]; then
-    while IFS= read -r l; do
-      case $l in
-        0::*) cg=${{l#0::}};;
-        *:name=systemd:*) [ -n "$cg" ] || cg=${{l#*:name=systemd:}};;
-      esac
-    done < /proc/$pid/cgroup
-  fi
-  case $cg in
-    */docker-*.scope) id=${{cg##*/docker-}}; id=${{id%.scope}};;
-    */docker/*) id=${{cg##*/docker/}}; id=${{id%%/*}};;
-  esac
-  if [ -n "$id" ]; then
-    j=; read -r j 2>/dev/null < /var/lib/docker/containers/$id/config.v2.json
-    case $j in
-      *'"Name":"/'*) name=${{j#*'"Name":"/'}}; name=${{name%%'"'*}};;
-      *) name=$(timeout 5 docker inspect --format '{{{{.Name}}}}' "$id" 2>/dev/null)
-         name=${{name#/}};;
-    esac
-  fi
-  echo "listen=$addr|$pid|$comm|$cg|$name"
-done
-echo '{end}'
-"""
 
 
 @dataclass(frozen=True)
@@ -124,8 +90,7 @@ class Listeners(FactBase[PortsReport]):
 
     def command(self, ports: tuple[int, ...]) -> StringCommand:
         sport = " or ".join(f"sport = :{p}" for p in sorted(set(ports)))
-        script = _PORTS_SCRIPT.format(filter=shlex.quote(f"( {sport} )"), end=END)
-        return StringCommand("sh", "-c", QuoteString(script))
+        return script_command("ports", f"( {sport} )")
 
     def process(self, output: list[str]) -> PortsReport:
         return parse_listeners(output)

@@ -166,7 +166,13 @@ UNITS_KNOWN = [
     "sparkrig-supervisor", "sparkrig-gpu-clock", "sparkrig-firewall", "sparkrig-relay",
 ]  # fmt: skip
 
-NODE = re.compile(r"^sh -c '\nd=\S+; while \[ ! -d \"\$d\" \]")
+
+def fact_script(name: str) -> re.Pattern[str]:
+    """A fact's script of sparkrig/facts/ (factlines.script_command), known by its ``$0``."""
+    return re.compile(rf"^sh -c '.*' sparkrig-{name}( |$)", re.S)
+
+
+NODE = fact_script("node")  # sparkrig/node.py: the node report
 GIDS = re.compile(r"^grep -H \. /sys/class/infiniband/\*/ports/\*/gids/\* ")
 RANK_STATUS = re.compile(r"echo \"gid_env=\$\(sed ")  # status.py's one read per rank
 # status.py's read of what explains a rank with something off (files/sparkhost/why.py)
@@ -213,7 +219,7 @@ def held(text: str) -> list[str]:
 
 
 RELEASE = re.compile(re.escape(LISTING))  # the release record and weights_dir's entries
-BASELINE = re.compile(r"^sh -c 'k=; read -r k < /proc/sys/kernel/osrelease")  # sparkrig/baseline
+BASELINE = fact_script("baseline")  # sparkrig/baseline.py
 REACH = re.compile(r"^/usr/bin/python3 -c '\nimport ssl, sys, urllib")  # sparkrig/reach.py
 FRONT = re.compile(r"^if dpkg-query -W -f='\$\{Status\}' nginx ")  # sparkrig/front.py
 FRONT_INSTALL = re.compile(r"^sh -c 'set -e; \{ DEBIAN_FRONTEND=noninteractive apt-get install ")
@@ -221,10 +227,8 @@ FRONT_CHECK = re.compile(r"^nginx -t -q$")
 FRONT_ASIDE = re.compile(r"^grep -qF -- '--host 127\.0\.0\.1' ")
 FRONT_OFF = re.compile(r"^if \[ -e /var/lib/sparkrig/nginx-installed-by-sparkrig \]; then ")
 FRONT_UNIT = re.compile(r"^systemctl (start|stop|enable|disable|reload|restart) nginx\.service")
-PORTS = re.compile(
-    r"^sh -c '\ncommand -v ss "
-)  # sparkrig/ports.py: who listens on sparkrig's ports
-FIREWALL = re.compile(r"^sh -c '\nif command -v nft ")  # sparkrig/firewall.py: nft, the table
+PORTS = fact_script("ports")  # sparkrig/ports.py: who listens on sparkrig's ports
+FIREWALL = fact_script("firewall")  # sparkrig/firewall.py: nft, the table
 FIREWALL_COUNTERS = re.compile(r"^sh -c 'nft list table inet sparkrig ")  # status.py's counters
 
 
