@@ -508,3 +508,41 @@ def program_installed(src: str, dest: str) -> Generator[Any, None, None]:
     with open(os.path.join(host.state.cwd or "", src), "rb") as f:
         data = f.read()
     yield from owned_put(data, dest, "644", "root", "root")
+
+
+@dataclass(frozen=True)
+class UnitNames:
+    """The static sentences naming each operation of an owned unit's lifecycle (``unit_owned``)."""
+
+    install: str
+    restart: str
+    keep: str
+    stop: str
+    remove: str
+
+
+def unit_owned(service: str, dest: str, text: str | None, names: UnitNames) -> None:
+    """A unit the deploy owns whole and switches on or off: with ``text``, its file written
+    (``dest``), the unit restarted after the file changed and kept running and enabled; with
+    None, stopped, disabled and its file removed. Each operation named by ``names``.
+
+    + service: the unit's name
+    + dest: its unit file
+    + text: the unit file's content, or None where the deploy wants no such unit
+    + names: the operations' names
+    """
+    if text is None:
+        unit_state_set(name=names.stop, service=service, running=False, enabled=False)
+        file_absent(name=names.remove, path=dest)
+        return
+    unit = file_present(name=names.install, text=text, dest=dest)
+    unit_state_set(
+        name=names.restart,
+        service=service,
+        running=True,
+        enabled=True,
+        restarted=True,
+        daemon_reload=True,
+        _if=unit.did_change,
+    )
+    unit_state_set(name=names.keep, service=service, running=True, enabled=True)

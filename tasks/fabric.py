@@ -40,7 +40,7 @@ from sparkrig.fabric import (
     single_link,
 )
 from sparkrig.failing import problems_absent
-from sparkrig.owned import file_absent, file_present, unit_state_set
+from sparkrig.owned import UnitNames, file_absent, file_present, unit_owned
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
 from sparkrig.topology import PlanError, link_name
@@ -173,37 +173,19 @@ if plan is not None:  # a ring that relays persists forwarding; a pair or "singl
             name="Remove the fabric forwarding settings while the plan relays nothing",
             path=FORWARDING_FILE,
         )
-    relay = relay_unit_text(settings)
-    if relay is not None:  # docker's FORWARD chain drops the relay unless DOCKER-USER accepts it
-        relay_unit = file_present(
-            name="Install the unit that lets docker's forward chain pass the fabric relay",
-            text=relay,
-            dest=RELAY_UNIT_FILE,
-        )
-        unit_state_set(
-            name="Reload the fabric relay's DOCKER-USER rules after their unit changed",
-            service=RELAY_UNIT,
-            restarted=True,
-            daemon_reload=True,
-            _if=relay_unit.did_change,
-        )
-        unit_state_set(
-            name="Keep the fabric relay's DOCKER-USER rules in place and enabled with docker",
-            service=RELAY_UNIT,
-            running=True,
-            enabled=True,
-        )
-    else:
-        unit_state_set(
-            name="Stop the fabric relay's DOCKER-USER rules while the plan relays nothing",
-            service=RELAY_UNIT,
-            running=False,
-            enabled=False,
-        )
-        file_absent(
-            name="Remove the fabric relay's unit while the plan relays nothing",
-            path=RELAY_UNIT_FILE,
-        )
+    # docker's FORWARD chain drops a ring's relay unless DOCKER-USER accepts it
+    unit_owned(
+        service=RELAY_UNIT,
+        dest=RELAY_UNIT_FILE,
+        text=relay_unit_text(settings),
+        names=UnitNames(
+            install="Install the unit that lets docker's forward chain pass the fabric relay",
+            restart="Reload the fabric relay's DOCKER-USER rules after their unit changed",
+            keep="Keep the fabric relay's DOCKER-USER rules in place and enabled with docker",
+            stop="Stop the fabric relay's DOCKER-USER rules while the plan relays nothing",
+            remove="Remove the fabric relay's unit while the plan relays nothing",
+        ),
+    )
 for n in host.loop(netdevs):
     roce = roce_device_present(
         name="Bring the RoCE device back on the fabric NIC",

@@ -10,10 +10,11 @@ from sparkrig import hostpkg, hoststate
 from sparkrig.config.inventory import current
 from sparkrig.node import SYSCTL_FILE
 from sparkrig.owned import (
+    UnitNames,
     directory_owned,
-    file_absent,
     file_present,
     program_installed,
+    unit_owned,
     unit_state_set,
 )
 from sparkrig.paths import paths
@@ -72,35 +73,19 @@ hostpkg.shipped(shipped)  # the service phase restarts the helpers whose modules
 # Opt-in GPU clock cap (knob gpu_clock_max_mhz, reported to stop overheat shutdowns during long
 # prefills): a oneshot unit applies `nvidia-smi -lgc 0,<MHz>` at every boot, ordered before the
 # rank unit, and now; switched off, it is stopped (its ExecStop resets the clocks) and removed.
-clock_unit = paths(settings)["gpu_clock_unit"]
-if knobs.gpu_clock_max_mhz is not None:
-    clock = file_present(
-        name="Install the GPU clock lock unit",
-        text=render(
-            "sparkrig-gpu-clock.service.j2", unit=settings.unit_name, mhz=knobs.gpu_clock_max_mhz
-        ),
-        dest=clock_unit,
+unit_owned(
+    service="sparkrig-gpu-clock",
+    dest=paths(settings)["gpu_clock_unit"],
+    text=render(
+        "sparkrig-gpu-clock.service.j2", unit=settings.unit_name, mhz=knobs.gpu_clock_max_mhz
     )
-    unit_state_set(
-        name="Apply the GPU clock lock after its unit changed",
-        service="sparkrig-gpu-clock",
-        running=True,
-        enabled=True,
-        restarted=True,
-        daemon_reload=True,
-        _if=clock.did_change,
-    )
-    unit_state_set(
-        name="Keep the GPU clock lock applied and enabled at boot",
-        service="sparkrig-gpu-clock",
-        running=True,
-        enabled=True,
-    )
-else:
-    unit_state_set(
-        name="Stop the GPU clock lock while it is switched off",
-        service="sparkrig-gpu-clock",
-        running=False,
-        enabled=False,
-    )
-    file_absent(name="Remove the GPU clock lock unit while it is switched off", path=clock_unit)
+    if knobs.gpu_clock_max_mhz is not None
+    else None,
+    names=UnitNames(
+        install="Install the GPU clock lock unit",
+        restart="Apply the GPU clock lock after its unit changed",
+        keep="Keep the GPU clock lock applied and enabled at boot",
+        stop="Stop the GPU clock lock while it is switched off",
+        remove="Remove the GPU clock lock unit while it is switched off",
+    ),
+)
