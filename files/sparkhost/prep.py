@@ -61,15 +61,15 @@ def warn(msg: str) -> None:
 # --- the fabric: carrier, RDMA device, the RoCE v2 GID of the address -------------------------
 
 
-def port_dir(hca: str, port: str) -> str:
+def port_dir(hca: str, port: int) -> str:
     return f"{SYS}/class/infiniband/{hca}/ports/{port}"
 
 
-def gid_table(hca: str, port: str) -> str:
+def gid_table(hca: str, port: int) -> str:
     return gid.format_table(gid.read_table(SYS, hca, int(port)))
 
 
-def find_gid(hca: str, port: str, ip: str, iface: str) -> int | None:
+def find_gid(hca: str, port: int, ip: str, iface: str) -> int | None:
     """Index of the RoCE v2 entry ::ffff:<ip> on ``iface`` (docs/sources.md, "Fabric"), or None."""
     try:
         return gid.select_gid(gid.read_table(SYS, hca, int(port)), ip, iface, hca, int(port)).index
@@ -77,23 +77,19 @@ def find_gid(hca: str, port: str, ip: str, iface: str) -> int | None:
         return None
 
 
-def functions(env: dict[str, str]) -> list[tuple[str, str, str]]:
+def functions(env: rankenv.RankEnv) -> list[tuple[str, str, str]]:
     """(netdev, RDMA device, IPv4) of every fabric function the rank uses: the single layout's
     one; fabric_layout "ports" lists every function facing a peer, in the env's order
     (SPARKRIG_FABRIC_NETDEVS, SPARKRIG_ROCE_DEVICES, SPARKRIG_FABRIC_ADDRESSES: docs/rings.md)."""
-    if env.get("SPARKRIG_FABRIC_LAYOUT") != "ports":
-        return [(env["SPARKRIG_FABRIC_INTERFACE"], env["NCCL_IB_HCA"], env["SPARKRIG_FABRIC_IP"])]
-    lists = [
-        env[key].split(",")
-        for key in ("SPARKRIG_FABRIC_NETDEVS", "SPARKRIG_ROCE_DEVICES", "SPARKRIG_FABRIC_ADDRESSES")
-    ]
-    return list(zip(*lists, strict=True))
+    if not env.ports:
+        return [(env.interface, env.hca, env.ip)]
+    return list(zip(env.netdevs, env.roce_devices, env.addresses, strict=True))
 
 
-def fabric_missing(env: dict[str, str]) -> tuple[list[str], dict[str, int]]:
+def fabric_missing(env: rankenv.RankEnv) -> tuple[list[str], dict[str, int]]:
     """What the fabric still lacks for this rank (empty when ready) and the GID index found on
     each RDMA device (by value: ::ffff:<the function's IPv4> on its netdev, RoCE v2)."""
-    port = env["SPARKRIG_ROCE_PORT"]
+    port = env.roce_port
     missing: list[str] = []
     found: dict[str, int] = {}
     for iface, hca, ip in functions(env):
@@ -110,7 +106,7 @@ def fabric_missing(env: dict[str, str]) -> tuple[list[str], dict[str, int]]:
 
 
 def wait_for_fabric(
-    env: dict[str, str],
+    env: rankenv.RankEnv,
     bound: float,
     interval: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
@@ -135,13 +131,13 @@ def wait_for_fabric(
         sleep(interval)
 
 
-def check_mtu(env: dict[str, str]) -> str | None:
+def check_mtu(env: rankenv.RankEnv) -> str | None:
     """Every fabric netdev at the env's MTU, else what differs."""
-    want = env["SPARKRIG_FABRIC_MTU"]
+    want = env.mtu
     wrong = []
     for iface, _, _ in functions(env):
         mtu = read(f"{SYS}/class/net/{iface}/mtu")
-        if mtu != want:
+        if mtu != str(want):
             wrong.append(f"{iface} MTU is {mtu or '?'}, expected {want}")
     return "; ".join(wrong) or None
 
@@ -160,23 +156,23 @@ def device_index(hca: str) -> int | None:
 
 
 def hand_over_gid(
-    env: dict[str, str], index: int, path: str, found: dict[str, int] | None = None
+    env: rankenv.RankEnv, index: int, path: str, found: dict[str, int] | None = None
 ) -> None:
     """Write the index the container gets (atomically); say so when it moved since the deploy.
     fabric_layout "ports" hands every device's index over too (``found``), for the deploy and
     status to compare; the container gets none there (NCCL picks each GID by value)."""
-    deployed = env.get(rankenv.GID_INDEX, "")
-    if deployed != str(index) and env.get("SPARKRIG_FABRIC_LAYOUT") != "ports":
+    deployed = env.gid_index
+    if deployed != index and not env.ports:
         log(
-            f"GID index of ::ffff:{env['SPARKRIG_FABRIC_IP']} is {index} now (the deploy saw "
-            f"{deployed or 'none'}); the container gets {index}"
+            f"GID index of ::ffff:{env.ip} is {index} now (the deploy saw "
+            f"{'none' if deployed is None else deployed}); the container gets {index}"
         )
     hca = functions(env)[0][1]
     kernel = {dev: i for dev in found or {} if (i := device_index(dev)) is not None}
     rankenv.write_handed(path, index, hca, device_index(hca), found, kernel)
 
 
-def gate_fabric(env: dict[str, str], bound: float, gid_env: str) -> bool:
+def gate_fabric(env: rankenv.RankEnv, bound: float, gid_env: str) -> bool:
     """Steps 1-3; False (reasons printed) when the rank must not start."""
     try:
         os.unlink(gid_env)  # never hand over a stale index
@@ -187,15 +183,14 @@ def gate_fabric(env: dict[str, str], bound: float, gid_env: str) -> bool:
     if problem:
         warn(problem)
     if found is None:
-        port = env["SPARKRIG_ROCE_PORT"]
+        port = env.roce_port
         for _, hca, _ in functions(env):
             warn(f"GID table of {hca} port {port}:\n{gid_table(hca, port)}")
         return False
     if problem:
         return False
     first = functions(env)[0][1]
-    ports = env.get("SPARKRIG_FABRIC_LAYOUT") == "ports"
-    hand_over_gid(env, found[first], gid_env, found if ports else None)
+    hand_over_gid(env, found[first], gid_env, found if env.ports else None)
     return True
 
 
@@ -399,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.memory_measure != "memfree" and args.memfree_min_gib is None:
         p.error(f"--memory-measure {args.memory_measure} needs --memfree-min-gib (the floor)")
-    env = rankenv.read(args.env)
+    env = rankenv.read_rank_env(args.env)
     if not gate_fabric(env, args.fabric_wait, args.gid_env):
         warn("refusing to start; if the fabric itself is wrong, re-run the deploy to fix it")
         return 2

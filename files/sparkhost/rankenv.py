@@ -9,12 +9,14 @@ read (``GID_INDEX``, by the shell line ``value_command``).
 the container at every rank start (``write_handed``); the unit reads it (``EnvironmentFile=-``,
 then ``--env NCCL_IB_GID_INDEX=${SPARKRIG_GID_INDEX}``), and so does the status read.
 
-Both are systemd environment files: ``KEY=VALUE`` lines, ``#`` comments, no quoting."""
+Both are systemd environment files: ``KEY=VALUE`` lines, ``#`` comments, no quoting. What of
+rank.env the start gate reads comes typed (``RankEnv``, ``rank_env``)."""
 
 from __future__ import annotations
 
 import os
 import shlex
+from dataclasses import dataclass
 
 GID_INDEX = "NCCL_IB_GID_INDEX"  # rank.env: the index the deploy saw; the container's name for it
 HANDED_PATH = "/run/sparkrig/gid.env"
@@ -50,6 +52,60 @@ def parse(text: str) -> dict[str, str]:
 def read(path: str) -> dict[str, str]:
     with open(path, encoding="utf-8") as f:
         return parse(f.read())
+
+
+# rank.env's keys the start gate reads: the template's (templates/rank.env.j2), and in
+# fabric_layout "ports" the lists of every function facing a peer (sparkrig/fabricenv.py)
+FABRIC_INTERFACE = "SPARKRIG_FABRIC_INTERFACE"
+FABRIC_IP = "SPARKRIG_FABRIC_IP"
+FABRIC_MTU = "SPARKRIG_FABRIC_MTU"
+ROCE_PORT = "SPARKRIG_ROCE_PORT"
+HCA = "NCCL_IB_HCA"
+FABRIC_LAYOUT = "SPARKRIG_FABRIC_LAYOUT"
+FABRIC_NETDEVS = "SPARKRIG_FABRIC_NETDEVS"
+ROCE_DEVICES = "SPARKRIG_ROCE_DEVICES"
+FABRIC_ADDRESSES = "SPARKRIG_FABRIC_ADDRESSES"
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """What of rank.env the start gate reads (``rank_env``): the fabric it checks and the GID
+    index the deploy saw."""
+
+    interface: str  # the fabric netdev (the single layout's one function)
+    ip: str  # its IPv4 address
+    mtu: int
+    roce_port: int  # every RDMA device's port
+    hca: str  # NCCL_IB_HCA: the single layout's RDMA device
+    gid_index: int | None = None  # NCCL_IB_GID_INDEX, the index the deploy saw; None: none
+    ports: bool = False  # fabric_layout "ports": every function facing a peer, listed below
+    netdevs: tuple[str, ...] = ()  # in the env's order, one entry per function in each list
+    roce_devices: tuple[str, ...] = ()
+    addresses: tuple[str, ...] = ()
+
+
+def rank_env(env: dict[str, str]) -> RankEnv:
+    """The typed view of rank.env's variables (``parse``); KeyError names a key it lacks."""
+    ports = env.get(FABRIC_LAYOUT) == "ports"
+    keys = (FABRIC_NETDEVS, ROCE_DEVICES, FABRIC_ADDRESSES)
+    netdevs, devices, addresses = (tuple(env[k].split(",")) if ports else () for k in keys)
+    index = env.get(GID_INDEX, "")
+    return RankEnv(
+        interface=env[FABRIC_INTERFACE],
+        ip=env[FABRIC_IP],
+        mtu=int(env[FABRIC_MTU]),
+        roce_port=int(env[ROCE_PORT]),
+        hca=env[HCA],
+        gid_index=int(index) if index.isdigit() else None,
+        ports=ports,
+        netdevs=netdevs,
+        roce_devices=devices,
+        addresses=addresses,
+    )
+
+
+def read_rank_env(path: str) -> RankEnv:
+    return rank_env(read(path))
 
 
 def handed_text(

@@ -79,7 +79,7 @@ def test_the_gid_index_the_start_gate_hands_over_reaches_the_container_and_statu
     env_file, gid_file = tmp_path / "rank.env", tmp_path / "run" / "gid.env"
     text = rank_env(s, gid_index=3)
     env_file.write_text(text)
-    prep.hand_over_gid(rankenv.parse(text), 7, str(gid_file))  # the index moved since the deploy
+    prep.hand_over_gid(rankenv.rank_env(rankenv.parse(text)), 7, str(gid_file))  # it moved
 
     unit = rank_unit(s)
     files = {p["env_file"]: env_file, p["gid_env"]: gid_file}
@@ -97,10 +97,10 @@ def test_the_start_gate_hands_over_the_rdma_devices_kernel_index(tmp_path, monke
     rdma.chmod(0o755)
     monkeypatch.setenv("PATH", f"{rdma.parent}:{os.environ['PATH']}")
     gid_file = tmp_path / "gid.env"
-    env = rankenv.parse(rank_env(settings(), gid_index=3))
+    env = rankenv.rank_env(rankenv.parse(rank_env(settings(), gid_index=3)))
     prep.hand_over_gid(env, 3, str(gid_file))
     handed = rankenv.parse(gid_file.read_text())
-    assert handed[rankenv.HANDED_DEVICE] == env["NCCL_IB_HCA"]  # the device the env file names
+    assert handed[rankenv.HANDED_DEVICE] == env.hca  # the device the env file names
     assert handed[rankenv.HANDED_DEVICE_INDEX] == "7"
     assert rankenv.read_handed(str(gid_file)) == 3
     env_file = tmp_path / "rank.env"
@@ -114,7 +114,7 @@ def test_the_start_gate_hands_over_the_rdma_devices_kernel_index(tmp_path, monke
     assert said == ["RDMA device made again under the rank (kernel index 7 at its start, 8 now)"]
 
     rdma.unlink()  # no iproute2 rdma: the index alone, as before
-    prep.hand_over_gid(rankenv.parse(rank_env(settings(), gid_index=3)), 3, str(gid_file))
+    prep.hand_over_gid(env, 3, str(gid_file))
     assert rankenv.HANDED_DEVICE_INDEX not in rankenv.parse(gid_file.read_text())
 
 
@@ -138,10 +138,10 @@ def test_the_rank_env_file_reads_the_same_everywhere(tmp_path):
     env_file.write_text(text)
     env = rankenv.read(str(env_file))  # the start gate's reader (prep --env)
     assert env[rankenv.GID_INDEX] == "5" and env["NCCL_DEBUG_SUBSYS"] == "INIT"
-    for key in ("SPARKRIG_FABRIC_INTERFACE", "SPARKRIG_FABRIC_IP", "SPARKRIG_FABRIC_MTU"):
-        assert env[key], key  # prep's fabric checks read these
-    assert env["SPARKRIG_ROCE_PORT"] == str(s.knobs.roce_port)
-    assert env["NCCL_IB_HCA"] == "rocep1s0f1"
+    view = rankenv.read_rank_env(str(env_file))  # what prep's fabric checks read, typed
+    assert (view.interface, view.ip, view.mtu) == (s.me.fabric_interface, s.me.ip, 9000)
+    assert (view.roce_port, view.hca, view.gid_index) == (s.knobs.roce_port, "rocep1s0f1", 5)
+    assert not view.ports and view.netdevs == ()
     assert status_read(s, env_file, tmp_path / "gid.env", tmp_path).gid_env == 5
     # the deploy's own reader: a file that differs only in its index names the old index
     old = hashlib.sha256(text.encode()).hexdigest()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from pyinfra.api.exceptions import DeployError
+from sparkhost import rankenv
 
 from sparkrig import fabricenv, firewall, topology
 from sparkrig.config.inventory import InventoryView, build
@@ -254,6 +255,17 @@ def test_the_pairs_env_names_both_functions_and_no_gid_index():
     assert env["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1" and env["VLLM_HOST_IP"] == "198.18.0.2"
     assert env["NCCL_IB_MERGE_NICS"] == "0" and env["NCCL_CROSS_NIC"] == "0"
     assert "NCCL_IB_SUBNET_AWARE_ROUTING" not in env and "NCCL_ALGO" not in env
+
+
+def test_the_start_gate_reads_every_function_of_the_pairs_env_in_the_plans_order():
+    s = build(ports_cluster(2))["spark-1"]
+    view = rankenv.rank_env(env_of(s))  # what sparkhost prep checks (files/sparkhost/rankenv.py)
+    ifaces = s.fabric_rank.ifaces
+    assert view.ports and view.gid_index is None
+    assert view.netdevs == s.fabric_rank.netdevs == tuple(i.netdev for i in ifaces)
+    assert view.roce_devices == tuple(i.rdma for i in ifaces)
+    assert view.addresses == tuple(str(i.address.ip) for i in ifaces)
+    assert (view.mtu, view.roce_port) == (s.knobs.fabric_mtu, s.knobs.roce_port)
 
 
 def test_the_triangles_env_is_tensorfolds_n_rank_set_without_the_ring_graphs():
