@@ -48,7 +48,7 @@ settings = current()
 host_paths = paths(settings)
 state = host.get_fact(
     RankStatus,
-    **fact_args(settings, host_paths["env_file"], host_paths["gid_env"], host_paths["run_dir"]),
+    **fact_args(settings, host_paths.env_file, host_paths.gid_env, host_paths.run_dir),
 )
 now = time.time()
 age = now - state.weights_verified

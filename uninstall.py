@@ -76,13 +76,16 @@ server.shell(
 )
 
 units = [
-    host_paths[u]
-    for u in ("rank_unit", "pair_unit", "agent_unit", "supervisor_unit", "watchdog_unit")
+    host_paths.rank_unit,
+    host_paths.pair_unit,
+    host_paths.agent_unit,
+    host_paths.supervisor_unit,
+    host_paths.watchdog_unit,
 ]
-units.append(host_paths["gpu_clock_unit"])
+units.append(host_paths.gpu_clock_unit)
 units.append(firewall.UNIT_FILE)
 units.append(RELAY_UNIT_FILE)
-units.append(host_paths["rank_unit"] + PREV)  # the previous release's unit, kept by an upgrade
+units.append(host_paths.rank_unit + PREV)  # the previous release's unit, kept by an upgrade
 # the drop-ins: the firewall's Requires= beside the rank and its helpers, the front's restart
 # beside nginx.service (the head's; absent on a worker)
 dropins = [*firewall.requires_dropins(settings), RESTART_DROPIN]
@@ -152,7 +155,7 @@ old_images_pruned(
 base = settings.image_ref
 tag = serving_tag(settings)
 pulled = host.get_fact(ImageState, image_repo=knobs.image_repo, base_image=base, tag=tag).ref
-recorded = host.get_fact(FileContents, path=host_paths["pulled_images"]) or []
+recorded = host.get_fact(FileContents, path=host_paths.pulled_images) or []
 bases = sorted({ref.strip() for ref in recorded if ref.strip()} | ({base} if pulled else set()))
 server.shell(
     name="Remove every base image pulled by its digest",
@@ -165,7 +168,7 @@ gone = [
     knobs.install_dir,
     knobs.cache_dir,
     knobs.image_transfer_dir,
-    host_paths["run_dir"],
+    host_paths.run_dir,
 ]
 if knobs.purge_weights:
     gone.append(knobs.weights_dir)

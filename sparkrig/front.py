@@ -225,7 +225,7 @@ def key_include_lost(s: Settings, api: Secret | None, include: PathState | None)
         return ""
     if include is not None and include.kind == "file":
         return ""
-    key_file, held = s.knobs.api_key_file, paths(s)["api_key"]
+    key_file, held = s.knobs.api_key_file, paths(s).api_key
     return (
         f"the API front's key include {front_paths(s)['key_include']} is missing and "
         f"api_key_file ({key_file}) holds no copy of the API key the head holds ({held}), so it "

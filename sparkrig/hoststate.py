@@ -65,13 +65,13 @@ def owned_files(s: Settings) -> list[str]:
         SYSCTL_FILE,
         *hostpkg.remote_files(k.install_dir),
         k.fabric_netplan_file,
-        p["env_file"],
+        p.env_file,
         *(a.remote_lock for a in artifacts(s)),
-        p["token_file"],
-        p["rank_unit"],
-        p["pair_unit"],
-        p["pair_token"],
-        p["gpu_clock_unit"],  # removed again while gpu_clock_max_mhz is None
+        p.token_file,
+        p.rank_unit,
+        p.pair_unit,
+        p.pair_token,
+        p.gpu_clock_unit,  # removed again while gpu_clock_max_mhz is None
         *hostpkg.legacy_files(k.install_dir),  # removed once the units use the package
         GRUB_DROPIN,  # kho=off at the next boot (sparkrig/baseline.py), removed when unwanted
         ruleset_path(s),  # the firewall (sparkrig/firewall.py), removed while firewall is off
@@ -82,11 +82,11 @@ def owned_files(s: Settings) -> list[str]:
         files += [FORWARDING_FILE, RELAY_UNIT_FILE]
         files += graph_paths(s).values()  # a ring's NCCL graph files, removed where it has none
     if s.me.is_head:
-        files += [p["restart_script"], p["supervisor_unit"], p["watchdog_unit"]]
-        files += [p["api_key"], p["api_key_env"]]  # removed again while api_auth is off
+        files += [p.restart_script, p.supervisor_unit, p.watchdog_unit]
+        files += [p.api_key, p.api_key_env]  # removed again while api_auth is off
         files += front_files(s)  # the API front's site, key include and TLS pair
     else:
-        files.append(p["agent_unit"])
+        files.append(p.agent_unit)
     return files
 
 
@@ -94,7 +94,7 @@ def owned_dirs(s: Settings) -> list[str]:
     k = s.knobs
     return [
         k.install_dir,
-        paths(s)["bin_dir"],
+        paths(s).bin_dir,
         *hostpkg.remote_dirs(k.install_dir),
         k.config_dir,
         k.weights_dir,

@@ -20,7 +20,7 @@ from sparkhost.tokenfile import read_secret
 
 from sparkrig.config.inventory import for_inventory
 from sparkrig.config.model import Settings
-from sparkrig.paths import paths
+from sparkrig.paths import HostPaths, paths
 from sparkrig.runscope import once_per_run
 from sparkrig.secretio import Held, SecretDigest, digest, read_secret_now, write_control_file
 from sparkrig.stateread import Part, Values
@@ -31,10 +31,10 @@ def secret_parts(s: Settings) -> list[Part]:
     (sparkrig/secretio.py): the agents' secret, and on the head the API key (it lives with the
     head)."""
     p = paths(s)
-    parts = [Part("pair_secret", SecretDigest, (("path", p["pair_token"]),))]
+    parts = [Part("pair_secret", SecretDigest, (("path", p.pair_token),))]
     if s.me.is_head:
-        parts.append(Part("api_key", SecretDigest, (("path", p["api_key"]),)))
-        parts.append(Part("api_key_env", SecretDigest, (("path", p["api_key_env"]),)))
+        parts.append(Part("api_key", SecretDigest, (("path", p.api_key),)))
+        parts.append(Part("api_key_env", SecretDigest, (("path", p.api_key_env),)))
     return parts
 
 
@@ -247,13 +247,13 @@ def api_key(s: Settings, read: Callable[[Settings], Values]) -> Secret | None:
     return once_per_run("api key", state, make_decision)
 
 
-def lost_env(p: dict[str, str], control_file: str) -> str:
+def lost_env(p: HostPaths, control_file: str) -> str:
     """Why a run refuses a head that holds an API key but lost vLLM's env file, while the control
     side has no copy of that key: the deploy never reads a secret back to rebuild a file."""
     return (
-        f"the head holds an API key ({p['api_key']}) but its env file for vLLM "
-        f"({p['api_key_env']}) is gone, and {control_file} holds no copy of that key: copy the "
-        f"head's key to {control_file} (on the head: sudo cat {p['api_key']}) and run again, or "
+        f"the head holds an API key ({p.api_key}) but its env file for vLLM "
+        f"({p.api_key_env}) is gone, and {control_file} holds no copy of that key: copy the "
+        f"head's key to {control_file} (on the head: sudo cat {p.api_key}) and run again, or "
         f"{API_ROTATE_HOW}"
     )
 

@@ -297,7 +297,7 @@ def release_files(s: Settings) -> list[str]:
     flags), its env file (the stack's env) and the weights lockfiles. Kept as ``.prev`` during
     an upgrade, put back by a rollback: a failed stack change restores the previous stack's."""
     k, p = s.knobs, paths(s)
-    files = [p["rank_unit"], p["env_file"], installed_path(k.config_dir, "model")]
+    files = [p.rank_unit, p.env_file, installed_path(k.config_dir, "model")]
     if s.needs_drafter:
         files.append(installed_path(k.config_dir, "drafter"))
     return files

@@ -44,5 +44,5 @@ def base_context(s: Settings) -> dict[str, Any]:
         "unit": s.unit_name,
         "container": s.container_name,
         "sparkhost": " ".join(hostpkg.invocation(s.knobs.install_dir)),  # + JOB ARGS
-        **paths(s),
+        **paths(s).by_name(),
     }

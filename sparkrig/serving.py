@@ -89,7 +89,7 @@ def cache_volumes(s: Settings, image: str | None) -> list[str]:
 def api_key_file(s: Settings) -> str | None:
     """The head's API key file (raw key, 0600 root) for the gates and the watchdog's probe; None
     when the API is open (``api_auth = False``) or on a worker (no API there)."""
-    return paths(s)["api_key"] if s.knobs.api_auth and s.me.is_head else None
+    return paths(s).api_key if s.knobs.api_auth and s.me.is_head else None
 
 
 def api_key_env(key: str) -> str:
@@ -118,7 +118,7 @@ def docker_run_args(
     and, where the engine passes them, the stack's own ``run_flags``)."""
     k, p = s.knobs, paths(s)
     keyed = s.stack.api_auth == "vllm-api-key"
-    api_env = ["--env-file", p["api_key_env"]] if serving and keyed and api_key_file(s) else []
+    api_env = ["--env-file", p.api_key_env] if serving and keyed and api_key_file(s) else []
     entry = engine_of(s.stack).run_flags(s.stack)
     args = [
         "--network", "host",
@@ -131,7 +131,7 @@ def docker_run_args(
         # not mount a sized one (podman's docs call the two options conflicting)
         "--memory", k.container_memory,
         "--memory-swap", k.container_memory,
-        *(["--env-file", p["env_file"]] if env is None else
+        *(["--env-file", p.env_file] if env is None else
           [w for key, value in env for w in ("--env", f"{key}={value}")]),
         *api_env,
         "--volume", f"{k.weights_dir}:{k.weights_dir}:ro",
@@ -225,10 +225,10 @@ def rank_serve_args(s: Settings) -> list[str]:
         nnodes=s.nnodes,
         master_addr=s.rendezvous_ip,
         master_port=rendezvous_port(s),
-        model_dir=p["model_dir"],
+        model_dir=p.model_dir,
         engine_port=k.engine_port,  # the engine on the head's loopback; the front serves api_port
         served_name=k.served_model_name,
-        drafter_dir=p["drafter_dir"] if s.needs_drafter else None,
+        drafter_dir=p.drafter_dir if s.needs_drafter else None,
         extra_args=k.extra_serve_args,
         thinking=k.thinking_default,
     )
@@ -325,7 +325,7 @@ def restart_args(s: Settings) -> str:
             "--workers", ",".join(map(s.dial, workers_in_start_order(s))),
             "--port", str(k.pair_port),
             "--agent-port", str(k.agent_port),
-            "--token-file", paths(s)["pair_token"],
+            "--token-file", paths(s).pair_token,
             *(["--in-turn"] if starts_in_turn(s) else []),  # one worker at a time, in that order
         ]
     )  # fmt: skip
@@ -335,7 +335,7 @@ def agent_unit_context(s: Settings) -> dict[str, Any]:
     return {
         **base_context(s),
         "agent_port": s.knobs.agent_port,
-        "token_file": paths(s)["pair_token"],
+        "token_file": paths(s).pair_token,
         "hardening": unit_hardening(s, "agent"),
     }
 

@@ -224,7 +224,7 @@ else:
     kept_first = kept.ranks[settings.me.rank].ifaces[0]
     fabric_ip, first = str(kept_first.address.ip), Netdev(kept_first.netdev, kept_first.rdma, "")
 rank_env = dict(
-    dest=paths(settings)["env_file"],
+    dest=paths(settings).env_file,
     template=env_template(settings),
     context=env_context(settings, kept),
     fabric_ip=fabric_ip,

@@ -54,7 +54,7 @@ server.shell(
 
 directories = [
     knobs.install_dir,
-    paths(settings)["bin_dir"],
+    paths(settings).bin_dir,
     *hostpkg.remote_dirs(knobs.install_dir),
 ]
 for directory in host.loop([*directories, knobs.config_dir]):
@@ -75,7 +75,7 @@ hostpkg.shipped(shipped)  # the service phase restarts the helpers whose modules
 # rank unit, and now; switched off, it is stopped (its ExecStop resets the clocks) and removed.
 unit_owned(
     service="sparkrig-gpu-clock",
-    dest=paths(settings)["gpu_clock_unit"],
+    dest=paths(settings).gpu_clock_unit,
     text=render(
         "sparkrig-gpu-clock.service.j2", unit=settings.unit_name, mhz=knobs.gpu_clock_max_mhz
     )

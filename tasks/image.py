@@ -58,7 +58,7 @@ on_head(
     image_repo=knobs.image_repo,
     base_image=base,
     tag=tag,
-    record=paths(settings)["pulled_images"],
+    record=paths(settings).pulled_images,
 )
 served = on_head(
     is_head,

@@ -50,7 +50,7 @@ def roll_back(
         is_head,
         server.shell,
         name="Stand the API front aside for a previous release from before it",
-        commands=[aside_for_older_release(paths(s)["rank_unit"])],
+        commands=[aside_for_older_release(paths(s).rank_unit)],
         _if=lambda: bool(release_change) and rolls_back(),
     )
     pause = "Pause the head's supervisor and watchdog during the rollback"

@@ -75,14 +75,14 @@ if head_knobs.api_auth and api is not None and api.sha256:
             secret_installed,
             name="Install the API key",
             text=api.token + "\n",
-            dest=host_paths["api_key"],
+            dest=host_paths.api_key,
         )
         key_env = on_head(
             is_head,
             secret_installed,
             name="Install the API key env file for vLLM",
             text=api_key_env(api.token),
-            dest=host_paths["api_key_env"],
+            dest=host_paths.api_key_env,
         )
         pair_restart().trigger("api_key", key_env)
     if not api.known or control_token(head_knobs.api_key_file) != api.token:
@@ -91,11 +91,11 @@ if head_knobs.api_auth and api is not None and api.sha256:
             python.call,
             name="Keep a copy of the head's API key on the control machine",
             function=write_control_copy_later(
-                head_knobs.api_key_file, api.token, api.holder, host_paths["api_key"], api.sha256
+                head_knobs.api_key_file, api.token, api.holder, host_paths.api_key, api.sha256
             ),
         )
 elif not head_knobs.api_auth:
-    for path in host.loop([host_paths["api_key"], host_paths["api_key_env"]]):
+    for path in host.loop([host_paths.api_key, host_paths.api_key_env]):
         on_head(
             is_head,
             file_absent,
@@ -105,12 +105,12 @@ elif not head_knobs.api_auth:
 rank_unit = file_present(
     name="Install the rank unit",
     text=render("sparkrig-rank.service.j2", **rank_unit_context(settings, image, weights)),
-    dest=host_paths["rank_unit"],
+    dest=host_paths.rank_unit,
 )
 pair_unit = file_present(
     name="Install the stop-together unit",
     text=render("sparkrig-pair.service.j2", **pair_unit_context(settings)),
-    dest=host_paths["pair_unit"],
+    dest=host_paths.pair_unit,
 )
 restart = pair_restart()
 restart.trigger("rank_unit", rank_unit)
@@ -131,15 +131,15 @@ if agents_secret.known:
     secret = secret_installed(
         name="Install the agents' shared secret",
         text=agents_secret.token + "\n",
-        dest=host_paths["pair_token"],
+        dest=host_paths.pair_token,
     )
 else:  # the pair's, known by digest only: a rank lacking it gets a holder's copy at apply time
     lacks = hoststate.read(settings).pair_secret.sha256 != agents_secret.sha256
     secret = secret_relayed(
         name="Install the agents' shared secret",
         source=agents_secret.holder,
-        source_path=host_paths["pair_token"],
-        dest=host_paths["pair_token"],
+        source_path=host_paths.pair_token,
+        dest=host_paths.pair_token,
         sha256=agents_secret.sha256,
         _if=lambda: lacks,
     )
@@ -149,7 +149,7 @@ agent_unit = role_template(
     name="Install the worker agent unit",
     template="sparkrig-agent.service.j2",
     context=agent_unit_context(settings),
-    dest=host_paths["agent_unit"],
+    dest=host_paths.agent_unit,
 )
 keep_helper_running(
     on_workers,
@@ -163,7 +163,7 @@ role_template(
     name="Install the ordered pair restart command",
     template="sparkrig-restart-pair.j2",
     context={**base_context(settings), "restart_args": restart_args(settings)},
-    dest=host_paths["restart_script"],
+    dest=host_paths.restart_script,
     mode="755",
 )
 supervisor_unit = role_template(
@@ -172,7 +172,7 @@ supervisor_unit = role_template(
     name="Install the pair supervisor unit",
     template="sparkrig-supervisor.service.j2",
     context=supervisor_unit_context(settings),
-    dest=host_paths["supervisor_unit"],
+    dest=host_paths.supervisor_unit,
 )
 watchdog_on = head_knobs.watchdog
 if watchdog_on:
@@ -182,7 +182,7 @@ if watchdog_on:
         name="Install the watchdog unit",
         template="sparkrig-watchdog.service.j2",
         context=watchdog_unit_context(settings),
-        dest=host_paths["watchdog_unit"],
+        dest=host_paths.watchdog_unit,
     )
 else:
     on_head(
@@ -197,7 +197,7 @@ else:
         is_head,
         file_absent,
         name="Remove the watchdog unit while it is switched off",
-        path=host_paths["watchdog_unit"],
+        path=host_paths.watchdog_unit,
     )
 
 # The stop-together watch runs beside a live rank: a new program reloads the watch (it execs the
@@ -228,7 +228,7 @@ restart.trigger(
         unit=settings.unit_name,
         running=rank_active,
         down_peers=down_peers,
-        run_dir=host_paths["run_dir"],
+        run_dir=host_paths.run_dir,
     ),
 )
 # A running rank that cannot serve as it is restarts the pair: its container frozen by `docker
@@ -399,7 +399,7 @@ pair_started_in_order(
                     *hostpkg.command(knobs.install_dir, "pair"), "request",
                     "--head", settings.dial(settings.head),
                     "--port", str(knobs.pair_port), "--agent-port", str(knobs.agent_port),
-                    "--token-file", host_paths["pair_token"], "--timeout", "900",
+                    "--token-file", host_paths.pair_token, "--timeout", "900",
                 ]
             )
         ],

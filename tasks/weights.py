@@ -72,10 +72,10 @@ token_installed = on_head(
     secret_installed,
     name="Install the Hub token for a gated repo's fetch",
     text=token or "\n",
-    dest=host_paths["token_file"],
+    dest=host_paths.token_file,
     _if=lambda: needs_token,
 )
-source_token = ["--token-file", host_paths["token_file"]] if needs_token else []
+source_token = ["--token-file", host_paths.token_file] if needs_token else []
 
 # Every operation below exists on every host (acting only where its condition holds), so all
 # hosts share one sequence: the head fetches, serves, the workers copy, the head stops serving.
@@ -123,12 +123,12 @@ for art in host.loop(wanted):
 
 
 # The fetch is over (or failed the run): the token goes, as does one an earlier deploy left.
-left_over = is_head and hoststate.read(settings).file(host_paths["token_file"]) is not None
+left_over = is_head and hoststate.read(settings).file(host_paths.token_file) is not None
 on_head(
     is_head,
     server.shell,
     name="Remove the Hub token after the fetch",
-    commands=[f"rm -f {host_paths['token_file']}"],
+    commands=[f"rm -f {host_paths.token_file}"],
     _if=lambda: token_installed.did_change() or left_over,
 )
 

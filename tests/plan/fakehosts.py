@@ -611,27 +611,27 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
             "644",
         ),
         k.fabric_netplan_file: (netplan_text(s), "600"),
-        p["env_file"]: (
+        p.env_file: (
             render(
                 env_template(s), **env_context(s), hca=first_device(s), gid_index=str(gid_index)
             ),
             "644",
         ),
-        p["rank_unit"]: (
+        p.rank_unit: (
             render(
                 "sparkrig-rank.service.j2", **rank_unit_context(s, serving_image(s), weights_id(s))
             ),
             "644",
         ),
-        p["pair_unit"]: (render("sparkrig-pair.service.j2", **pair_unit_context(s)), "644"),
-        p["pair_token"]: (control_token(k.pair_token_file) + "\n", "600"),
+        p.pair_unit: (render("sparkrig-pair.service.j2", **pair_unit_context(s)), "644"),
+        p.pair_token: (control_token(k.pair_token_file) + "\n", "600"),
     }
     for art in artifacts(s):
         text[art.remote_lock] = (art.lock_text, "644")
     # no Hub token: the head holds it only while a gated repo is fetched (tasks/weights.py)
     if api_key_file(s):
-        text[p["api_key"]] = (control_token(k.api_key_file) + "\n", "600")
-        text[p["api_key_env"]] = (api_key_env(control_token(k.api_key_file)), "600")
+        text[p.api_key] = (control_token(k.api_key_file) + "\n", "600")
+        text[p.api_key_env] = (api_key_env(control_token(k.api_key_file)), "600")
     if s.me.is_head:
         front = front_paths(s)
         text[front["site"]] = (site_text(s), "644")
@@ -643,21 +643,21 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
             text[front["tls_cert"]] = (tls.cert, "644")
             text[front["tls_key"]] = (tls.key, "600")
             text[front["tls_ca"]] = (tls.ca_cert, "644")
-        text[p["restart_script"]] = (
+        text[p.restart_script] = (
             render("sparkrig-restart-pair.j2", **base_context(s), restart_args=restart_args(s)),
             "755",
         )
-        text[p["supervisor_unit"]] = (
+        text[p.supervisor_unit] = (
             render("sparkrig-supervisor.service.j2", **supervisor_unit_context(s)),
             "644",
         )
         if k.watchdog:
-            text[p["watchdog_unit"]] = (
+            text[p.watchdog_unit] = (
                 render("sparkrig-watchdog.service.j2", **watchdog_unit_context(s)),
                 "644",
             )
     else:
-        text[p["agent_unit"]] = (
+        text[p.agent_unit] = (
             render("sparkrig-agent.service.j2", **agent_unit_context(s)),
             "644",
         )
@@ -669,7 +669,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
         for dropin in firewall.requires_dropins(s):
             text[dropin] = (firewall.requires_text(), "644")
     if k.gpu_clock_max_mhz is not None:
-        text[p["gpu_clock_unit"]] = (
+        text[p.gpu_clock_unit] = (
             render("sparkrig-gpu-clock.service.j2", unit=s.unit_name, mhz=k.gpu_clock_max_mhz),
             "644",
         )
@@ -754,7 +754,7 @@ def converged(
             f"size={len(data)} '{path}'"
         )
         canned[contents_of(path)] = data.decode().splitlines()
-    dirs = [k.install_dir, paths(s)["bin_dir"], k.config_dir, k.weights_dir, k.cache_dir]
+    dirs = [k.install_dir, paths(s).bin_dir, k.config_dir, k.weights_dir, k.cache_dir]
     for path in [*dirs, *hostpkg.remote_dirs(k.install_dir)]:
         canned[owned_of(path)] = "dir 755 root root"
         canned[stat_of(path)] = (
@@ -770,11 +770,11 @@ def converged(
     canned[GIDS] = gid_table(HCA, s.me.fabric_interface, ip, index=gid_index)
     handed = gid_index if handed_gid_index is None else handed_gid_index
     canned[RANK_RUNTIME] = rank_runtime(container, handed, device_index, live_device_index)
-    secret = owned[paths(s)["pair_token"]][0].decode().strip()
+    secret = owned[paths(s).pair_token][0].decode().strip()
     canned[PAIR_SECRET] = held(secret)
-    key = owned.get(paths(s)["api_key"], (b"", ""))[0].decode().strip()
+    key = owned.get(paths(s).api_key, (b"", ""))[0].decode().strip()
     canned[API_KEY] = held(key)
-    env = owned.get(paths(s)["api_key_env"], (b"", ""))[0].decode()
+    env = owned.get(paths(s).api_key_env, (b"", ""))[0].decode()
     canned[API_KEY_ENV] = [hashlib.sha256(env.encode()).hexdigest(), "1", END] if env else [END]
     cert = owned.get(front_paths(s)["tls_cert"], (b"", ""))[0]
     canned[FRONT_CERT] = [hashlib.sha256(cert).hexdigest(), "1", END] if cert else [END]

@@ -92,8 +92,8 @@ def test_dry_diff_shows_every_file_the_run_would_write(monkeypatch):
     # the front's TLS pair: owned (removed) while it serves HTTP (tls_cert None)
     secrets |= {"/etc/sparkrig/api-front.crt", "/etc/sparkrig/api-front.key"}
     for s in everyone.values():
-        watchdog = paths(s)["watchdog_unit"]  # owned (removed) while the watchdog is off
-        clock = paths(s)["gpu_clock_unit"]  # owned (removed) while gpu_clock_max_mhz is None
+        watchdog = paths(s).watchdog_unit  # owned (removed) while the watchdog is off
+        clock = paths(s).gpu_clock_unit  # owned (removed) while gpu_clock_max_mhz is None
         legacy = set(hostpkg.legacy_files(s.knobs.install_dir))  # owned to be removed
         grub = GRUB_DROPIN  # owned (removed) while the kernel has no KHO
         for path in set(owned_files(s)) - secrets - {watchdog, clock, grub} - legacy:
@@ -103,7 +103,7 @@ def test_dry_diff_shows_every_file_the_run_would_write(monkeypatch):
     assert "Will create /etc/nginx/conf.d/sparkrig-api.conf" in bare.output
 
     worker = "@fake/spark-b"
-    unit = paths(everyone[worker])["rank_unit"]
+    unit = paths(everyone[worker]).rank_unit
     for name, s in everyone.items():
         older = {unit: (b"[Unit]\nDescription=older\n", "644")} if name == worker else {}
         fakehosts.STATE[name.split("/")[1]] = fakehosts.converged(s, files=older)

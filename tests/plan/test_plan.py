@@ -633,7 +633,7 @@ def test_a_new_profile_restarts_the_pair_and_the_same_profile_restarts_nothing(m
     other = apply(monkeypatch, "--data", "profile=long")
     assert_ordered_pair_restart(other)
     for name in (HEAD, WORKER):
-        unit = other.uploads[name][paths(settings()[name])["rank_unit"]].decode()
+        unit = other.uploads[name][paths(settings()[name]).rank_unit].decode()
         assert "--max-num-seqs 2" in unit
 
 
@@ -655,13 +655,13 @@ def test_each_changed_file_restarts_the_whole_pair(monkeypatch, trigger):
     p = paths(settings()[WORKER])
     if trigger == "patch-tag":  # the worker still runs the image of the previous patch set
         old = rank_unit_with_image(WORKER, "sparkrig/vllm-glm53:" + "ee" * 12)
-        converge_state(**older(WORKER, p["rank_unit"], old))
+        converge_state(**older(WORKER, p.rank_unit, old))
     elif trigger == "rank-unit":
-        converge_state(**older(WORKER, p["rank_unit"], "[Unit]\nDescription=older\n"))
+        converge_state(**older(WORKER, p.rank_unit, "[Unit]\nDescription=older\n"))
     elif trigger == "pair-unit":
-        converge_state(**older(HEAD, p["pair_unit"], "[Unit]\nDescription=older\n"))
+        converge_state(**older(HEAD, p.pair_unit, "[Unit]\nDescription=older\n"))
     else:
-        converge_state(**older(WORKER, p["env_file"], "NCCL_IB_HCA=rocep1s0f1\n"))
+        converge_state(**older(WORKER, p.env_file, "NCCL_IB_HCA=rocep1s0f1\n"))
     r = apply(monkeypatch)
     assert_ordered_pair_restart(r)
     assert len(r.uploads) == 1  # only the one stale file was rewritten

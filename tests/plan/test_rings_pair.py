@@ -36,7 +36,7 @@ def state(short: str, rank: int, **kw) -> None:
 
 def env_of(r: Run, name: str) -> dict[str, str]:
     s = settings()[name]
-    text = r.uploads[name][paths(s)["env_file"]].decode()
+    text = r.uploads[name][paths(s).env_file].decode()
     return dict(x.split("=", 1) for x in text.splitlines() if x and not x.startswith("#"))
 
 
@@ -77,7 +77,7 @@ def test_a_bare_pair_gets_both_functions_addressed_named_and_measured(monkeypatc
         assert env["NCCL_IB_HCA"] == "=rocep1s0f1:1,roceP2p1s0f1:1"
         assert env["SPARKRIG_ROCE_DEVICES"] == "rocep1s0f1,roceP2p1s0f1"
         assert "NCCL_IB_GID_INDEX" not in env
-        unit = files[paths(s)["rank_unit"]].decode()
+        unit = files[paths(s).rank_unit].decode()
         assert "NCCL_IB_GID_INDEX" not in unit
         # the firewall accepts the peer on both functions, on both netdevs
         rules = files[ruleset_path(s)].decode()
@@ -283,7 +283,7 @@ def test_todays_pair_inventory_serves_on_both_functions_by_default(monkeypatch):
         netplan = files[s.knobs.fabric_netplan_file].decode()
         for dev, _, ip in pairfakes.TODAY[s.me.rank]:  # the typed primary kept, the twin's buddy
             assert f"    {dev}:" in netplan and f"- {ip}/24" in netplan
-        text = files[paths(s)["env_file"]].decode()
+        text = files[paths(s).env_file].decode()
         env = dict(x.split("=", 1) for x in text.splitlines() if x and not x.startswith("#"))
         assert env["NCCL_IB_HCA"] == "=rocep1s0f1:1,roceP2p1s0f1:1"
         assert env["NCCL_IB_ADDR_RANGE"] == "10.200.0.0/23"

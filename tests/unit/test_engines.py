@@ -113,7 +113,7 @@ def test_the_rank_runs_the_fake_engines_entrypoint_and_argv(fakefold: FakeFold) 
     run = docker_run_args(head, head.image_ref)
     assert run[-4:] == ["--shm-size", "1g", "--entrypoint", "fakefold"]
     assert rank_serve_args(head) == [
-        "run", paths(head)["model_dir"], "--rank=0/2", f"--meet=192.168.100.10:{port}",
+        "run", paths(head).model_dir, "--rank=0/2", f"--meet=192.168.100.10:{port}",
         "--fold", "2", f"--listen=127.0.0.1:{head.knobs.engine_port}",
         f"--name={head.knobs.served_model_name}",
     ]  # fmt: skip

@@ -82,7 +82,7 @@ def test_the_gid_index_the_start_gate_hands_over_reaches_the_container_and_statu
     prep.hand_over_gid(rankenv.rank_env(rankenv.parse(text)), 7, str(gid_file))  # it moved
 
     unit = rank_unit(s)
-    files = {p["env_file"]: env_file, p["gid_env"]: gid_file}
+    files = {p.env_file: env_file, p.gid_env: gid_file}
     assert container_gid_index(unit, systemd_env(unit, files)) == "7"
     assert rankenv.read_handed(str(gid_file)) == 7
 
@@ -124,7 +124,7 @@ def test_without_a_handed_over_index_the_container_gets_none_and_status_shows_no
     env_file, gid_file = tmp_path / "rank.env", tmp_path / "gid.env"
     env_file.write_text(rank_env(s, gid_index=3))
     unit = rank_unit(s)
-    env = systemd_env(unit, {p["env_file"]: env_file, p["gid_env"]: gid_file})
+    env = systemd_env(unit, {p.env_file: env_file, p.gid_env: gid_file})
     assert container_gid_index(unit, env) == ""  # the start gate refused: the rank never starts
     assert rankenv.read_handed(str(gid_file)) is None
     st = status_read(s, env_file, gid_file, tmp_path)
@@ -147,8 +147,8 @@ def test_the_rank_env_file_reads_the_same_everywhere(tmp_path):
     old = hashlib.sha256(text.encode()).hexdigest()
     assert moved_gid_index(rank_env(s, gid_index=9), "9", old) == 5
     unit = rank_unit(s)  # the unit and its start gate read the file the deploy writes
-    assert f"EnvironmentFile={paths(s)['env_file']}\n" in unit
-    assert f" prep --env {paths(s)['env_file']} " in unit
+    assert f"EnvironmentFile={paths(s).env_file}\n" in unit
+    assert f" prep --env {paths(s).env_file} " in unit
 
 
 def test_every_installed_lockfile_path_is_the_lockfile_modules():
