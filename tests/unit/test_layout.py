@@ -18,7 +18,8 @@ import sparkrig
 # the domain modules: each holds its facts, operations and command builders
 DOMAINS = {
     "node",  # the node report
-    "fabric",  # RoCE GID table, fabric configs, rank env file
+    "fabric",  # the fabric phase: configs moved aside, links, RoCE devices, pings, rank env
+    "fabricfacts",  # what a host says of its fabric: GID table, neighbours, ports, links
     "weights",  # weights state, fetch/copy/re-hash/serve
     "image",  # image names and state
     "imagecopy",  # the base image pulled on the head, saved, served, loaded on the workers
