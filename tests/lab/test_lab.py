@@ -636,6 +636,23 @@ def watchdog_probing(head) -> None:
     )
 
 
+def stall_rule_fired(head, mark: str, wedged_at: float) -> tuple[float, str]:
+    """Wait for the watchdog's stall rule after ``mark``: (seconds from ``wedged_at``, guest
+    epoch, to the rule, its line), the rule named as it fires on a wedge (one request running,
+    none waiting)."""
+    fired: list[tuple[float, str]] = []
+
+    def stall_fired() -> bool:
+        seen = watchdog_fired(head, mark)
+        fired.extend([seen] if seen else [])
+        return bool(seen)
+
+    wait_for("the watchdog's stall rule fired", stall_fired, STALL_S + INTERVAL_S + 300)
+    fired_at, text = fired[0]
+    assert "rule stall fired: running=1 waiting=0 prompt_tokens=" in text, text
+    return fired_at - wedged_at, text
+
+
 def watchdog_fired(head, mark: str) -> tuple[float, str] | None:
     """(guest epoch, line) of the watchdog's first "rule ... fired" after ``mark``."""
     out = head.sh(
@@ -712,19 +729,9 @@ def test_a_wedged_engine_is_restarted_within_stall_s_plus_an_interval(lab: Lab):
     frozen = head_metrics(head)
     time.sleep(2)
     assert head_metrics(head) == frozen and frozen.running == 1, frozen
-    fired: list[tuple[float, str]] = []
-
-    def stall_fired() -> bool:
-        seen = watchdog_fired(head, mark)
-        fired.extend([seen] if seen else [])
-        return bool(seen)
-
-    wait_for("the watchdog's stall rule fired", stall_fired, STALL_S + INTERVAL_S + 300)
-    fired_at, text = fired[0]
-    took = fired_at - wedged_at
+    took, text = stall_rule_fired(head, mark, wedged_at)
     TIMES["wedge to the stall rule"] = took
     print(f"wedge -> stall rule fired: {took:.0f} s (stall_s {STALL_S}, interval {INTERVAL_S})")
-    assert "rule stall fired: running=1 waiting=0 prompt_tokens=" in text, text
     assert "generation_tokens=" in text and f"(stall_s {STALL_S})" in text, text
     assert took <= STALL_S + INTERVAL_S + 10, f"{took:.0f} s"  # 10 s: probes' own time on TCG
     back_serving(lab, "a wedged engine, restarted by the watchdog", start, before)
