@@ -46,7 +46,7 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -138,16 +138,11 @@ class Repo:
         self.branches: dict[str, str] = dict(meta.get("branches", {"main": self.commit}))
         lfs_min = int(meta.get("lfs_min_size", 10 << 20))
         self.files: dict[str, RepoFileInfo] = {}
-        for dirpath, dirnames, filenames in os.walk(directory):
-            dirnames.sort()
-            for name in sorted(filenames):
-                if name == META:
-                    continue
-                ap = os.path.join(dirpath, name)
-                rel = os.path.relpath(ap, directory).replace(os.sep, "/")
-                size, sha1, sha256 = hash_file(ap)
-                is_lfs = rel.endswith(LFS_SUFFIXES) or size >= lfs_min
-                self.files[rel] = RepoFileInfo(rel, ap, size, sha1, sha256 if is_lfs else None)
+        for ap in repo_files(directory):
+            rel = os.path.relpath(ap, directory).replace(os.sep, "/")
+            size, sha1, sha256 = hash_file(ap)
+            is_lfs = rel.endswith(LFS_SUFFIXES) or size >= lfs_min
+            self.files[rel] = RepoFileInfo(rel, ap, size, sha1, sha256 if is_lfs else None)
         self.dirs = sorted(
             {"/".join(p.split("/")[:i]) for p in self.files for i in range(1, p.count("/") + 1)}
         )
@@ -208,16 +203,20 @@ def _write_random(path: str, size: int, seed: str) -> None:
             left -= n
 
 
-def _finish_repo(directory: str, repo_id: str, lfs_min_size: int) -> str:
-    digest = hashlib.sha1(repo_id.encode())
+def repo_files(directory: str) -> Iterator[str]:
+    """Every file of a repository directory but its metadata, in a stable order."""
     for dirpath, dirnames, filenames in os.walk(directory):
         dirnames.sort()
         for name in sorted(filenames):
-            if name == META:
-                continue
-            ap = os.path.join(dirpath, name)
-            digest.update(os.path.relpath(ap, directory).encode() + b"\0")
-            digest.update(hash_file(ap)[2].encode())
+            if name != META:
+                yield os.path.join(dirpath, name)
+
+
+def _finish_repo(directory: str, repo_id: str, lfs_min_size: int) -> str:
+    digest = hashlib.sha1(repo_id.encode())
+    for ap in repo_files(directory):
+        digest.update(os.path.relpath(ap, directory).encode() + b"\0")
+        digest.update(hash_file(ap)[2].encode())
     commit = digest.hexdigest()
     meta = {
         "repo_id": repo_id,

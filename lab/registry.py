@@ -23,8 +23,7 @@ class Handler(BaseHTTPRequestHandler):
     root: Path
     protocol_version = "HTTP/1.1"
 
-    def _error(self, status: int, code: str) -> None:
-        body = json.dumps({"errors": [{"code": code, "message": code.lower()}]}).encode()
+    def _json(self, status: int, body: bytes) -> None:
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -32,6 +31,11 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
+
+    def _error(self, status: int, code: str) -> None:
+        self._json(
+            status, json.dumps({"errors": [{"code": code, "message": code.lower()}]}).encode()
+        )
 
     def _file(self, path: Path, ctype: str, digest: str) -> None:
         size = path.stat().st_size
@@ -51,14 +55,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server API)
         path = self.path.split("?", 1)[0]
         if path in ("/v2", "/v2/"):
-            body = b"{}"
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Docker-Distribution-API-Version", "registry/2.0")
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+            self._json(200, b"{}")
             return
         if m := MANIFEST_RE.match(path):
             f = self.root / "manifests" / m["name"] / m["ref"]
