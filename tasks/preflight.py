@@ -22,9 +22,13 @@ from sparkrig.weights import Artifact, artifacts
 settings = current()
 node = hoststate.read(settings).node  # this host's one state read, kept for every phase
 peers = {}
-if settings.me.is_head:  # the head compares itself with every worker (drivers, vm.min_free_kbytes)
+if settings.me.is_head:  # the head compares itself with the workers (drivers, vm.min_free_kbytes)
     everyone = for_inventory(inventory)
-    peers = {w.name: hoststate.read(everyone[w.name]).node for w in settings.workers}
+    peers = {
+        w.name: hoststate.read(everyone[w.name]).node
+        for w in settings.workers
+        if host.state.is_host_in_limit(inventory.get_host(w.name))  # --limit: never reached
+    }
 
 logger.info(f"{host.print_prefix}rank {settings.me.rank}: {describe(node)}")
 for warning in warnings(settings, node, peers):

@@ -111,6 +111,13 @@ def test_limit_worker_plans_nothing_for_the_head(monkeypatch):
     assert not any("sparkrig-nccl-smoke" in c for c in r.commands[WORKER])
 
 
+def test_limit_head_never_reaches_the_worker(monkeypatch):
+    # the head judges the workers' drivers, images and weights only where they are in the run
+    converge_state()
+    r = apply(monkeypatch, "--limit", "head")
+    assert r.commands.get(WORKER, []) == []
+
+
 def test_limit_worker_with_a_drifted_fabric_asks_the_heads_supervisor_for_the_restart(monkeypatch):
     converge_state(**{"spark-b": {"mtu": 1500}})
     r = apply(monkeypatch, "--limit", "worker")
