@@ -587,6 +587,7 @@ def test_a_dead_worker_takes_the_head_down_and_the_supervisor_brings_both_back(l
 #   1 gets it). /metrics freezes at that moment, the request running; /health stays 200. The
 #   restarted container starts normal (the mode lives in the process, not the image).
 STALL_S, INTERVAL_S = 60, 5  # lab/inventory.py: watchdog_stall_s, watchdog_interval_s
+ENGINE_PORT = 8001  # group_data's engine_port: the engine on the head's loopback
 PREFILL_TOK_S = float(PREFILL_ENV.partition("=")[2])  # what every lab image prefills at
 LONG_PROMPT = 200_000  # the stand-in's tokens: "a" is one, "17*23" three
 PROBE_FILE = "/run/sparkrig/watchdog-probe.json"  # the watchdog's last probe (sparkhost.wedge)
@@ -618,7 +619,9 @@ def chat_in_background(head, name: str, content_expr: str, limit: float, **extra
 
 
 def head_metrics(head) -> wedge.Sample:
-    return wedge.parse_metrics(head.sh(f"{CURL} -s -m 10 {HEAD_API}/metrics"))
+    """The engine's own /metrics on the head's loopback, as the watchdog reads them (the front
+    asks for the key on every route, /metrics included)."""
+    return wedge.parse_metrics(head.sh(f"curl -s -m 10 http://127.0.0.1:{ENGINE_PORT}/metrics"))
 
 
 def guest_clock(guest) -> float:
