@@ -22,15 +22,17 @@ from sparkrig.fabric import (
     FORWARDING_FILE,
     RELAY_UNIT,
     RELAY_UNIT_FILE,
+    gids_part,
+    graph_paths,
+    ports_parts,
+)
+from sparkrig.fabricfacts import (
     FabricLinks,
     FabricNeighbours,
     FabricPorts,
     LanAddresses,
     LinkState,
     RoceGids,
-    gids_part,
-    graph_paths,
-    ports_parts,
 )
 from sparkrig.firewall import UNIT as FIREWALL_UNIT
 from sparkrig.firewall import UNIT_FILE as FIREWALL_UNIT_FILE
