@@ -20,6 +20,7 @@ import time
 from pyinfra import host, logger
 from pyinfra.facts.server import Command
 
+from sparkrig.bringup import why_command
 from sparkrig.config.inventory import current
 from sparkrig.failing import problems_absent
 from sparkrig.firewall import FirewallCounters, counter_problems, counters_line
@@ -27,7 +28,7 @@ from sparkrig.front import loopback_tls
 from sparkrig.gates import gate_command, gates_passed, parse_gate_lines
 from sparkrig.image import serving_image
 from sparkrig.paths import paths
-from sparkrig.serving import api_key_file, why_command
+from sparkrig.serving import api_key_file
 from sparkrig.status import (
     RankStatus,
     baseline_line,

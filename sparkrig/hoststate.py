@@ -53,8 +53,8 @@ from sparkrig.pairsecret import secret_parts
 from sparkrig.paths import paths
 from sparkrig.ports import PortsReport, ports_of, ports_part
 from sparkrig.release import ReleaseReport, release_part, report_of
+from sparkrig.runningrank import rank_part
 from sparkrig.secretio import Held, SecretDigest
-from sparkrig.serving import rank_part
 from sparkrig.stateread import CHECK, Part, StateReadFailed, Values, values_of
 from sparkrig.topology import Port
 from sparkrig.weights import WeightsReport, artifacts, weights_of, weights_parts

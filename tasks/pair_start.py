@@ -14,11 +14,11 @@ from functools import partial
 from pyinfra import host
 from pyinfra.api import deploy
 
+from sparkrig.bringup import starts_in_turn, worker_wait_args, worker_waves, workers_running
 from sparkrig.config.model import Settings
 from sparkrig.ordering import on_head, on_ranks, on_workers
 from sparkrig.owned import unit_state_set
 from sparkrig.release import Rollback
-from sparkrig.serving import starts_in_turn, worker_wait_args, worker_waves, workers_running
 
 Condition = Callable[[], bool]
 

@@ -8,6 +8,7 @@ whose site is then stood aside), and the run failed naming what failed and what 
 from pyinfra.api import deploy
 from pyinfra.operations import server
 
+from sparkrig.bringup import api_serving, why_command
 from sparkrig.config.model import Settings
 from sparkrig.front import ROLLBACK_GATES, aside_for_older_release
 from sparkrig.ordering import on_head
@@ -20,7 +21,6 @@ from sparkrig.release import (
     rollback,
     upgrade_failed,
 )
-from sparkrig.serving import api_serving, why_command
 from tasks.pair_start import pair_started_in_order
 from tasks.pair_stop import pair_stopped_in_order
 

@@ -13,6 +13,15 @@ from pyinfra.operations import python, server, systemd
 from sparkrig import hostpkg, hoststate
 from sparkrig.busbw import smoke_figures
 from sparkrig.config.inventory import current, for_inventory
+from sparkrig.helperunits import (
+    agent_unit_context,
+    keep_helper_running,
+    pair_unit_context,
+    restart_args,
+    role_template,
+    supervisor_unit_context,
+    watchdog_unit_context,
+)
 from sparkrig.image import serving_image
 from sparkrig.ordering import on_head, on_workers
 from sparkrig.owned import file_absent, file_present, secret_installed, unit_state_set
@@ -21,24 +30,15 @@ from sparkrig.pairsecret import api_key, control_token, pair_secret, write_contr
 from sparkrig.paths import paths
 from sparkrig.release import change, rollback
 from sparkrig.render import base_context, render
+from sparkrig.runningrank import peer_down_marked, rank_thawed, stale_gid_dropped
 from sparkrig.secretio import secret_relayed
 from sparkrig.serving import (
     SMOKE_CONTAINER,
-    agent_unit_context,
     api_key_env,
     function_smoke_run_args,
-    keep_helper_running,
     link_smoke_run_args,
-    pair_unit_context,
-    peer_down_marked,
-    rank_thawed,
     rank_unit_context,
-    restart_args,
-    role_template,
     smoke_run_args,
-    stale_gid_dropped,
-    supervisor_unit_context,
-    watchdog_unit_context,
     weights_id,
 )
 from tasks.pair_start import pair_started_in_order

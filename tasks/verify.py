@@ -14,6 +14,7 @@ from pyinfra import host, inventory, state
 
 from sparkrig import hoststate
 from sparkrig.benchgate import Target, bench_figures, release_bench_passed
+from sparkrig.bringup import api_serving, logs_to_read, serving_gates_passed, why_command
 from sparkrig.busbw import smoke_figures
 from sparkrig.config.api import api_ca_file, api_url, drafter_lock
 from sparkrig.config.inventory import current
@@ -36,13 +37,7 @@ from sparkrig.release import (
     weights_kept,
 )
 from sparkrig.runtime import readings, runtime_agreed, runtime_command, runtime_recorded
-from sparkrig.serving import (
-    api_key_file,
-    api_serving,
-    logs_to_read,
-    serving_gates_passed,
-    why_command,
-)
+from sparkrig.serving import api_key_file
 from sparkrig.soakgate import release_soak_held, soak_command, soak_figures
 from tasks.rollback import roll_back
 

@@ -587,21 +587,18 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     from sparkrig.fabric import env_context, env_template, netplan_text
     from sparkrig.front import front_paths, key_include_text, restart_dropin_text, site_text
     from sparkrig.fronttls import TlsFiles, decide, tls_names, uses_pair_ca
+    from sparkrig.helperunits import (
+        agent_unit_context,
+        pair_unit_context,
+        restart_args,
+        supervisor_unit_context,
+        watchdog_unit_context,
+    )
     from sparkrig.image import serving_image
     from sparkrig.pairsecret import control_token
     from sparkrig.paths import paths
     from sparkrig.render import base_context, render
-    from sparkrig.serving import (
-        agent_unit_context,
-        api_key_env,
-        api_key_file,
-        pair_unit_context,
-        rank_unit_context,
-        restart_args,
-        supervisor_unit_context,
-        watchdog_unit_context,
-        weights_id,
-    )
+    from sparkrig.serving import api_key_env, api_key_file, rank_unit_context, weights_id
     from sparkrig.weights import artifacts
 
     k, p = s.knobs, paths(s)

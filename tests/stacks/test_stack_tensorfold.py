@@ -210,8 +210,8 @@ def test_the_ranks_container_gets_the_recipes_run_flags_and_no_vllm_key() -> Non
 
 
 def test_the_watchdog_reads_tensorfolds_health_on_the_engines_loopback_port() -> None:
+    from sparkrig.helperunits import watchdog_unit_context
     from sparkrig.render import render
-    from sparkrig.serving import watchdog_unit_context
 
     ctx = watchdog_unit_context(build(tf_cluster(profile="single"))["spark-0"])
     assert ctx["metrics_url"] == "http://127.0.0.1:8001/health"

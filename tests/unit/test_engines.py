@@ -15,15 +15,10 @@ from sparkrig.config.inventory import build
 from sparkrig.config.rules import not_applied
 from sparkrig.engines import ENGINES, engine_of
 from sparkrig.engines.base import ServeRequest
+from sparkrig.helperunits import watchdog_unit_context
 from sparkrig.paths import paths
 from sparkrig.render import render
-from sparkrig.serving import (
-    docker_run_args,
-    rank_serve_args,
-    rank_unit_context,
-    rendezvous_port,
-    watchdog_unit_context,
-)
+from sparkrig.serving import docker_run_args, rank_serve_args, rank_unit_context, rendezvous_port
 from sparkrig.stacks import STACKS
 from sparkrig.stacks.base import Pin, Profile, Stack
 from tests.unit.conftest import cluster

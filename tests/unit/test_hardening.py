@@ -15,17 +15,14 @@ from sparkrig.config.inventory import build
 from sparkrig.config.model import Settings
 from sparkrig.fabric import relay_unit_text
 from sparkrig.hardening import container_args, unit_hardening
-from sparkrig.render import render
-from sparkrig.serving import (
+from sparkrig.helperunits import (
     agent_unit_context,
-    docker_run_args,
     pair_unit_context,
-    rank_unit_context,
-    smoke_run_args,
     supervisor_unit_context,
     watchdog_unit_context,
-    weights_id,
 )
+from sparkrig.render import render
+from sparkrig.serving import docker_run_args, rank_unit_context, smoke_run_args, weights_id
 from tests.unit.conftest import cluster
 from tests.unit.test_rings import ring_settings
 

@@ -14,7 +14,7 @@ from pyinfra.api.exceptions import FactProcessError
 
 from sparkrig.hoststate import assemble
 from sparkrig.owned import OwnedPaths, PathState, UnitStates
-from sparkrig.serving import RankRuntime, RankRuntimeReport
+from sparkrig.runningrank import RankRuntime, RankRuntimeReport
 from sparkrig.stateread import Part, script, split_script
 
 

@@ -24,7 +24,9 @@ DOMAINS = {
     "image",  # image names and state
     "imagecopy",  # the base image pulled on the head, saved, served, loaded on the workers
     "imagebuild",  # the patched image built, old images pruned
-    "serving",  # boot and beacon waits, the five gates
+    "serving",  # the rank unit: container run and serve arguments, the smoke test's argv
+    "bringup",  # the ordered start's beacon wait, the boot wait, the five gates
+    "runningrank",  # the running rank's state; thawed, its peer down, a stale GID hand-over
     "front",  # the API front: nginx installed, its site and key include (docs/front.md)
     "owned",  # files, secrets, programs, directories and units sparkrig owns
     "release",  # release record, keep/restore, rollback

@@ -167,7 +167,8 @@ def test_the_rendered_helpers_of_a_ring_reach_every_peer_and_the_heads_gate_pass
     head's start gate as its rendered rank unit runs it sees every worker up (on a ring of four
     rank 2 through a neighbour; on a triangle, where no route leads to a peer's address on
     another cable, each at its end of the cable they share), and no watch stops its rank."""
-    from sparkrig.serving import pair_unit_context, rank_unit_context
+    from sparkrig.helperunits import pair_unit_context
+    from sparkrig.serving import rank_unit_context
 
     names, settings = ring
     tmp = Path(tempfile.mkdtemp(prefix="sparkrig-ring-helpers-"))

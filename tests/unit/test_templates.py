@@ -14,8 +14,9 @@ from sparkrig.baseline import grub_text
 from sparkrig.config.inventory import build
 from sparkrig.config.model import Settings
 from sparkrig.fabric import env_context
+from sparkrig.helperunits import pair_unit_context
 from sparkrig.render import base_context, render
-from sparkrig.serving import pair_unit_context, rank_unit_context, weights_id
+from sparkrig.serving import rank_unit_context, weights_id
 from tests.unit.conftest import cluster
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -99,7 +100,8 @@ def test_json_arguments_are_quoted_for_systemd():
 
 
 def test_the_head_gives_vllm_its_key_by_env_file_and_the_watchdog_reads_it_from_its_file():
-    from sparkrig.serving import api_key_file, smoke_run_args, watchdog_unit_context
+    from sparkrig.helperunits import watchdog_unit_context
+    from sparkrig.serving import api_key_file, smoke_run_args
 
     for auth in (True, False):
         settings = build(cluster(2, api_auth=auth, watchdog=True))
@@ -119,7 +121,11 @@ def test_the_head_gives_vllm_its_key_by_env_file_and_the_watchdog_reads_it_from_
 def test_every_helper_unit_bounds_its_descriptors_and_tasks():
     """A stranger's connections end at the servers' cap (sparkhost.helperhttp); the units bound
     what is left (LimitNOFILE, TasksMax)."""
-    from sparkrig.serving import agent_unit_context, supervisor_unit_context, watchdog_unit_context
+    from sparkrig.helperunits import (
+        agent_unit_context,
+        supervisor_unit_context,
+        watchdog_unit_context,
+    )
 
     settings = build(cluster(2, watchdog=True))
     head, worker = settings["spark-0"], settings["spark-1"]

@@ -19,15 +19,14 @@ from sparkrig import firewall
 from sparkrig.config.inventory import build
 from sparkrig.config.model import Settings
 from sparkrig.fabric import relay_unit_text
-from sparkrig.render import render
-from sparkrig.serving import (
+from sparkrig.helperunits import (
     agent_unit_context,
     pair_unit_context,
-    rank_unit_context,
     supervisor_unit_context,
     watchdog_unit_context,
-    weights_id,
 )
+from sparkrig.render import render
+from sparkrig.serving import rank_unit_context, weights_id
 from tests.unit.conftest import cluster
 from tests.unit.test_rings import ring_settings
 

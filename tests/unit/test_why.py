@@ -11,7 +11,7 @@ from pathlib import Path
 from sparkhost import why
 
 from sparkrig import firewall
-from sparkrig.serving import explained, why_command
+from sparkrig.bringup import explained, why_command
 from tests.unit.test_firewall import Lan, lan, ranks, sh  # noqa: F401 (lan: the fixture)
 
 SET_LISTING = """table inet sparkrig {
