@@ -32,7 +32,7 @@ from sparkrig.image import ImageState, serving_tag
 from sparkrig.imagebuild import old_images_pruned, prune_commands
 from sparkrig.node import SYSCTL_FILE
 from sparkrig.paths import paths
-from sparkrig.release import PREV
+from sparkrig.rollback import PREV
 from tasks.pair_stop import pair_stopped_in_order
 
 settings = current()

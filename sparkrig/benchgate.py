@@ -21,7 +21,7 @@ over the runs and the drafter lockfile's digest; a figure the previous release h
 is not compared. The first release (no record on the head) is measured and its figures become
 the baseline; so does a release whose predecessor was recorded before this gate existed. The
 acceptance floor is no comparison: it holds the first release too. A shortfall fails the head's
-operation, which the rollback watches (sparkrig/release.py ``rollback``): the previous release
+operation, which the rollback watches (sparkrig/rollback.py ``rollback``): the previous release
 is put back and the run fails naming, figure by figure, what the new release measured and what
 the previous one had.
 """

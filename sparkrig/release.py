@@ -1,4 +1,4 @@
-"""Releases: what a pair serves, kept until its successor passes the gates, and rolled back to.
+"""Releases: what a pair serves, and each rank's record of the releases that passed the gates.
 
 A *release* is what an upgrade changes: the serving image (its tag hashes the base image digest
 and every patch), the model and drafter revisions, and the serve profile. Each rank keeps a record
@@ -6,42 +6,29 @@ of the releases that passed the four gates, newest first (``<config_dir>/release
 after the gates pass, like Entrpi's install.sh stamp file), with the sha256 of the files that
 make the release on that rank (the rank unit and the weights lockfiles).
 
-When the wanted release differs from the recorded one, the deploy first copies those files to
-``<file>.prev`` (only when they are the recorded release's: a file left by an unfinished upgrade
-is never taken for the previous release). The previous image stays (pruning keeps every recorded
-release's image) and so do its weights: they live per revision, ``<weights_dir>/<name>-<commit>``,
-so a rollback downloads nothing. If the new release fails its NCCL smoke test, a rank fails to
-start (tasks/service.py), the head fails to boot or a gate fails (tasks/verify.py), nothing more
-of it starts (those operations run with ``_ignore_errors`` during an upgrade and are watched by
-``rollback()``), every rank puts the ``.prev`` files back and the pair restarts in order
-(worker(s), then the head), is verified by the gates, and the run fails naming what failed and
-that the previous release serves again.
-
 The env file (``rank.env``) is not part of a release: it holds no release field (the RoCE GID
 index, the fabric and NCCL environment), and an older copy could only bring back a stale index.
 
 After a success the record gains the new release and keeps ``keep_releases`` of them; images and
-weights revisions of releases that fell out of it are pruned. A run whose release does not change
-copies nothing, restarts nothing and rolls nothing back.
+weights revisions of releases that fell out of it are pruned (sparkrig/imagebuild.py,
+sparkrig/revisiondirs.py). When the wanted release differs from the recorded one, the way back
+to the recorded one is sparkrig/rollback.py's.
 
-Everything here is read in the host's one state read (``ReleaseState``, a part of
-sparkrig/stateread.py): the record and the entries of ``weights_dir``. The rollback's ordered
-path, a group of these operations, is tasks/rollback.py.
+The record and the entries of ``weights_dir`` are read in the host's one state read
+(``ReleaseState``, a part of sparkrig/stateread.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shlex
-import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, replace
 from io import BytesIO
 from typing import Any
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import FactProcessError
@@ -49,20 +36,14 @@ from sparkhost.lockfile import installed_path
 
 from sparkrig.config.model import Settings
 from sparkrig.factlines import END
-from sparkrig.failing import fail_host
 from sparkrig.image import local_base, serving_image
-from sparkrig.owned import PathState, owned_of
+from sparkrig.owned import owned_of
 from sparkrig.paths import paths
-from sparkrig.runscope import Watch, watch
 from sparkrig.stacks import DEFAULT_STACK
 from sparkrig.stateread import Part, Values, read_here
-from sparkrig.weights import Artifact
 
 RECORD = "release.json"
-PREV = ".prev"
 LISTING = "##SPARKRIG-WEIGHTS-DIR"
-REVISION_DIR = re.compile(r"^(?P<name>model|drafter)-(?P<commit>[0-9a-f]{40})$")
-LEGACY_DIRS = ("model", "drafter")  # the layout before per-revision directories
 
 
 def record_path(config_dir: str) -> str:
@@ -204,22 +185,6 @@ def history(wanted: Release, recorded: Sequence[Release], keep: int) -> tuple[Re
     return (wanted, *unique)[: max(keep, 1)]
 
 
-def weights_kept(kept: Sequence[Release]) -> list[str]:
-    """Revision directory names of the kept releases."""
-    return sorted({name for r in kept for name in r.weights})
-
-
-def weights_to_prune(entries: Iterable[tuple[str, str]], keep: Iterable[str]) -> list[str]:
-    """Revision directories under weights_dir (``<name>-<commit>``, nothing else) not in
-    ``keep`` (sorted)."""
-    kept = set(keep)
-    return sorted(
-        name
-        for kind, name in entries
-        if kind == "dir" and REVISION_DIR.match(name) and name not in kept
-    )
-
-
 def images_kept(kept: Sequence[Release]) -> list[str]:
     """Images (and their local bases) of the kept releases: pruning leaves them."""
     return sorted({ref for r in kept for ref in (r.image, r.base) if ref})
@@ -354,75 +319,6 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-# ---------------------------------------------------------------------------------------------
-# Commands (pure): keep, restore, adopt, prune
-# ---------------------------------------------------------------------------------------------
-
-_SHA = 'sha() { [ -f "$1" ] && [ "$(sha256sum < "$1" | cut -c1-64)" = "$2" ]; }'
-
-
-def keep_command(files: Sequence[tuple[str, str]]) -> str:
-    """Copy each file of the serving release to ``<file>.prev`` unless that already holds it.
-    A file that is neither (an earlier upgrade's, unfinished) fails: no rollback would be right."""
-    lines = ["set -e", _SHA]
-    for path, digest in files:
-        p, prev, d = shlex.quote(path), shlex.quote(path + PREV), shlex.quote(digest)
-        lines.append(
-            f"if sha {prev} {d}; then :; elif sha {p} {d}; then cp -p {p} {prev}; else "
-            f"echo {shlex.quote(f'{path} is not the recorded release and no {PREV} copy is')} "
-            ">&2; exit 1; fi"
-        )
-    return "\n".join(lines)
-
-
-def restore_command(files: Sequence[tuple[str, str]]) -> str:
-    """Put every ``<file>.prev`` back (each checked against the record first), reload systemd."""
-    lines = ["set -e", _SHA]
-    for path, digest in files:
-        prev, d = shlex.quote(path + PREV), shlex.quote(digest)
-        lines.append(
-            f"sha {prev} {d} || {{ echo {shlex.quote(f'cannot roll back: {path}{PREV} is not the previous release')} >&2; exit 1; }}"  # noqa: E501
-        )
-    lines += [f"cp -p {shlex.quote(p + PREV)} {shlex.quote(p)}" for p, _ in files]
-    lines.append("systemctl daemon-reload")
-    return "\n".join(lines)
-
-
-def adopt_command(weights_dir: str, name: str, lock: str) -> str:
-    """Rename a checkout of the old layout (``<weights_dir>/<name>``) to its revision's
-    directory, read from the lockfile installed beside it; its stamps and status follow, so
-    nothing is hashed or downloaded again (stamps key on relative paths, inode, mtime and ctime,
-    which renaming the parent leaves alone)."""
-    w, n, q = shlex.quote(weights_dir.rstrip("/")), shlex.quote(name), shlex.quote(lock)
-    read = "import json,sys; print(json.load(open(sys.argv[1]))['commit'])"
-    return "\n".join(
-        [
-            "set -e",
-            f"old={w}/{n}",
-            '[ -d "$old" ] && [ ! -L "$old" ] || exit 0',
-            f"c=$(python3 -c {shlex.quote(read)} {q} 2>/dev/null || true)",
-            'if ! printf %s "$c" | grep -qxE "[0-9a-f]{40}"; then',
-            f'  echo "$old: no lockfile names its revision ({lock}); left in place" >&2; exit 0',
-            "fi",
-            f'new={w}/{n}-"$c"',
-            'if [ -e "$new" ]; then echo "$old and $new both exist; left in place" >&2; exit 0; fi',
-            'mv "$old" "$new"',
-            'for x in stamps.json fetch-status.json; do [ ! -e "$old.$x" ] || mv "$old.$x" "$new.$x"; done',  # noqa: E501
-            'echo "adopted $old as $new"',
-        ]
-    )
-
-
-def prune_weights_command(weights_dir: str, names: Sequence[str]) -> str:
-    w = weights_dir.rstrip("/")
-    paths = []
-    for name in names:
-        base = shlex.quote(f"{w}/{name}")
-        # the checkout, its stamps and status, and the fetcher's flock file (fetch.py: <dest>.lock)
-        paths += [base, f"{base}.stamps.json", f"{base}.fetch-status.json", f"{base}.lock"]
-    return "rm -rf " + " ".join(paths)
-
-
 def release_part(s: Settings) -> Part:
     """The state read's part of the release record and the entries of weights_dir."""
     args = {"record": record_path(s.knobs.config_dir), "weights_dir": s.knobs.weights_dir}
@@ -439,78 +335,6 @@ def report_of(values: Values) -> ReleaseReport:
 # ---------------------------------------------------------------------------------------------
 # Operations
 # ---------------------------------------------------------------------------------------------
-
-
-def _sh(script: str) -> StringCommand:
-    return StringCommand("sh", "-c", QuoteString(script))
-
-
-@operation()
-def weights_adopted(weights_dir: str, artifact: str, lock: str) -> Generator[Any, None, None]:
-    """
-    Rename a checkout of the layout before per-revision directories to its revision's name.
-
-    + weights_dir: where the weights live
-    + artifact: model | drafter (the old directory's name)
-    + lock: that artifact's lockfile on the host (names the checkout's revision; read before
-      this run installs a new one)
-    """
-    if not report_of(read_here("release")).has_dir(artifact):
-        host.noop(f"no {weights_dir}/{artifact} of the old layout")
-        return
-    yield _sh(adopt_command(weights_dir, artifact, lock))
-
-
-def adoptable(art: Artifact, lock: PathState | None, record: ReleaseReport) -> bool:
-    """A checkout of the old layout (``<weights_dir>/<name>``) that the weights phase adopts as
-    ``art``'s revision: the lockfile installed beside it (``lock``, its state) is ``art``'s."""
-    return bool(
-        record.has_dir(art.name) and lock is not None and lock.sha256 == sha256_text(art.lock_text)
-    )
-
-
-@operation()
-def previous_kept(files: list[tuple[str, str]]) -> Generator[Any, None, None]:
-    """
-    Copy the serving release's files to ``<file>.prev`` while the release changes.
-
-    + files: (path, sha256) of the recorded (serving) release's files; empty: the release does
-      not change (or there is no record), nothing is kept
-    """
-    if not files:
-        host.noop("the release does not change: nothing to keep")
-        return
-    yield _sh(keep_command(files))
-
-
-@operation(is_idempotent=False)
-def previous_restored(files: list[tuple[str, str]]) -> Generator[Any, None, None]:
-    """
-    Put the previous release's files back from ``<file>.prev`` (checked against the record).
-
-    + files: (path, sha256) of the previous release's files; empty fails this host (nothing to
-      roll back to)
-    """
-    if not files:
-        yield fail_host(
-            "cannot roll back: the release record of this rank lists no files of the previous "
-            "release, so the failed release stays in place; read why it failed above, then fix "
-            "the cause and run the deploy again, or set the knobs back to what last served "
-            "(status.py shows it) and run it again"
-        )
-        return
-    yield _sh(restore_command(files))
-
-
-@operation(is_idempotent=False)
-def previous_gates_passed(command: list[str]) -> Generator[Any, None, None]:
-    """
-    Run the four serving gates (exit 1 when one fails). Unlike ``serving_gates_passed`` it reads
-    nothing while the run is prepared: it only ever runs after a failed upgrade.
-
-    + command: the gate script's ``gates`` argv
-    """
-    yield StringCommand(*[QuoteString(a) for a in command])
 
 
 @operation()
@@ -568,84 +392,3 @@ def record_stamped(
     yield FileUploadCommand(BytesIO(text.encode()), tmp)
     yield StringCommand("chmod 644", QuoteString(tmp))
     yield StringCommand("mv -f", QuoteString(tmp), QuoteString(path))
-
-
-@operation()
-def old_weights_pruned(weights_dir: str, keep: list[str]) -> Generator[Any, None, None]:
-    """
-    Remove weights revisions no kept release uses (call it only once the new pair is healthy).
-
-    + weights_dir: where the revisions live
-    + keep: revision directory names to keep (every kept release's)
-    """
-    names = weights_to_prune(report_of(read_here("release")).entries, keep)
-    if not names:
-        host.noop("no weights revision to prune")
-        return
-    logger.info(f"{host.print_prefix}weights: will remove {', '.join(names)}")
-    yield prune_weights_command(weights_dir, names)
-
-
-# ---------------------------------------------------------------------------------------------
-# The rollback decision: one for every host of the run
-# ---------------------------------------------------------------------------------------------
-
-
-class Rollback(Watch):
-    """The run's one decision whether the pair rolls back: a watched operation of the new
-    release failed on some rank (its NCCL smoke test, a rank's start, the head's boot wait, the
-    gates). Those run with ``_ignore_errors`` during an upgrade, so the run goes on to the
-    rollback operations (``_if=rollback()``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.decided_at: float | None = None  # monotonic time the failure was first seen
-
-    def watch(self, what: str, meta: Any) -> Any:
-        return self.add(what, meta)
-
-    def failures(self) -> list[str]:
-        """'<what>: <last lines of its output>' of every watched operation that failed."""
-        out = []
-        for what, meta in self.failed():
-            lines = [x for x in meta.stderr_lines if x.strip()] or meta.stdout_lines
-            out.append(f"{what}: {' / '.join(x.strip() for x in lines[-3:]) or 'failed'}")
-        return out
-
-    def __call__(self) -> bool:
-        failed = bool(self.failures())
-        if failed and self.decided_at is None:
-            self.decided_at = time.monotonic()
-        return failed
-
-
-def rollback() -> Rollback:
-    """The current run's rollback decision (one object for every host and phase)."""
-    return watch("rollback", Rollback)
-
-
-@operation(is_idempotent=False)
-def upgrade_failed(release_change: str, previous: str) -> Generator[Any, None, None]:
-    """
-    Fail this rank after a rollback, naming what failed and that the previous release serves.
-
-    + release_change: the release change that was attempted ('<old> -> <new>')
-    + previous: the previous release's label
-    """
-    rolls_back = rollback()
-    failures = rolls_back.failures()
-    if not failures:  # --dry prepares every conditional op: nothing failed, nothing to say
-        host.noop("no watched operation of the new release failed")
-        return
-    failed = "; ".join(failures)
-    took = (
-        f" {time.monotonic() - rolls_back.decided_at:.0f} s after the failure"
-        if rolls_back.decided_at
-        else ""
-    )
-    reason = (
-        f"upgrade failed ({release_change}): {failed}. Rolled back: the previous release "
-        f"({previous}) passed the four gates and serves again{took}"
-    )
-    logger.error(f"{host.print_prefix}{reason}")
-    yield fail_host(reason)

@@ -18,7 +18,7 @@ from sparkrig.bringup import starts_in_turn, worker_wait_args, worker_waves, wor
 from sparkrig.config.model import Settings
 from sparkrig.ordering import on_head, on_ranks, on_workers
 from sparkrig.owned import unit_state_set
-from sparkrig.release import Rollback
+from sparkrig.rollback import Rollback
 
 Condition = Callable[[], bool]
 

@@ -16,7 +16,8 @@ from sparkrig.pairsecret import api_key, pair_secret
 from sparkrig.ports import port_problems
 from sparkrig.preflight import describe, fetch_summary, problems, warnings
 from sparkrig.reach import Reach, reach_problems, wanted_urls
-from sparkrig.release import adoptable, change
+from sparkrig.release import change
+from sparkrig.revisiondirs import adoptable
 from sparkrig.weights import Artifact, artifacts
 
 settings = current()

@@ -9,7 +9,8 @@ from pyinfra import host, inventory, logger, state
 from sparkrig import hoststate
 from sparkrig.config.inventory import current
 from sparkrig.failing import problems_absent
-from sparkrig.release import change, previous_kept
+from sparkrig.release import change
+from sparkrig.rollback import previous_kept
 
 settings = current()
 record = hoststate.read(settings).release

@@ -1,6 +1,6 @@
 """The rollback: a failed upgrade's way back to the previous release, as one group of operations
 (pyinfra's ``@deploy``) that tasks/verify.py adds on every host; each acts only once
-``rollback()`` decided it (sparkrig/release.py): the previous release's files back on every rank,
+``rollback()`` decided it (sparkrig/rollback.py): the previous release's files back on every rank,
 then the pair restarted in order (workers, then the head, as tasks/service.py starts it), the
 four gates (not the front's locked gate: the previous release may be from before the front,
 whose site is then stood aside), and the run failed naming what failed and what serves now."""
@@ -14,13 +14,8 @@ from sparkrig.front import ROLLBACK_GATES, aside_for_older_release
 from sparkrig.ordering import on_head
 from sparkrig.owned import unit_state_set
 from sparkrig.paths import paths
-from sparkrig.release import (
-    ReleaseReport,
-    previous_gates_passed,
-    previous_restored,
-    rollback,
-    upgrade_failed,
-)
+from sparkrig.release import ReleaseReport
+from sparkrig.rollback import previous_gates_passed, previous_restored, rollback, upgrade_failed
 from tasks.pair_start import pair_started_in_order
 from tasks.pair_stop import pair_stopped_in_order
 

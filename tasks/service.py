@@ -28,8 +28,9 @@ from sparkrig.owned import file_absent, file_present, secret_installed, unit_sta
 from sparkrig.pairrestart import pair_restart
 from sparkrig.pairsecret import api_key, control_token, pair_secret, write_control_copy_later
 from sparkrig.paths import paths
-from sparkrig.release import change, rollback
+from sparkrig.release import change
 from sparkrig.render import base_context, render
+from sparkrig.rollback import rollback
 from sparkrig.runningrank import peer_down_marked, rank_thawed, stale_gid_dropped
 from sparkrig.secretio import secret_relayed
 from sparkrig.serving import (

@@ -28,14 +28,13 @@ from sparkrig.release import (
     change,
     history,
     images_kept,
-    old_weights_pruned,
     record_path,
     record_stamped,
     release_files,
-    rollback,
     wanted,
-    weights_kept,
 )
+from sparkrig.revisiondirs import old_weights_pruned, weights_kept
+from sparkrig.rollback import rollback
 from sparkrig.runtime import readings, runtime_agreed, runtime_command, runtime_recorded
 from sparkrig.serving import api_key_file
 from sparkrig.soakgate import release_soak_held, soak_command, soak_figures
@@ -47,7 +46,7 @@ is_head = settings.me.is_head
 
 was_running, _ = hoststate.read(settings).unit(settings.unit_name)
 restart = pair_restart()
-# During an upgrade (sparkrig/release.py) a failed boot or gate does not stop the run: it decides
+# During an upgrade (sparkrig/rollback.py) a failed boot or gate does not stop the run: it decides
 # the rollback below, which puts the previous release back and fails the run naming both.
 record = hoststate.read(settings).release
 release_change = change(settings, record)

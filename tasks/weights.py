@@ -15,7 +15,7 @@ from sparkrig.ordering import on_head, on_workers
 from sparkrig.owned import directory_owned, file_present, secret_installed
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
-from sparkrig.release import LEGACY_DIRS, weights_adopted
+from sparkrig.revisiondirs import LEGACY_DIRS, weights_adopted
 from sparkrig.stackfiles import stack_file_present
 from sparkrig.weights import (
     artifacts,

@@ -360,7 +360,8 @@ BOOT_WAIT = re.compile(rf"^sh -c '{PACKAGE} gate wait --url .*{EXPLAINED}")
 GATES = re.compile(rf"^{PACKAGE} gate gates ")
 FAIL_HOST = re.compile(r">&2; exit 1$")  # sparkrig's fail_host: a real shell exits 1 here
 PRUNE = re.compile(r"^docker image rm \S+ >/dev/null \|\| echo 'kept ")
-# sparkrig/release.py: keep the serving release's files, put them back, record, adopt, prune
+# sparkrig/rollback.py, release.py, revisiondirs.py: keep the serving release's files, put them
+# back, record, adopt, prune
 KEEP = re.compile(r"^sh -c 'set -e\nsha\(\) \{.*\nif sha ", re.S)
 RESTORE = re.compile(r"^sh -c 'set -e\nsha\(\) \{.*cannot roll back", re.S)
 ADOPT = re.compile(r"^sh -c 'set -e\nold=")

@@ -76,7 +76,7 @@ ROLLBACK_ROLE_OPS = {
 
 
 def test_a_rollback_keeps_one_sequence_and_acts_on_each_role_alone(monkeypatch):
-    """The upgrade that fails its gates and rolls back (sparkrig/release.py) runs on the same
+    """The upgrade that fails its gates and rolls back (sparkrig/rollback.py) runs on the same
     operation sequence on every host, and its head-only and worker-only operations act there
     alone (the one idiom, on_head/on_workers)."""
     from tests.plan.test_plan import HEAD, WORKER, apply, converge_state

@@ -1,4 +1,4 @@
-"""Upgrades that roll back (sparkrig/release.py), planned through the real CLI on @fake hosts: a
+"""Upgrades that roll back (sparkrig/rollback.py), planned through the real CLI on @fake hosts: a
 release change keeps the serving release's files before anything rewrites them; a failed gate
 puts them back and restarts the pair worker(s) first, then the head, and the run fails naming
 both; a run without a release change keeps and rolls back nothing; --limit worker refuses an

@@ -29,7 +29,9 @@ DOMAINS = {
     "runningrank",  # the running rank's state; thawed, its peer down, a stale GID hand-over
     "front",  # the API front: nginx installed, its site and key include (docs/front.md)
     "owned",  # files, secrets, programs, directories and units sparkrig owns
-    "release",  # release record, keep/restore, rollback
+    "release",  # the release and its record, stamped after the gates
+    "rollback",  # the serving release kept and restored, the rollback decision
+    "revisiondirs",  # the weights' revision directories: the old layout adopted, pruned
     "benchgate",  # the release's bench gate: the short bench against the previous figures
     "runtime",  # the NCCL, CUDA runtime and driver each rank's engine loaded, judged on the head
     "soakgate",  # the release's soak: concurrent load on the head, judged by the watchdog's rule

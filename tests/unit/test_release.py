@@ -15,19 +15,20 @@ from sparkrig.release import (
     LISTING,
     Release,
     ReleaseState,
-    adopt_command,
     change,
     history,
     images_kept,
-    keep_command,
     parse_record,
     parse_release_state,
-    prune_weights_command,
     record_text,
-    restore_command,
+)
+from sparkrig.revisiondirs import (
+    adopt_command,
+    prune_weights_command,
     weights_kept,
     weights_to_prune,
 )
+from sparkrig.rollback import keep_command, restore_command
 from tests.unit.conftest import cluster
 
 C1, C2, C3 = "1" * 40, "2" * 40, "3" * 40
