@@ -1,6 +1,6 @@
 """The fabric's all-reduce bus bandwidth on the control side.
 
-Each rank's NCCL smoke test (files/sparkhost/nccl_smoke.py, run by tasks/service.py) ends its
+Each rank's NCCL smoke test (files/sparkhost/nccl_smoke.py, run by tasks/smoke.py) ends its
 output with one JSON line; the job itself fails a rank below ``fabric_busbw_min_gbs`` or off
 NET/IB, which stops the deploy before the pair starts. What passed is read here, typed
 (``sparkhost.nccl_smoke.SmokeResult``: busbw, algbw, bytes, iters, transport), from the

@@ -1,6 +1,7 @@
 """The pair's helpers: the stop-together watch (``sparkrig-pair``), the worker agent, the pair
 supervisor, the watchdog and the ordered restart command. Their template contexts, the file of one
-role rendered and owned, and the operations that keep a helper running.
+role rendered and owned, and the operations that keep a helper running, with what restarts one
+(its unit, the agents' secret, its program).
 
 The helpers run the host package's ``pair`` job (files/sparkhost/pair.py); the rank unit they stand
 beside: sparkrig/serving.py."""
@@ -11,9 +12,10 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pyinfra import host
 from pyinfra.api.operation import OperationMeta
 
-from sparkrig import engines
+from sparkrig import engines, hostpkg
 from sparkrig.bringup import starts_in_turn, workers_in_start_order
 from sparkrig.config.model import Settings
 from sparkrig.gates import probe_command
@@ -21,6 +23,7 @@ from sparkrig.hardening import unit_hardening
 from sparkrig.owned import file_present, unit_state_set
 from sparkrig.paths import paths
 from sparkrig.render import base_context, render
+from sparkrig.runscope import Watch, watch
 from sparkrig.serving import api_key_file
 
 
@@ -132,13 +135,34 @@ HELPERS = {
 }
 
 
-def keep_helper_running(
-    on_role: Callable[..., OperationMeta], is_head: bool, unit: str, changed: Callable[[], bool]
-) -> None:
+def helper_restarts() -> Watch:
+    """The run's watch of what restarts a helper on its host besides its program: the operation
+    installing its unit, under ``<host>:<unit>``, and the agents' secret's, under ``<host>:secret``
+    (``helper_installed``). The supervisor and the watchdog are kept running after the pair's start
+    (tasks/start.py), in another file than their units (tasks/helpers.py): the watch carries those
+    operations from the one to the other."""
+    return watch("helper restarts", Watch)
+
+
+def helper_installed(unit: str, meta: OperationMeta) -> OperationMeta:
+    """Watch ``meta``, this host's operation installing the unit of helper ``unit`` (``HELPERS``)
+    or the agents' secret (``"secret"``); returns it."""
+    return helper_restarts().add(f"{host.name}:{unit}", meta)
+
+
+def helper_changed(unit: str) -> Callable[[], bool]:
+    """For ``_if``: did this run change this host's unit of helper ``unit``, the agents' secret
+    (the helpers read it once at start) or a module of the host package's pair job (every helper
+    runs it)?"""
+    name, restarts, program = host.name, helper_restarts(), hostpkg.changed("pair")
+    return lambda: bool(restarts.changed(f"{name}:{unit}", f"{name}:secret")) or program()
+
+
+def keep_helper_running(on_role: Callable[..., OperationMeta], is_head: bool, unit: str) -> None:
     """Two operations for a sparkrig helper unit (``HELPERS``), named after it (so the log tells
     the helpers apart) and present on every host, acting on the head or the workers alone
-    (``on_role``: ``on_head`` or ``on_workers``): (re)start it after its unit or program changed,
-    and keep it enabled and running otherwise."""
+    (``on_role``: ``on_head`` or ``on_workers``): (re)start it after its unit, the agents' secret
+    or its program changed (``helper_changed``), and keep it enabled and running otherwise."""
     what = HELPERS[unit]
     on_role(
         is_head,
@@ -149,7 +173,7 @@ def keep_helper_running(
         enabled=True,
         restarted=True,
         daemon_reload=True,
-        _if=changed,
+        _if=helper_changed(unit),
     )
     on_role(
         is_head,

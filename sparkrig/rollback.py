@@ -6,11 +6,11 @@ first copies the files that make the recorded release on a rank to ``<file>.prev
 are the recorded release's: a file left by an unfinished upgrade is never taken for the previous
 release). The previous image stays (pruning keeps every recorded release's image) and so do its
 weights (they live per revision: sparkrig/revisiondirs.py), so a rollback downloads nothing. If the
-new release fails its NCCL smoke test, a rank fails to start (tasks/service.py), the head fails to
-boot or a gate fails (tasks/verify.py), nothing more of it starts (those operations run with
-``_ignore_errors`` during an upgrade and are watched by ``rollback()``), every rank puts the
-``.prev`` files back and the pair restarts in order (worker(s), then the head), is verified by the
-gates, and the run fails naming what failed and that the previous release serves again. A run
+new release fails its NCCL smoke test (tasks/smoke.py), a rank fails to start (tasks/start.py), the
+head fails to boot or a gate fails (tasks/verify.py), nothing more of it starts (those operations
+run with ``_ignore_errors`` during an upgrade and are watched by ``rollback()``), every rank puts
+the ``.prev`` files back and the pair restarts in order (worker(s), then the head), is verified by
+the gates, and the run fails naming what failed and that the previous release serves again. A run
 whose release does not change copies nothing, restarts nothing and rolls nothing back.
 
 The rollback's ordered path, a group of these operations, is tasks/rollback.py.

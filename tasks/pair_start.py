@@ -1,5 +1,5 @@
 """The pair started in order, one group of operations (pyinfra's ``@deploy``) that the deploy's
-start and restart (tasks/service.py) and the rollback (tasks/rollback.py) both add: the workers'
+start and restart (tasks/start.py) and the rollback (tasks/rollback.py) both add: the workers'
 ranks first, then the head waits until every worker's container runs (its beacon answers over
 the fabric), then the head's rank: the order of the head's own ordered restart
 (files/sparkhost/pair.py) and of its start gate. The workers start in the stack's order

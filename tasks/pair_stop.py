@@ -1,5 +1,5 @@
 """The pair stopped in order, one group of operations (pyinfra's ``@deploy``) that the deploy's
-ordered restart (tasks/service.py), the rollback (tasks/rollback.py) and uninstall.py all add:
+ordered restart (tasks/stop.py), the rollback (tasks/rollback.py) and uninstall.py all add:
 first the head's helpers that would start a rank again (the supervisor restarts a stopped pair,
 the watchdog restarts a rank it finds down), then the ranks in the running stack's stop order
 (``Stack.stop_order``): ``together``, every rank in one operation (vllm-nvfp4); ``head-first``,

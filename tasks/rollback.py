@@ -1,7 +1,7 @@
 """The rollback: a failed upgrade's way back to the previous release, as one group of operations
 (pyinfra's ``@deploy``) that tasks/verify.py adds on every host; each acts only once
 ``rollback()`` decided it (sparkrig/rollback.py): the previous release's files back on every rank,
-then the pair restarted in order (workers, then the head, as tasks/service.py starts it), the
+then the pair restarted in order (workers, then the head, as tasks/start.py starts it), the
 four gates (not the front's locked gate: the previous release may be from before the front,
 whose site is then stood aside), and the run failed naming what failed and what serves now."""
 
@@ -28,7 +28,8 @@ def roll_back(
     the previous release's files back on every rank, the helpers paused, every rank stopped,
     the workers started, their containers awaited, the head started, its boot awaited, the four
     gates, the helpers resumed, and the run failed naming what failed and what serves now. The
-    same worker-then-head order as the deploy's ordered pair restart (tasks/service.py)."""
+    same worker-then-head order as the deploy's ordered pair restart (tasks/stop.py,
+    tasks/start.py)."""
     is_head = s.me.is_head
     rolls_back = rollback()
     serving = record.serving

@@ -12,7 +12,7 @@ operator's run after fixing the cause).
 
 ``restarts``: the sparkrig units the fault may restart on every node (a pair restart is the
 deploy's answer to a changed unit, env file, image, weights or fabric: docs/design.md,
-tasks/service.py);
+tasks/stop.py);
 ``restarts_on_target``: more units it may restart on the node it hit. Any other sparkrig unit
 whose InvocationID changed is a defect ("restarted a unit the fault did not touch")."""
 

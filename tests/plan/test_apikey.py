@@ -18,7 +18,7 @@ from tests.plan.test_plan import ACTION, HEAD, WORKER, apply, assert_no_restart,
 
 KEY, ENV = "/etc/sparkrig/api-key", "/etc/sparkrig/api-key.env"
 HEAD_UNIT = "/etc/systemd/system/sparkrig-head.service"
-COPY = "tasks/service.py | Keep a copy of the head's API key on the control machine"
+COPY = "tasks/api_key.py | Keep a copy of the head's API key on the control machine"
 HELD = open("tests/plan/api-key").read().strip()  # what converge_state installs on the head
 OTHER = open("tests/plan/api-key-2").read().strip()
 

@@ -129,7 +129,7 @@ def test_the_ranks_start_last_to_first_each_seen_running_before_the_next(monkeyp
     # where the head dials each worker: its end of the cable they share (ranks 1 and 3), rank
     # 2's end of the cable from rank 1, the way the route goes (ringfakes' addresses)
     ips = {3: "198.18.6.1", 2: "198.18.2.2", 1: "198.18.0.2"}
-    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/service.py")]
+    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/start.py")]
     order = [op for op in order if op.startswith(("Start the", "Wait until every worker"))]
     waves = [
         (f"Start the worker rank (rank {n} of 4)",
@@ -167,7 +167,7 @@ def test_the_ranks_start_last_to_first_each_seen_running_before_the_next(monkeyp
 def test_a_triangle_starts_rank_2_then_rank_1_then_the_head(monkeypatch, tmp_path):
     r = ring_run(monkeypatch, tmp_path, 3)
     assert r.exit_code == 0, r.output
-    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/service.py")]
+    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/start.py")]
     assert [op for op in order if op.startswith("Start the")] == [
         "Start the worker rank (rank 2 of 3)",
         "Start the worker rank (rank 1 of 3)",
@@ -346,7 +346,7 @@ def test_a_changed_graph_file_is_written_again_and_the_ring_restarts_in_order(
     assert r.uploads["@fake/spark-c"][path].decode() == (GRAPHS / "rank2-link-prev.xml").read_text()
     stops = [c for c in rank_restarts(r, 4) if " stop " in c]
     assert len(stops) == 4, rank_restarts(r, 4)
-    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/service.py")]
+    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/start.py")]
     started = [op for op in order if op.startswith("Start the")]
     assert started == [
         "Start the worker rank (rank 3 of 4)",
@@ -359,7 +359,7 @@ def test_a_changed_graph_file_is_written_again_and_the_ring_restarts_in_order(
 
 
 def started_in_order(r: Run) -> list[str]:
-    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/service.py")]
+    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/start.py")]
     return [op for op in order if op.startswith("Start the")]
 
 
@@ -432,7 +432,7 @@ def test_after_the_rings_smoke_test_each_cable_is_smoke_tested_alone(monkeypatch
             assert "--env-file" not in command and ".xml:" not in command
             assert "--min-busbw-gbs 16" in command
     # one cable after the other, each after the all-rank test
-    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/service.py")]
+    order = [op.split(" | ")[-1] for op in r.op_order if op.startswith("tasks/smoke.py")]
     first = order.index("Check the NCCL smoke test on the workers")
     links = [i for i, op in enumerate(order) if "over one cable" in op]
     assert len(links) == 3 * nnodes and min(links) > first
