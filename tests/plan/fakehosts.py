@@ -348,7 +348,7 @@ SMOKE_CLEAN = re.compile(r"^docker rm --force sparkrig-nccl-smoke >/dev/null 2>&
 SMOKE_WORKER = re.compile(r"^docker run --detach --name sparkrig-nccl-smoke ")
 SMOKE_HEAD = re.compile(r"^docker run --rm --name sparkrig-nccl-smoke ")
 SMOKE_CHECK = re.compile(r"^rc=\$\(docker wait sparkrig-nccl-smoke\); ")
-# the head's waits run `sparkhost why` after them when they fail (sparkrig/serving.py explained)
+# the head's waits run `sparkhost why` after them when they fail (sparkrig/bringup.py explained)
 EXPLAINED = rf" \|\| \{{ rc=\$\?; {PACKAGE} why --unit .*; exit \$rc; \}}'$"
 PAIR_WAIT = re.compile(
     rf"^sh -c '{PACKAGE} pair wait --peers [\d.,]+ --port \d+ --timeout \d+{EXPLAINED}"
@@ -426,7 +426,7 @@ def rank_runtime(
     live_device_index: int | None = None, per_device: str = "", device_indexes: str = "",
     live_device_indexes: str = "",
 ) -> list[str]:  # fmt: skip
-    """sparkrig.serving.RankRuntime's output: the container's docker state, the handed GID
+    """sparkrig.runningrank.RankRuntime's output: the container's docker state, the handed GID
     index and RDMA device index, that device's index now; fabric_layout "ports": every device's
     handed GID index and kernel index ("<dev>:<i>,..."), and each one's kernel index now."""
     said = [handed, device_index, live_device_index]

@@ -48,7 +48,7 @@ class Pair:
     lines: list[str]
 
     def canary(self, timeout: float) -> str:
-        """The watchdog unit's probe command (sparkrig.serving renders it), run from here."""
+        """The watchdog unit's probe command (sparkrig.helperunits renders it), run from here."""
         argv = gates.probe_command("/opt/sparkrig", int(self.url.rsplit(":", 1)[1]), MODEL,
                                    timeout=timeout)  # fmt: skip
         return shlex.join(local_argv(argv))

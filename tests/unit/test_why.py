@@ -71,7 +71,7 @@ def test_a_peer_sourcing_from_a_second_fabric_address_is_named_by_why(
 
 
 def test_a_failed_wait_is_followed_by_why_and_keeps_its_exit_status():
-    """The head's boot wait and rendezvous wait (sparkrig/serving.py): on failure the findings
+    """The head's boot wait and rendezvous wait (sparkrig/bringup.py): on failure the findings
     follow the wait's own lines, and the run still fails with the wait's status."""
     failing = explained(["sh", "-c", "echo container not running; exit 3"], ["echo", "why: x"])
     done = subprocess.run(failing.get_raw_value(), shell=True, capture_output=True, text=True)
