@@ -108,14 +108,6 @@ def prune_commands(tags: Iterable[str], keep: Iterable[str]) -> list[str]:
     ]
 
 
-def _sh(script: str) -> StringCommand:
-    return StringCommand("sh", "-c", QuoteString(script))
-
-
-def _log(message: str) -> None:
-    logger.info(f"{host.print_prefix}{message}")
-
-
 # ---------------------------------------------------------------------------------------------
 # Operations
 # ---------------------------------------------------------------------------------------------
@@ -153,11 +145,14 @@ def patched_image_built(
     if image_tag(base_image, files, args) != tag:
         raise OperationValueError(f"{ref}: tag is not the content hash of {files_dir}")
     local = local_base(image_repo, base_image)
-    _log(f"patched image: will build {ref} from {local} ({len(files)} context files)")
+    logger.info(
+        f"{host.print_prefix}patched image: will build {ref} from {local} "
+        f"({len(files)} context files)"
+    )
     d = shlex.quote(build_dir)
     yield StringCommand(f"rm -rf {d} && mkdir -p -m 700 {d}")
     yield FileUploadCommand(io.BytesIO(context_tar(files)), f"{build_dir}/context.tar")
-    yield _sh(build_command(build_dir, local, ref, tag, args))
+    yield StringCommand("sh", "-c", QuoteString(build_command(build_dir, local, ref, tag, args)))
 
 
 @operation()
@@ -176,5 +171,7 @@ def old_images_pruned(image_repo: str, keep: list[str]) -> Generator[Any, None, 
     if not commands:
         host.noop(f"no old {image_repo} image")
         return
-    _log(f"images: will remove {', '.join(sorted(set(tags) - set(keep)))}")
+    logger.info(
+        f"{host.print_prefix}images: will remove {', '.join(sorted(set(tags) - set(keep)))}"
+    )
     yield from commands
