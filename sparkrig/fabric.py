@@ -34,10 +34,6 @@ from sparkrig.config.model import Settings
 from sparkrig.engines import engine_of
 from sparkrig.fabricenv import GRAPH_FILE, RING_GRAPHS, fabric_env
 from sparkrig.fabricfacts import (
-    FabricLinks,
-    FabricNeighbours,
-    FabricPorts,
-    LanAddresses,
     LinkState,
     RoceGids,
     df_ping,
@@ -46,7 +42,7 @@ from sparkrig.failing import fail_host
 from sparkrig.hardening import unit_hardening
 from sparkrig.owned import file_present, owned_of
 from sparkrig.render import base_context, render
-from sparkrig.stateread import Part, read_here
+from sparkrig.stateread import read_here
 from sparkrig.topology import Plan, Port, judge_links, with_siblings
 
 # where fabric_takeover moves other claims on the fabric NIC (their original path kept below it)
@@ -56,23 +52,6 @@ FORWARDING_FILE = "/etc/sysctl.d/91-sparkrig-fabric.conf"
 RELAY_UNIT = "sparkrig-relay"  # docker's DOCKER-USER accepts the relay (a ring of four)
 RELAY_UNIT_FILE = f"/etc/systemd/system/{RELAY_UNIT}.service"
 IPTABLES = "/usr/sbin/iptables"  # docker's own (iptables-nft on DGX OS)
-
-
-def ports_parts(s: Settings) -> list[Part]:
-    """The state read's fabric parts of fabric_layout "ports" (none for "single"): who answers
-    on every netdev of both ports (the cabling check), every planned netdev's link with its
-    don't-fragment ping, and on a triangle or a ring the host's LAN addresses."""
-    part = s.fabric_rank
-    if part is None:
-        return []
-    probed = tuple(f.netdev for p in with_siblings(s.me.ports).values() for f in p.functions)
-    pings = tuple((i.netdev, str(i.peer_address)) for i in part.ifaces)
-    return [
-        Part("fabric_ports", FabricPorts),
-        Part("fabric_probe", FabricNeighbours, (("netdevs", probed),)),
-        Part("fabric_links", FabricLinks, (("pings", pings), ("mtu", s.knobs.fabric_mtu))),
-        *([Part("lan", LanAddresses)] if s.relayed else []),
-    ]
 
 
 def ports_verdict(s: Settings, found: Mapping[int, Port]) -> tuple[list[str], list[str]]:
@@ -176,11 +155,6 @@ def claims_displaced_args(s: Settings, node: Any) -> dict[str, Any]:
         "nm_profiles": [p.path for p in node.nm_claims] if take else [],
         "dest_dir": DISPLACED_DIR,
     }
-
-
-def gids_part() -> Part:
-    """The state read's part of the RoCE GID table."""
-    return Part("gids", RoceGids)
 
 
 def env_context(s: Settings, plan: Plan | None = None) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """What a host says of its fabric, as pyinfra facts that fail only their host on bad output:
 the RoCE GID table (``RoceGids``), who answers on each netdev of both ports
 (``FabricNeighbours``), the ports sysfs has (``FabricPorts``), each planned netdev's link and
-its don't-fragment ping (``FabricLinks``) and the host's LAN addresses (``LanAddresses``)."""
+its don't-fragment ping (``FabricLinks``) and the host's LAN addresses (``LanAddresses``), and
+the parts of the state read they make (``gids_part``, ``ports_parts``)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from pyinfra.api.exceptions import FactProcessError
 from sparkhost.gid import GidEntry, parse_gid_lines
 
 from sparkrig.cabling import Probe, discover_ports, discovery_command, parse_probe, probe_command
+from sparkrig.config.model import Settings
 from sparkrig.factlines import END
-from sparkrig.topology import Port
+from sparkrig.stateread import Part
+from sparkrig.topology import Port, with_siblings
 
 # ---------------------------------------------------------------------------------------------
 # RoCE GID table (the reading and the rule are the host package's: files/sparkhost/gid.py)
@@ -180,3 +183,25 @@ class LanAddresses(FactBase[tuple[tuple[str, str], ...]]):
                 raise FactProcessError(f"LAN addresses: {line!r} is not 'netdev address/prefix'")
             out.append((dev, address))
         return tuple(out)
+
+
+def gids_part() -> Part:
+    """The state read's part of the RoCE GID table."""
+    return Part("gids", RoceGids)
+
+
+def ports_parts(s: Settings) -> list[Part]:
+    """The state read's fabric parts of fabric_layout "ports" (none for "single"): who answers
+    on every netdev of both ports (the cabling check), every planned netdev's link with its
+    don't-fragment ping, and on a triangle or a ring the host's LAN addresses."""
+    part = s.fabric_rank
+    if part is None:
+        return []
+    probed = tuple(f.netdev for p in with_siblings(s.me.ports).values() for f in p.functions)
+    pings = tuple((i.netdev, str(i.peer_address)) for i in part.ifaces)
+    return [
+        Part("fabric_ports", FabricPorts),
+        Part("fabric_probe", FabricNeighbours, (("netdevs", probed),)),
+        Part("fabric_links", FabricLinks, (("pings", pings), ("mtu", s.knobs.fabric_mtu))),
+        *([Part("lan", LanAddresses)] if s.relayed else []),
+    ]

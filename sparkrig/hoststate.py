@@ -22,9 +22,7 @@ from sparkrig.fabric import (
     FORWARDING_FILE,
     RELAY_UNIT,
     RELAY_UNIT_FILE,
-    gids_part,
     graph_paths,
-    ports_parts,
 )
 from sparkrig.fabricfacts import (
     FabricLinks,
@@ -33,6 +31,8 @@ from sparkrig.fabricfacts import (
     LanAddresses,
     LinkState,
     RoceGids,
+    gids_part,
+    ports_parts,
 )
 from sparkrig.firewall import UNIT as FIREWALL_UNIT
 from sparkrig.firewall import UNIT_FILE as FIREWALL_UNIT_FILE
