@@ -90,7 +90,7 @@ def serve_args(
     master_addr: str,
     master_port: int,
     model_dir: str,
-    api_port: int = 8000,
+    engine_port: int = 8001,
     served_name: str = "glm-5.3-flash",
     drafter_dir: str | None = None,
     extra_args: Sequence[str] = (),
@@ -104,13 +104,13 @@ def serve_args(
     request turns it on with ``chat_template_kwargs: {"enable_thinking": true}``; None leaves the
     template's own default). ``master_addr`` is the head's fabric IPv4 without prefix length.
     ``extra_args`` are appended last, so they override earlier flags (argparse keeps the last).
-    ``api_port`` is the port the engine itself listens on, on ``host`` (the deploy passes the
-    engine_port knob: the API front serves the public api_port, docs/front.md).
+    ``engine_port`` is the port the engine itself listens on, on ``host`` (the engine_port knob:
+    the API front serves the public api_port, docs/front.md).
     """
     check_rank(stack, "vllm", rank, nnodes, master_addr, 1, "")
     p = stack.profile(profile)
     check_port("master_port", master_port)
-    check_port("api_port", api_port)
+    check_port("engine_port", engine_port)
     check_inputs(model_dir, extra_args)
 
     args = [ENTRYPOINT, "serve", model_dir]
@@ -134,7 +134,7 @@ def serve_args(
         args += ["--default-chat-template-kwargs", kwargs]
     if rank == 0:
         args += stack.head_flags
-        args += ["--host", host, "--port", str(api_port), "--served-model-name", served_name]
+        args += ["--host", host, "--port", str(engine_port), "--served-model-name", served_name]
         args += [DOCS_OFF_FLAG]
     else:
         args += ["--headless"]
@@ -168,9 +168,7 @@ class VllmEngine:
         return ["--entrypoint", ENTRYPOINT]
 
     def serve_args(self, stack: Stack, profile: str, request: ServeRequest) -> list[str]:
-        args = request.fields()
-        args["api_port"] = args.pop("engine_port")  # vLLM's --port: the head's loopback
-        return serve_args(stack, profile, **args)
+        return serve_args(stack, profile, **request.fields())
 
     def rendezvous_port(self, stack: Stack, master_port: int) -> int:
         return stack.master_port or master_port

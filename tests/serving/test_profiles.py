@@ -21,7 +21,7 @@ BASE = dict(
     master_addr="192.168.100.10",
     master_port=29521,
     model_dir="/models/glm",
-    api_port=8000,
+    engine_port=8000,
     served_name="glm-5.3-flash",
     drafter_dir="/models/drafter",
 )
@@ -124,7 +124,7 @@ def test_host_choice() -> None:
         {"master_addr": "10.0.0.1/24"},
         {"master_addr": "head"},
         {"master_port": 0},
-        {"api_port": 70000},
+        {"engine_port": 70000},
         {"model_dir": ""},
     ],
 )

@@ -41,7 +41,7 @@ def serve_argv(
         master_addr="127.0.0.1",
         master_port=master_port,
         model_dir=str(model),
-        api_port=api_port,
+        engine_port=api_port,
         served_name="glm-5.3-flash",
         host="127.0.0.1",
         extra_args=["--standin-delay", "0.05", *extra],

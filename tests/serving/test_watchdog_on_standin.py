@@ -68,7 +68,7 @@ def standin_pair(tmp_path: Path) -> Iterator[Pair]:
 
     def start(rank: int) -> subprocess.Popen[str]:
         argv = serve_args("shared", rank=rank, nnodes=2, master_addr="127.0.0.1",
-                          master_port=mport, model_dir=str(model), api_port=aport,
+                          master_port=mport, model_dir=str(model), engine_port=aport,
                           served_name=MODEL, host="127.0.0.1",
                           extra_args=["--standin-delay", "0.05"])  # fmt: skip
         p = subprocess.Popen([sys.executable, STANDIN, *argv[1:]], stdout=subprocess.PIPE,

@@ -59,7 +59,7 @@ def argv(stack: Stack, nnodes: int, rank: int, chat_template: Path) -> list[str]
     cmd = vllm_family.serve_args(
         stack, next(iter(stack.profiles)), rank=rank, nnodes=nnodes,
         master_addr="192.168.100.10", master_port=29521, model_dir=MODEL_DIR,
-        api_port=8001, drafter_dir=DRAFTER_DIR,  # the engine_port knob's default
+        engine_port=8001, drafter_dir=DRAFTER_DIR,  # the engine_port knob's default
     )[1:]  # fmt: skip
     if "--chat-template" in cmd:
         cmd[cmd.index("--chat-template") + 1] = str(chat_template)
