@@ -24,11 +24,10 @@ from sparkrig.bringup import why_command
 from sparkrig.config.inventory import current
 from sparkrig.failing import problems_absent
 from sparkrig.firewall import FirewallCounters, counter_problems, counters_line
-from sparkrig.front import loopback_tls
-from sparkrig.gates import gate_command, gates_passed, parse_gate_lines
+from sparkrig.front import front_gate_command
+from sparkrig.gates import gates_passed, parse_gate_lines
 from sparkrig.image import serving_image
 from sparkrig.paths import paths
-from sparkrig.serving import api_key_file
 from sparkrig.status import (
     RankStatus,
     baseline_line,
@@ -72,13 +71,7 @@ if off:
 
 if settings.me.is_head:
     knobs = settings.knobs
-    command = gate_command(
-        knobs.install_dir,
-        knobs.api_port,
-        knobs.served_model_name,
-        key_file=api_key_file(settings),
-        tls=loopback_tls(settings),
-    )
+    command = front_gate_command(settings)
     output = host.get_fact(Command, command=shlex.join(command) + " 2>&1 || true") or ""
     results = parse_gate_lines(output)
     report = "; ".join(f"{r.gate} {'ok' if r.ok else 'FAILED'}" for r in results)

@@ -29,7 +29,7 @@ from sparkrig.config.knobs import Knobs
 from sparkrig.config.model import Settings
 from sparkrig.factlines import END
 from sparkrig.fronttls import FrontTls, head_ca_path, head_cert_path, uses_pair_ca
-from sparkrig.gates import LoopbackTls
+from sparkrig.gates import LoopbackTls, gate_command
 from sparkrig.owned import (
     PathState,
     apt_installed_command,
@@ -69,6 +69,25 @@ def front_paths(s: Settings) -> dict[str, str]:
         "tls_key": f"{d}/api-front.key",
         "tls_ca": head_ca_path(s),
     }
+
+
+def api_key_file(s: Settings) -> str | None:
+    """The head's API key file (raw key, 0600 root) for the gates and the watchdog's probe; None
+    when the API is open (``api_auth = False``) or on a worker (no API there)."""
+    return paths(s).api_key if s.knobs.api_auth and s.me.is_head else None
+
+
+def front_gate_command(s: Settings) -> list[str]:
+    """The gates' argv on the head, through the API front on loopback: the key (where the API
+    asks for one) and the front's certificate (where it speaks TLS), as a client would."""
+    k = s.knobs
+    return gate_command(
+        k.install_dir,
+        k.api_port,
+        k.served_model_name,
+        key_file=api_key_file(s),
+        tls=loopback_tls(s),
+    )
 
 
 def loopback_tls(s: Settings) -> LoopbackTls | None:

@@ -18,13 +18,13 @@ from pyinfra.api.operation import OperationMeta
 from sparkrig import engines, hostpkg
 from sparkrig.bringup import starts_in_turn, workers_in_start_order
 from sparkrig.config.model import Settings
+from sparkrig.front import api_key_file
 from sparkrig.gates import probe_command
 from sparkrig.hardening import unit_hardening
 from sparkrig.owned import file_present, unit_state_set
 from sparkrig.paths import paths
 from sparkrig.render import base_context, render
 from sparkrig.runscope import Watch, watch
-from sparkrig.serving import api_key_file
 
 
 def pair_unit_context(s: Settings) -> dict[str, Any]:

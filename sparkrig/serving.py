@@ -17,6 +17,7 @@ from sparkrig.config.model import Settings
 from sparkrig.engines import engine_of, vllm
 from sparkrig.engines.base import ServeRequest
 from sparkrig.fabric import graph_volumes
+from sparkrig.front import api_key_file
 from sparkrig.hardening import container_args, unit_hardening
 from sparkrig.paths import paths
 from sparkrig.render import base_context
@@ -70,12 +71,6 @@ def cache_volumes(s: Settings, image: str | None) -> list[str]:
         host_dir = base if len(caches) == 1 else f"{base}/{_component(path.strip('/'))}"
         out += ["--volume", f"{host_dir}:{path}"]
     return out
-
-
-def api_key_file(s: Settings) -> str | None:
-    """The head's API key file (raw key, 0600 root) for the gates and the watchdog's probe; None
-    when the API is open (``api_auth = False``) or on a worker (no API there)."""
-    return paths(s).api_key if s.knobs.api_auth and s.me.is_head else None
 
 
 def api_key_env(key: str) -> str:

@@ -20,11 +20,10 @@ from pyinfra.context import ctx_state
 from sparkrig import engines, hostpkg
 from sparkrig.config.model import Settings
 from sparkrig.factlines import last_json
-from sparkrig.front import loopback_tls
+from sparkrig.front import api_key_file, loopback_tls
 from sparkrig.gates import LoopbackTls, local_url
 from sparkrig.helperunits import progress_url
 from sparkrig.runscope import once_per_run
-from sparkrig.serving import api_key_file
 from sparkrig.shown import ShownCommand
 
 

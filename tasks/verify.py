@@ -18,8 +18,8 @@ from sparkrig.bringup import api_serving, logs_to_read, serving_gates_passed, wh
 from sparkrig.busbw import smoke_figures
 from sparkrig.config.api import api_ca_file, api_url, drafter_lock
 from sparkrig.config.inventory import current
-from sparkrig.front import loopback_tls
-from sparkrig.gates import gate_command, wait_command
+from sparkrig.front import front_gate_command, loopback_tls
+from sparkrig.gates import wait_command
 from sparkrig.imagebuild import images_to_keep, old_images_pruned
 from sparkrig.ordering import on_head
 from sparkrig.pairrestart import pair_restart
@@ -36,7 +36,6 @@ from sparkrig.release import (
 from sparkrig.revisiondirs import old_weights_pruned, weights_kept
 from sparkrig.rollback import rollback
 from sparkrig.runtime import readings, runtime_agreed, runtime_command, runtime_recorded
-from sparkrig.serving import api_key_file
 from sparkrig.soakgate import release_soak_held, soak_command, soak_figures
 from tasks.rollback import roll_back
 
@@ -59,13 +58,7 @@ boot = wait_command(
     interval=5,
     tls=loopback_tls(settings),
 )
-gates = gate_command(
-    knobs.install_dir,
-    knobs.api_port,
-    knobs.served_model_name,
-    key_file=api_key_file(settings),
-    tls=loopback_tls(settings),
-)
+gates = front_gate_command(settings)
 rolls_back.watch(
     "boot",
     on_head(

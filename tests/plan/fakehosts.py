@@ -586,7 +586,13 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     """path -> (content, mode) of every file the deploy owns on this rank, made by the same
     functions the tasks call (render + the context builders, the programs, the lockfiles)."""
     from sparkrig.fabric import env_context, env_template, netplan_text
-    from sparkrig.front import front_paths, key_include_text, restart_dropin_text, site_text
+    from sparkrig.front import (
+        api_key_file,
+        front_paths,
+        key_include_text,
+        restart_dropin_text,
+        site_text,
+    )
     from sparkrig.fronttls import TlsFiles, decide, tls_names, uses_pair_ca
     from sparkrig.helperunits import (
         agent_unit_context,
@@ -599,7 +605,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
     from sparkrig.pairsecret import control_token
     from sparkrig.paths import paths
     from sparkrig.render import base_context, render
-    from sparkrig.serving import api_key_env, api_key_file, rank_unit_context, weights_id
+    from sparkrig.serving import api_key_env, rank_unit_context, weights_id
     from sparkrig.weights import artifacts
 
     k, p = s.knobs, paths(s)

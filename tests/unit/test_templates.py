@@ -100,8 +100,9 @@ def test_json_arguments_are_quoted_for_systemd():
 
 
 def test_the_head_gives_vllm_its_key_by_env_file_and_the_watchdog_reads_it_from_its_file():
+    from sparkrig.front import api_key_file
     from sparkrig.helperunits import watchdog_unit_context
-    from sparkrig.serving import api_key_file, smoke_run_args
+    from sparkrig.serving import smoke_run_args
 
     for auth in (True, False):
         settings = build(cluster(2, api_auth=auth, watchdog=True))
