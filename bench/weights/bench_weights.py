@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from lab import fakehub  # noqa: E402
 from sparkrig import lockfile  # noqa: E402
-from tests.weights.topo import SERVER_IP, Topo  # noqa: E402
+from tests.weights.topo import SERVER_IP, Topo, fetch_argv  # noqa: E402
 
 FETCH = str(ROOT / "files" / "sparkhost")  # the host package
 MB = 1e6
@@ -100,19 +100,9 @@ NICE = ["nice", "-n", "-10"]  # the build machine is shared with busy VMs: measu
 
 
 def fetch_cmd(t: Topo, url: str, lock: Path, dest: Path, lanes: list[str]) -> list[str]:
-    args = [
-        "fetch",
-        "--lock",
-        str(lock),
-        "--dest",
-        str(dest),
-        "--endpoint",
-        url,
-        "--progress-interval",
-        "5",
-        "--stamps",
-        str(dest) + ".stamps.json",
-    ]
+    args = fetch_argv(
+        lock, dest, url, "--progress-interval", "5", "--stamps", str(dest) + ".stamps.json"
+    )
     for ln in lanes:
         args += ["--uplink", ln]
     return NICE + t.fetch_cmd(*args)

@@ -18,26 +18,14 @@ from pathlib import Path
 import pytest
 
 from .conftest import FETCH, Hub, lock_files, parts_in_flight, poll, run_fetch
+from .topo import fetch_argv
 
 BIG = "model-00001-of-00004.safetensors"  # 4 MiB, fetched first (largest, then by path)
 MID = "model-00003-of-00004.safetensors"  # 2 MiB
 
 
 def fetch_args(lock: Path, dest: Path, hub: Hub, *extra: str) -> list[str]:
-    return [
-        "fetch",
-        "--lock",
-        str(lock),
-        "--dest",
-        str(dest),
-        "--endpoint",
-        hub.url,
-        "--progress-interval",
-        "0.2",
-        "--backoff",
-        "0.1",
-        *extra,
-    ]
+    return fetch_argv(lock, dest, hub.url, "--progress-interval", "0.2", "--backoff", "0.1", *extra)
 
 
 def sha256(p: Path) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import lock_files, parts_in_flight, poll
-from .topo import Topo
+from .topo import Topo, fetch_argv
 
 pytestmark = pytest.mark.netns
 
@@ -32,13 +32,7 @@ def run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess[str
 
 def fetch(topo: Topo, url: str, lock: Path, dest: Path, *extra: str) -> list[str]:
     return topo.fetch_cmd(
-        "fetch",
-        "--lock",
-        str(lock),
-        "--dest",
-        str(dest),
-        "--endpoint",
-        url,
+        *fetch_argv(lock, dest, url),
         "--uplink",
         "up0",
         "--uplink",

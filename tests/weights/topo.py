@@ -23,6 +23,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVER_IP = "10.213.100.1"
 
 
+def fetch_argv(lock: Path, dest: Path, endpoint: str, *extra: str) -> list[str]:
+    """``sparkrig-fetch fetch``'s arguments for ``lock`` into ``dest`` from ``endpoint``, then
+    ``extra`` (the tests' and the bench's own timings and uplinks)."""
+    return ["fetch", "--lock", str(lock), "--dest", str(dest), "--endpoint", endpoint, *extra]
+
+
 def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     r = subprocess.run(argv, capture_output=True, text=True)
     if check and r.returncode:
