@@ -5,6 +5,8 @@ The head fetches from the Hub with one lane per uplink interface; every worker t
 the head over the fabric (the head serves its verified directory read-only for the duration), so
 nothing crosses the internet twice. Re-runs confirm the files from stamps in well under a second."""
 
+from typing import Any
+
 from pyinfra import host, inventory, state
 from pyinfra.operations import server
 from sparkhost.lockfile import installed_path
@@ -18,6 +20,7 @@ from sparkrig.paths import paths
 from sparkrig.revisiondirs import LEGACY_DIRS, weights_adopted
 from sparkrig.stackfiles import stack_file_present
 from sparkrig.weights import (
+    Artifact,
     artifacts,
     token_text,
     transient_unit_started,
@@ -105,19 +108,28 @@ server.shell(
 )
 if two_lanes:
     lanes.append("--install-routes")  # per uplink: table 10N + "from <ip> lookup 10N" rule
+
+
+def artifact_args(art: Artifact) -> dict[str, Any]:
+    """``weights_present``'s arguments of one artifact, wherever its bytes come from."""
+    return {
+        "fetcher": fetcher,
+        "lock": art.remote_lock,
+        "dest": art.dest,
+        "unit": f"sparkrig-fetch-{art.name}",
+        "commit": art.commit,
+        "total_files": art.total_files,
+        "total_bytes": art.total_bytes,
+    }
+
+
 for art in host.loop(wanted):
     fetched = on_head(
         is_head,
         weights_present,
         name="Fetch and verify the weights on the head",
-        fetcher=fetcher,
-        lock=art.remote_lock,
-        dest=art.dest,
-        unit=f"sparkrig-fetch-{art.name}",
         source=["--endpoint", knobs.hub_endpoint, *lanes, *source_token],
-        commit=art.commit,
-        total_files=art.total_files,
-        total_bytes=art.total_bytes,
+        **artifact_args(art),
     )
     pair_restart().trigger("weights", fetched)
 
@@ -168,18 +180,12 @@ for art in host.loop(wanted):
         is_head,
         weights_present,
         name="Copy and verify the weights from the head over the fabric",
-        fetcher=fetcher,
-        lock=art.remote_lock,
-        dest=art.dest,
-        unit=f"sparkrig-fetch-{art.name}",
         source=[
             "--base-url", f"http://{settings.dial(settings.head)}:{knobs.copy_port}/{art.subdir}",
             # bound to the fabric netdev, else (a triangle, a ring) the way the routes say
             f"--uplink={settings.helper_device or 'default'}", "--no-bind-src", "--streams", "4",
         ],
-        commit=art.commit,
-        total_files=art.total_files,
-        total_bytes=art.total_bytes,
+        **artifact_args(art),
         source_absent=""
         if head_in_run
         else f"the head ({settings.head.name}) serves the weights to the workers and is not in "
