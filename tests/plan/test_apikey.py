@@ -14,7 +14,14 @@ from sparkrig.pairsecret import decide
 from sparkrig.secretio import Held
 from tests.plan import fakehosts
 from tests.plan.harness import run
-from tests.plan.test_plan import ACTION, HEAD, WORKER, apply, assert_no_restart, converge_state
+from tests.plan.test_plan import (
+    HEAD,
+    WORKER,
+    acting,
+    apply,
+    assert_no_restart,
+    converge_state,
+)
 
 KEY, ENV = "/etc/sparkrig/api-key", "/etc/sparkrig/api-key.env"
 HEAD_UNIT = "/etc/systemd/system/sparkrig-head.service"
@@ -40,7 +47,7 @@ def test_a_fresh_control_side_keeps_the_heads_key_and_gets_a_copy(monkeypatch, t
     assert r.exit_code == 0, r.output
     assert r.changed_ops == {HEAD: [COPY]}, r.changed_ops  # nothing on any host
     assert r.uploads == {}
-    assert not [c for cmds in r.commands.values() for c in cmds if ACTION.search(c)]
+    assert not acting(r)
     assert path.read_text() == HELD + "\n"
     assert path.stat().st_mode & 0o777 == 0o600
     assert "API key: the one the head holds (@fake/spark-a)" in r.output

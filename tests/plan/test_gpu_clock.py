@@ -5,7 +5,7 @@ no rank; off (the default), nothing of it is sent."""
 from __future__ import annotations
 
 from tests.plan import fakehosts
-from tests.plan.test_plan import ACTION, HEAD, STOP, WORKER, apply, converge_state, position
+from tests.plan.test_plan import HEAD, STOP, WORKER, acting, apply, converge_state, position
 
 UNIT = "/etc/systemd/system/sparkrig-gpu-clock.service"
 
@@ -47,5 +47,5 @@ def test_off_by_default_nothing_of_it_is_sent(monkeypatch):
     converge_state()
     r = apply(monkeypatch)
     assert r.exit_code == 0, r.output
-    acting = [c for cmds in r.commands.values() for c in cmds if ACTION.search(c)]
-    assert not [c for c in acting if "gpu-clock" in c], acting
+    changing = acting(r)
+    assert not [c for c in changing if "gpu-clock" in c], changing

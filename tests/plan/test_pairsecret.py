@@ -10,7 +10,14 @@ import pytest
 from sparkrig.pairsecret import decide
 from sparkrig.secretio import Held
 from tests.plan import fakehosts
-from tests.plan.test_plan import ACTION, HEAD, WORKER, apply, assert_no_restart, converge_state
+from tests.plan.test_plan import (
+    HEAD,
+    WORKER,
+    acting,
+    apply,
+    assert_no_restart,
+    converge_state,
+)
 
 SECRET = "/etc/sparkrig/pair-token"
 HELPERS = {
@@ -30,7 +37,7 @@ def test_a_fresh_control_side_takes_the_pairs_secret_and_restarts_nothing(monkey
     assert r.exit_code == 0, r.output
     assert r.changed_ops == {}, r.changed_ops
     assert r.uploads == {}
-    assert not [c for cmds in r.commands.values() for c in cmds if ACTION.search(c)]
+    assert not acting(r)
     assert not (tmp_path / "pair-token").exists()  # nothing made on the control side
     assert "agents' secret: the one the pair holds (@fake/spark-a, @fake/spark-b)" in r.output
 
@@ -71,7 +78,7 @@ def test_ranks_holding_different_secrets_are_refused_before_any_change(monkeypat
     assert r.exit_code != 0
     assert "the ranks hold different pair secrets (@fake/spark-a vs @fake/spark-b)" in r.output
     assert "pair_token_rotate = True" in r.output
-    assert not [c for cmds in r.commands.values() for c in cmds if ACTION.search(c)]
+    assert not acting(r)
     assert r.uploads == {}
 
 
@@ -84,7 +91,7 @@ def test_a_truncated_secret_on_the_ranks_is_refused_before_any_change(monkeypatc
     assert "is 20 characters, shorter than the 32 its helpers need to start" in r.output
     assert "pair_token_rotate = True" in r.output
     assert "0" * 20 not in r.output
-    assert not [c for cmds in r.commands.values() for c in cmds if ACTION.search(c)]
+    assert not acting(r)
     assert r.uploads == {}
 
 

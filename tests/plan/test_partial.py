@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from tests.plan import fakehosts
-from tests.plan.test_plan import ACTION, HEAD, STOP, WORKER, apply, converge_state
+from tests.plan.test_plan import HEAD, STOP, WORKER, acting, apply, converge_state
 
 WITH_THE_HEAD = "run `pyinfra inventory.py deploy.py` with the head (no --limit)"
 RANK = re.compile(r"^systemctl (start|stop) sparkrig-(head|worker)")
@@ -57,7 +57,7 @@ def test_full_verify_refuses_to_hash_beside_a_serving_rank(monkeypatch):
     assert r.exit_code != 0
     assert "weights_verify = 'full' re-hashes every weights file through the page cache" in r.output
     assert "stop the pair first (on the head: `sudo systemctl stop sparkrig-head`" in r.output
-    assert not [c for cmds in r.commands.values() for c in cmds if ACTION.search(c)]
+    assert not acting(r)
     assert not any(fakehosts.REHASH.search(c) for cmds in r.commands.values() for c in cmds)
 
 

@@ -51,6 +51,11 @@ ACTION = re.compile(
 )
 
 
+def acting(r: Run) -> list[str]:
+    """Every command of the run, on any host, that changes a host (``ACTION``)."""
+    return [c for cmds in r.commands.values() for c in cmds if ACTION.search(c)]
+
+
 def position(r: Run, name: str) -> int:
     matches = [i for i, op in enumerate(r.op_order) if op.endswith(name)]
     assert matches, f"no operation named {name!r} in {r.op_order}"
@@ -92,7 +97,7 @@ def test_second_run_with_converged_facts_changes_nothing(monkeypatch):
     assert second.exit_code == 0, second.output
     assert second.changed_ops == {}, second.changed_ops
     assert second.uploads == {}
-    assert not [c for cmds in second.commands.values() for c in cmds if ACTION.search(c)]
+    assert not acting(second)
 
 
 def test_limit_worker_plans_nothing_for_the_head(monkeypatch):
