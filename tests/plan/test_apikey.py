@@ -14,14 +14,7 @@ from sparkrig.pairsecret import decide
 from sparkrig.secretio import Held
 from tests.plan import fakehosts
 from tests.plan.harness import run
-from tests.plan.test_plan import (
-    HEAD,
-    WORKER,
-    acting,
-    apply,
-    assert_no_restart,
-    converge_state,
-)
+from tests.plan.test_plan import HEAD, WORKER, acting, apply, assert_no_restart, converge_state
 
 KEY, ENV = "/etc/sparkrig/api-key", "/etc/sparkrig/api-key.env"
 HEAD_UNIT = "/etc/systemd/system/sparkrig-head.service"

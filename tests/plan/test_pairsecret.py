@@ -10,14 +10,7 @@ import pytest
 from sparkrig.pairsecret import decide
 from sparkrig.secretio import Held
 from tests.plan import fakehosts
-from tests.plan.test_plan import (
-    HEAD,
-    WORKER,
-    acting,
-    apply,
-    assert_no_restart,
-    converge_state,
-)
+from tests.plan.test_plan import HEAD, WORKER, acting, apply, assert_no_restart, converge_state
 
 SECRET = "/etc/sparkrig/pair-token"
 HELPERS = {

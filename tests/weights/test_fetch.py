@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import FETCH, Hub, lock_files, parts_in_flight, poll, run_fetch
-from .topo import fetch_argv
+from .topo import fetch_argv, serve_argv
 
 BIG = "model-00001-of-00004.safetensors"  # 4 MiB, fetched first (largest, then by path)
 MID = "model-00003-of-00004.safetensors"  # 2 MiB
@@ -332,19 +332,8 @@ def test_serve_and_one_lane_copy(hub: Hub, model_lock: Path, tmp_path: Path) -> 
     (src / "model.fetch-status.json").write_bytes(b"{}")
     port = 18000 + os.getpid() % 1000
     srv = subprocess.Popen(
-        [
-            sys.executable,
-            FETCH,
-            "serve",
-            "--dir",
-            str(src),
-            "--listen",  # two addresses, as a ring's head serves each worker's way in
-            f"127.0.0.1:{port},127.0.0.2:{port}",
-            "--lock",
-            str(model_lock),
-            "--max-seconds",
-            "60",
-        ],
+        # two addresses, as a ring's head serves each worker's way in
+        [sys.executable, FETCH, *serve_argv(src, f"127.0.0.1:{port},127.0.0.2:{port}", model_lock)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

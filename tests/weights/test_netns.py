@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import lock_files, parts_in_flight, poll
-from .topo import Topo, fetch_argv
+from .topo import Topo, fetch_argv, serve_argv
 
 pytestmark = pytest.mark.netns
 
@@ -205,17 +205,10 @@ def test_bound_one_lane_copy(topo: Topo, hub_root: Path, model_lock: Path, tmp_p
     srv = subprocess.Popen(
         topo.in_ns(
             topo.srv,
-            *topo.fetch_cmd("serve")[4:],
-            "--dir",
-            str(src),
-            "--listen",
-            f"{topo.dn_ip(0)}:9100",
-            "--bind-device",
-            "dn0",
-            "--lock",
-            str(model_lock),
-            "--max-seconds",
-            "60",
+            # the program and its argv without the client's namespace prefix
+            *topo.fetch_cmd(
+                *serve_argv(src, f"{topo.dn_ip(0)}:9100", model_lock, "--bind-device", "dn0")
+            )[4:],
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -29,6 +29,13 @@ def fetch_argv(lock: Path, dest: Path, endpoint: str, *extra: str) -> list[str]:
     return ["fetch", "--lock", str(lock), "--dest", str(dest), "--endpoint", endpoint, *extra]
 
 
+def serve_argv(src: Path, listen: str, lock: Path, *extra: str) -> list[str]:
+    """``sparkrig-fetch serve``'s arguments: ``src``'s lockfile files on ``listen`` for a minute,
+    then ``extra``."""
+    return ["serve", "--dir", str(src), "--listen", listen, "--lock", str(lock),
+            "--max-seconds", "60", *extra]  # fmt: skip
+
+
 def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     r = subprocess.run(argv, capture_output=True, text=True)
     if check and r.returncode:
