@@ -51,9 +51,10 @@ ACTION = re.compile(
 )
 
 
-def acting(r: Run) -> list[str]:
-    """Every command of the run, on any host, that changes a host (``ACTION``)."""
-    return [c for cmds in r.commands.values() for c in cmds if ACTION.search(c)]
+def acting(r: Run, about: str = "") -> list[str]:
+    """Every command of the run, on any host, that changes a host (``ACTION``) and names
+    ``about``."""
+    return [c for cmds in r.commands.values() for c in cmds if ACTION.search(c) and about in c]
 
 
 def position(r: Run, name: str) -> int:
