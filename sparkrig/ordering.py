@@ -13,7 +13,7 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
-from pyinfra import host
+from pyinfra import host, inventory, state
 from pyinfra.api import operation
 from pyinfra.api.exceptions import DeployError
 from pyinfra.api.operation import OperationMeta
@@ -58,6 +58,12 @@ def argv_options(argv: list[str]) -> list[str]:
         return []
     given = argv[1 : argv.index("--")] if "--" in argv else argv[1:]
     return [key for key in ORDER_BREAKING if f"--{key.replace('_', '-')}" in given]
+
+
+def in_this_run(name: str) -> bool:
+    """Whether host ``name`` is in this run: one that ``--limit`` leaves out is never reached
+    (not even read)."""
+    return bool(state.is_host_in_limit(inventory.get_host(name)))
 
 
 def index_deploy_files(root: Path = REPO) -> None:

@@ -40,6 +40,7 @@ from sparkrig.fabric import (
     single_link,
 )
 from sparkrig.failing import problems_absent
+from sparkrig.ordering import in_this_run
 from sparkrig.owned import UnitNames, file_absent, file_present, unit_owned
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
@@ -59,10 +60,7 @@ if plan is not None:
     # proven by this rank's pings instead)
     everyone = for_inventory(inventory)
     reads = [
-        hoststate.read(everyone[r.name])
-        if host.state.is_host_in_limit(inventory.get_host(r.name))
-        else None
-        for r in settings.ranks
+        hoststate.read(everyone[r.name]) if in_this_run(r.name) else None for r in settings.ranks
     ]
     # this rank's ports as sysfs has them against the plan's names, then the cables against the
     # plan, from every read rank's probe, before any address is set

@@ -6,7 +6,7 @@ fabric address while the workers copy it (their layers checked against the head'
 `<image_repo>:<content hash>` from files/ without network; a present tag is never rebuilt. A
 stack without sparkrig's patch layer (``Stack.patched`` False) runs the pulled image as it is."""
 
-from pyinfra import host, inventory, state
+from pyinfra import host, inventory
 
 from sparkrig import hostpkg, hoststate
 from sparkrig.config.inventory import current, for_inventory
@@ -19,7 +19,7 @@ from sparkrig.imagecopy import (
     base_image_unserved,
     copy_plan,
 )
-from sparkrig.ordering import on_head, on_workers
+from sparkrig.ordering import in_this_run, on_head, on_workers
 from sparkrig.paths import paths
 
 settings = current()
@@ -42,9 +42,7 @@ mismatched: list[str] = []
 if is_head:
     mine = _state(settings.me.name)
     workers = {  # the workers of this run: one left out by --limit is never reached
-        w.name: _state(w.name)
-        for w in settings.workers
-        if state.is_host_in_limit(inventory.get_host(w.name))
+        w.name: _state(w.name) for w in settings.workers if in_this_run(w.name)
     }
     plan = copy_plan(mine, workers, base)
     missing, mismatched = plan.missing, plan.mismatched
@@ -89,7 +87,7 @@ on_workers(
     head=settings.head.name,
     fetcher=hostpkg.invocation(knobs.install_dir),
     source_absent=""
-    if state.is_host_in_limit(inventory.get_host(settings.head.name))
+    if in_this_run(settings.head.name)
     else f"the head ({settings.head.name}) serves it to the workers and is not in this run: run "
     "`pyinfra inventory.py deploy.py` with the head (no --limit)",
 )

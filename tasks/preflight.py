@@ -12,6 +12,7 @@ from sparkrig.front import front_paths, key_include_lost
 from sparkrig.fronttls import pair_tls
 from sparkrig.image import serving_tag
 from sparkrig.node import clock_problems
+from sparkrig.ordering import in_this_run
 from sparkrig.pairsecret import api_key, pair_secret
 from sparkrig.ports import port_problems
 from sparkrig.preflight import describe, fetch_summary, problems, warnings
@@ -28,7 +29,7 @@ if settings.me.is_head:  # the head compares itself with the workers (drivers, v
     peers = {
         w.name: hoststate.read(everyone[w.name]).node
         for w in settings.workers
-        if host.state.is_host_in_limit(inventory.get_host(w.name))  # --limit: never reached
+        if in_this_run(w.name)  # --limit: never reached
     }
 
 logger.info(f"{host.print_prefix}rank {settings.me.rank}: {describe(node)}")
@@ -119,7 +120,7 @@ found += [lost] if lost else []
 # The host baseline (sparkrig/baseline.py): every rank of the run on one kernel, driver and NIC
 # firmware, none on a known-bad combination. Each rank's read is shared: no command more.
 everyone = for_inventory(inventory)
-in_run = [r for r in settings.ranks if state.is_host_in_limit(inventory.get_host(r.name))]
+in_run = [r for r in settings.ranks if in_this_run(r.name)]
 mine = hoststate.read(settings).baseline
 logger.info(f"{host.print_prefix}baseline: {baseline.describe(mine)}")
 ranks = {r.name: hoststate.read(everyone[r.name]).baseline for r in in_run}

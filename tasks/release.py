@@ -4,18 +4,19 @@ upgrade can be rolled back (tasks/verify.py); its image and weights revision sta
 release passes the gates. An upgrade needs the whole pair: refused, before anything changes,
 without the head."""
 
-from pyinfra import host, inventory, logger, state
+from pyinfra import host, logger
 
 from sparkrig import hoststate
 from sparkrig.config.inventory import current
 from sparkrig.failing import problems_absent
+from sparkrig.ordering import in_this_run
 from sparkrig.release import change
 from sparkrig.rollback import previous_kept
 
 settings = current()
 record = hoststate.read(settings).release
 release_change = change(settings, record)
-head_in_run = state.is_host_in_limit(inventory.get_host(settings.head.name))
+head_in_run = in_this_run(settings.head.name)
 
 found = []
 if record.error:

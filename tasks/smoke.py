@@ -8,14 +8,14 @@ skipped (tasks/stop.py says so)."""
 import shlex
 from typing import Any
 
-from pyinfra import host, inventory
+from pyinfra import host
 from pyinfra.operations import server
 
 from sparkrig import hoststate
 from sparkrig.busbw import smoke_figures
 from sparkrig.config.inventory import current
 from sparkrig.image import serving_image
-from sparkrig.ordering import on_head, on_workers
+from sparkrig.ordering import in_this_run, on_head, on_workers
 from sparkrig.pairrestart import pair_restart
 from sparkrig.release import change
 from sparkrig.rollback import rollback
@@ -36,7 +36,7 @@ rank_active, _ = hoststate.read(settings).unit(settings.unit_name)
 # (sparkrig/rollback.py, tasks/verify.py), and what would start the new release is skipped.
 upgrading = bool(change(settings, hoststate.read(settings).release))
 rolls_back = rollback()
-smoke = knobs.nccl_smoke and host.state.is_host_in_limit(inventory.get_host(settings.head.name))
+smoke = knobs.nccl_smoke and in_this_run(settings.head.name)
 
 
 def smoke_due() -> bool:

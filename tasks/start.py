@@ -6,13 +6,13 @@ the ordered restart, so the pair serves again at the end of the run."""
 
 import shlex
 
-from pyinfra import host, inventory
+from pyinfra import inventory
 from pyinfra.operations import server
 
 from sparkrig import hostpkg, hoststate
 from sparkrig.config.inventory import current, for_inventory
 from sparkrig.helperunits import keep_helper_running
-from sparkrig.ordering import on_head, on_workers
+from sparkrig.ordering import in_this_run, on_head, on_workers
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
 from sparkrig.release import change
@@ -31,7 +31,7 @@ upgrading = bool(change(settings, hoststate.read(settings).release))
 rolls_back = rollback()
 # --limit worker: the head is not in this run (tasks/stop.py says so). The worker then leaves its
 # rank to the head's supervisor (an authenticated request below).
-head_in_run = host.state.is_host_in_limit(inventory.get_host(settings.head.name))
+head_in_run = in_this_run(settings.head.name)
 pair_started_in_order(
     settings,
     names=(

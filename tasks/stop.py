@@ -10,6 +10,7 @@ from pyinfra import host, inventory, logger
 
 from sparkrig import hoststate
 from sparkrig.config.inventory import current, for_inventory
+from sparkrig.ordering import in_this_run
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
 from sparkrig.runningrank import peer_down_marked, rank_thawed, stale_gid_dropped
@@ -27,7 +28,7 @@ rank_active, _ = hoststate.read(settings).unit(settings.unit_name)
 down_peers = [
     r.name
     for r in settings.others
-    if host.state.is_host_in_limit(inventory.get_host(r.name))
+    if in_this_run(r.name)
     and hoststate.read(everyone[r.name]).owned.is_down(everyone[r.name].unit_name)
 ]
 restart.trigger(
@@ -68,7 +69,7 @@ restart.trigger(
 # --limit worker: the head is not in this run. The worker then leaves its rank to the head's
 # supervisor (an authenticated request, tasks/start.py); anything needing the head is skipped, and
 # said so.
-head_in_run = host.state.is_host_in_limit(inventory.get_host(settings.head.name))
+head_in_run = in_this_run(settings.head.name)
 if not head_in_run:
     logger.info(
         f"{host.print_prefix}the head ({settings.head.name}) is not in this run: a pair restart "

@@ -7,13 +7,13 @@ nothing crosses the internet twice. Re-runs confirm the files from stamps in wel
 
 from typing import Any
 
-from pyinfra import host, inventory, state
+from pyinfra import host, inventory
 from pyinfra.operations import server
 from sparkhost.lockfile import installed_path
 
 from sparkrig import hostpkg, hoststate, stackfiles
 from sparkrig.config.inventory import current, for_inventory
-from sparkrig.ordering import on_head, on_workers
+from sparkrig.ordering import in_this_run, on_head, on_workers
 from sparkrig.owned import directory_owned, file_present, secret_installed
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
@@ -82,7 +82,7 @@ source_token = ["--token-file", host_paths.token_file] if needs_token else []
 
 # Every operation below exists on every host (acting only where its condition holds), so all
 # hosts share one sequence: the head fetches, serves, the workers copy, the head stops serving.
-head_in_run = state.is_host_in_limit(inventory.get_host(settings.head.name))
+head_in_run = in_this_run(settings.head.name)
 
 # weights_verify = "full": every rank re-hashes its files first (preflight refused it beside a
 # serving rank); only files that fail are fetched again below, so a healthy pair is not restarted.
@@ -154,7 +154,7 @@ def workers_lack() -> bool:
     return any(
         not hoststate.read(everyone[w.name]).weights_of(a.remote_lock).complete
         for w in settings.workers
-        if state.is_host_in_limit(inventory.get_host(w.name))
+        if in_this_run(w.name)
         for a in wanted
     )
 
