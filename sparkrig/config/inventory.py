@@ -30,7 +30,9 @@ from sparkrig.config.model import (
     resolved_ports,
 )
 from sparkrig.config.rules import (
+    PAIR_NAME_RE,
     cluster_problems,
+    endpoint_problems,
     fabric_env_refusals,
     lockfile_refusal,
     not_applied,
@@ -48,6 +50,7 @@ HOST_KEYS = (
     "api_url",
     "fabric_ports",  # fabric_layout "ports": the rank's QSFP ports by index (FabricPort)
     "lan_address",  # a triangle or a ring: the rank's LAN IPv4 address (the rendezvous's)
+    "pair",  # two pairs and more behind one endpoint: the name of the rank's pair (docs/pairs.md)
 )
 # Host data pyinfra 3.10's connectors read without declaring it in their ``data_meta``:
 # pyinfra/connectors/chroot.py (chroot_directory), dockerssh.py (docker_image, docker_container_id).
@@ -143,16 +146,78 @@ def said_once(problems: list[str], hosts: list[str]) -> list[str]:
 
 
 def build(view: InventoryView) -> dict[str, Settings]:
-    """Validate the whole inventory; return Settings per host name or raise one DeployError."""
-    problems: list[str] = []
+    """Validate the whole inventory; return Settings per host name or raise one DeployError.
+
+    Hosts that name a ``pair`` form one cluster per name, each validated as a pair of its own
+    (its head, its workers, its fabric); without ``pair`` the inventory is one cluster."""
     heads = view.groups.get(HEAD_GROUP, [])
     workers = view.groups.get(WORKER_GROUP, [])
+    clusters, problems = pairs_of(heads, workers)
+    built: list[tuple[str, list[Rank], dict[str, Knobs]]] = []
+    for pair, pair_heads, pair_workers in clusters:
+        ranks, knobs, found = _build_cluster(pair, pair_heads, pair_workers)
+        built.append((pair, ranks, knobs))
+        problems.extend(found)
+    if not problems:
+        problems.extend(endpoint_problems([(p, r, k) for p, r, k in built if r]))
+    if problems:
+        said = said_once(problems, [n for n, _ in [*heads, *workers]])
+        raise DeployError("invalid inventory or data:\n  " + "\n  ".join(said))
+    every_head = tuple(ranks[0] for _, ranks, _ in built)
+    out: dict[str, Settings] = {}
+    for pair, ranks, knobs in built:
+        as_tuple = tuple(ranks)
+        for r in ranks:
+            out[r.name] = Settings(
+                me=r, ranks=as_tuple, knobs=knobs[r.name], pair=pair, pair_heads=every_head
+            )
+    return out
 
+
+Hosts = list[tuple[str, dict[str, Any]]]
+
+
+def pairs_of(heads: Hosts, workers: Hosts) -> tuple[list[tuple[str, Hosts, Hosts]], list[str]]:
+    """The inventory's clusters, (pair name, heads, workers) each in inventory order, and what
+    is wrong with the grouping. No host names a ``pair``: one cluster, named "". Every host
+    names one: one cluster per name, in the order of their heads."""
+    named = [(n, d.get("pair")) for n, d in [*heads, *workers]]
+    if all(p in (None, "") for _, p in named):
+        return [("", heads, workers)], []
+    problems = [
+        f"{n}: pair: missing: the other hosts name their pair; name this one's too"
+        for n, p in named
+        if p in (None, "")
+    ]
+    for n, p in named:
+        if p not in (None, "") and not (isinstance(p, str) and PAIR_NAME_RE.match(p)):
+            problems.append(
+                f"{n}: pair: {p!r} is no pair name (a letter, then letters, digits or '_': the "
+                "name of the inventory's group of that pair, for --limit)"
+            )
+    order = list(dict.fromkeys(str(d.get("pair")) for _, d in heads if d.get("pair")))
+    order += [p for p in dict.fromkeys(str(d.get("pair")) for _, d in workers) if p not in order]
+    clusters = []
+    for pair in order:
+        if pair == "None" or not PAIR_NAME_RE.match(pair):
+            continue
+        own_heads = [hd for hd in heads if hd[1].get("pair") == pair]
+        own_workers = [hd for hd in workers if hd[1].get("pair") == pair]
+        clusters.append((pair, own_heads, own_workers))
+    return clusters, problems
+
+
+def _build_cluster(
+    pair: str, heads: Hosts, workers: Hosts
+) -> tuple[list[Rank], dict[str, Knobs], list[str]]:
+    """One cluster's ranks and knobs, and every problem found in its hosts' data."""
+    problems: list[str] = []
+    where = f"pair {pair}" if pair else "inventory"
     if len(heads) != 1:
         names = ", ".join(n for n, _ in heads) or "none"
-        problems.append(f"inventory: group 'head' must hold exactly one host (rank 0), has {names}")
+        problems.append(f"{where}: group 'head' must hold exactly one host (rank 0), has {names}")
     if not workers:
-        problems.append("inventory: group 'worker' must hold at least one host (ranks 1..N-1)")
+        problems.append(f"{where}: group 'worker' must hold at least one host (ranks 1..N-1)")
     both = {n for n, _ in heads} & {n for n, _ in workers}
     for name in sorted(both):
         problems.append(f"{name}: is in both 'head' and 'worker'")
@@ -225,12 +290,7 @@ def build(view: InventoryView) -> dict[str, Settings]:
     problems.extend(cluster_problems(ranks, knobs))
     if not problems and first is not None and ports_plan:
         problems.extend(fabric_env_refusals(ranks, first))
-    if problems:
-        said = said_once(problems, [n for n, _ in [*heads, *workers]])
-        raise DeployError("invalid inventory or data:\n  " + "\n  ".join(said))
-
-    as_tuple = tuple(ranks)
-    return {r.name: Settings(me=r, ranks=as_tuple, knobs=knobs[r.name]) for r in ranks}
+    return ranks, knobs, problems
 
 
 def _interface(value: Any) -> ipaddress.IPv4Interface:

@@ -105,8 +105,16 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     me: Rank
-    ranks: tuple[Rank, ...]
+    ranks: tuple[Rank, ...]  # this rank's pair (its cluster): rank 0 first
     knobs: Knobs
+    pair: str = ""  # the pair's name (host data ``pair``); "": the inventory is one cluster
+    # every pair's head in inventory order, this pair's among them: the endpoint's members
+    pair_heads: tuple[Rank, ...] = ()
+
+    @property
+    def other_heads(self) -> tuple[Rank, ...]:
+        """The heads of every other pair behind the endpoint (none for one pair)."""
+        return tuple(h for h in self.pair_heads if h.name != self.head.name)
 
     @property
     def head(self) -> Rank:

@@ -25,6 +25,31 @@ from sparkrig.config.model import (
 from sparkrig.engines import engine_of
 from sparkrig.stacks import STACKS, get
 
+# a pair's name is its inventory group's (``--limit <pair>``): a Python identifier, not a role's
+PAIR_NAME_RE = re.compile(r"^(?!(?:head|worker|all)$)[A-Za-z][A-Za-z0-9_]{0,31}$")
+# one endpoint: every head serves the API the same way, with the same key and CA
+ENDPOINT_KNOBS = ("api_port", "api_auth", "api_tls", "api_key_file", "api_tls_dir", "tls_cert")
+
+
+def endpoint_problems(clusters: list[tuple[str, list[Rank], dict[str, Knobs]]]) -> list[str]:
+    """What keeps two pairs and more from serving one endpoint: a knob of ``ENDPOINT_KNOBS``
+    that differs between their heads (a client must be served alike by any head)."""
+    if len(clusters) < 2:
+        return []
+    first_pair, first_ranks, first_knobs = clusters[0]
+    first = first_knobs[first_ranks[0].name]
+    problems = []
+    for _, ranks, knobs in clusters[1:]:
+        k = knobs[ranks[0].name]
+        for key in ENDPOINT_KNOBS:
+            if getattr(k, key) != getattr(first, key):
+                problems.append(
+                    f"{ranks[0].name}: {key}: {getattr(k, key)!r} differs from "
+                    f"{first_ranks[0].name}'s {getattr(first, key)!r} (pair {first_pair}): "
+                    "every pair's head serves the one endpoint alike"
+                )
+    return problems
+
 
 def typed_pair_problems(ranks: list[Rank]) -> list[str]:
     """A pair on both functions keeps the fabric_address its inventory types (its primary
