@@ -115,6 +115,9 @@ api_key_rotate = False  # True for one run: a new API key on the head, its servi
 engine_port = 8001  # the engine's own port, loopback only on the head; differs from api_port
 api_cors_origins = []  # browser origins let in cross-origin ("https://host[:port]"); []: no CORS
 api_conn_per_ip = 64  # in-flight requests one client address may hold at the front (429 beyond)
+# Two pairs and more behind one endpoint (docs/pairs.md): a pair about to restart leaves the
+# balance first, and its requests in flight may finish this long before its ranks stop
+drain_timeout_s = 120  # pairs: the most a restarting pair waits for its requests in flight
 # HTTPS by default: without tls_cert, a CA of the pair's own (docs/front.md "TLS") issues the
 # front's certificate; clients trust <api_tls_dir>/ca.crt
 api_tls = True  # False: plain HTTP (the key, prompts and answers cross the network in clear)

@@ -74,6 +74,7 @@ class Target:
     # it loads none, and the acceptance floor is not held
     drafter_lock: str | None = None
     stack: str | None = None  # recorded in the results, so compare judges them by its figures
+    pair_only: bool = False  # behind one endpoint: the release's own pair, never another's
 
 
 def figures_of(result: dict[str, Any]) -> dict[str, Any]:
@@ -233,6 +234,8 @@ def bench_argv(target: Target, json_path: Path) -> list[str]:
         argv += ["--drafter-lock", str(Path(target.drafter_lock).resolve())]
     if target.stack:
         argv += ["--stack", target.stack]
+    if target.pair_only:
+        argv.append("--pair-only")
     return argv
 
 

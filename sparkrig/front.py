@@ -25,8 +25,9 @@ from pyinfra.api import FactBase, QuoteString, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError
 from sparkhost.gate import REFUSED_PATH
 
+from sparkrig import endpoint
 from sparkrig.config.knobs import Knobs
-from sparkrig.config.model import Settings
+from sparkrig.config.model import Settings, api_scheme
 from sparkrig.factlines import END
 from sparkrig.fronttls import FrontTls, head_ca_path, head_cert_path, uses_pair_ca
 from sparkrig.gates import LoopbackTls, gate_command
@@ -103,7 +104,8 @@ def front_files(s: Settings) -> list[str]:
     """The files the front phase owns on this host (the head's; none on a worker)."""
     if not s.me.is_head:
         return []
-    return list(front_paths(s).values())
+    drain = [endpoint.drain_include(s)] if endpoint.balanced(s) else []
+    return [*front_paths(s).values(), *drain]
 
 
 def site_context(s: Settings) -> dict[str, Any]:
@@ -111,6 +113,7 @@ def site_context(s: Settings) -> dict[str, Any]:
     k, p = s.knobs, front_paths(s)
     tls = k.api_tls
     return {
+        **balance_context(s),
         **base_context(s),
         "api_port": k.api_port,
         "engine_port": k.engine_port,
@@ -122,6 +125,30 @@ def site_context(s: Settings) -> dict[str, Any]:
         "tls_cert": p["tls_cert"] if tls else "",
         "tls_key": p["tls_key"] if tls else "",
         "refused_path": REFUSED_PATH,
+    }
+
+
+def balance_context(s: Settings) -> dict[str, Any]:
+    """The site's part for several pairs behind one endpoint (sparkrig/endpoint.py); only
+    ``balanced`` False for one pair."""
+    if not endpoint.balanced(s):
+        return {"balanced": False}
+    lan = [str(h.lan_address) for h in s.pair_heads if h.lan_address is not None]
+    return {
+        "balanced": True,
+        "pair": s.pair,
+        "members": endpoint.members(s),
+        "front_ips": list(dict.fromkeys(["127.0.0.1", *lan])),
+        "fail_s": endpoint.FAIL_S,
+        "scheme": api_scheme(s.knobs),
+        "drain_include": endpoint.drain_include(s),
+        "local_header": endpoint.LOCAL_HEADER,
+        "local_var": endpoint.LOCAL_HEADER.lower().replace("-", "_"),
+        "pinned": endpoint.PINNED,
+        "balanced_value": endpoint.BALANCED,
+        "pair_header": endpoint.PAIR_HEADER,
+        "endpoint_name": endpoint.ENDPOINT_NAME,
+        "tls_ca": front_paths(s)["tls_ca"],
     }
 
 

@@ -33,6 +33,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from sparkrig.config.api import api_ca_file
 from sparkrig.config.inventory import for_inventory
 from sparkrig.config.model import Settings
+from sparkrig.endpoint import ENDPOINT_NAME
 from sparkrig.runscope import once_per_run
 from sparkrig.secretio import Held, SecretDigest, write_control_file
 from sparkrig.stateread import Part, Values
@@ -85,9 +86,11 @@ class FrontTls:
 def tls_names(s: Settings) -> tuple[str, ...]:
     """Every name a client may dial the head's API by: loopback (the head's gates), the head's
     inventory name and SSH address, its LAN address, the host of its ``api_url``, and the
-    operator's ``api_tls_names``."""
+    operator's ``api_tls_names``; behind one endpoint of several pairs, ``ENDPOINT_NAME``."""
     head, k = s.head, s.knobs
     names = [*LOOPBACK_NAMES, head.name, head.address, *k.api_tls_names]
+    if s.other_heads:  # the name every front of the endpoint verifies the others by
+        names.append(ENDPOINT_NAME)
     if head.lan_address is not None:
         names.append(str(head.lan_address))
     if head.api_url:

@@ -10,6 +10,8 @@ from pyinfra.operations import server
 
 from sparkrig import hoststate
 from sparkrig.config.inventory import current, for_inventory
+from sparkrig.drain import drained
+from sparkrig.endpoint import balanced, drain_include, drain_text
 from sparkrig.front import (
     RESTART_DROPIN,
     SERVICE,
@@ -19,7 +21,7 @@ from sparkrig.front import (
 )
 from sparkrig.fronttls import pair_tls
 from sparkrig.ordering import on_head
-from sparkrig.owned import dropin_present, unit_state_set
+from sparkrig.owned import dropin_present, file_present, unit_state_set
 from sparkrig.pairsecret import api_key
 
 settings = current()
@@ -53,6 +55,21 @@ changed = []
 for f in host.loop(wanted_files(settings, head_knobs, api, tls)):
     op, args = f.operation()
     changed.append(on_head(is_head, op, name=f.name, **args))
+
+# Behind one endpoint the drain include says whether this pair is in the balance: in it, unless
+# this run drained the pair for a restart (tasks/stop.py): then it is put back only once the
+# gates passed (tasks/verify.py).
+if balanced(settings):
+    changed.append(
+        on_head(
+            is_head,
+            file_present,
+            name="Keep the pair in the endpoint's balance (drain include)",
+            text=drain_text(False),
+            dest=drain_include(settings),
+            _if=lambda: not drained(host.name),
+        )
+    )
 
 
 def front_changed() -> bool:

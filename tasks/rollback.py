@@ -10,6 +10,7 @@ from pyinfra.operations import server
 
 from sparkrig.bringup import api_serving, why_command
 from sparkrig.config.model import Settings
+from sparkrig.drain import drained, restore_command
 from sparkrig.front import ROLLBACK_GATES, aside_for_older_release
 from sparkrig.ordering import on_head
 from sparkrig.owned import unit_state_set
@@ -78,6 +79,13 @@ def roll_back(
         name="Pass the four serving gates on the previous release",
         command=[*gates, "--only", ",".join(ROLLBACK_GATES)],  # argparse: the last --only wins
         _if=rolls_back,
+    )
+    on_head(
+        is_head,
+        server.shell,
+        name="Put the pair back into the endpoint's balance on its previous release",
+        commands=[restore_command(s)],
+        _if=lambda: rolls_back() and drained(s.me.name),
     )
     on_head(
         is_head,

@@ -7,10 +7,14 @@ running rank that cannot serve as it is (sparkrig/runningrank.py, triggered here
 does."""
 
 from pyinfra import host, inventory, logger
+from pyinfra.operations import server
 
 from sparkrig import hoststate
 from sparkrig.config.inventory import current, for_inventory
-from sparkrig.ordering import in_this_run
+from sparkrig.drain import drain_command, drains
+from sparkrig.endpoint import balanced
+from sparkrig.front import SITE
+from sparkrig.ordering import in_this_run, on_head
 from sparkrig.pairrestart import pair_restart
 from sparkrig.paths import paths
 from sparkrig.runningrank import peer_down_marked, rank_thawed, stale_gid_dropped
@@ -77,6 +81,20 @@ if not head_in_run:
         "is the image prune: run `pyinfra inventory.py deploy.py` with the head (no --limit) "
         "for them"
     )
+# Behind one endpoint, a pair leaves the balance before it stops: new requests go to the other
+# pairs, and those in flight finish (up to drain_timeout_s). Where no front serves yet, nothing
+# has to leave (tasks/verify.py puts the pair back once it passed its gates).
+front_serves = hoststate.read(settings).owned.file(SITE) is not None
+drains().add(
+    host.name,
+    on_head(
+        balanced(settings) and front_serves,
+        server.shell,
+        name="Drain the pair out of the endpoint's balance before it restarts",
+        commands=[drain_command(settings)],
+        _if=lambda: head_in_run and restart(),
+    ),
+)
 pair_stopped_in_order(
     settings,
     helpers=[

@@ -11,6 +11,7 @@ one sequence and the per-operation barrier keeps the prune behind the gates."""
 from dataclasses import replace
 
 from pyinfra import host, inventory, state
+from pyinfra.operations import server
 
 from sparkrig import hoststate
 from sparkrig.benchgate import Target, bench_figures, release_bench_passed
@@ -18,6 +19,8 @@ from sparkrig.bringup import api_serving, logs_to_read, serving_gates_passed, wh
 from sparkrig.busbw import smoke_figures
 from sparkrig.config.api import api_ca_file, api_url, drafter_lock
 from sparkrig.config.inventory import current
+from sparkrig.drain import drained, restore_command
+from sparkrig.endpoint import balanced
 from sparkrig.front import front_gate_command, loopback_tls
 from sparkrig.gates import wait_command
 from sparkrig.imagebuild import images_to_keep, old_images_pruned
@@ -127,6 +130,7 @@ rolls_back.watch(
             ca_file=api_ca_file(settings),
             drafter_lock=drafter_lock(settings),
             stack=knobs.stack,
+            pair_only=balanced(settings),
         ),
         previous=bench_to_reach(wanted(settings), record),
         tolerance=knobs.bench_tolerance,
@@ -156,6 +160,13 @@ rolls_back.watch(
             _ignore_errors=bool(release_change),
         ),
     ),
+)
+on_head(
+    is_head,
+    server.shell,
+    name="Put the pair back into the endpoint's balance once it passed its gates",
+    commands=[restore_command(settings)],
+    _if=lambda: drained(host.name) and not rolls_back(),
 )
 roll_back(settings, release_change, record, boot, gates)
 

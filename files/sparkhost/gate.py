@@ -42,8 +42,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sparkhost import tokenfile
+from sparkhost import tokenfile, wedge
 from sparkhost.pair import RESTART_LOCK, RestartLock
+
+LOCAL_HEADER = "X-Sparkrig-Local"  # sparkrig/endpoint.py: served by this pair, never balanced
+PINNED = "gate"  # its value for the gates: a draining pair still answers them
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_MODEL = "glm-5.3-flash"
@@ -265,6 +268,8 @@ def http(
     req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
     if data is not None:
         req.add_header("Content-Type", "application/json")
+    # served by this head's own pair, never balanced to another (sparkrig/endpoint.py)
+    req.add_header(LOCAL_HEADER, PINNED)
     if api_key:
         req.add_header("Authorization", f"Bearer {api_key}")
     try:
@@ -427,6 +432,40 @@ def wait_ready(
         sleep(interval)
 
 
+# --- drain ----------------------------------------------------------------------------------------
+def drain(
+    url: str,
+    parser: str,
+    timeout: float,
+    interval: float = 2.0,
+    read: Callable[[str, str], wedge.Sample] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    emit: Callable[[str], None] = print,
+) -> int:
+    """Wait until the engine has no request in flight (running and waiting both 0 on its progress
+    page ``url``) or ``timeout`` seconds passed; says which. Always 0: a bound reached lets the
+    restart go on (the requests still in flight are the bound's price, said in the log), and an
+    engine that does not answer has nothing in flight to wait for."""
+    get = read or (lambda u, p: wedge.read_metrics(u, timeout=5.0, parser=p))
+    start = clock()
+    while True:
+        try:
+            sample = get(url, parser)
+        except (OSError, ValueError) as err:
+            emit(f"drained: the engine does not answer ({err}): nothing in flight to wait for")
+            return 0
+        waited = clock() - start
+        left = sample.running + sample.waiting
+        if left == 0:
+            emit(f"drained: no request in flight after {waited:.0f} s")
+            return 0
+        if waited >= timeout:
+            emit(f"drain bound reached: {left:g} request(s) still in flight after {timeout:g} s")
+            return 0
+        sleep(interval)
+
+
 # --- CLI ------------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="sparkhost gate", description=__doc__.split("\n")[0])
@@ -450,7 +489,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--container")
             p.add_argument("--interval", type=float, default=10.0)
     sub.add_parser("stage")
+    p = sub.add_parser("drain")  # before a restart, behind one endpoint: wait for the in-flight
+    p.add_argument("--metrics", required=True, help="the engine's progress page on loopback")
+    p.add_argument("--parser", default="vllm-metrics", choices=sorted(wedge.PARSERS))
+    p.add_argument("--timeout", type=float, default=120.0)
     a = ap.parse_args(argv)
+    if a.cmd == "drain":
+        return drain(a.metrics, a.parser, a.timeout)
     if a.cmd == "stage":
         lines = sys.stdin.read().splitlines()
         print(json.dumps({"stage": boot_stage(lines), "errors": boot_errors(lines)[-5:]}))

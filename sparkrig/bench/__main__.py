@@ -68,6 +68,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="write the run's JSON here (figure beside it)")
     p.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
     p.add_argument("--short", action="store_true", help="the release gate's short bench")
+    p.add_argument(
+        "--pair-only",
+        action="store_true",
+        help="behind one endpoint of several "
+        "pairs: measure the pair of the head dialled alone (docs/pairs.md)",
+    )
     p.add_argument("--decode-tokens", type=int, help="forced tokens per request (512)")
     p.add_argument("--repeats", type=int, help="passes / waves per figure, median taken (3)")
     p.add_argument("--prompts", type=int, help="prose prompts per pass (8)")
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     proto: Protocol | seed004.Seed004 = (
         seed004.Seed004() if args.protocol == seed004.NAME else protocol_of(args)
     )
-    ep = Endpoint(url, model, key, verify=ca_file or True)
+    ep = Endpoint(url, model, key, verify=ca_file or True, pair_only=args.pair_only)
     why = ep.unanswered()
     if why:  # one line, nothing measured, nothing written
         print(f"bench: {why}; nothing measured, nothing written", file=sys.stderr)

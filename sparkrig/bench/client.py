@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import requests
+from sparkhost.gate import LOCAL_HEADER, PINNED
 
 Recorder = Callable[[str, dict[str, Any]], None]
 
@@ -61,6 +62,7 @@ class Endpoint:
     # them against vLLM's own request models)
     verify: str | bool = True  # an https URL's certificate: checked against this CA file, or
     # the system's trust (True)
+    pair_only: bool = False  # behind one endpoint: measure the pair of this head alone
     _sessions: dict[int, requests.Session] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -68,6 +70,8 @@ class Endpoint:
 
     def _headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json"}
+        if self.pair_only:  # never balanced to another pair (sparkrig/endpoint.py)
+            h[LOCAL_HEADER] = PINNED
         if self.api_key:
             h["Authorization"] = f"Bearer {self.api_key}"
         return h

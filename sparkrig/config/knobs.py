@@ -243,6 +243,10 @@ class Knobs(KnobChecks):
     'browser origins let in cross-origin ("https://host[:port]"); []: no CORS'
     api_conn_per_ip: int = _knob(64, ge=1, le=65535)
     """in-flight requests one client address may hold at the front (429 beyond)"""
+    # Two pairs and more behind one endpoint (docs/pairs.md): a pair about to restart leaves the
+    # balance first, and its requests in flight may finish this long before its ranks stop
+    drain_timeout_s: int = _knob(120, ge=0, le=3600)
+    """pairs: the most a restarting pair waits for its requests in flight"""
     # HTTPS by default: without tls_cert, a CA of the pair's own (docs/front.md "TLS") issues the
     # front's certificate; clients trust <api_tls_dir>/ca.crt
     api_tls: bool = _cluster(True)

@@ -39,6 +39,18 @@ def endpoint_problems(clusters: list[tuple[str, list[Rank], dict[str, Knobs]]]) 
     first_pair, first_ranks, first_knobs = clusters[0]
     first = first_knobs[first_ranks[0].name]
     problems = []
+    for _, ranks, knobs in clusters:
+        head = ranks[0]
+        if head.lan_address is None:
+            problems.append(
+                f"{head.name}: lan_address: missing: the other pairs' fronts reach this head at "
+                "its LAN IPv4 address (one endpoint over every pair); set it on every head"
+            )
+        if knobs[head.name].tls_cert is not None:
+            problems.append(
+                f"{head.name}: tls_cert: the heads of several pairs verify each other with the "
+                "endpoint's own CA (api_tls_dir); remove tls_cert and tls_key"
+            )
     for _, ranks, knobs in clusters[1:]:
         k = knobs[ranks[0].name]
         for key in ENDPOINT_KNOBS:

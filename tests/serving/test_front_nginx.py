@@ -9,13 +9,15 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
+import signal
 import shutil
 import socket
 import ssl
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -103,7 +105,13 @@ class Engine:
 class Front:
     """nginx under a temp prefix with the rendered site, its paths moved into the prefix."""
 
-    def __init__(self, tmp: Path, s: Settings, tls: tuple[Path, Path] | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        s: Settings,
+        tls: tuple[Path, Path] | None = None,
+        edit: Callable[[str], str] | None = None,
+    ) -> None:
         paths = front.front_paths(s)
         site = front.site_text(s)
         key_include = tmp / "api-front-key.conf"
@@ -113,6 +121,9 @@ class Front:
         if tls:
             site = site.replace(paths["tls_cert"], str(tls[0]))
             site = site.replace(paths["tls_key"], str(tls[1]))
+        site = edit(site) if edit else site  # a test's own addresses and paths
+        listen = re.search(r"listen (?:([\d.]+):)?(\d+)", site)
+        host = listen[1] if listen and listen[1] else "127.0.0.1"
         (tmp / "site.conf").write_text(site)
         temp = tmp / "temp"
         temp.mkdir()
@@ -126,20 +137,30 @@ class Front:
         )  # fmt: skip
         self.argv = [
             str(NGINX), "-p", str(tmp), "-c", str(tmp / "nginx.conf"),
-            "-g", f"daemon off; pid {tmp}/nginx.pid; error_log {tmp}/error.log;",
+            "-g", f"daemon off; pid {tmp}/nginx.pid; error_log {tmp}/error.log notice;",
         ]  # fmt: skip
         check = subprocess.run([*self.argv[:5], "-t", "-g", self.argv[-1]], capture_output=True,
                                text=True)  # fmt: skip
         assert check.returncode == 0, check.stderr
+        self.log = tmp / "error.log"
         self.proc = subprocess.Popen(self.argv, stderr=subprocess.PIPE, text=True)
         port, deadline = s.knobs.api_port, time.monotonic() + 10
         while time.monotonic() < deadline:
             with socket.socket() as c:
-                if c.connect_ex(("127.0.0.1", port)) == 0:
+                if c.connect_ex((host, port)) == 0:
                     return
             assert self.proc.poll() is None, self.proc.stderr.read() if self.proc.stderr else ""
             time.sleep(0.05)
         raise AssertionError("nginx did not listen")
+
+    def reload(self) -> None:
+        """``systemctl reload nginx``'s signal; returns once the new workers run."""
+        before = self.log.read_text().count("start worker process")
+        self.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while self.log.read_text().count("start worker process") <= before:
+            assert time.monotonic() < deadline, self.log.read_text()[-2000:]
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self.proc.terminate()
