@@ -1,4 +1,4 @@
-"""python3 -m lab up [--hosts N] [--fabric single|ports] | down | status
+"""python3 -m lab up [--hosts N] [--fabric single|ports] [--pairs P] | down | status
 | shape --uplink a|b (--rate R | --off) | ssh HOST | poweroff HOST | poweron HOST
 
 Run from the project root, as root."""
@@ -22,7 +22,7 @@ HUB_PORT = 8080
 HUB_CDN_PORT = 8081  # LFS downloads redirect here, like the Hub's CDN
 # The head's API (api_port, the default 8000: the lab keeps it) forwarded to this loopback port:
 # the control machine's bench and the release's bench gate reach it there (lab/inventory.py
-# sets the head's api_url to it)
+# sets the head's api_url to it); with pairs, the n-th head's to API_FORWARD_PORT + n
 API_FORWARD_PORT = 28000
 HEAD_API_PORT = 8000
 BOOT_TIMEOUT_S = 360  # two guests; more share the same host cores under TCG
@@ -199,25 +199,93 @@ def _wait_port(addr: str, port: int, timeout: float = 15) -> bool:
     return False
 
 
-def up(n_hosts: int, smp: int, fabric_layout: str | None = None) -> None:
+def host_records(n_hosts: int, fabric_layout: str, pairs: int = 0) -> list[dict[str, Any]]:
+    """The state's ``hosts``, before any guest runs (qemu_pid None): guest i's names, ports and
+    addresses; with ``pairs``, each host's pair (lab/fabric.py ``pair_hosts``)."""
+    members = (
+        fabric.pair_hosts(pairs)
+        if pairs
+        else [
+            (name, "head" if i == 0 else "worker", "")
+            for i, name in enumerate(vm.host_names(n_hosts))
+        ]
+    )
+    hosts = []
+    for i, (name, role, pair) in enumerate(members):
+        idx = i + 1
+        nics = fabric.nics(fabric_layout, n_hosts, idx, pairs)
+        host: dict[str, Any] = {
+            "name": name,
+            "role": role,
+            "index": idx,
+            "ssh_port": vm.SSH_PORT_BASE + i,
+            "mgmt_address": f"{net.UPLINKS['a']['prefix']}.{10 + idx}",
+            "fabric_layout": fabric_layout,
+            "lab_hosts": n_hosts,
+            # the first fabric NIC and address (the plan's first in the ports layout)
+            "fabric_interface": nics[0].netdev,
+            "fabric_address": fabric.first_address(fabric_layout, n_hosts, idx, pairs),
+            "roce_device": nics[0].rdma,
+            "fabric_nics": [
+                {"netdev": n.netdev, "rdma": n.rdma, "tap": n.tap, "bridge": n.bridge} for n in nics
+            ],
+            "uplink_interfaces": ["enP7s7", "enP9s9"],
+            "uplink_addresses": {
+                str(up["interface"]): f"{up['prefix']}.{10 + idx}" for up in net.UPLINKS.values()
+            },
+            "overlay": str(STATE_DIR / f"{name}.qcow2"),
+            "console_log": str(STATE_DIR / f"{name}.console.log"),
+            "qemu_pid": None,
+        }
+        if pairs:
+            host.update(pair=pair, lab_pairs=pairs)
+        hosts.append(host)
+    return hosts
+
+
+def api_forward_ports(hosts: list[dict[str, Any]]) -> dict[str, int]:
+    """Every head's loopback port for its API: the first head's API_FORWARD_PORT (as ever), the
+    next head's the port after it."""
+    heads = [h["name"] for h in hosts if h["role"] == "head"]
+    return {name: API_FORWARD_PORT + i for i, name in enumerate(heads)}
+
+
+def forward_specs(hosts: list[dict[str, Any]]) -> list[str]:
+    """lab.forward's arguments: every guest's SSH, then every head's API."""
+    specs = [f"{h['ssh_port']}={h['mgmt_address']}:22" for h in hosts]
+    by_name = {h["name"]: h for h in hosts}
+    for name, port in api_forward_ports(hosts).items():
+        specs.append(f"{port}={by_name[name]['mgmt_address']}:{HEAD_API_PORT}")
+    return specs
+
+
+def up(n_hosts: int, smp: int, fabric_layout: str | None = None, pairs: int = 0) -> None:
+    if pairs:
+        try:
+            fabric.check_pairs(pairs, fabric_layout or "cable", n_hosts)
+        except ValueError as e:
+            raise SystemExit(f"--pairs: {e}") from None
     if n_hosts < 2:
         raise SystemExit("the lab needs at least 2 hosts (head + worker)")
-    fabric_layout = fabric_layout or fabric.default_layout(n_hosts)
+    fabric_layout = fabric_layout or ("cable" if pairs else fabric.default_layout(n_hosts))
     if fabric_layout not in fabric.LAYOUTS:
         raise SystemExit(f"--fabric: one of {', '.join(fabric.LAYOUTS)}")
-    if fabric_layout == "cable" and n_hosts != 2:
+    if fabric_layout == "cable" and n_hosts != 2 and not pairs:
         raise SystemExit("--fabric cable: a pair's one cable, two hosts (--hosts 2)")
     state = load_state()
     if state is not None:
         running = [h for h in state["hosts"] if alive(h.get("qemu_pid"))]
         same = state.get("fabric_layout", "single") == fabric_layout
+        same = same and int(state.get("pairs", 0)) == pairs
         if running and same and len(state["hosts"]) == n_hosts and len(running) == n_hosts:
             print(f"lab already up with {n_hosts} hosts; reusing it", flush=True)
             vm.wait_ssh(state, boot_timeout(n_hosts))
             return
         if running:
             raise SystemExit(
-                f"lab is up with {len(state['hosts'])} hosts: run `python3 -m lab down` first"
+                f"lab is up with {len(state['hosts'])} hosts"
+                + (f" as {state['pairs']} pairs" if state.get("pairs") else "")
+                + ": run `python3 -m lab down` first"
             )
         print("stale lab state found: cleaning up first", flush=True)
         down(quiet=True)
@@ -231,7 +299,6 @@ def up(n_hosts: int, smp: int, fabric_layout: str | None = None) -> None:
     base = image.ensure_base()
     key, pubkey = ensure_keypair()
     host_keys = [k.split()[:2] for k in (base / "host_keys.pub").read_text().splitlines() if k]
-    names = vm.host_names(n_hosts)
     known_hosts = STATE_DIR / "known_hosts"
     known_hosts.write_text(
         "".join(
@@ -274,39 +341,13 @@ def up(n_hosts: int, smp: int, fabric_layout: str | None = None) -> None:
         "hosts": [],
         "knobs": {},
     }
-    for i, name in enumerate(names):
-        idx = i + 1
-        state["hosts"].append(
-            {
-                "name": name,
-                "role": "head" if i == 0 else "worker",
-                "index": idx,
-                "ssh_port": vm.SSH_PORT_BASE + i,
-                "mgmt_address": f"{net.UPLINKS['a']['prefix']}.{10 + idx}",
-                "fabric_layout": fabric_layout,
-                "lab_hosts": n_hosts,
-                # the first fabric NIC and address (the plan's first in the ports layout)
-                "fabric_interface": fabric.nics(fabric_layout, n_hosts, idx)[0].netdev,
-                "fabric_address": fabric.first_address(fabric_layout, n_hosts, idx),
-                "roce_device": fabric.nics(fabric_layout, n_hosts, idx)[0].rdma,
-                "fabric_nics": [
-                    {"netdev": n.netdev, "rdma": n.rdma, "tap": n.tap, "bridge": n.bridge}
-                    for n in fabric.nics(fabric_layout, n_hosts, idx)
-                ],
-                "uplink_interfaces": ["enP7s7", "enP9s9"],
-                "uplink_addresses": {
-                    str(up["interface"]): f"{up['prefix']}.{10 + idx}"
-                    for up in net.UPLINKS.values()
-                },
-                "overlay": str(STATE_DIR / f"{name}.qcow2"),
-                "console_log": str(STATE_DIR / f"{name}.console.log"),
-                "qemu_pid": None,
-            }
-        )
+    if pairs:
+        state["pairs"] = pairs
+    state["hosts"] = host_records(n_hosts, fabric_layout, pairs)
     save_state(state)
 
     print(f"network: namespace {net.NS}, internet address {inet}", flush=True)
-    net.create(n_hosts, fabric_layout)
+    net.create(n_hosts, fabric_layout, pairs)
 
     # the stock stand-in, its failing and slow variants (30% slower: the bench gate's lab test)
     # and one image per engine flavour, each stack's among them
@@ -334,10 +375,9 @@ def up(n_hosts: int, smp: int, fabric_layout: str | None = None) -> None:
             state["stack_pins"] = stack_pins(state["stack_images"], repos, state["knobs"])
         state["knobs"]["lockfile_dir"] = make_lockfiles(state)
 
-    forwards = [f"{h['ssh_port']}={h['mgmt_address']}:22" for h in state["hosts"]]
-    head = next(h for h in state["hosts"] if h["role"] == "head")
-    forwards.append(f"{API_FORWARD_PORT}={head['mgmt_address']}:{HEAD_API_PORT}")
-    state["api_forward_port"] = API_FORWARD_PORT
+    forwards = forward_specs(state["hosts"])
+    state["api_forward_port"] = API_FORWARD_PORT  # the first head's
+    state["api_forward_ports"] = api_forward_ports(state["hosts"])
     state["pids"]["forwarder"] = net.spawn(
         [sys.executable, "-m", "lab.forward", *forwards],
         STATE_DIR / "forwarder.log",
@@ -347,7 +387,8 @@ def up(n_hosts: int, smp: int, fabric_layout: str | None = None) -> None:
     save_state(state)
     _started("forwarder", state["pids"]["forwarder"])
 
-    print(f"booting {n_hosts} guests under TCG (about {n_hosts} min to SSH)", flush=True)
+    as_pairs = f" as {pairs} pairs" if pairs else ""
+    print(f"booting {n_hosts} guests{as_pairs} under TCG (about {n_hosts} min to SSH)", flush=True)
     tb = time.monotonic()
     for host in state["hosts"]:
         host["qemu_pid"] = vm.start(host, base, pubkey, smp)
@@ -456,8 +497,9 @@ def status() -> None:
         layout = h.get("fabric_layout", "single")
         nics = ", ".join(f"{n['netdev']}@{n['bridge']}" for n in h.get("fabric_nics", []))
         typed = f"fabric {h['fabric_interface']} -> {h['fabric_address']}"
+        pair = f"{h['pair']:<7} " if h.get("pair") else ""
         print(
-            f"{h['name']:<12} {h['role']:<6} ssh 127.0.0.1:{h['ssh_port']}  "
+            f"{h['name']:<12} {h['role']:<6} {pair}ssh 127.0.0.1:{h['ssh_port']}  "
             f"qemu {'running' if running else 'STOPPED'}  ssh {'ok' if ok else 'NO'}  "
             + {"single": typed, "cable": f"{typed} (+ twin): {nics}"}.get(layout, f"fabric {nics}")
         )
@@ -469,7 +511,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python3 -m lab", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="build (cached) and boot the lab, wait for SSH")
-    p_up.add_argument("--hosts", type=int, default=2, help="number of guests (first is head)")
+    p_up.add_argument(
+        "--hosts", type=int, default=None, help="number of guests (first is head; default 2)"
+    )
     p_up.add_argument("--smp", type=int, default=1, help="vCPUs per guest")
     p_up.add_argument(
         "--fabric",
@@ -479,6 +523,13 @@ def main() -> None:
         "today's form; single (default for more): one fabric NIC per guest on one bridge (a "
         "switch); ports: both functions of each cabled port, every address derived (a pair, or "
         "a triangle or a ring cabled port 0 to the next guest's port 1: lab/fabric.py)",
+    )
+    p_up.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="P pairs behind one endpoint (2 to 4; guests 2p+1 head and 2p+2 worker of pair p: "
+        "pair_a, pair_b, ...), each pair cabled as --fabric cable on segments of its own",
     )
     sub.add_parser("down", help="stop everything and delete the namespace and overlays")
     sub.add_parser("status", help="hosts, ports, SSH reachability (exit 1 if not all up)")
@@ -497,7 +548,8 @@ def main() -> None:
         raise SystemExit("the lab needs root (namespaces, taps)")
     if args.cmd == "up":
         try:
-            up(args.hosts, args.smp, args.fabric)
+            hosts = args.hosts if args.hosts is not None else 2 * (args.pairs or 1)
+            up(hosts, args.smp, args.fabric, args.pairs)
         except BaseException:
             print("lab up failed: run `python3 -m lab down` to clean up", file=sys.stderr)
             raise

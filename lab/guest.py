@@ -39,6 +39,7 @@ class Guest:
     key: str
     known_hosts: str
     user: str
+    pair: str = ""  # `lab up --pairs P`: the guest's pair ("pair_a", ...); "": one cluster
 
     @property
     def ip(self) -> str:
@@ -46,7 +47,10 @@ class Guest:
 
     @property
     def container(self) -> str:
-        """The rank's container: sparkrig-rank<rank>, lab-workerN being rank N (lab/vm.py)."""
+        """The rank's container: sparkrig-rank<rank>, lab-workerN being rank N (lab/vm.py); in a
+        lab of pairs each pair's worker is its rank 1 (lab-worker2 is pair_b's)."""
+        if self.pair:
+            return f"sparkrig-rank{0 if self.role == 'head' else 1}"
         rank = 0 if self.role == "head" else int(self.name.removeprefix("lab-worker"))
         return f"sparkrig-rank{rank}"
 
@@ -113,6 +117,7 @@ def guests(state: dict[str, Any] | None = None) -> list[Guest]:
             key=state["ssh_key"],
             known_hosts=state["known_hosts"],
             user=state["ssh_user"],
+            pair=str(h.get("pair", "")),
         )
         for h in state["hosts"]
     ]

@@ -5,7 +5,8 @@ Layout inside namespace NS (the namespace itself is the router of both uplinks):
   br-a   172.30.1.1/24  uplink A + management (guests' enP7s7, default route metric 100)
   br-b   172.30.2.1/24  uplink B (guests' enP9s9, default route metric 600)
   br-fab no address, MTU 9000, L2 only (guests' enp1s0f1np1; fabric subnet 10.200.0.0/24); in
-         fabric layout "ports" one bridge per cable and function class instead (lab/fabric.py)
+         fabric layout "ports" (and two pairs and more: `lab up --pairs P`) one bridge per cable
+         and function class instead (lab/fabric.py)
   lo     also holds the "internet" address 203.0.113.1/32, where the test servers listen
 A server there sees 172.30.1.x when a guest came through uplink A and 172.30.2.x through uplink B.
 """
@@ -79,9 +80,9 @@ def tap_names(idx: int) -> dict[str, str]:
     return {"a": f"g{idx}a", "b": f"g{idx}b"}
 
 
-def create(n_hosts: int, fabric_layout: str = "single") -> None:
+def create(n_hosts: int, fabric_layout: str = "single", pairs: int = 0) -> None:
     """Create the namespace, bridges, internet address and one tap per guest NIC (the fabric's
-    segments and NICs as lab/fabric.py lays them out)."""
+    segments and NICs as lab/fabric.py lays them out; ``pairs``: that many pairs' cables)."""
     sh("ip", "netns", "add", NS)
     nsip("link", "set", "lo", "up")
     sh("ip", "netns", "exec", NS, "sysctl", "-qw", "net.ipv4.ip_forward=0")
@@ -91,7 +92,7 @@ def create(n_hosts: int, fabric_layout: str = "single") -> None:
         nsip("link", "add", br, "type", "bridge")
         nsip("addr", "add", f"{up['prefix']}.1/24", "dev", br)
         nsip("link", "set", br, "up")
-    for bridge in fabric.bridges(fabric_layout, n_hosts):
+    for bridge in fabric.bridges(fabric_layout, n_hosts, pairs):
         # mtu before type: `ip link add NAME type bridge mtu N` is parsed as a bridge option
         nsip("link", "add", bridge, "mtu", str(FABRIC_MTU), "type", "bridge")
         nsip("link", "set", bridge, "up")
@@ -100,7 +101,7 @@ def create(n_hosts: int, fabric_layout: str = "single") -> None:
             nsip("tuntap", "add", "dev", tap, "mode", "tap")
             nsip("link", "set", tap, "master", str(UPLINKS[kind]["bridge"]))
             nsip("link", "set", tap, "up")
-        for nic in fabric.nics(fabric_layout, n_hosts, idx):
+        for nic in fabric.nics(fabric_layout, n_hosts, idx, pairs):
             nsip("tuntap", "add", "dev", nic.tap, "mode", "tap")
             nsip("link", "set", nic.tap, "mtu", str(FABRIC_MTU))
             nsip("link", "set", nic.tap, "master", nic.bridge)

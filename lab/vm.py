@@ -10,7 +10,7 @@ from typing import Any
 from lab import STATE_DIR, fabric, net
 
 MEMORY_MB = 2048
-SSH_PORT_BASE = 2221  # lab-head 127.0.0.1:2221, lab-worker1 :2222, ...
+SSH_PORT_BASE = 2221  # lab-head 127.0.0.1:2221, lab-worker1 :2222, ... (guest i: 2220 + i)
 
 
 def host_names(n: int) -> list[str]:
@@ -46,8 +46,9 @@ def start(host: dict[str, Any], base: Path, pubkey: str, smp: int, fresh: bool =
         )
     taps = net.tap_names(idx)
     layout, n_hosts = host.get("fabric_layout", "single"), int(host.get("lab_hosts", 2))
+    pairs = int(host.get("lab_pairs", 0))  # `lab up --pairs P`; 0: one cluster, as before
     key_b64 = pubkey.split()[1]
-    rxe = fabric.rxe_arg(layout, n_hosts, idx)
+    rxe = fabric.rxe_arg(layout, n_hosts, idx, pairs)
     append = (
         "root=/dev/vda rw console=ttyS0 net.ifnames=1 quiet "
         f"sparkrig.host={host['name']} sparkrig.idx={idx} sparkrig.key={key_b64}"
@@ -85,7 +86,7 @@ def start(host: dict[str, Any], base: Path, pubkey: str, smp: int, fresh: bool =
     # addr= pins the PCI slot, which the guest's .link files turn into Spark-like names; the
     # uplinks on slots 7 and 9, the fabric NICs where lab/fabric.py puts them (8 and 10-12)
     nics = [("a", taps["a"], 7), ("b", taps["b"], 9)]
-    nics += [(f"f{n.slot:x}", n.tap, n.slot) for n in fabric.nics(layout, n_hosts, idx)]
+    nics += [(f"f{n.slot:x}", n.tap, n.slot) for n in fabric.nics(layout, n_hosts, idx, pairs)]
     for kind, tap, slot in sorted(nics, key=lambda nic: nic[2]):
         argv += [
             "-netdev",
