@@ -13,6 +13,12 @@ base_image/model_*/drafter_*, so `--data stack=entrpi-exl3` alone switches the p
 knob would override every stack's pin). A lab from before that keeps today's top-level pins.
 Lab-only override, e.g. for a stack whose engine never becomes ready (the rollback test):
 `--data stack=entrpi-exl3 --data base_image=<state "image_never_ready">`.
+
+Pairs (`lab up --pairs P`, state "pairs"): every host names its pair (host data ``pair``), every
+head gets its LAN address (``lan_address``: its management address, where the other heads' fronts
+reach its API) and its own loopback forward as ``api_url``, and each pair is a group of its own
+named after it (``pair_a``, ``pair_b``, ...: `pyinfra lab/inventory.py deploy.py --limit pair_b`).
+Without pairs nothing of that is said: the inventory is today's.
 """
 
 import json as _json
@@ -87,12 +93,21 @@ def _host(h: dict) -> tuple:
             del data["fabric_interface"]
             data["lan_address"] = h["mgmt_address"]
     if h["role"] == "head" and "api_forward_port" in _state:  # the control side's way to the API
-        data["api_url"] = f"https://127.0.0.1:{_state['api_forward_port']}"
+        port = _state.get("api_forward_ports", {}).get(h["name"], _state["api_forward_port"])
+        data["api_url"] = f"https://127.0.0.1:{port}"
+    if _state.get("pairs"):  # two pairs and more behind one endpoint (issue 52)
+        data["pair"] = h["pair"]
+        if h["role"] == "head":  # the other heads' fronts reach this head's API here
+            data["lan_address"] = h["mgmt_address"]
     data.update(_knobs)
     if h["role"] == "head":  # clients on the uplinks dial the head by its uplink addresses
         data["api_tls_names"] = sorted(h.get("uplink_addresses", {}).values())
     return (h["name"], data)
 
 
-head = [_host(h) for h in _state["hosts"] if h["role"] == "head"]
-worker = [_host(h) for h in _state["hosts"] if h["role"] == "worker"]
+_hosts = [_host(h) for h in _state["hosts"]]
+head = [hd for hd, h in zip(_hosts, _state["hosts"], strict=True) if h["role"] == "head"]
+worker = [hd for hd, h in zip(_hosts, _state["hosts"], strict=True) if h["role"] == "worker"]
+if _state.get("pairs"):  # one group per pair, named after it (a module-level list is a group)
+    for _pair in dict.fromkeys(h["pair"] for h in _state["hosts"]):
+        globals()[_pair] = [hd for hd in _hosts if hd[1]["pair"] == _pair]
