@@ -3,7 +3,7 @@ PY ?= python3
 PKG := sparkrig lab files bench/chaos
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: deps deps-lab check test unit install-test deploy-lab lab-test lab-rings lab-down
+.PHONY: deps deps-lab check test unit install-test deploy-lab lab-test lab-rings lab-pairs lab-down
 
 # Everything: the deploy, the lab and the tests (torch and vLLM CPU for the serving checks).
 deps:
@@ -118,6 +118,12 @@ lab-test: deps check
 RING_HOSTS ?= 3
 lab-rings: deps check
 	SPARKRIG_LAB=1 SPARKRIG_RING_HOSTS=$(RING_HOSTS) $(PYTEST) -m lab tests/lab_rings --durations=12; rc=$$?; [ "$$SPARKRIG_LAB_KEEP" = 1 ] || $(PY) -m lab down; exit $$rc
+
+# Two pairs behind one endpoint (issue 52, tests/lab_pairs): four guests, `lab up --pairs 2`, each
+# pair cabled as the two-guest lab on segments of its own. SPARKRIG_PAIRS_FIGURES=1 records the
+# steady client's figures under bench/results/pairs-lab/.
+lab-pairs: deps check
+	SPARKRIG_LAB=1 SPARKRIG_PAIRS=2 $(PYTEST) -m lab tests/lab_pairs --durations=12; rc=$$?; [ "$$SPARKRIG_LAB_KEEP" = 1 ] || $(PY) -m lab down; exit $$rc
 
 lab-down:
 	$(PY) -m lab down
