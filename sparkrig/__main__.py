@@ -3,13 +3,19 @@
 init    an inventory from the boxes themselves: host keys pinned, fabric found (sparkrig/init.py)
 check   every refusal that needs no host, offline (sparkrig/check.py)
 logs    each rank's engine and helper journals (sparkrig/logs.py)
+roll    a release through several pairs, one pair at a time, the others serving (sparkrig/roll.py)
 """
 
 from __future__ import annotations
 
 import sys
 
-COMMANDS = {"init": "sparkrig.init", "check": "sparkrig.check", "logs": "sparkrig.logs"}
+COMMANDS = {
+    "init": "sparkrig.init",
+    "check": "sparkrig.check",
+    "logs": "sparkrig.logs",
+    "roll": "sparkrig.roll",
+}
 
 
 def main(argv: list[str]) -> int:

@@ -295,6 +295,17 @@ def change(s: Settings, report: ReleaseReport) -> str:
     return f"{serving.label()} -> {want.label()}"
 
 
+def rolling_refusal(pairs: Sequence[str]) -> str:
+    """Why a run that takes several serving pairs to a new release at once is refused (``change``
+    is "" where nothing serves yet: a first deploy takes every pair at once, no request lost)."""
+    return (
+        f"the release changes on pairs {', '.join(pairs)} at once: behind one endpoint a release "
+        "goes one pair at a time while the others serve; run `python3 -m sparkrig roll "
+        "inventory.py` with the same --data (it runs the deploy with --limit one pair after the "
+        "other), or the deploy with --limit <pair> yourself"
+    )
+
+
 def bench_to_reach(want: Release, report: ReleaseReport) -> dict[str, Any]:
     """The short-bench figures a release change is held to (sparkrig/benchgate.py): each stack
     against its own. Within one stack, the serving release's (today's gate); across a stack

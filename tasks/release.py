@@ -4,13 +4,13 @@ upgrade can be rolled back (tasks/verify.py); its image and weights revision sta
 release passes the gates. An upgrade needs the whole pair: refused, before anything changes,
 without the head."""
 
-from pyinfra import host, logger
+from pyinfra import host, inventory, logger
 
 from sparkrig import hoststate
-from sparkrig.config.inventory import current
+from sparkrig.config.inventory import current, for_inventory
 from sparkrig.failing import problems_absent
 from sparkrig.ordering import in_this_run
-from sparkrig.release import change
+from sparkrig.release import change, rolling_refusal
 from sparkrig.rollback import previous_kept
 
 settings = current()
@@ -37,6 +37,18 @@ problems_absent(
     heading="release",
     passed="no upgrade without the head",
 )
+# Behind one endpoint a release goes one pair at a time (`python3 -m sparkrig roll`): a run
+# that would take several serving pairs to a new release at once is refused, before any change.
+if settings.other_heads:
+    everyone = for_inventory(inventory)
+    heads = [everyone[h.name] for h in settings.pair_heads if in_this_run(h.name)]
+    changing = [h.pair for h in heads if change(h, hoststate.read(h).release)]
+    problems_absent(
+        name="Refuse a release change of several serving pairs at once",
+        problems=[rolling_refusal(changing)] if len(changing) > 1 else [],
+        heading="release",
+        passed="a release change rolls one pair at a time",
+    )
 serving = record.serving
 previous_kept(
     name="Keep the serving release's unit and lockfiles until the new release passes the gates",

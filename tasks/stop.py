@@ -84,11 +84,11 @@ if not head_in_run:
 # Behind one endpoint, a pair leaves the balance before it stops: new requests go to the other
 # pairs, and those in flight finish (up to drain_timeout_s). Where no front serves yet, nothing
 # has to leave (tasks/verify.py puts the pair back once it passed its gates).
-front_serves = hoststate.read(settings).owned.file(SITE) is not None
+front_serves = balanced(settings) and hoststate.read(settings).owned.file(SITE) is not None
 drains().add(
     host.name,
     on_head(
-        balanced(settings) and front_serves,
+        front_serves,
         server.shell,
         name="Drain the pair out of the endpoint's balance before it restarts",
         commands=[drain_command(settings)],
