@@ -224,6 +224,8 @@ REACH = re.compile(r"^/usr/bin/python3 -c '\nimport ssl, sys, urllib")  # sparkr
 FRONT = re.compile(r"^if dpkg-query -W -f='\$\{Status\}' nginx ")  # sparkrig/front.py
 FRONT_INSTALL = re.compile(r"^sh -c 'set -e; \{ DEBIAN_FRONTEND=noninteractive apt-get install ")
 FRONT_CHECK = re.compile(r"^nginx -t -q$")
+# behind one endpoint: the drain include written, the front reloaded (sparkrig/drain.py)
+FRONT_DRAIN = re.compile(r"^printf '%s' '# sparkrig: 1 while this pair drains ")
 FRONT_ASIDE = re.compile(r"^grep -qF -- '--host 127\.0\.0\.1' ")
 FRONT_OFF = re.compile(r"^if \[ -e /var/lib/sparkrig/nginx-installed-by-sparkrig \]; then ")
 FRONT_UNIT = re.compile(r"^systemctl (start|stop|enable|disable|reload|restart) nginx\.service")
@@ -510,7 +512,7 @@ def bare(ip: str) -> dict[Any, Any]:
         PAIR_WAIT, PAIR_REQUEST, BOOT_WAIT, PRUNE, ROUTES_REPAIR,
         KEEP, RESTORE, ADOPT, PRUNE_WEIGHTS,
         APT_MARK, UPDATE_GRUB,
-        FRONT_INSTALL, FRONT_CHECK, FRONT_UNIT, FRONT_OFF, FRONT_ASIDE,
+        FRONT_INSTALL, FRONT_CHECK, FRONT_UNIT, FRONT_OFF, FRONT_ASIDE, FRONT_DRAIN,
         r"^sysctl -p /etc/sysctl\.d/91-sparkrig-fabric\.conf$",  # a relaying ring's forwarding
         r"^/usr/sbin/nft -c -f /etc/sparkrig/firewall\.nft$",  # checked before it is loaded
         r"^if /usr/sbin/nft list table inet sparkrig ",  # the table deleted (firewall off)
@@ -585,6 +587,7 @@ def first_device(s: Settings) -> str:
 def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]:
     """path -> (content, mode) of every file the deploy owns on this rank, made by the same
     functions the tasks call (render + the context builders, the programs, the lockfiles)."""
+    from sparkrig import endpoint
     from sparkrig.fabric import env_context, env_template, netplan_text
     from sparkrig.front import (
         api_key_file,
@@ -640,6 +643,8 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
         front = front_paths(s)
         text[front["site"]] = (site_text(s), "644")
         text[front["restart_dropin"]] = (restart_dropin_text(), "644")
+        if endpoint.balanced(s):  # behind one endpoint: in the balance
+            text[endpoint.drain_include(s)] = (endpoint.drain_text(False), "644")
         if k.api_auth:
             text[front["key_include"]] = (key_include_text(control_token(k.api_key_file)), "600")
         if uses_pair_ca(s):  # the pair's CA, made by the first plan of the session
