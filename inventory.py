@@ -17,6 +17,10 @@ same host number on the buddy subnet (192.168.100.10/24 -> 192.168.101.10/24), s
 free. One function gives about 12 GB/s all-reduce, both about 21 (docs/rings.md); fabric_layout =
 "single" holds a pair to the first.
 
+Four Sparks as two pairs behind one endpoint: give every host `"pair": "pair_a"` (or
+"pair_b"), every head its `lan_address`, and add the groups `pair_a = [...]`, `pair_b = [...]`
+(docs/pairs.md); a release then rolls one pair at a time: `python3 -m sparkrig roll inventory.py`.
+
 Host keys are pinned (as lab/inventory.py does): pyinfra connects only to a host whose key is in
 .sparkrig/known_hosts, never accepting a new one on first use. Fill it once, checking each
 fingerprint at the Spark's console (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` there):
