@@ -1,9 +1,13 @@
-"""One object per pyinfra run.
+"""One object per pyinfra run, or per pair of the run.
 
 A deploy file runs once per host, so what must be decided once for the whole run (validated
-settings, the pair-restart decision, the state reads, the pair secret) is kept here, keyed by the
-object that identifies the run (pyinfra's state or inventory); a new run gets a new one. What
-watches operations for a change or a failure over the run is one kind of object, ``Watch``.
+settings, the state reads, the endpoint's API key and CA) is kept here, keyed by the object that
+identifies the run (pyinfra's state or inventory); a new run gets a new one. An inventory may hold
+several pairs behind one endpoint (host data ``pair``): what belongs to one pair (its pair-restart
+decision, its rollback, its agents' secret, its bench figures) is kept once per pair of the run
+(``once_per_pair``, ``watch``), so two pairs never share a decision nor trigger each other's. The
+config tells this module which pair each host is in (``pairs_are``); it knows nothing else of
+the config. What watches operations for a change or a failure is one kind of object, ``Watch``.
 
 pyinfra 3.10 loads the deploy file for every host at once, one greenlet each
 (pyinfra_cli/util.py ``_parallel_load_hosts``), and a ``make`` that reads a host over SSH yields
@@ -11,16 +15,18 @@ to the others: without the per-name lock below, two hosts each made their own ob
 pair secret came out different on the head and the worker, found in the lab).
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from gevent.lock import RLock
-from pyinfra.context import ctx_state
+from pyinfra.context import ctx_host, ctx_state
 
 T = TypeVar("T")
 
 _HELD: dict[str, tuple[Any, Any]] = {}  # name -> (the run's state or inventory, its object)
 _LOCKS: dict[str, RLock] = {}  # name -> held while that object is made
+# the run's inventory and its hosts' pairs (host name -> pair name, "" when one cluster)
+_PAIRS: tuple[Any, dict[str, str]] = (None, {})
 
 
 def once_per_run(name: str, run: Any, make: Callable[[], T]) -> T:
@@ -38,6 +44,42 @@ def once_per_run(name: str, run: Any, make: Callable[[], T]) -> T:
         return held[1]
 
 
+def _real(run: Any) -> Any:
+    """The object behind pyinfra's context proxy (``from pyinfra import inventory``), else
+    ``run`` itself: the proxy and the inventory it stands for are one run."""
+    module = getattr(run, "_get_module", None)
+    return module() if callable(module) and module() is not None else run
+
+
+def pairs_are(inventory: Any, pairs: Mapping[str, str]) -> None:
+    """Say which pair each host of ``inventory`` (pyinfra's, the run's) is in: host name -> the
+    pair's name, "" for every host of an inventory that is one cluster (sparkrig/config)."""
+    global _PAIRS
+    _PAIRS = (_real(inventory), dict(pairs))
+
+
+def pair_of(name: str, inventory: Any) -> str:
+    """The pair host ``name`` of ``inventory`` is in; "" when the inventory is one cluster (or
+    its pairs were never said: nothing is then told apart, as before pairs)."""
+    held, pairs = _PAIRS
+    return pairs.get(name, "") if held is not None and held is _real(inventory) else ""
+
+
+def slot(name: str, pair: str) -> str:
+    """The slot of ``name`` for one pair: ``name`` itself for an inventory of one cluster (its
+    one pair is the run), ``name [pair]`` for a named pair."""
+    return f"{name} [{pair}]" if pair else name
+
+
+def once_per_pair(name: str, make: Callable[[], T]) -> T:
+    """The object ``make`` built under ``name`` for the current host's pair in the current run
+    (pyinfra's state and host): one for every host of that pair, another for each other pair."""
+    state = ctx_state.get()
+    current = ctx_host.get()
+    pair = pair_of(current.name, getattr(state, "inventory", None)) if current is not None else ""
+    return once_per_run(slot(name, pair), state, make)
+
+
 def changed(meta: Any) -> bool:
     """Did this operation (an OperationMeta) run and change something?"""
     return bool(meta.is_complete() and meta.did_change())
@@ -49,9 +91,10 @@ def failed(meta: Any) -> bool:
 
 
 class Watch:
-    """The one change-watcher: operations watched for the whole run under names (any host's),
-    asked which changed something or failed so far. Each purpose gets one per run (``watch``):
-    the pair-restart triggers, the rollback's watched operations, the host package's modules.
+    """The one change-watcher: operations watched for a pair under names (any of its hosts'),
+    asked which changed something or failed so far. Each purpose gets one per pair of the run
+    (``watch``): the pair-restart triggers, the rollback's watched operations, the host package's
+    modules, the helpers' units.
 
     + names: the names it accepts (empty: any)"""
 
@@ -81,6 +124,7 @@ W = TypeVar("W", bound=Watch)
 
 
 def watch(purpose: str, make: Callable[[], W]) -> W:
-    """The current run's watcher for ``purpose`` (one for every host and phase)."""
-    state = ctx_state.get()
-    return once_per_run(purpose, state, make)
+    """The watcher for ``purpose`` of the current host's pair in the current run (one for every
+    host of the pair and every phase; the other pair's is another): a trigger that fires in one
+    pair never restarts another, a failure in one never rolls another back."""
+    return once_per_pair(purpose, make)

@@ -39,7 +39,7 @@ from sparkrig.config.rules import (
     ports_layout_keys,
     typed_pair_problems,
 )
-from sparkrig.runscope import once_per_run
+from sparkrig.runscope import once_per_run, pairs_are
 
 # Per-host keys of the inventory (``Rank``); ssh_hostname, also read, is pyinfra's own.
 HOST_KEYS = (
@@ -319,10 +319,12 @@ def current() -> Settings:
 def for_inventory(inventory: Any) -> dict[str, Settings]:
     """Validate once per inventory object (the deploy file runs once per host), lockfiles
     included: a missing or stale lockfile, or a gated repo with no Hub token on this machine,
-    stops the run before any command reaches a host."""
+    stops the run before any command reaches a host. Each host's pair is said to the run's
+    scope (sparkrig/runscope.py), which keeps a pair's decisions apart from another's."""
 
     def validate() -> dict[str, Settings]:
         settings = build(view_of(inventory))
+        pairs_are(inventory, {name: s.pair for name, s in settings.items()})
         if why := not_applied(settings):
             raise DeployError(why)
         if why := lockfile_refusal(settings):
