@@ -39,12 +39,11 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api import FunctionCommand, operation
-from pyinfra.context import ctx_state
 
 from sparkrig import REPO
 from sparkrig.bench import stats
 from sparkrig.failing import fail_host
-from sparkrig.runscope import once_per_run
+from sparkrig.runscope import once_per_pair
 
 RESULTS_DIR = Path(".sparkrig") / "bench"  # control side (pyinfra's cwd), beside the API key
 # (key in the record, what it is, unit): higher is better
@@ -240,12 +239,17 @@ def bench_argv(target: Target, json_path: Path) -> list[str]:
 
 
 def _fresh(path: Path) -> Path:
-    """``path``, or with -2, -3, ... before its suffix when a run of this second has it."""
+    """``path``, or with -2, -3, ... before its suffix when a run of this second has it; made
+    (empty) here, so a bench started beside this one (another pair's head, the same second)
+    never gets the same file."""
     n, out = 1, path
-    while out.exists():
-        n += 1
-        out = path.with_name(f"{path.stem}-{n}{path.suffix}")
-    return out
+    while True:
+        try:
+            out.open("x").close()
+            return out
+        except FileExistsError:
+            n += 1
+            out = path.with_name(f"{path.stem}-{n}{path.suffix}")
 
 
 def run_short_bench(target: Target, timeout_s: int) -> dict[str, Any]:
@@ -283,8 +287,9 @@ class BenchFigures:
 
 
 def bench_figures() -> BenchFigures:
-    """The current run's bench figures (one object for every host and phase)."""
-    return once_per_run("bench-figures", ctx_state.get(), BenchFigures)
+    """The bench figures of the current host's pair in this run (one object for every host of
+    the pair and every phase): each pair's head benches its own pair, whose ranks record it."""
+    return once_per_pair("bench-figures", BenchFigures)
 
 
 def run_short_benches(target: Target, runs: int, timeout_s: int) -> list[dict[str, Any]]:

@@ -208,3 +208,12 @@ def test_a_bad_api_url_is_refused(bad: str) -> None:
     assert "spark-0: api_url: String should match pattern" in problems(
         edit(cluster(2), "head", 0, api_url=bad)
     )
+
+
+def test_two_benches_of_one_second_never_get_one_result_file(tmp_path: Path) -> None:
+    """Two pairs' heads bench at once (one operation, every head in parallel): the file each
+    bench writes is taken when it is named, so the second of the same second gets another."""
+    path = tmp_path / "release-gate-20260101T000000Z.json"
+    first, second = bg._fresh(path), bg._fresh(path)
+    assert first == path and second == tmp_path / "release-gate-20260101T000000Z-2.json"
+    assert first.exists() and second.exists()
