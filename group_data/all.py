@@ -121,7 +121,7 @@ drain_timeout_s = 120  # pairs: the most a restarting pair waits for its request
 # HTTPS by default: without tls_cert, a CA of the pair's own (docs/front.md "TLS") issues the
 # front's certificate; clients trust <api_tls_dir>/ca.crt
 api_tls = True  # False: plain HTTP (the key, prompts and answers cross the network in clear)
-api_tls_dir = ".sparkrig/tls"  # control side: the pair's CA and the front's certificate
+api_tls_dir = ".sparkrig/tls"  # control side: the CA, the heads' certificates (front[-<pair>].*)
 api_tls_names = []  # extra DNS names or addresses clients dial the head by (its own are in)
 api_tls_rotate = False  # True for one run: a new CA (clients must trust the new ca.crt)
 tls_cert = None  # control-side path of the operator's PEM certificate chain, instead of the CA's
@@ -165,7 +165,9 @@ watchdog_stall_s = 300  # requests in flight and nothing in /metrics moved this 
 watchdog_max_restarts = 3  # restarts allowed per window; then the pair is left down for a human
 watchdog_window_s = 21600  # the restart budget's window (6 h)
 agent_port = 29601  # worker agent on the fabric: starts the worker rank when the head asks
-pair_token_file = ".sparkrig/pair-token"  # control side: agents' secret used when no rank holds one
+pair_token_file = (
+    ".sparkrig/pair-token"  # control side: agents' secret if no rank has one (pairs: <file>-<pair>)
+)
 pair_token_rotate = False  # True for one run: a new agents' secret on every rank, helpers restarted
 
 # --- firewall (sparkrig/firewall.py, docs/firewall.md) ----------------------------------------

@@ -1,17 +1,20 @@
-"""The API front's certificate when the operator brings none: a CA of the pair's own.
+"""The API front's certificate when the operator brings none: a CA of the endpoint's own.
 
 The CA lives on the control machine beside the pair's other control copies (``api_tls_dir``,
-default ``.sparkrig/tls``): ``ca.key`` (0600) and ``ca.crt``; the front's key and certificate
-(``front.key`` 0600, ``front.crt``) are issued from it for every name a client may dial
-(``tls_names``) and installed on the head; ``front.sha256`` holds the certificate's fingerprint.
+default ``.sparkrig/tls``): ``ca.key`` (0600) and ``ca.crt``; each head's front key and
+certificate (``front.key`` 0600, ``front.crt``) are issued from it for every name a client may
+dial that head by (``tls_names``) and installed on it; ``front.sha256`` holds the certificate's
+fingerprint. An inventory of several pairs behind one endpoint has one CA for all of them and a
+front certificate per head, named after its pair (``front-<pair>.key``, ``.crt``, ``.sha256``).
 Clients verify with ``ca.crt`` (``curl --cacert .sparkrig/tls/ca.crt``); the bench, the release's
 bench gate and the head's own gates do the same.
 
-A run keeps what is there: the front's certificate is issued again only when a name it must
-carry is missing, it is no longer signed by the CA, or it ends within ``RENEW_DAYS``; the CA is
-made only when none is here. A control machine without the CA while the head already serves a
-certificate (a fresh clone, a second operator) is refused before anything changes: a new CA
-would turn away every client that trusts the old one (``api_tls_rotate`` makes one on purpose).
+A run keeps what is there: a front's certificate is issued again only when a name it must carry
+is missing, it is no longer signed by the CA, or it ends within ``RENEW_DAYS``; the CA is made
+only when none is here, once for every head of the run. A control machine without the CA while a
+head already serves a certificate (a fresh clone, a second operator) is refused before anything
+changes: a new CA would turn away every client that trusts the old one (``api_tls_rotate`` makes
+one on purpose, with every pair's head in the run).
 
 The files are made when the run is planned, ``--dry`` included, so the diff shows the certificate
 the run installs; only the control machine is written then, never a host."""
@@ -32,10 +35,10 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from sparkrig.config.api import api_ca_file
 from sparkrig.config.inventory import for_inventory
-from sparkrig.config.model import Settings
+from sparkrig.config.model import Settings, for_pair
 from sparkrig.endpoint import ENDPOINT_NAME
 from sparkrig.runscope import once_per_run
-from sparkrig.secretio import Held, SecretDigest, write_control_file
+from sparkrig.secretio import SecretDigest, write_control_file
 from sparkrig.stateread import Part, Values
 
 CA_DAYS = 3650  # the pair's CA outlives its hardware
@@ -46,9 +49,14 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")  # the head's own gates dial 
 
 @dataclass(frozen=True)
 class TlsFiles:
-    """Where the pair's CA and the front's certificate live on the control machine."""
+    """Where the endpoint's CA and one head's front certificate live on the control machine.
+
+    + dir: api_tls_dir
+    + pair: the head's pair ("" for an inventory of one cluster): its certificate's files are
+      ``front-<pair>.*`` (``for_pair``), the CA's the same for every pair"""
 
     dir: Path
+    pair: str = ""
 
     @property
     def ca_key(self) -> Path:
@@ -59,16 +67,21 @@ class TlsFiles:
         return self.dir / "ca.crt"
 
     @property
+    def front(self) -> str:
+        """The stem of the head's files: ``front``, or ``front-<pair>`` for a named pair."""
+        return for_pair("front", self.pair)
+
+    @property
     def key(self) -> Path:
-        return self.dir / "front.key"
+        return self.dir / f"{self.front}.key"
 
     @property
     def cert(self) -> Path:
-        return self.dir / "front.crt"
+        return self.dir / f"{self.front}.crt"
 
     @property
     def fingerprint(self) -> Path:
-        return self.dir / "front.sha256"
+        return self.dir / f"{self.front}.sha256"
 
 
 @dataclass(frozen=True)
@@ -243,6 +256,23 @@ def decide(
     certificate in ``files`` for ``names``. ``head_holds``: the head already serves a
     certificate; ``rotate``: make a new CA even so. ValueError naming the directory for a file
     that cannot be read."""
+    return decide_heads([(files, names)], label, head_holds, rotate)[0]
+
+
+def decide_heads(
+    fronts: list[tuple[TlsFiles, tuple[str, ...]]],
+    label: str,
+    head_holds: bool,
+    rotate: bool,
+    missing: tuple[str, ...] = (),
+) -> list[FrontTls]:
+    """``decide`` for every head of the endpoint in the run at once, in order: one CA (in the
+    first head's ``api_tls_dir``: the same for every head), kept, made (at most once) or refused
+    for all, then each head's own certificate (``fronts``: its files and its names) kept or
+    issued from it. ``head_holds``: some head already serves a certificate; ``missing``: heads of
+    the endpoint not in the run (a new CA would not be theirs: refused). What the CA's making
+    says is said with the first head's result."""
+    files = fronts[0][0]
     try:
         loaded = None if rotate else _load(files)
     except (OSError, ValueError) as err:
@@ -250,13 +280,42 @@ def decide(
     said = []
     if loaded is None:
         if head_holds and not rotate:
-            return FrontTls(problem=lost_ca(files))
+            return [FrontTls(problem=lost_ca(files))] * len(fronts)
+        if missing:
+            return [FrontTls(problem=ca_needs_every_head(files, missing, rotate))] * len(fronts)
         ca_key, ca_cert = make_ca(label)
         write_control_file(files.ca_key, _pem_key(ca_key), secret=True)
         write_control_file(files.ca_cert, _pem(ca_cert), secret=False)
         said.append(f"made the pair's CA {files.ca_cert}")
     else:
         ca_key, ca_cert = loaded
+    out = []
+    for head_files, names in fronts:
+        out.append(_front(head_files, names, ca_key, ca_cert, said))
+        said = []
+    return out
+
+
+def ca_needs_every_head(files: TlsFiles, missing: tuple[str, ...], rotate: bool) -> str:
+    """Why no CA is made while a head of the endpoint is out of the run (``--limit``)."""
+    why = "api_tls_rotate makes a new CA" if rotate else f"{files.ca_key} is missing"
+    return (
+        f"{why}, and {', '.join(missing)} not in the run: a new CA made now would not be the "
+        f"one {'they serve' if len(missing) > 1 else 'it serves'}, and clients trusting "
+        f"{files.ca_cert} would be turned away there; run the deploy with every pair's head"
+    )
+
+
+def _front(
+    files: TlsFiles,
+    names: tuple[str, ...],
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    said: list[str],
+) -> FrontTls:
+    """One head's front certificate in ``files``, kept or issued from the CA; ``said``: what the
+    run made so far, said first."""
+    said = list(said)
     why = "no certificate yet"
     if files.cert.exists() and files.key.exists():
         try:
@@ -309,20 +368,35 @@ def uses_pair_ca(s: Settings) -> bool:
 
 
 def pair_tls(s: Settings, read: Callable[[Settings], Values]) -> FrontTls | None:
-    """The run's decision, made once from the head's state read (``read``); None when the front
-    serves plain HTTP or the operator's own certificate, or the head is not in the run."""
+    """The certificate of ``s``'s head, from the run's one decision for every pair's head in the
+    run (``decide_heads``: one CA, made at most once; each head its own certificate), made once
+    from the heads' state reads (``read``); None when the front serves plain HTTP or the
+    operator's own certificate, or that head is not in the run."""
     from pyinfra import host
     from pyinfra.context import ctx_state
 
     state = ctx_state.get()
 
-    def make_decision() -> FrontTls | None:
+    def make_decision() -> dict[str, FrontTls]:
         inventory = host.inventory
-        head = for_inventory(inventory)[s.head.name]
-        if not uses_pair_ca(head) or not state.is_host_in_limit(inventory.get_host(head.me.name)):
-            return None
-        held: Held = read(head).get("front_cert", SecretDigest)
-        files = TlsFiles(Path(head.knobs.api_tls_dir).expanduser())
-        return decide(files, tls_names(head), head.me.name, bool(held), head.knobs.api_tls_rotate)
+        everyone = for_inventory(inventory)
+        heads = [everyone[h.name] for h in s.pair_heads or (s.head,)]
+        if not uses_pair_ca(heads[0]):  # the endpoint's knobs: the same on every head
+            return {}
+        in_run = [h for h in heads if state.is_host_in_limit(inventory.get_host(h.me.name))]
+        if not in_run:
+            return {}
+        ran = {h.me.name for h in in_run}
+        held = any(read(h).get("front_cert", SecretDigest) for h in in_run)
+        fronts = [(TlsFiles(Path(h.knobs.api_tls_dir).expanduser(), h.pair), tls_names(h))
+                  for h in in_run]  # fmt: skip
+        got = decide_heads(
+            fronts,
+            in_run[0].me.name,
+            held,
+            any(h.knobs.api_tls_rotate for h in heads),
+            missing=tuple(h.me.name for h in heads if h.me.name not in ran),
+        )
+        return {h.me.name: tls for h, tls in zip(in_run, got, strict=True)}
 
-    return once_per_run("front tls", state, make_decision)
+    return once_per_run("front tls", state, make_decision).get(s.head.name)

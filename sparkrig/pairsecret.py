@@ -6,7 +6,9 @@ one the ranks already hold, so it never rotates behind the running agents or the
 new one is made only when no rank holds one (first deploy) or when the operator asks for it
 (``pair_token_rotate``, ``api_key_rotate``). Ranks holding different secrets are refused before
 anything changes. The decision needs the ranks' installed files (the state read), so it is made
-in the tasks, once per run (``pair_secret``, ``api_key``)."""
+in the tasks: the agents' secret once per pair of the run (``pair_secret``: each pair its own,
+its control copy ``Settings.pair_token_control``), the API key once per run (``api_key``: one
+key for the endpoint, every pair's head in the run holding it)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from sparkhost.tokenfile import read_secret
 from sparkrig.config.inventory import for_inventory
 from sparkrig.config.model import Settings
 from sparkrig.paths import HostPaths, paths
-from sparkrig.runscope import once_per_run
+from sparkrig.runscope import once_per_run, slot
 from sparkrig.secretio import Held, SecretDigest, digest, read_secret_now, write_control_file
 from sparkrig.stateread import Part, Values
 
@@ -65,6 +67,7 @@ class Kind:
     none_held: str = "no rank holds one"
     stale_control: str = "ignored (delete it, or {how})"  # a differing control-side copy
     min_length: int = 0  # a shorter one held or seeded is refused (the pair secret signs)
+    differ: str = "their agents refuse each other"  # what holders that differ break
 
 
 ROTATE_HOW = (
@@ -85,6 +88,21 @@ API_KEY = Kind(
     scope="the head",
     none_held="the head holds none",
     stale_control="overwritten with it: clients must use the head's key ({how} to change it)",
+)
+# the same, for an endpoint of several pairs: one key on every pair's head
+API_HEADS_ROTATE_HOW = (
+    "set api_key_rotate = True for one run (e.g. --data api_key_rotate=True) with every pair's "
+    "head in it: one new key on every head, each pair's serving restarted in order, the key "
+    "written to api_key_file (every client needs the new one)"
+)
+API_KEY_HEADS = replace(
+    API_KEY,
+    rotate_how=API_HEADS_ROTATE_HOW,
+    holders="each head",
+    scope="every pair's head",
+    none_held="no head holds one",
+    stale_control="overwritten with it: clients must use the heads' key ({how} to change it)",
+    differ="a client's key would be refused by some of them",
 )
 
 
@@ -138,8 +156,8 @@ def decide(
         return Secret(
             "",
             "",
-            problem=f"the ranks hold different {kind.name}s ({' vs '.join(groups)}): their "
-            f"agents refuse each other; {how}",
+            problem=f"the ranks hold different {kind.name}s ({' vs '.join(groups)}): "
+            f"{kind.differ}; {how}",
         )
     if distinct:
         holders = ", ".join(sorted(found))
@@ -191,8 +209,10 @@ def decide(
 
 
 def pair_secret(s: Settings, read: Callable[[Settings], Values]) -> Secret:
-    """The run's decision, made once (every host of the run installs the same secret); ``read``
-    gives a rank's state read (sparkrig/hoststate.py ``values``)."""
+    """The decision of ``s``'s pair, made once per pair of the run (every host of the pair
+    installs the same secret, another pair its own, from its own control copy
+    ``Settings.pair_token_control``); ``read`` gives a rank's state read
+    (sparkrig/hoststate.py ``values``)."""
     from pyinfra import host
     from pyinfra.context import ctx_state
 
@@ -209,18 +229,18 @@ def pair_secret(s: Settings, read: Callable[[Settings], Values]) -> Secret:
                 held[rank.name] = read(everyone[rank.name]).get("pair_secret", SecretDigest)
             else:
                 missing.append(rank.name)
-        k = s.knobs
-        return decide(
-            control_token(k.pair_token_file), held, missing, k.pair_token_rotate, k.pair_token_file
-        )
+        k, control_file = s.knobs, s.pair_token_control
+        return decide(control_token(control_file), held, missing, k.pair_token_rotate, control_file)
 
-    return once_per_run("pair secret", state, make_decision)
+    return once_per_run(slot("pair secret", s.pair), state, make_decision)
 
 
 def api_key(s: Settings, read: Callable[[Settings], Values]) -> Secret | None:
-    """The run's API key, decided once from the head's installed key (its state read: ``read``);
-    None when nothing about the key is decided: the API is open (``api_auth = False``) or the head
-    is not in the run (``--limit worker``; rotating then is refused)."""
+    """The endpoint's one API key, decided once per run from the installed key of every pair's
+    head in the run (their state reads: ``read``); None when nothing about the key is decided:
+    the API is open (``api_auth = False``) or no head is in the run (``--limit worker``; rotating
+    then is refused). Heads holding different keys are refused; a head lacking the key the
+    others hold while the control side has no copy of it is refused (it cannot be written)."""
     from pyinfra import host
     from pyinfra.context import ctx_state
 
@@ -228,23 +248,47 @@ def api_key(s: Settings, read: Callable[[Settings], Values]) -> Secret | None:
 
     def make_decision() -> Secret | None:
         inventory = host.inventory
-        head = for_inventory(inventory)[s.head.name]
-        k = head.knobs  # the head's: the key is the head's business
+        everyone = for_inventory(inventory)
+        heads = [everyone[h.name] for h in s.pair_heads or (s.head,)]
+        k = heads[0].knobs  # the heads': the key is theirs, the same on every one (rules.py)
         if not k.api_auth:
             return None
+        kind = API_KEY if len(heads) == 1 else API_KEY_HEADS
+        rotate = any(h.knobs.api_key_rotate for h in heads)
         control = control_token(k.api_key_file)
-        if not state.is_host_in_limit(inventory.get_host(s.head.name)):
-            if k.api_key_rotate:  # refused, never silently skipped
-                return decide(control, {}, [s.head.name], True, k.api_key_file, kind=API_KEY)
+        in_run = [h for h in heads if state.is_host_in_limit(inventory.get_host(h.me.name))]
+        missing = [h.me.name for h in heads if h.me.name not in {r.me.name for r in in_run}]
+        if not in_run:
+            if rotate:  # refused, never silently skipped
+                return decide(control, {}, missing, True, k.api_key_file, kind=kind)
             return None
-        values = read(head)
-        held = {s.head.name: values.get("api_key", SecretDigest)}
-        got = decide(control, held, [], k.api_key_rotate, k.api_key_file, kind=API_KEY)
-        if got.sha256 and not got.known and not values.get("api_key_env", SecretDigest):
-            return replace(got, problem=lost_env(paths(head), k.api_key_file))
+        values = {h.me.name: read(h) for h in in_run}
+        held = {name: v.get("api_key", SecretDigest) for name, v in values.items()}
+        got = decide(control, held, missing, rotate, k.api_key_file, kind=kind)
+        if not got.sha256 or got.known:
+            return got
+        for head in in_run:  # the heads' key, known here by digest only: nothing is written
+            name = head.me.name
+            if held[name].sha256 != got.sha256:
+                return replace(got, problem=lacks_key(head, got.holder, k.api_key_file))
+            if not values[name].get("api_key_env", SecretDigest):
+                return replace(got, problem=lost_env(paths(head), k.api_key_file))
         return got
 
     return once_per_run("api key", state, make_decision)
+
+
+def lacks_key(head: Settings, holder: str, control_file: str) -> str:
+    """Why a run refuses an endpoint whose head ``head`` holds no API key while another head
+    holds one the control side has no copy of: the deploy never reads a secret back to write a
+    file, so that head's key, env file and front include cannot be written."""
+    p = paths(head)
+    return (
+        f"{head.me.name} holds no API key ({p.api_key}) and {control_file} holds no copy of the "
+        f"one {holder} holds, so it cannot be written there: copy {holder}'s key to "
+        f"{control_file} (on {holder}: sudo cat {p.api_key}) and run again, or "
+        f"{API_HEADS_ROTATE_HOW}"
+    )
 
 
 def lost_env(p: HostPaths, control_file: str) -> str:

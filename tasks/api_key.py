@@ -5,14 +5,16 @@ on request (api_key_rotate). On the head 0600 root twice: the key alone for the 
 watchdog's probe, and the docker env file that gives it to vLLM as VLLM_API_KEY (in no unit file, no
 argv, no `ps`). A new key restarts the pair (vLLM reads it at start). The control side gets a copy
 of the head's key when it lacks it, for the clients. Without the head in the run (--limit worker)
-nothing about the key is decided. Off: both files go and the rank unit loses its --env-file."""
+nothing about the key is decided. Off: both files go and the rank unit loses its --env-file.
+Several pairs behind one endpoint share one key: every pair's head holds it (decided once for all
+of them), and the endpoint's first head in the run writes the control side's copy."""
 
 from pyinfra import host, inventory
 from pyinfra.operations import python
 
 from sparkrig import hoststate
 from sparkrig.config.inventory import current, for_inventory
-from sparkrig.ordering import on_head
+from sparkrig.ordering import in_this_run, on_head
 from sparkrig.owned import file_absent, secret_installed
 from sparkrig.pairrestart import pair_restart
 from sparkrig.pairsecret import api_key, control_token, write_control_copy_later
@@ -23,7 +25,10 @@ settings = current()
 host_paths = paths(settings)
 is_head = settings.me.is_head
 head_knobs = for_inventory(inventory)[settings.head.name].knobs  # head-only: the same everywhere
-api = api_key(settings, hoststate.values)
+api = api_key(settings, hoststate.values)  # the endpoint's: one for every pair's head
+# the control side's one copy is written by one head, the endpoint's first in the run
+heads_in_run = [h.name for h in settings.pair_heads if in_this_run(h.name)]
+keeps_copy = is_head and heads_in_run[:1] in ([], [settings.me.name])
 if head_knobs.api_auth and api is not None and api.sha256:
     # A key the control side lacks is the head's own, judged by digest (its files stay as they
     # are; a lost env file was refused at preflight): never read back, except once at apply
@@ -46,7 +51,7 @@ if head_knobs.api_auth and api is not None and api.sha256:
         pair_restart().trigger("api_key", key_env)
     if not api.known or control_token(head_knobs.api_key_file) != api.token:
         on_head(
-            is_head,
+            keeps_copy,
             python.call,
             name="Keep a copy of the head's API key on the control machine",
             function=write_control_copy_later(

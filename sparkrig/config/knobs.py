@@ -252,7 +252,7 @@ class Knobs(KnobChecks):
     api_tls: bool = _cluster(True)
     """False: plain HTTP (the key, prompts and answers cross the network in clear)"""
     api_tls_dir: str = _knob(".sparkrig/tls", min_length=1)
-    """control side: the pair's CA and the front's certificate"""
+    """control side: the CA, the heads' certificates (front[-<pair>].*)"""
     api_tls_names: list[str] = _knob([])
     """extra DNS names or addresses clients dial the head by (its own are in)"""
     api_tls_rotate: bool = _knob(False)
@@ -332,7 +332,7 @@ class Knobs(KnobChecks):
     agent_port: int = _cluster(29601, ge=1, le=65535)
     """worker agent on the fabric: starts the worker rank when the head asks"""
     pair_token_file: str = _cluster(".sparkrig/pair-token")
-    """control side: agents' secret used when no rank holds one"""
+    """control side: agents' secret if no rank has one (pairs: <file>-<pair>)"""
     pair_token_rotate: bool = _cluster(False)
     """True for one run: a new agents' secret on every rank, helpers restarted"""
 

@@ -99,6 +99,12 @@ class Rank(BaseModel):
         return value
 
 
+def for_pair(name: str, pair: str) -> str:
+    """A control-side file of one pair's own: ``name`` itself for an inventory of one cluster,
+    ``<name>-<pair>`` for a named pair (.sparkrig/pair-token-pair_a, front-pair_a.crt)."""
+    return f"{name}-{pair}" if pair else name
+
+
 class Settings(BaseModel):
     """What one host's tasks need: its own rank, every rank, and the knobs."""
 
@@ -115,6 +121,12 @@ class Settings(BaseModel):
     def other_heads(self) -> tuple[Rank, ...]:
         """The heads of every other pair behind the endpoint (none for one pair)."""
         return tuple(h for h in self.pair_heads if h.name != self.head.name)
+
+    @property
+    def pair_token_control(self) -> str:
+        """The control side's copy of this pair's agents' secret (knob pair_token_file, one file
+        per named pair: ``for_pair``); the only path of it the control side reads."""
+        return for_pair(self.knobs.pair_token_file, self.pair)
 
     @property
     def head(self) -> Rank:

@@ -631,7 +631,7 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
             "644",
         ),
         p.pair_unit: (render("sparkrig-pair.service.j2", **pair_unit_context(s)), "644"),
-        p.pair_token: (control_token(k.pair_token_file) + "\n", "600"),
+        p.pair_token: (control_token(s.pair_token_control) + "\n", "600"),
     }
     for art in artifacts(s):
         text[art.remote_lock] = (art.lock_text, "644")
@@ -648,7 +648,8 @@ def owned_files(s: Settings, gid_index: int = 3) -> dict[str, tuple[bytes, str]]
         if k.api_auth:
             text[front["key_include"]] = (key_include_text(control_token(k.api_key_file)), "600")
         if uses_pair_ca(s):  # the pair's CA, made by the first plan of the session
-            tls = decide(TlsFiles(Path(k.api_tls_dir)), tls_names(s), s.me.name, False, False)
+            files = TlsFiles(Path(k.api_tls_dir), s.pair)  # a named pair's: front-<pair>.*
+            tls = decide(files, tls_names(s), s.me.name, False, False)
             text[front["tls_cert"]] = (tls.cert, "644")
             text[front["tls_key"]] = (tls.key, "600")
             text[front["tls_ca"]] = (tls.ca_cert, "644")

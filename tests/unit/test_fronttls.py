@@ -97,3 +97,71 @@ def test_an_unreadable_ca_names_the_directory(tmp_path: Path) -> None:
     files.ca_cert.write_text("not a cert")
     with pytest.raises(ValueError, match="api_tls_dir"):
         decide(files, NAMES, "spark-0", head_holds=False, rotate=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Several pairs behind one endpoint: one CA, each head its own certificate (decide_heads)
+# ---------------------------------------------------------------------------------------------
+
+OTHER = ("localhost", "127.0.0.1", "::1", "spark-2", "192.168.1.12")
+
+
+def two_heads(tmp_path: Path) -> list[tuple[TlsFiles, tuple[str, ...]]]:
+    return [
+        (TlsFiles(tmp_path / "tls", "pair_a"), NAMES),
+        (TlsFiles(tmp_path / "tls", "pair_b"), OTHER),
+    ]
+
+
+def names_of(pem: str) -> set[str]:
+    cert = x509.load_pem_x509_certificate(pem.encode())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    ips = [str(ip) for ip in san.get_values_for_type(x509.IPAddress)]
+    return {*san.get_values_for_type(x509.DNSName), *ips}
+
+
+def test_a_named_pairs_certificate_files_carry_its_name_and_the_ca_stays_shared(tmp_path: Path):
+    files = TlsFiles(tmp_path / "tls", "pair_a")
+    assert (files.key.name, files.cert.name, files.fingerprint.name) == (
+        "front-pair_a.key", "front-pair_a.crt", "front-pair_a.sha256",
+    )  # fmt: skip
+    assert (files.ca_key.name, files.ca_cert.name) == ("ca.key", "ca.crt")
+    assert TlsFiles(tmp_path / "tls").cert.name == "front.crt"  # one cluster: as before
+
+
+def test_two_heads_get_one_ca_made_once_and_each_its_own_certificate(tmp_path: Path) -> None:
+    a, b = fronttls.decide_heads(two_heads(tmp_path), "spark-0", head_holds=False, rotate=False)
+    assert not a.problem and not b.problem
+    assert "made the pair's CA" in a.said and "made the pair's CA" not in b.said
+    assert a.ca_cert == b.ca_cert and a.cert != b.cert and a.key != b.key
+    ca = x509.load_pem_x509_certificate(a.ca_cert.encode())
+    for got, names in ((a, NAMES), (b, OTHER)):
+        x509.load_pem_x509_certificate(got.cert.encode()).verify_directly_issued_by(ca)
+        assert names_of(got.cert) == set(names)
+    before = snapshot(TlsFiles(tmp_path / "tls"))
+    again = fronttls.decide_heads(two_heads(tmp_path), "spark-0", head_holds=True, rotate=False)
+    assert [g.said for g in again] == ["", ""] and [g.cert for g in again] == [a.cert, b.cert]
+    assert snapshot(TlsFiles(tmp_path / "tls")) == before
+
+
+def test_rotating_makes_one_new_ca_for_every_head(tmp_path: Path) -> None:
+    first = fronttls.decide_heads(two_heads(tmp_path), "spark-0", head_holds=False, rotate=False)
+    got = fronttls.decide_heads(two_heads(tmp_path), "spark-0", head_holds=True, rotate=True)
+    assert got[0].ca_cert == got[1].ca_cert != first[0].ca_cert
+    ca = x509.load_pem_x509_certificate(got[1].ca_cert.encode())
+    x509.load_pem_x509_certificate(got[1].cert.encode()).verify_directly_issued_by(ca)
+
+
+@pytest.mark.parametrize("rotate", [False, True])
+def test_no_new_ca_is_made_while_a_head_is_out_of_the_run(tmp_path: Path, rotate: bool) -> None:
+    fronts = two_heads(tmp_path)[:1]
+    got = fronttls.decide_heads(fronts, "spark-0", False, rotate, missing=("spark-2",))
+    assert "spark-2 not in the run" in got[0].problem and not got[0].cert
+    assert not (tmp_path / "tls").exists()  # nothing made
+
+
+def test_a_kept_ca_issues_the_heads_in_the_run_while_another_is_out_of_it(tmp_path: Path):
+    fronttls.decide_heads(two_heads(tmp_path), "spark-0", head_holds=False, rotate=False)
+    fronts = [(TlsFiles(tmp_path / "tls", "pair_a"), (*NAMES, "api.example"))]
+    got = fronttls.decide_heads(fronts, "spark-0", True, False, missing=("spark-2",))
+    assert not got[0].problem and "lacks api.example" in got[0].said
