@@ -12,7 +12,9 @@ last probe (sparkhost.wedge), and MemFree is judged against the start gate's flo
 down. Each rank adds its firewall's drop counters (a second read: ``nft list table``); the table
 missing while the knob firewall is on is off. A rank with anything off adds what explains it
 (``sparkhost why``: the sources its firewall dropped on the fabric, its fabric addresses, the
-GID handed over, the peers' beacons, its journal), as a failed start prints it."""
+GID handed over, the peers' beacons, its journal), as a failed start prints it. An inventory of
+several pairs (host data ``pair``) prints each pair's: every line of a rank begins with its pair's
+name, and each head says its own pair's gates (``<pair> gates:``, ``<pair> helpers:``)."""
 
 import shlex
 import time
@@ -46,6 +48,8 @@ from sparkrig.status import (
 without_confirmation()
 settings = current()
 host_paths = paths(settings)
+who = f"{settings.pair} " if settings.pair else ""  # a named pair's lines begin with its name
+pair_label = settings.pair or "pair"
 state = host.get_fact(
     RankStatus,
     **fact_args(settings, host_paths.env_file, host_paths.gid_env, host_paths.run_dir),
@@ -54,20 +58,21 @@ now = time.time()
 age = now - state.weights_verified
 verified = f"{age / 3600:.1f} h ago" if state.weights_verified else "never"
 off = problems(settings, state, serving_image(settings))
-logger.info(f"{host.print_prefix}{line(settings, state, verified)}")
-logger.info(f"{host.print_prefix}rank{settings.me.rank} {baseline_line(state)}")
+logger.info(f"{host.print_prefix}{who}{line(settings, state, verified)}")
+logger.info(f"{host.print_prefix}{who}rank{settings.me.rank} {baseline_line(state)}")
 off += baseline_problems(state)
 # the firewall's drop rules, each with what it dropped since the table was loaded
 counters = host.get_fact(FirewallCounters)
 logger.info(
-    f"{host.print_prefix}rank{settings.me.rank} {counters_line(settings.knobs.firewall, counters)}"
+    f"{host.print_prefix}{who}rank{settings.me.rank} "
+    f"{counters_line(settings.knobs.firewall, counters)}"
 )
 off += counter_problems(settings.knobs.firewall, counters)
 # a rank with anything off: what explains it, as a failed start prints it (sparkhost why)
 if off:
     why = host.get_fact(Command, command=shlex.join(why_command(settings)) + " 2>&1 || true")
     for finding in (why or "").splitlines():
-        logger.info(f"{host.print_prefix}rank{settings.me.rank} {finding}")
+        logger.info(f"{host.print_prefix}{who}rank{settings.me.rank} {finding}")
 
 if settings.me.is_head:
     knobs = settings.knobs
@@ -75,11 +80,11 @@ if settings.me.is_head:
     output = host.get_fact(Command, command=shlex.join(command) + " 2>&1 || true") or ""
     results = parse_gate_lines(output)
     report = "; ".join(f"{r.gate} {'ok' if r.ok else 'FAILED'}" for r in results)
-    logger.info(f"{host.print_prefix}pair gates: {report or 'no answer'}")
+    logger.info(f"{host.print_prefix}{pair_label} gates: {report or 'no answer'}")
     if not (results and gates_passed(results)):
         off.append(f"serving gates: {report or 'no answer from the gate script'}")
     helpers = budget_line(state, knobs.watchdog, now) + probe_line(state, knobs.watchdog, now)
-    logger.info(f"{host.print_prefix}pair helpers: {helpers}")
+    logger.info(f"{host.print_prefix}{pair_label} helpers: {helpers}")
     off += budget_problems(state, now)
 
 problems_absent(

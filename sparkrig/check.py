@@ -116,11 +116,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     s = next(iter(settings.values()))
     print(
-        f"check: {args.inventory}: {len(settings)} ranks, stack {s.knobs.stack}, profile "
+        f"check: {args.inventory}: {ranks_text(settings)}, stack {s.knobs.stack}, profile "
         f"{s.knobs.profile}: nothing refused that needs no host (the deploy's preflight checks "
         "the hosts themselves)"
     )
     return 0
+
+
+def ranks_text(settings: dict[str, Any]) -> str:
+    """``2 ranks``, or for an inventory of several pairs ``4 ranks in 2 pairs (pair_a 2,
+    pair_b 2)``."""
+    pairs: dict[str, int] = {}
+    for s in settings.values():
+        pairs[s.pair] = pairs.get(s.pair, 0) + 1
+    if list(pairs) == [""]:
+        return f"{len(settings)} ranks"
+    each = ", ".join(f"{name} {n}" for name, n in pairs.items())
+    return f"{len(settings)} ranks in {len(pairs)} pairs ({each})"
 
 
 if __name__ == "__main__":

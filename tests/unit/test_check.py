@@ -72,3 +72,9 @@ def test_the_deploy_says_the_same_refusals_before_it_reaches_any_host(tmp_path):
                             cwd=ROOT, capture_output=True, text=True, timeout=120,
                             stdin=subprocess.DEVNULL)  # fmt: skip
     assert "Connecting to hosts" in status.stdout + status.stderr
+
+
+def test_an_inventory_of_two_pairs_passes_offline_naming_its_pairs():
+    done = check("tests/plan/inventory_pairs.py")
+    assert done.returncode == 0, done.stderr
+    assert "4 ranks in 2 pairs (pair_a 2, pair_b 2)" in done.stdout

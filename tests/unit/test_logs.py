@@ -52,3 +52,25 @@ def test_logs_rank_1_reads_the_workers_units_alone(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("[rank1 @fake/spark-b] asked: "), lines
     assert "-u sparkrig-worker -u sparkrig-pair -u sparkrig-agent" in lines[0]
     assert "sparkrig-head" not in lines[0] and "-n 7" in lines[0]
+
+
+def test_logs_of_two_pairs_name_each_lines_pair_and_pair_reads_one_alone(tmp_path):
+    fake = tmp_path / "ssh"
+    fake.write_text('#!/bin/sh\nfor a; do last="$a"; done\necho "asked: $last"\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+
+    def logs(*args: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "sparkrig", "logs", "--inventory",
+             "tests/plan/inventory_pairs.py", *args],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return [line.split("] ")[0] + "]" for line in done.stdout.splitlines()]
+
+    assert logs("--rank", "1") == ["[pair_a rank1 @fake/spark-b]", "[pair_b rank1 @fake/spark-d]"]
+    assert logs("--pair", "pair_b") == [
+        "[pair_b rank0 @fake/spark-c]",
+        "[pair_b rank1 @fake/spark-d]",
+    ]
