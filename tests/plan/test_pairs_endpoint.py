@@ -80,7 +80,7 @@ def test_a_converged_endpoint_drains_nothing_and_a_lost_drain_include_is_put_bac
     assert r.changed_ops == {}, r.changed_ops
     s = fakehosts.settings_of(PAIRS)[B_HEAD]
     fakehosts.STATE["spark-c"] = fakehosts.converged(
-        s, files={endpoint.drain_include(s): endpoint.drain_text(True)}
+        s, files={endpoint.drain_include(s): (endpoint.drain_text(True).encode(), "644")}
     )
     r = apply(monkeypatch)
     assert r.exit_code == 0, r.output

@@ -10,8 +10,8 @@ import http.client
 import json
 import os
 import re
-import signal
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
