@@ -161,6 +161,15 @@ class Front:
         while self.log.read_text().count("start worker process") <= before:
             assert time.monotonic() < deadline, self.log.read_text()[-2000:]
             time.sleep(0.05)
+        # and the old worker gone: until it exits it serves its open connections as before
+        while len(self.workers()) > 1:
+            assert time.monotonic() < deadline, self.workers()
+            time.sleep(0.05)
+
+    def workers(self) -> list[str]:
+        """The master's children (its worker processes)."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return children.read_text().split()
 
     def stop(self) -> None:
         self.proc.terminate()
