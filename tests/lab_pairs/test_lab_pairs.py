@@ -87,19 +87,19 @@ def roll(stack: str):
     return sparkrig("roll", INV, "--data", f"stack={stack}")
 
 
-def test_a_stack_switch_rolls_through_both_pairs_with_no_failed_request(pairs: PairsLab):
-    figures = {}
-    for stack in (SWITCH_TO, DEFAULT_STACK):  # there, then back the same way
-        with SteadyClient(pairs.api_urls) as client:
-            r = roll(stack)
-        assert r.rc == 0, r.output[-8000:]
-        summary = client.summary()
-        figures[stack] = {"roll_s": round(r.seconds), **summary}
-        assert client.failed == 0 and client.ok > 0, summary
-        assert set(client.served_by()) == set(pairs.names), summary  # both pairs served
-        for name in pairs.names:
-            assert_serves(pairs.pair(name), stack)
-    record_figures("stack-switch-roll", **figures)
+# one test per leg, there and back: a roll on four TCG guests took 1,201-1,443 s, and both legs in
+# one test passed the lab's per-test bound (2,700 s, tests/conftest.py)
+@pytest.mark.parametrize("stack", [SWITCH_TO, DEFAULT_STACK])
+def test_a_stack_switch_rolls_through_both_pairs_with_no_failed_request(pairs: PairsLab, stack):
+    with SteadyClient(pairs.api_urls) as client:
+        r = roll(stack)
+    assert r.rc == 0, r.output[-8000:]
+    summary = client.summary()
+    record_figures(f"stack-switch-roll-{stack}", roll_s=round(r.seconds), **summary)
+    assert client.failed == 0 and client.ok > 0, summary
+    assert set(client.served_by()) == set(pairs.names), summary  # both pairs served
+    for name in pairs.names:
+        assert_serves(pairs.pair(name), stack)
 
 
 def test_a_killed_worker_container_never_fails_a_request(pairs: PairsLab):
