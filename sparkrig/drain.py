@@ -24,11 +24,11 @@ def drained(head: str) -> bool:
     return bool(drains().changed(head))
 
 
-def _write_and_reload(s: Settings, drained: bool) -> str:
+def _write_and_reload(s: Settings, out_of_balance: bool) -> str:
     """Write the drain include, then reload a running front; a front that is stopped, or whose
     config nginx refuses, keeps the file for its next start and never blocks the restart."""
     path = shlex.quote(drain_include(s))
-    text = shlex.quote(drain_text(drained))
+    text = shlex.quote(drain_text(out_of_balance))
     return (
         f"printf '%s' {text} > {path}.tmp && mv -f {path}.tmp {path} && "
         "if systemctl is-active --quiet nginx && nginx -t -q; then systemctl reload nginx; "

@@ -6,12 +6,12 @@ then passes the request to one member of ``sparkrig_pairs``: every head's front,
 loopback among them, over TLS verified with the endpoint's one CA (each head's certificate
 carries ``ENDPOINT_NAME``). The member serves it on its own pair: a request carrying
 ``LOCAL_HEADER`` is never balanced again, it goes to that head's engine. A member that refuses
-the connection, answers 502/503/504/500 or times out on connect is left for ``fail_s`` and the
-request goes to the next one (before any byte of an answer reached the client: a stream stays on
-the pair that began it).
+the connection, answers 502/503/504/500 or times out on connect is left for ``FAIL_S`` seconds
+and the request goes to the next one (before any byte of an answer reached the client: a stream
+stays on the pair that began it).
 
 Draining. A pair about to restart (a release change, a repair) sets its drain include
-(``DRAIN_INCLUDE``): from then its front answers 503 to every balanced request, so every front,
+(``drain_include``): from then its front answers 503 to every balanced request, so every front,
 its own included, sends new requests to the other pairs, while the requests in flight finish (up
 to ``drain_timeout_s``). The head's own gates, the soak and the bench gate pin the pair with
 ``LOCAL_HEADER: gate``, which draining lets through: a pair is proven on its own before it is
@@ -40,21 +40,12 @@ def balanced(s: Settings) -> bool:
     return s.me.is_head and bool(s.other_heads)
 
 
-def member_address(head_lan: str | None, address: str) -> str:
-    """Where the other fronts reach a head: its LAN address (host data lan_address), else the
-    address the control machine reaches it at (ssh_hostname)."""
-    return head_lan or address
-
-
 def members(s: Settings) -> list[str]:
     """``host:port`` of every front in this head's balance: its own on loopback first, then every
-    other pair's head in inventory order."""
+    other pair's head at its LAN address (host data lan_address, which the config requires of
+    every head of several pairs), in inventory order."""
     port = s.knobs.api_port
-    others = [
-        f"{member_address(str(h.lan_address) if h.lan_address else None, h.address)}:{port}"
-        for h in s.other_heads
-    ]
-    return [f"127.0.0.1:{port}", *others]
+    return [f"127.0.0.1:{port}", *(f"{h.lan_address}:{port}" for h in s.other_heads)]
 
 
 def drain_include(s: Settings) -> str:

@@ -195,11 +195,11 @@ def pairs_of(heads: Hosts, workers: Hosts) -> tuple[list[tuple[str, Hosts, Hosts
                 f"{n}: pair: {p!r} is no pair name (a letter, then letters, digits or '_': the "
                 "name of the inventory's group of that pair, for --limit)"
             )
-    order = list(dict.fromkeys(str(d.get("pair")) for _, d in heads if d.get("pair")))
-    order += [p for p in dict.fromkeys(str(d.get("pair")) for _, d in workers) if p not in order]
+    # in the order of their heads, then of workers whose pair has no head (refused below)
+    order = dict.fromkeys(str(d["pair"]) for _, d in [*heads, *workers] if d.get("pair"))
     clusters = []
     for pair in order:
-        if pair == "None" or not PAIR_NAME_RE.match(pair):
+        if not PAIR_NAME_RE.match(pair):
             continue
         own_heads = [hd for hd in heads if hd[1].get("pair") == pair]
         own_workers = [hd for hd in workers if hd[1].get("pair") == pair]
